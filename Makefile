@@ -1,0 +1,32 @@
+# Build and run execwatch. `make trace` and `make test` are the two entry points
+# (see README.md); both set the machine up first.
+ARCH ?= $(shell uname -m | sed -e 's/x86_64/x86/' -e 's/aarch64/arm64/')
+MULTIARCH ?= $(shell gcc -print-multiarch 2>/dev/null || echo $(shell uname -m)-linux-gnu)
+BPF_DIR := src/execwatch/bpf
+BPF_OBJ := $(BPF_DIR)/execwatch.bpf.o
+PYTEST_ARGS ?=
+
+.PHONY: setup setup-test bpf trace test bench lint
+setup:
+	dev/setup.sh
+
+setup-test:
+	dev/setup.sh --test
+
+bpf: $(BPF_OBJ)
+
+$(BPF_OBJ): $(BPF_DIR)/execwatch.bpf.c $(BPF_DIR)/execwatch.h
+	clang -g -O2 -Wall -Werror -target bpf -D__TARGET_ARCH_$(ARCH) \
+		-I/usr/include/$(MULTIARCH) -I$(BPF_DIR) -c $< -o $@
+
+trace: setup
+	.venv/bin/execwatch trace $(TRACE_ARGS)
+
+test: setup-test
+	.venv/bin/pytest $(PYTEST_ARGS)
+
+bench: setup-test
+	.venv/bin/python -m benchmarks $(BENCH_ARGS)
+
+lint:
+	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy

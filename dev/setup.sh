@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Prepare this machine to build and run execwatch: Debian packages, a virtualenv
+# with the package installed in editable mode, and the compiled BPF object.
+#   dev/setup.sh          what `execwatch trace` needs
+#   dev/setup.sh --test   plus everything the test suite runs against
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+runtime_pkgs=(clang llvm libbpf-dev libbpf1 linux-libc-dev make python3-venv)
+test_pkgs=(bpftrace runc containerd musl musl-tools prometheus file pax-utils binutils)
+
+want=("${runtime_pkgs[@]}")
+[ "${1:-}" = "--test" ] && want+=("${test_pkgs[@]}")
+
+missing=()
+for p in "${want[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing Debian packages: ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+extra=""
+[ "${1:-}" = "--test" ] && extra="[dev]"
+.venv/bin/pip install -q --disable-pip-version-check -e ".${extra}"
+make -s bpf
+
+if [ "${1:-}" = "--test" ]; then
+  dev/fetch-foreign.sh .cache/foreign
+fi

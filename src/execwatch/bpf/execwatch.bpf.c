@@ -1,0 +1,192 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/* Failed-exec probe. Only the syscall-exit tracepoints are hooked, so a
+ * successful exec costs one load and one compare; everything else happens
+ * on the failure path. No vmlinux.h: the few kernel types read here are
+ * declared below and relocated by CO-RE against the running kernel's BTF. */
+#define __VMLINUX_H__ /* kernel register names in bpf_tracing.h */
+#include <linux/types.h>
+#include <stdbool.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_tracing.h>
+#include "execwatch.h"
+
+#define ENOENT 2
+#define ENOEXEC 8
+#define EACCES 13
+#define ELIBBAD 80
+#define AT_EMPTY_PATH 0x1000
+#define MAX_ERRNO 256
+
+#if defined(__TARGET_ARCH_x86)
+struct pt_regs { long di, si, dx, r10, r8; } __attribute__((preserve_access_index));
+#elif defined(__TARGET_ARCH_arm64)
+struct user_pt_regs { __u64 regs[31]; } __attribute__((preserve_access_index));
+#endif
+
+struct qstr { const unsigned char *name; } __attribute__((preserve_access_index));
+struct dentry { struct qstr d_name; } __attribute__((preserve_access_index));
+struct path { struct dentry *dentry; } __attribute__((preserve_access_index));
+struct file { struct path f_path; } __attribute__((preserve_access_index));
+struct fdtable { unsigned int max_fds; struct file **fd; } __attribute__((preserve_access_index));
+struct files_struct { struct fdtable *fdt; } __attribute__((preserve_access_index));
+struct ns_common { unsigned int inum; } __attribute__((preserve_access_index));
+struct mnt_namespace { struct ns_common ns; } __attribute__((preserve_access_index));
+struct nsproxy { struct mnt_namespace *mnt_ns; } __attribute__((preserve_access_index));
+struct task_struct {
+	int tgid;
+	char comm[EW_TASK_COMM_LEN];
+	struct task_struct *real_parent;
+	struct nsproxy *nsproxy;
+	struct files_struct *files;
+} __attribute__((preserve_access_index));
+
+/* Syscall exit tracepoint context: see events/syscalls/sys_exit_execve/format. */
+struct sys_exit_ctx {
+	__u64 common;
+	int syscall_nr;
+	long ret;
+};
+
+const volatile struct ew_config cfg = {};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20); /* resized at load time */
+} events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct ew_count_key);
+	__type(value, __u64);
+} counts SEC(".maps");
+
+/* Per-errno totals: an array never fills, so these stay exact whatever happens. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MAX_ERRNO);
+	__type(key, __u32);
+	__type(value, __u64);
+} errno_totals SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, EW_STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} stats SEC(".maps");
+
+static __always_inline void bump(void *map, const void *key)
+{
+	__u64 *v = bpf_map_lookup_elem(map, key);
+
+	if (v)
+		*v += 1; /* per-CPU value: no atomic needed */
+}
+
+static __always_inline void count(__u64 cgroup_id, int err)
+{
+	struct ew_count_key key = { .cgroup_id = cgroup_id, .err = err };
+	__u32 idx = err;
+	__u64 one = 1;
+
+	bump(&errno_totals, &idx);
+	__u64 *v = bpf_map_lookup_elem(&counts, &key);
+	if (v) {
+		*v += 1;
+	} else if (bpf_map_update_elem(&counts, &key, &one, BPF_NOEXIST)) {
+		idx = EW_STAT_COUNTER_FULL;
+		bump(&stats, &idx);
+	}
+}
+
+static __always_inline bool reported(int err)
+{
+	return cfg.all_errnos || err == ENOEXEC || err == ENOENT || err == EACCES || err == ELIBBAD;
+}
+
+static __always_inline void read_fd_name(struct task_struct *task, int fd, char *dst, __u32 len)
+{
+	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
+	struct file **fds;
+	struct file *f;
+
+	if (!fdt || fd < 0 || (unsigned int)fd >= BPF_CORE_READ(fdt, max_fds))
+		return;
+	fds = BPF_CORE_READ(fdt, fd);
+	if (bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]) || !f)
+		return;
+	bpf_probe_read_kernel_str(dst, len, BPF_CORE_READ(f, f_path.dentry, d_name.name));
+}
+
+static __always_inline int on_exit(struct sys_exit_ctx *ctx, enum ew_syscall sc)
+{
+	long ret = ctx->ret;
+	struct task_struct *task;
+	struct pt_regs *regs;
+	struct ew_event *e;
+	__u64 cgroup_id;
+	const char *name;
+	__u32 idx;
+
+	if (ret >= 0)
+		return 0;
+	cgroup_id = bpf_get_current_cgroup_id();
+	count(cgroup_id, (int)-ret);
+	if (!reported((int)-ret))
+		return 0;
+
+	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		idx = EW_STAT_RINGBUF_DROPS;
+		bump(&stats, &idx);
+		return 0;
+	}
+	task = bpf_get_current_task_btf();
+	regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	__u64 id = bpf_get_current_pid_tgid();
+
+	e->ktime_ns = bpf_ktime_get_boot_ns();
+	e->cgroup_id = cgroup_id;
+	e->mntns = BPF_CORE_READ(task, nsproxy, mnt_ns, ns.inum);
+	e->err = (int)-ret;
+	e->pid = (__u32)id;
+	e->tgid = id >> 32;
+	e->ppid = BPF_CORE_READ(task, real_parent, tgid);
+	e->uid = (__u32)bpf_get_current_uid_gid();
+	e->syscall = sc;
+	bpf_get_current_comm(e->comm, sizeof(e->comm));
+	BPF_CORE_READ_STR_INTO(&e->parent_comm, task, real_parent, comm);
+	e->fd_name[0] = 0;
+	if (sc == EW_EXECVEAT) {
+		e->dirfd = (int)PT_REGS_PARM1_CORE_SYSCALL(regs);
+		name = (const char *)PT_REGS_PARM2_CORE_SYSCALL(regs);
+		e->flags = (__u32)PT_REGS_PARM5_CORE_SYSCALL(regs);
+	} else {
+		e->dirfd = -100; /* AT_FDCWD */
+		name = (const char *)PT_REGS_PARM1_CORE_SYSCALL(regs);
+		e->flags = 0;
+	}
+	if (bpf_probe_read_user_str(e->filename, sizeof(e->filename), name) < 0)
+		e->filename[0] = 0;
+	if (sc == EW_EXECVEAT && (e->flags & AT_EMPTY_PATH) && !e->filename[0])
+		read_fd_name(task, e->dirfd, e->fd_name, sizeof(e->fd_name));
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_exit_execve")
+int exit_execve(struct sys_exit_ctx *ctx)
+{
+	return on_exit(ctx, EW_EXECVE);
+}
+
+SEC("tracepoint/syscalls/sys_exit_execveat")
+int exit_execveat(struct sys_exit_ctx *ctx)
+{
+	return on_exit(ctx, EW_EXECVEAT);
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
