@@ -14,7 +14,6 @@ enum ew_syscall {
 
 /* Load-time knobs: the program's only .rodata variable. */
 struct ew_config {
-	__u32 ignore_tgid;    /* the agent itself */
 	__u32 all_errnos;     /* 1: report every failure, not just the exec-relevant errnos */
 };
 

@@ -1,0 +1,51 @@
+"""The event and config layouts of bpf/execwatch.h, mirrored for user space.
+
+tests/test_layout.py compiles the C header and checks these offsets against it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+
+TASK_COMM_LEN = 16
+PATH_LEN = 256
+FD_NAME_LEN = TASK_COMM_LEN * 4
+SYSCALLS = ("execve", "execveat")
+STAT_RINGBUF_DROPS = 0
+STAT_COUNTER_FULL = 1
+STAT_NAMES = {STAT_RINGBUF_DROPS: "ringbuf_full", STAT_COUNTER_FULL: "counter_map_full"}
+
+
+class Config(ctypes.Structure):
+    _fields_ = (("all_errnos", ctypes.c_uint32),)
+
+
+class Event(ctypes.Structure):
+    _fields_ = (
+        ("ktime_ns", ctypes.c_uint64),
+        ("cgroup_id", ctypes.c_uint64),
+        ("mntns", ctypes.c_uint64),
+        ("err", ctypes.c_int32),
+        ("pid", ctypes.c_uint32),
+        ("tgid", ctypes.c_uint32),
+        ("ppid", ctypes.c_uint32),
+        ("uid", ctypes.c_uint32),
+        ("dirfd", ctypes.c_int32),
+        ("flags", ctypes.c_uint32),
+        ("syscall", ctypes.c_uint32),
+        ("comm", ctypes.c_char * TASK_COMM_LEN),
+        ("parent_comm", ctypes.c_char * TASK_COMM_LEN),
+        ("filename", ctypes.c_char * PATH_LEN),
+        ("fd_name", ctypes.c_char * FD_NAME_LEN),
+    )
+
+
+class CountKey(ctypes.Structure):
+    _fields_ = (("cgroup_id", ctypes.c_uint64), ("err", ctypes.c_int32), ("pad", ctypes.c_uint32))
+
+
+# struct.Struct decodes a ring-buffer record several times faster than ctypes.from_buffer_copy.
+EVENT_STRUCT = struct.Struct(
+    f"=QQQiIIIIiII{TASK_COMM_LEN}s{TASK_COMM_LEN}s{PATH_LEN}s{FD_NAME_LEN}s"
+)

@@ -1,0 +1,56 @@
+"""ctypes bindings for the handful of libbpf (libbpf.so.1) calls execwatch uses.
+
+libbpf is the kernel community's loader: it applies CO-RE relocations against the
+running kernel's BTF, creates maps and attaches programs. Binding it directly keeps
+nodes free of compilers and of BCC.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint32, c_void_p
+
+RingBufferCallback = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_size_t)
+
+
+class LibbpfMissing(RuntimeError):
+    pass
+
+
+def load_libbpf() -> ctypes.CDLL:
+    """Open libbpf.so.1 and declare the signatures used here (wrong ones would corrupt pointers)."""
+    name = ctypes.util.find_library("bpf") or "libbpf.so.1"
+    try:
+        lib = ctypes.CDLL(name, use_errno=True)
+    except OSError as exc:
+        raise LibbpfMissing(f"libbpf not found ({exc}); install libbpf1") from exc
+    signatures: dict[str, tuple[object, list[object]]] = {
+        "bpf_object__open_file": (c_void_p, [c_char_p, c_void_p]),
+        "bpf_object__load": (c_int, [c_void_p]),
+        "bpf_object__close": (None, [c_void_p]),
+        "bpf_object__next_map": (c_void_p, [c_void_p, c_void_p]),
+        "bpf_object__find_map_by_name": (c_void_p, [c_void_p, c_char_p]),
+        "bpf_object__next_program": (c_void_p, [c_void_p, c_void_p]),
+        "bpf_program__name": (c_char_p, [c_void_p]),
+        "bpf_program__fd": (c_int, [c_void_p]),
+        "bpf_program__attach": (c_void_p, [c_void_p]),
+        "bpf_link__destroy": (c_int, [c_void_p]),
+        "bpf_map__name": (c_char_p, [c_void_p]),
+        "bpf_map__fd": (c_int, [c_void_p]),
+        "bpf_map__set_max_entries": (c_int, [c_void_p, c_uint32]),
+        "bpf_map__initial_value": (c_void_p, [c_void_p, POINTER(c_size_t)]),
+        "bpf_map__set_initial_value": (c_int, [c_void_p, c_void_p, c_size_t]),
+        "bpf_map_lookup_elem": (c_int, [c_int, c_void_p, c_void_p]),
+        "bpf_map_get_next_key": (c_int, [c_int, c_void_p, c_void_p]),
+        "ring_buffer__new": (c_void_p, [c_int, RingBufferCallback, c_void_p, c_void_p]),
+        "ring_buffer__poll": (c_int, [c_void_p, c_int]),
+        "ring_buffer__epoll_fd": (c_int, [c_void_p]),
+        "ring_buffer__free": (None, [c_void_p]),
+        "libbpf_num_possible_cpus": (c_int, []),
+    }
+    for fn, (restype, argtypes) in signatures.items():
+        func = getattr(lib, fn)
+        func.restype = restype
+        func.argtypes = argtypes
+    return lib

@@ -1,0 +1,218 @@
+"""Open, configure, load and attach the BPF object; hand out its ring buffer and counters."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from execwatch.probe import layout
+from execwatch.probe.libbpf import LibbpfMissing, RingBufferCallback, load_libbpf
+
+log = logging.getLogger(__name__)
+
+TRACEFS_CANDIDATES = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
+EXEC_TRACEPOINT = "events/syscalls/sys_exit_execve"
+
+
+class ProbeError(RuntimeError):
+    """A one-line reason why the probe cannot run on this host."""
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    ringbuf_bytes: int = 1 << 22
+    all_errnos: bool = False
+    object_path: Path | None = None
+
+
+def default_object_path() -> Path:
+    return Path(str(resources.files("execwatch.bpf").joinpath("execwatch.bpf.o")))
+
+
+def check_host() -> None:
+    """Fail early with the real cause instead of a libbpf errno later on."""
+    if os.geteuid() != 0:
+        raise ProbeError("execwatch trace needs root (CAP_BPF and CAP_PERFMON) to load its probe")
+    if not Path("/sys/kernel/btf/vmlinux").exists():
+        raise ProbeError("this kernel exposes no BTF (/sys/kernel/btf/vmlinux): CO-RE cannot run")
+    ensure_tracefs()
+
+
+def ensure_tracefs() -> None:
+    """libbpf finds syscall tracepoint ids in tracefs; mount it when the host has not."""
+    if any((p / EXEC_TRACEPOINT).exists() for p in TRACEFS_CANDIDATES):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    target = TRACEFS_CANDIDATES[0]
+    if libc.mount(b"tracefs", str(target).encode(), b"tracefs", 0, None) != 0:
+        err = ctypes.get_errno()
+        raise ProbeError(f"tracefs is not mounted and mounting it failed: {os.strerror(err)}")
+    if not (target / EXEC_TRACEPOINT).exists():
+        raise ProbeError("the kernel has no syscall tracepoints (CONFIG_FTRACE_SYSCALLS)")
+
+
+class Probe:
+    """The loaded and attached BPF program. Use as a context manager: close() detaches all."""
+
+    def __init__(self, options: ProbeOptions | None = None) -> None:
+        self.options = options or ProbeOptions()
+        self._obj: int | None = None
+        self._links: list[int] = []
+        self._ringbuf: int | None = None
+        self._callback: object = None
+        try:
+            self._lib = load_libbpf()
+        except LibbpfMissing as exc:
+            raise ProbeError(str(exc)) from exc
+        self._ncpus = self._lib.libbpf_num_possible_cpus()
+
+    def __enter__(self) -> Probe:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def open(self) -> None:
+        check_host()
+        path = self.options.object_path or default_object_path()
+        if not path.exists():
+            raise ProbeError(f"BPF object {path} is missing: build it with `make bpf`")
+        obj = self._lib.bpf_object__open_file(str(path).encode(), None)
+        if not obj:
+            raise ProbeError(f"cannot open {path}: {os.strerror(ctypes.get_errno())}")
+        self._obj = obj
+        try:
+            self._configure()
+            self._load_and_attach()
+        except BaseException:
+            self.close()
+            raise
+
+    def _configure(self) -> None:
+        self._lib.bpf_map__set_max_entries(self._map("events"), self.options.ringbuf_bytes)
+        rodata = self._map_by_suffix(".rodata")
+        size = ctypes.c_size_t()
+        self._lib.bpf_map__initial_value(rodata, ctypes.byref(size))
+        if size.value != ctypes.sizeof(layout.Config):
+            raise ProbeError("BPF object and execwatch disagree on the config layout: rebuild it")
+        cfg = layout.Config(all_errnos=int(self.options.all_errnos))
+        self._lib.bpf_map__set_initial_value(rodata, ctypes.byref(cfg), ctypes.sizeof(cfg))
+
+    def _load_and_attach(self) -> None:
+        rc = self._lib.bpf_object__load(self._obj)
+        if rc < 0:
+            raise ProbeError(f"the kernel refused the BPF program: {describe_errno(-rc)}")
+        prog = self._lib.bpf_object__next_program(self._obj, None)
+        while prog:
+            link = self._lib.bpf_program__attach(prog)
+            if not link:
+                name = self._lib.bpf_program__name(prog).decode()
+                err = describe_errno(ctypes.get_errno())
+                raise ProbeError(f"cannot attach {name}: {err}")
+            self._links.append(link)
+            prog = self._lib.bpf_object__next_program(self._obj, prog)
+
+    def _map(self, name: str) -> int:
+        m = self._lib.bpf_object__find_map_by_name(self._obj, name.encode())
+        if not m:
+            raise ProbeError(f"BPF object has no map {name!r}: rebuild it")
+        return int(m)
+
+    def _map_by_suffix(self, suffix: str) -> int:
+        m = self._lib.bpf_object__next_map(self._obj, None)
+        while m:
+            if self._lib.bpf_map__name(m).decode().endswith(suffix):
+                return int(m)
+            m = self._lib.bpf_object__next_map(self._obj, m)
+        raise ProbeError(f"BPF object has no {suffix} section: rebuild it")
+
+    def program_fds(self) -> dict[str, int]:
+        """Program name -> fd, for reading run_time_ns/run_cnt from /proc/self/fdinfo."""
+        out: dict[str, int] = {}
+        prog = self._lib.bpf_object__next_program(self._obj, None)
+        while prog:
+            out[self._lib.bpf_program__name(prog).decode()] = self._lib.bpf_program__fd(prog)
+            prog = self._lib.bpf_object__next_program(self._obj, prog)
+        return out
+
+    def open_ring_buffer(self, on_record: Callable[[bytes], None]) -> None:
+        """Deliver each raw ring-buffer record to on_record during poll()."""
+
+        def trampoline(_ctx: int, data: int, size: int) -> int:
+            on_record(ctypes.string_at(data, size))
+            return 0
+
+        self._callback = RingBufferCallback(trampoline)  # kept alive while libbpf holds it
+        fd = self._lib.bpf_map__fd(self._map("events"))
+        rb = self._lib.ring_buffer__new(fd, self._callback, None, None)
+        if not rb:
+            raise ProbeError(f"cannot open the ring buffer: {os.strerror(ctypes.get_errno())}")
+        self._ringbuf = rb
+
+    def poll(self, timeout_ms: int) -> int:
+        """Wait up to timeout_ms for records; returns how many were consumed."""
+        n = int(self._lib.ring_buffer__poll(self._ringbuf, timeout_ms))
+        if n < 0 and -n != errno.EINTR:
+            raise ProbeError(f"ring buffer poll failed: {os.strerror(-n)}")
+        return max(n, 0)
+
+    def _percpu_sum(self, fd: int, key: ctypes._CData) -> int:
+        values = (ctypes.c_uint64 * self._ncpus)()
+        if self._lib.bpf_map_lookup_elem(fd, ctypes.byref(key), values) != 0:
+            return 0
+        return sum(values)
+
+    def errno_totals(self) -> dict[int, int]:
+        """Exact count of failed execs per errno since load (per-CPU array: never full)."""
+        fd = self._lib.bpf_map__fd(self._map("errno_totals"))
+        totals = {}
+        for err in range(1, 256):
+            n = self._percpu_sum(fd, ctypes.c_uint32(err))
+            if n:
+                totals[err] = n
+        return totals
+
+    def stats(self) -> dict[str, int]:
+        """Kernel-side drop counters by type."""
+        fd = self._lib.bpf_map__fd(self._map("stats"))
+        return {name: self._percpu_sum(fd, ctypes.c_uint32(i)) for i, name in layout.STAT_NAMES.items()}
+
+    def counts_by_cgroup(self) -> dict[tuple[int, int], int]:
+        """(cgroup id, errno) -> exact count, unless the map filled up (see stats())."""
+        fd = self._lib.bpf_map__fd(self._map("counts"))
+        return dict(self._iter_counts(fd))
+
+    def _iter_counts(self, fd: int) -> Iterator[tuple[tuple[int, int], int]]:
+        key, nxt = layout.CountKey(), layout.CountKey()
+        prev: ctypes._CData | None = None
+        while self._lib.bpf_map_get_next_key(fd, ctypes.byref(prev) if prev else None, ctypes.byref(nxt)) == 0:
+            ctypes.memmove(ctypes.byref(key), ctypes.byref(nxt), ctypes.sizeof(key))
+            yield (key.cgroup_id, key.err), self._percpu_sum(fd, key)
+            prev = key
+
+    def close(self) -> None:
+        if self._ringbuf:
+            self._lib.ring_buffer__free(self._ringbuf)
+            self._ringbuf = None
+        for link in self._links:
+            self._lib.bpf_link__destroy(link)
+        self._links.clear()
+        if self._obj:
+            self._lib.bpf_object__close(self._obj)
+            self._obj = None
+
+
+def describe_errno(err: int) -> str:
+    hints = {
+        errno.EPERM: "operation not permitted (need CAP_BPF, CAP_PERFMON; check lockdown/seccomp)",
+        errno.ENOSYS: "BPF is not available in this kernel",
+        errno.EINVAL: "invalid argument (kernel too old for this program?)",
+    }
+    return hints.get(err, os.strerror(err))
