@@ -1,0 +1,1 @@
+"""Attribution: which container, pod and workload a failed exec came from."""
