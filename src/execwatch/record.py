@@ -79,6 +79,7 @@ class KernelEvent:
     syscall: str  # "execve" or "execveat"
     dirfd: int = -100
     flags: int = 0
+    via_fd: bool = False  # fexecve: path is only the basename behind dirfd
 
 
 @dataclass(frozen=True, slots=True)

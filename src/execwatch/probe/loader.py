@@ -182,7 +182,9 @@ class Probe:
     def stats(self) -> dict[str, int]:
         """Kernel-side drop counters by type."""
         fd = self._lib.bpf_map__fd(self._map("stats"))
-        return {name: self._percpu_sum(fd, ctypes.c_uint32(i)) for i, name in layout.STAT_NAMES.items()}
+        return {
+            name: self._percpu_sum(fd, ctypes.c_uint32(i)) for i, name in layout.STAT_NAMES.items()
+        }
 
     def counts_by_cgroup(self) -> dict[tuple[int, int], int]:
         """(cgroup id, errno) -> exact count, unless the map filled up (see stats())."""
@@ -192,7 +194,12 @@ class Probe:
     def _iter_counts(self, fd: int) -> Iterator[tuple[tuple[int, int], int]]:
         key, nxt = layout.CountKey(), layout.CountKey()
         prev: ctypes._CData | None = None
-        while self._lib.bpf_map_get_next_key(fd, ctypes.byref(prev) if prev else None, ctypes.byref(nxt)) == 0:
+        while (
+            self._lib.bpf_map_get_next_key(
+                fd, ctypes.byref(prev) if prev else None, ctypes.byref(nxt)
+            )
+            == 0
+        ):
             ctypes.memmove(ctypes.byref(key), ctypes.byref(nxt), ctypes.sizeof(key))
             yield (key.cgroup_id, key.err), self._percpu_sum(fd, key)
             prev = key

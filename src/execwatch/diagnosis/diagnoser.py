@@ -1,0 +1,213 @@
+"""Classifying a failed exec by reading the file the kernel refused, as the task saw it.
+
+The errno says what the kernel concluded; the file says why. ELF and shebang knowledge
+comes from execwatch.binfmt, the same module the image scanner uses.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from dataclasses import dataclass
+
+from execwatch.binfmt import (
+    BinfmtError,
+    Platform,
+    Shebang,
+    can_execute,
+    node_platform,
+    parse_shebang,
+    read_elf,
+    sniff,
+)
+from execwatch.diagnosis.confined import NotRegularFile, Resolver, Root, reopen_regular
+from execwatch.diagnosis.roots import RootLocator
+from execwatch.record import Diagnosis, KernelEvent, Reason
+
+HEAD_BYTES = 512  # the kernel reads 256 for #! (Linux 5.1+) and 64 for the ELF header
+MAX_INTERPRETER_DEPTH = 4  # the kernel's BINPRM_MAX_RECURSION
+
+
+@dataclass(frozen=True)
+class _Context:
+    root: Root
+    err: int
+
+
+class FileDiagnoser:
+    def __init__(self, locator: RootLocator | None = None, node: Platform | None = None) -> None:
+        self._locator = locator or RootLocator()
+        self._node = node or node_platform()
+        self._resolver = Resolver()
+
+    @property
+    def node_arch(self) -> str:
+        return self._node.architecture
+
+    def diagnose(self, event: KernelEvent) -> Diagnosis:
+        root = self._locator.open(event)
+        if root is None:
+            return self._result(
+                Reason.UNDIAGNOSED, detail="the task and its mount namespace are gone"
+            )
+        try:
+            return self._diagnose_in(_Context(root, event.errno), event)
+        finally:
+            root.close()
+
+    def _diagnose_in(self, ctx: _Context, event: KernelEvent) -> Diagnosis:
+        try:
+            fd = self._open_target(ctx.root, event)
+        except FileNotFoundError:
+            reason = Reason.NOT_FOUND if ctx.err == errno.ENOENT else Reason.UNDIAGNOSED
+            return self._result(reason, detail="no such file")
+        except NotRegularFile as exc:
+            return self._result(self._unreadable_reason(ctx), detail=exc.strerror or "")
+        except OSError as exc:
+            return self._result(Reason.UNDIAGNOSED, detail=f"cannot open: {exc.strerror}")
+        with os.fdopen(fd, "rb") as f:
+            return self._examine(ctx, f.fileno(), depth=0)
+
+    def _open_target(self, root: Root, event: KernelEvent) -> int:
+        if event.via_fd:  # fexecve: the caller's fd is the file, when the caller lives
+            return reopen_regular(
+                os.open(f"/proc/{event.tgid}/fd/{event.dirfd}", os.O_PATH), event.path
+            )
+        path = self._locator.absolute(event, event.path)
+        if path is None:
+            raise OSError(
+                errno.ENOENT, "relative path and the working directory is gone", event.path
+            )
+        return self._resolver.open_regular(root, path)
+
+    def _unreadable_reason(self, ctx: _Context) -> Reason:
+        return Reason.PERMISSION_DENIED if ctx.err == errno.EACCES else Reason.UNDIAGNOSED
+
+    def _examine(self, ctx: _Context, fd: int, depth: int) -> Diagnosis:
+        if ctx.err == errno.EACCES and (denied := self._permission_problem(fd)):
+            return self._result(Reason.PERMISSION_DENIED, detail=denied)
+        head = os.pread(fd, HEAD_BYTES, 0)
+        kind = sniff(head)
+        if kind == "elf":
+            return self._examine_elf(ctx, fd)
+        if kind == "shebang":
+            shebang = parse_shebang(head)
+            if shebang is not None:
+                return self._examine_script(ctx, shebang, depth)
+        if ctx.err == errno.ENOEXEC:
+            return self._result(
+                Reason.NO_SHEBANG,
+                detail="neither ELF nor #!: shells and execvp() retry such files with /bin/sh",
+            )
+        return self._result(Reason.UNDIAGNOSED, detail="not ELF and no #! line")
+
+    def _examine_elf(self, ctx: _Context, fd: int) -> Diagnosis:
+        try:
+            with os.fdopen(os.dup(fd), "rb") as f:
+                info = read_elf(f)
+        except BinfmtError as exc:
+            return self._result(Reason.CORRUPT_BINARY, detail=str(exc))
+        if info.platform is None or not can_execute(self._node, info.platform):
+            return self._result(
+                Reason.FOREIGN_ARCHITECTURE,
+                binary_arch=info.arch,
+                detail=f"an {info.arch} binary cannot run on this {self.node_arch} node",
+            )
+        if info.interpreter:
+            found = self._check_loader(ctx, info.interpreter)
+            if found is not None:
+                return found
+        if ctx.err == errno.ENOEXEC:
+            return self._result(
+                Reason.CORRUPT_BINARY,
+                binary_arch=info.arch,
+                detail="the kernel rejected an ELF of its own architecture (bad program headers?)",
+            )
+        return self._result(Reason.UNDIAGNOSED, binary_arch=info.arch, interpreter=info.interpreter)
+
+    def _check_loader(self, ctx: _Context, loader: str) -> Diagnosis | None:
+        try:
+            fd = self._resolver.open_regular(ctx.root, loader)
+        except FileNotFoundError:
+            return self._result(
+                Reason.MISSING_INTERPRETER,
+                interpreter=loader,
+                detail=f"the ELF loader {loader} does not exist in this root filesystem "
+                "(e.g. a glibc binary in a musl image)",
+            )
+        except OSError as exc:
+            return self._result(
+                Reason.BAD_INTERPRETER, interpreter=loader, detail=str(exc.strerror)
+            )
+        with os.fdopen(fd, "rb") as f:
+            if sniff(os.pread(f.fileno(), HEAD_BYTES, 0)) != "elf":
+                return self._result(
+                    Reason.BAD_INTERPRETER, interpreter=loader, detail="loader is not ELF"
+                )
+            try:
+                info = read_elf(f)
+            except BinfmtError as exc:
+                return self._result(Reason.BAD_INTERPRETER, interpreter=loader, detail=str(exc))
+        if info.platform is None or not can_execute(self._node, info.platform):
+            return self._result(
+                Reason.BAD_INTERPRETER,
+                interpreter=loader,
+                binary_arch=info.arch,
+                detail=f"the loader is an {info.arch} binary",
+            )
+        if ctx.err == errno.ELIBBAD:
+            return self._result(
+                Reason.BAD_INTERPRETER, interpreter=loader, detail="kernel rejected the loader"
+            )
+        return None
+
+    def _examine_script(self, ctx: _Context, shebang: Shebang, depth: int) -> Diagnosis:
+        interpreter = shebang.interpreter
+        crlf = (
+            " (the #! line ends in CR: the file has Windows line endings)" if shebang.crlf else ""
+        )
+        try:
+            fd = self._resolver.open_regular(ctx.root, interpreter)
+        except FileNotFoundError:
+            return self._result(
+                Reason.MISSING_SHEBANG_INTERPRETER,
+                interpreter=interpreter,
+                detail=f"the #! interpreter does not exist{crlf}",
+            )
+        except OSError as exc:
+            return self._result(
+                self._unreadable_reason(ctx), interpreter=interpreter, detail=str(exc.strerror)
+            )
+        if depth >= MAX_INTERPRETER_DEPTH:
+            os.close(fd)
+            return self._result(
+                Reason.UNDIAGNOSED, interpreter=interpreter, detail="too many #! levels"
+            )
+        with os.fdopen(fd, "rb") as f:
+            inner = self._examine(ctx, f.fileno(), depth + 1)
+        return Diagnosis(
+            reason=inner.reason,
+            node_arch=inner.node_arch,
+            binary_arch=inner.binary_arch,
+            interpreter=inner.interpreter or interpreter,
+            detail=f"script interpreter {interpreter}: {inner.detail}",
+        )
+
+    def _permission_problem(self, fd: int) -> str | None:
+        st = os.fstat(fd)
+        if not st.st_mode & (stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH):
+            return f"no execute permission (mode {stat.filemode(st.st_mode)})"
+        if os.fstatvfs(fd).f_flag & os.ST_NOEXEC:
+            return "the filesystem is mounted noexec"
+        return None
+
+    def _result(
+        self,
+        reason: Reason,
+        *,
+        binary_arch: str | None = None,
+        interpreter: str | None = None,
+        detail: str = "",
+    ) -> Diagnosis:
+        return Diagnosis(reason, self.node_arch, binary_arch, interpreter, detail)

@@ -1,0 +1,79 @@
+"""Prometheus metrics of the node side (trace and agent).
+
+Kernel counts are read from the BPF maps at scrape time, so they are exact even when
+the ring buffer overflowed; user-space counters say what was delivered and diagnosed.
+Everything lives in one registry object: nothing global.
+"""
+
+from __future__ import annotations
+
+import errno as errno_mod
+from collections.abc import Iterable, Iterator
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from execwatch.record import KernelEvent, Reason
+
+
+class KernelCounters(Protocol):
+    def errno_totals(self) -> dict[int, int]: ...
+    def stats(self) -> dict[str, int]: ...
+
+
+def errno_name(err: int) -> str:
+    return errno_mod.errorcode.get(err, str(err))
+
+
+class KernelCollector(Collector):
+    def __init__(self, probe: KernelCounters) -> None:
+        self._probe = probe
+
+    def collect(self) -> Iterable[Metric]:
+        failures = CounterMetricFamily(
+            "execwatch_kernel_exec_failures",
+            "Failed execve/execveat calls counted in the kernel (exact, every errno).",
+            labels=["errno"],
+        )
+        for err, n in sorted(self._probe.errno_totals().items()):
+            failures.add_metric([errno_name(err)], n)
+        drops = CounterMetricFamily(
+            "execwatch_kernel_dropped",
+            "Events the kernel could not hand to user space, by type (counts stay exact).",
+            labels=["type"],
+        )
+        for kind, n in self._probe.stats().items():
+            drops.add_metric([kind], n)
+        yield failures
+        yield drops
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+class NodeMetrics:
+    """The pipeline's observer: counts delivered events by errno and diagnosis."""
+
+    def __init__(self, registry: CollectorRegistry, probe: KernelCounters | None = None) -> None:
+        self.registry = registry
+        self.events = Counter(
+            "execwatch_events",
+            "Failed execs delivered to user space, by errno and diagnosed reason.",
+            ["errno", "reason"],
+            registry=registry,
+        )
+        self.aggregated_events = Counter(
+            "execwatch_events_aggregated",
+            "Delivered failures folded into an earlier identical record instead of printed again.",
+            registry=registry,
+        )
+        if probe is not None:
+            registry.register(KernelCollector(probe))
+
+    def delivered(self, event: KernelEvent, reason: Reason) -> None:
+        self.events.labels(errno_name(event.errno), str(reason)).inc()
+
+    def aggregated(self) -> None:
+        self.aggregated_events.inc()

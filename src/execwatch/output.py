@@ -1,0 +1,55 @@
+"""Printing records for people (one line each) and for programs (JSON lines)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, TextIO
+
+from execwatch.record import ExecFailure
+from execwatch.text import safe_text
+
+
+def _safe(value: Any) -> Any:
+    return safe_text(value) if isinstance(value, str) else value
+
+
+def json_line(failure: ExecFailure) -> str:
+    return json.dumps({k: _safe(v) for k, v in failure.to_json().items()}, ensure_ascii=False)
+
+
+def human_line(failure: ExecFailure) -> str:
+    e, d, a = failure.event, failure.diagnosis, failure.attribution
+    stamp = time.strftime("%H:%M:%S", time.localtime(e.time)) + f".{int(e.time * 1000) % 1000:03d}"
+    j = failure.to_json()
+    parts = [stamp, j["errno"], str(d.reason), safe_text(e.path)]
+    if d.binary_arch:
+        parts.append(f"({d.binary_arch} on {d.node_arch})")
+    if d.interpreter:
+        parts.append(f"interpreter={safe_text(d.interpreter)}")
+    parts.append(
+        f"pid={e.tgid} ppid={e.ppid} comm={safe_text(e.comm)} parent={safe_text(e.parent_comm)}"
+    )
+    parts.append(f"uid={e.uid}")
+    if a.pod:
+        pod = f"{a.namespace or ''}/{a.pod}"
+        parts.append(f"pod={safe_text(pod)} container={safe_text(a.container or '')}")
+    elif a.container_id:
+        parts.append(f"container={a.container_id[:12]}")
+    if failure.count > 1:
+        parts.append(f"x{failure.count} more")
+    if d.detail:
+        parts.append(f"— {safe_text(d.detail)}")
+    return " ".join(parts)
+
+
+class Printer:
+    """The trace sink: writes and flushes one line per record."""
+
+    def __init__(self, stream: TextIO, *, as_json: bool) -> None:
+        self._stream = stream
+        self._format = json_line if as_json else human_line
+
+    def __call__(self, failure: ExecFailure) -> None:
+        self._stream.write(self._format(failure) + "\n")
+        self._stream.flush()

@@ -1,0 +1,123 @@
+"""The node pipeline: ring-buffer record -> KernelEvent -> diagnosis -> attribution -> record.
+
+Shared by `execwatch trace` and the cluster agent. A burst of identical failures (one
+container retrying one binary) is diagnosed once and folded: the first occurrence is
+emitted at once, the repeats as one record with their exact count per window.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from execwatch.probe.events import decode
+from execwatch.record import Attribution, Diagnosis, ExecFailure, KernelEvent, Reason
+
+Sink = Callable[[ExecFailure], None]
+AggregationKey = tuple[int, int, str, int]
+
+
+class Diagnoser(Protocol):
+    def diagnose(self, event: KernelEvent) -> Diagnosis: ...
+
+
+class Attributor(Protocol):
+    def resolve(self, cgroup_id: int, pid: int | None = None) -> Attribution: ...
+
+
+class PipelineObserver(Protocol):
+    """What the pipeline reports about itself (metrics); see execwatch.metrics."""
+
+    def delivered(self, event: KernelEvent, reason: Reason) -> None: ...
+    def aggregated(self) -> None: ...
+
+
+@dataclass
+class _Slot:
+    failure: ExecFailure
+    pending: int
+    last_seen: float
+
+
+class NodePipeline:
+    def __init__(
+        self,
+        diagnoser: Diagnoser,
+        sink: Sink,
+        *,
+        epoch_offset: float,
+        attributor: Attributor | None = None,
+        observer: PipelineObserver | None = None,
+        show_not_found: bool = False,
+        window: float = 1.0,
+        max_slots: int = 8192,
+    ) -> None:
+        self._diagnoser = diagnoser
+        self._sink = sink
+        self._epoch_offset = epoch_offset
+        self._attributor = attributor
+        self._observer = observer
+        self._show_not_found = show_not_found
+        self._window = window
+        self._max_slots = max_slots
+        self._slots: OrderedDict[AggregationKey, _Slot] = OrderedDict()
+
+    def on_record(self, raw: bytes) -> None:
+        self.handle(decode(raw, self._epoch_offset))
+
+    def handle(self, event: KernelEvent) -> None:
+        key = (event.cgroup_id, event.mntns, event.path, event.errno)
+        now = time.monotonic()
+        slot = self._slots.get(key)
+        if slot is not None and now - slot.last_seen < self._window * 10:
+            slot.pending += 1
+            slot.last_seen = now
+            slot.failure = dataclasses.replace(slot.failure, event=event)
+            self._report(event, slot.failure.diagnosis.reason, aggregated=True)
+            return
+        if slot is not None:
+            self._emit_pending(slot)  # stale slot: diagnose afresh, keep its count
+        failure = self._build(event)
+        self._report(event, failure.diagnosis.reason, aggregated=False)
+        self._slots[key] = _Slot(failure, 0, now)
+        self._slots.move_to_end(key)
+        while len(self._slots) > self._max_slots:
+            self._emit_pending(self._slots.popitem(last=False)[1])
+        self._emit(failure)
+
+    def flush(self, *, final: bool = False) -> None:
+        """Emit folded repeats; forget slots idle for ten windows (or all, when final)."""
+        now = time.monotonic()
+        for key, slot in list(self._slots.items()):
+            self._emit_pending(slot)
+            if final or now - slot.last_seen >= self._window * 10:
+                del self._slots[key]
+
+    def _build(self, event: KernelEvent) -> ExecFailure:
+        diagnosis = self._diagnoser.diagnose(event)
+        attribution = (
+            self._attributor.resolve(event.cgroup_id, event.tgid)
+            if self._attributor
+            else Attribution()
+        )
+        return ExecFailure(event=event, diagnosis=diagnosis, attribution=attribution)
+
+    def _report(self, event: KernelEvent, reason: Reason, *, aggregated: bool) -> None:
+        if self._observer:
+            self._observer.delivered(event, reason)
+            if aggregated:
+                self._observer.aggregated()
+
+    def _emit_pending(self, slot: _Slot) -> None:
+        if slot.pending:
+            self._emit(dataclasses.replace(slot.failure, count=slot.pending))
+            slot.pending = 0
+
+    def _emit(self, failure: ExecFailure) -> None:
+        if failure.diagnosis.reason is Reason.NOT_FOUND and not self._show_not_found:
+            return
+        self._sink(failure)

@@ -1,0 +1,42 @@
+"""Decoding ring-buffer records into KernelEvent."""
+
+from __future__ import annotations
+
+import time
+
+from execwatch.probe import layout
+from execwatch.record import KernelEvent
+from execwatch.text import c_string
+
+AT_EMPTY_PATH = 0x1000
+
+
+def boot_to_epoch_offset() -> float:
+    """Seconds to add to CLOCK_BOOTTIME to get wall-clock time (the probe uses boot time)."""
+    return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def decode(raw: bytes, epoch_offset: float) -> KernelEvent:
+    (ktime, cgroup_id, mntns, err, pid, tgid, ppid, uid, dirfd, flags, syscall,
+     comm, parent_comm, filename, fd_name) = layout.EVENT_STRUCT.unpack_from(raw)  # fmt: skip
+    path = c_string(filename)
+    via_fd = not path and bool(flags & AT_EMPTY_PATH)
+    if via_fd:
+        path = c_string(fd_name)  # fexecve: only the basename behind the fd is known
+    return KernelEvent(
+        time=epoch_offset + ktime / 1e9,
+        errno=err,
+        pid=pid,
+        tgid=tgid,
+        ppid=ppid,
+        uid=uid,
+        comm=c_string(comm),
+        parent_comm=c_string(parent_comm),
+        path=path,
+        cgroup_id=cgroup_id,
+        mntns=mntns,
+        syscall=layout.SYSCALLS[syscall] if syscall < len(layout.SYSCALLS) else str(syscall),
+        dirfd=dirfd,
+        flags=flags,
+        via_fd=via_fd,
+    )

@@ -1,0 +1,110 @@
+"""`execwatch trace`: the probe on one Linux host, printing diagnosed failed execs."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from execwatch.diagnosis import FileDiagnoser
+from execwatch.metrics import NodeMetrics
+from execwatch.output import Printer
+from execwatch.pipeline import NodePipeline
+from execwatch.probe import Probe, ProbeError
+from execwatch.probe.events import boot_to_epoch_offset
+from execwatch.probe.loader import ProbeOptions
+
+log = logging.getLogger(__name__)
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser("trace", help="print diagnosed failed execs on this host (root)")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument("--metrics-address", metavar="HOST:PORT", help="serve Prometheus metrics")
+    p.add_argument(
+        "--show-not-found",
+        action="store_true",
+        help="also print ENOENT for files that do not exist (PATH-search noise)",
+    )
+    p.add_argument(
+        "--all-errnos", action="store_true", help="report every errno, not only exec ones"
+    )
+    p.add_argument(
+        "--window", type=float, default=1.0, help="seconds over which repeats are folded"
+    )
+    p.add_argument("--ringbuf-mb", type=int, default=4, help="ring buffer size in MiB (power of 2)")
+    p.add_argument("--duration", type=float, help="stop after this many seconds")
+    p.set_defaults(func=run)
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"--metrics-address wants HOST:PORT, got {text!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[threading.Event]:
+    stop = threading.Event()
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        address = parse_address(args.metrics_address) if args.metrics_address else None
+        options = ProbeOptions(ringbuf_bytes=args.ringbuf_mb << 20, all_errnos=args.all_errnos)
+        with Probe(options) as probe, stop_on_signals() as stop:
+            return trace_loop(probe, args, address, stop)
+    except (ProbeError, ValueError, OSError) as exc:
+        print(f"execwatch: {exc}", file=sys.stderr)
+        return 2
+
+
+def trace_loop(
+    probe: Probe, args: argparse.Namespace, address: tuple[str, int] | None, stop: threading.Event
+) -> int:
+    registry = CollectorRegistry()
+    metrics = NodeMetrics(registry, probe)
+    server = start_http_server(address[1], address[0], registry=registry)[0] if address else None
+    pipeline = NodePipeline(
+        FileDiagnoser(),
+        Printer(sys.stdout, as_json=args.json),
+        epoch_offset=boot_to_epoch_offset(),
+        observer=metrics,
+        show_not_found=args.show_not_found,
+        window=args.window,
+    )
+    probe.open_ring_buffer(pipeline.on_record)
+    log.info("tracing failed execs", extra={"kv": {"metrics": args.metrics_address or "off"}})
+    deadline = time.monotonic() + args.duration if args.duration else None
+    next_flush = time.monotonic() + args.window
+    try:
+        while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            probe.poll(100)
+            if time.monotonic() >= next_flush:
+                pipeline.flush()
+                next_flush = time.monotonic() + args.window
+        probe.poll(0)  # drain what is already there
+    finally:
+        pipeline.flush(final=True)
+        if server:
+            server.shutdown()
+    return 0
