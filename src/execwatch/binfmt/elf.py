@@ -144,22 +144,42 @@ class _Segment:
 
 
 class _StringTable:
-    """The dynamic string table, read string by string through the file mapping."""
+    """The dynamic string table, read in small aligned windows as strings are asked for.
+
+    Needed names and version names sit together near the end of .dynstr, so a few windows
+    serve a whole file without reading the table (megabytes in big C++ libraries) at once.
+    """
+
+    WINDOW = 1024
 
     def __init__(self, reader: _Reader, offset: int, size: int) -> None:
         self.reader = reader
         self.offset = offset
         self.size = min(size, reader.size - offset) if offset < reader.size else 0
+        self.windows: dict[int, bytes] = {}
+
+    def _window(self, n: int) -> bytes:
+        if n not in self.windows:
+            start = n * self.WINDOW
+            length = min(self.WINDOW, self.size - start)
+            self.windows[n] = self.reader.read(self.offset + start, length, "dynamic string")
+        return self.windows[n]
 
     def get(self, index: int) -> str:
         if index < 0 or index >= self.size:
             raise BinfmtError("string index outside the dynamic string table")
-        length = min(MAX_STRING_BYTES, self.size - index)
-        chunk = self.reader.read(self.offset + index, length, "dynamic string")
-        end = chunk.find(b"\0")
-        if end < 0:
-            raise BinfmtError("unterminated dynamic string")
-        return os.fsdecode(chunk[:end])
+        out = bytearray()
+        pos = index
+        while pos < self.size and len(out) < MAX_STRING_BYTES:
+            window = self._window(pos // self.WINDOW)
+            chunk = window[pos % self.WINDOW :]
+            end = chunk.find(b"\0")
+            if end >= 0:
+                out += chunk[:end]
+                return os.fsdecode(bytes(out))
+            out += chunk
+            pos += len(chunk)
+        raise BinfmtError("unterminated dynamic string")
 
 
 def read_elf(f: BinaryIO) -> ElfInfo:
