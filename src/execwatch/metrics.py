@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from execwatch.record import KernelEvent, Reason
+from execwatch.record import Reason
 
 
 class KernelCounters(Protocol):
@@ -72,8 +72,7 @@ class NodeMetrics:
         if probe is not None:
             registry.register(KernelCollector(probe))
 
-    def delivered(self, event: KernelEvent, reason: Reason) -> None:
-        self.events.labels(errno_name(event.errno), str(reason)).inc()
-
-    def aggregated(self) -> None:
-        self.aggregated_events.inc()
+    def delivered(self, errno: int, reason: Reason, *, aggregated: bool) -> None:
+        self.events.labels(errno_name(errno), str(reason)).inc()
+        if aggregated:
+            self.aggregated_events.inc()

@@ -2,23 +2,26 @@
 
 Shared by `execwatch trace` and the cluster agent. A burst of identical failures (one
 container retrying one binary) is diagnosed once and folded: the first occurrence is
-emitted at once, the repeats as one record with their exact count per window.
+emitted at once, the repeats as one record with their exact count per window. Repeats
+are recognised on the raw record, before decoding, so a failure storm stays cheap.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from execwatch.probe import layout
 from execwatch.probe.events import decode
 from execwatch.record import Attribution, Diagnosis, ExecFailure, KernelEvent, Reason
 
 Sink = Callable[[ExecFailure], None]
-AggregationKey = tuple[int, int, str, int]
+AggregationKey = tuple[int, int, int, bytes, bytes]
 
 
 class Diagnoser(Protocol):
@@ -32,15 +35,29 @@ class Attributor(Protocol):
 class PipelineObserver(Protocol):
     """What the pipeline reports about itself (metrics); see execwatch.metrics."""
 
-    def delivered(self, event: KernelEvent, reason: Reason) -> None: ...
-    def aggregated(self) -> None: ...
+    def delivered(self, errno: int, reason: Reason, *, aggregated: bool) -> None: ...
 
 
 @dataclass
 class _Slot:
-    failure: ExecFailure
-    pending: int
+    failure: ExecFailure  # the diagnosed first occurrence
+    latest: bytes  # raw record of the newest repeat
+    pending: int  # repeats not emitted yet
     last_seen: float
+
+
+def aggregation_key(raw: bytes) -> AggregationKey:
+    """(cgroup, mntns, errno, filename, fd name) straight from the record's bytes.
+
+    Strings are cut at their NUL: the ring buffer does not zero what follows it."""
+    f, order = layout.EVENT_FIELDS, sys.byteorder
+    return (
+        int.from_bytes(raw[f.cgroup], order),
+        int.from_bytes(raw[f.mntns], order),
+        int.from_bytes(raw[f.err], order),
+        raw[f.filename].split(b"\0", 1)[0],
+        raw[f.fd_name].split(b"\0", 1)[0],
+    )
 
 
 class NodePipeline:
@@ -67,23 +84,20 @@ class NodePipeline:
         self._slots: OrderedDict[AggregationKey, _Slot] = OrderedDict()
 
     def on_record(self, raw: bytes) -> None:
-        self.handle(decode(raw, self._epoch_offset))
-
-    def handle(self, event: KernelEvent) -> None:
-        key = (event.cgroup_id, event.mntns, event.path, event.errno)
+        key = aggregation_key(raw)
         now = time.monotonic()
         slot = self._slots.get(key)
         if slot is not None and now - slot.last_seen < self._window * 10:
             slot.pending += 1
+            slot.latest = raw
             slot.last_seen = now
-            slot.failure = dataclasses.replace(slot.failure, event=event)
-            self._report(event, slot.failure.diagnosis.reason, aggregated=True)
+            self._report(key[2], slot.failure.diagnosis.reason, aggregated=True)
             return
         if slot is not None:
             self._emit_pending(slot)  # stale slot: diagnose afresh, keep its count
-        failure = self._build(event)
-        self._report(event, failure.diagnosis.reason, aggregated=False)
-        self._slots[key] = _Slot(failure, 0, now)
+        failure = self._build(decode(raw, self._epoch_offset))
+        self._report(key[2], failure.diagnosis.reason, aggregated=False)
+        self._slots[key] = _Slot(failure, raw, 0, now)
         self._slots.move_to_end(key)
         while len(self._slots) > self._max_slots:
             self._emit_pending(self._slots.popitem(last=False)[1])
@@ -106,15 +120,14 @@ class NodePipeline:
         )
         return ExecFailure(event=event, diagnosis=diagnosis, attribution=attribution)
 
-    def _report(self, event: KernelEvent, reason: Reason, *, aggregated: bool) -> None:
+    def _report(self, errno: int, reason: Reason, *, aggregated: bool) -> None:
         if self._observer:
-            self._observer.delivered(event, reason)
-            if aggregated:
-                self._observer.aggregated()
+            self._observer.delivered(errno, reason, aggregated=aggregated)
 
     def _emit_pending(self, slot: _Slot) -> None:
         if slot.pending:
-            self._emit(dataclasses.replace(slot.failure, count=slot.pending))
+            latest = decode(slot.latest, self._epoch_offset)
+            self._emit(dataclasses.replace(slot.failure, event=latest, count=slot.pending))
             slot.pending = 0
 
     def _emit(self, failure: ExecFailure) -> None:

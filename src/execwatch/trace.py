@@ -98,7 +98,7 @@ def trace_loop(
     next_flush = time.monotonic() + args.window
     try:
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
-            probe.poll(100)
+            probe.poll(50)
             if time.monotonic() >= next_flush:
                 pipeline.flush()
                 next_flush = time.monotonic() + args.window

@@ -78,6 +78,14 @@ struct {
 	__type(value, __u64);
 } stats SEC(".maps");
 
+/* Per-CPU time of the last ring-buffer wakeup. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} last_wakeup SEC(".maps");
+
 static __always_inline void bump(void *map, const void *key)
 {
 	__u64 *v = bpf_map_lookup_elem(map, key);
@@ -100,6 +108,21 @@ static __always_inline void count(__u64 cgroup_id, int err)
 		idx = EW_STAT_COUNTER_FULL;
 		bump(&stats, &idx);
 	}
+}
+
+/* A wakeup is an irq_work (a self-IPI in VMs) costing microseconds. Only the first record
+ * of an interval wakes the consumer; it polls with a timeout and collects the rest. */
+static __always_inline __u64 wakeup_flag(__u64 now)
+{
+	__u32 zero = 0;
+	__u64 *last = bpf_map_lookup_elem(&last_wakeup, &zero);
+
+	if (!last || now - *last >= cfg.wakeup_interval_ns) {
+		if (last)
+			*last = now;
+		return BPF_RB_FORCE_WAKEUP;
+	}
+	return BPF_RB_NO_WAKEUP;
 }
 
 static __always_inline bool reported(int err)
@@ -173,7 +196,7 @@ static __always_inline int on_exit(struct sys_exit_ctx *ctx, enum ew_syscall sc)
 		e->filename[0] = 0;
 	if (sc == EW_EXECVEAT && (e->flags & AT_EMPTY_PATH) && !e->filename[0])
 		read_fd_name(task, e->dirfd, e->fd_name, sizeof(e->fd_name));
-	bpf_ringbuf_submit(e, 0);
+	bpf_ringbuf_submit(e, wakeup_flag(e->ktime_ns));
 	return 0;
 }
 

@@ -14,7 +14,9 @@ enum ew_syscall {
 
 /* Load-time knobs: the program's only .rodata variable. */
 struct ew_config {
-	__u32 all_errnos;     /* 1: report every failure, not just the exec-relevant errnos */
+	__u64 wakeup_interval_ns; /* wake user space at most this often per CPU */
+	__u32 all_errnos;         /* 1: report every failure, not just the exec-relevant errnos */
+	__u32 pad;
 };
 
 struct ew_event {

@@ -18,7 +18,11 @@ STAT_NAMES = {STAT_RINGBUF_DROPS: "ringbuf_full", STAT_COUNTER_FULL: "counter_ma
 
 
 class Config(ctypes.Structure):
-    _fields_ = (("all_errnos", ctypes.c_uint32),)
+    _fields_ = (
+        ("wakeup_interval_ns", ctypes.c_uint64),
+        ("all_errnos", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+    )
 
 
 class Event(ctypes.Structure):
@@ -44,6 +48,18 @@ class Event(ctypes.Structure):
 class CountKey(ctypes.Structure):
     _fields_ = (("cgroup_id", ctypes.c_uint64), ("err", ctypes.c_int32), ("pad", ctypes.c_uint32))
 
+
+class EventFields:
+    """Byte slices of Event fields, for reading a few fields without decoding the record."""
+
+    cgroup = slice(Event.cgroup_id.offset, Event.cgroup_id.offset + 8)
+    mntns = slice(Event.mntns.offset, Event.mntns.offset + 8)
+    err = slice(Event.err.offset, Event.err.offset + 4)
+    filename = slice(Event.filename.offset, Event.filename.offset + PATH_LEN)
+    fd_name = slice(Event.fd_name.offset, Event.fd_name.offset + FD_NAME_LEN)
+
+
+EVENT_FIELDS = EventFields()
 
 # struct.Struct decodes a ring-buffer record several times faster than ctypes.from_buffer_copy.
 EVENT_STRUCT = struct.Struct(

@@ -45,6 +45,7 @@ def load_libbpf() -> ctypes.CDLL:
         "bpf_map_get_next_key": (c_int, [c_int, c_void_p, c_void_p]),
         "ring_buffer__new": (c_void_p, [c_int, RingBufferCallback, c_void_p, c_void_p]),
         "ring_buffer__poll": (c_int, [c_void_p, c_int]),
+        "ring_buffer__consume": (c_int, [c_void_p]),
         "ring_buffer__epoll_fd": (c_int, [c_void_p]),
         "ring_buffer__free": (None, [c_void_p]),
         "libbpf_num_possible_cpus": (c_int, []),

@@ -28,6 +28,7 @@ class ProbeError(RuntimeError):
 class ProbeOptions:
     ringbuf_bytes: int = 1 << 22
     all_errnos: bool = False
+    wakeup_interval_ms: float = 10.0
     object_path: Path | None = None
 
 
@@ -102,7 +103,10 @@ class Probe:
         self._lib.bpf_map__initial_value(rodata, ctypes.byref(size))
         if size.value != ctypes.sizeof(layout.Config):
             raise ProbeError("BPF object and execwatch disagree on the config layout: rebuild it")
-        cfg = layout.Config(all_errnos=int(self.options.all_errnos))
+        cfg = layout.Config(
+            wakeup_interval_ns=int(self.options.wakeup_interval_ms * 1e6),
+            all_errnos=int(self.options.all_errnos),
+        )
         self._lib.bpf_map__set_initial_value(rodata, ctypes.byref(cfg), ctypes.sizeof(cfg))
 
     def _load_and_attach(self) -> None:
@@ -157,11 +161,15 @@ class Probe:
         self._ringbuf = rb
 
     def poll(self, timeout_ms: int) -> int:
-        """Wait up to timeout_ms for records; returns how many were consumed."""
+        """Wait up to timeout_ms for a wakeup, then consume every record present.
+
+        Records submitted without a wakeup (see wakeup_flag in the BPF program) are
+        collected here too, so timeout_ms bounds how long one can wait."""
         n = int(self._lib.ring_buffer__poll(self._ringbuf, timeout_ms))
         if n < 0 and -n != errno.EINTR:
             raise ProbeError(f"ring buffer poll failed: {os.strerror(-n)}")
-        return max(n, 0)
+        consumed = int(self._lib.ring_buffer__consume(self._ringbuf))
+        return max(n, 0) + max(consumed, 0)
 
     def _percpu_sum(self, fd: int, key: ctypes._CData) -> int:
         values = (ctypes.c_uint64 * self._ncpus)()

@@ -1,0 +1,65 @@
+// Exec load generator for benchmarks/probe_bench.py.
+//   execgen success N            fork+exec /bin/true N times (successful execs)
+//   execgen fail PATH N          call execve(PATH) N times in this process (each fails)
+//   execgen storm RATE SECS P..  failing execve at RATE/s for SECS, cycling over paths P..
+// Prints the number of failed execs it caused, so the benchmark can check exactness.
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static long try_exec(const char *path)
+{
+	char *argv[] = { (char *)path, NULL };
+	char *envp[] = { NULL };
+	execve(path, argv, envp);
+	return errno != 0;
+}
+
+int main(int argc, char **argv)
+{
+	long failed = 0;
+
+	if (argc == 3 && !strcmp(argv[1], "success")) {
+		long n = atol(argv[2]);
+		for (long i = 0; i < n; i++) {
+			pid_t pid = fork();
+			if (pid == 0) {
+				char *a[] = { "/bin/true", NULL };
+				execv(a[0], a);
+				_exit(127);
+			}
+			waitpid(pid, NULL, 0);
+		}
+	} else if (argc == 4 && !strcmp(argv[1], "fail")) {
+		long n = atol(argv[3]);
+		for (long i = 0; i < n; i++)
+			failed += try_exec(argv[2]);
+	} else if (argc >= 5 && !strcmp(argv[1], "storm")) {
+		double rate = atof(argv[2]), secs = atof(argv[3]);
+		int npaths = argc - 4;
+		double start = now(), end = start + secs;
+		long done = 0;
+		for (double t = start; t < end; t = now()) {
+			long due = (long)((t - start) * rate);
+			while (done < due)
+				failed += try_exec(argv[4 + done++ % npaths]);
+			usleep(200);
+		}
+	} else {
+		fprintf(stderr, "usage: execgen success N | fail PATH N | storm RATE SECS PATH...\n");
+		return 2;
+	}
+	printf("%ld\n", failed);
+	return 0;
+}
