@@ -1,0 +1,328 @@
+"""One entry point: the kernel's cgroup id (and pid) in, an Attribution out.
+
+The order of trust: the cgroup path says which pod UID and container id (it is what the
+kernel saw, even after the container is gone); the Kubernetes API cache and the CRI
+runtime add names. A name source that contradicts the path is ignored, so a lookup
+never yields a wrong pod. Runtime calls run under a time budget with a back-off, and
+containers are looked up ahead of time when their cgroup appears, so that one that
+dies and is deleted at once still gets its names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+from execwatch.attribution.cri.client import CriContainers
+from execwatch.attribution.inventory import CgroupInventory
+from execwatch.attribution.layout import CgroupKind, CgroupLayout, parse_cgroup_path
+from execwatch.attribution.metadata import (
+    ContainerSource,
+    CriContainer,
+    CriUnavailable,
+    PodMeta,
+    PodSource,
+    Workload,
+    workload_from_labels,
+)
+from execwatch.attribution.mounts import CgroupMounts, cgroup_mounts
+from execwatch.attribution.procfs import read_proc_cgroup
+from execwatch.record import Attribution, AttributionStatus
+
+log = logging.getLogger(__name__)
+
+PREFETCH_RETRY_DELAYS = (0.2, 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Prefetch:
+    container_id: str
+    attempt: int
+    not_before: float
+
+
+@dataclass(frozen=True, slots=True)
+class AttributorConfig:
+    budget: float = 0.25  # most resolve() may wait for the runtime, in seconds
+    backoff: float = 5.0  # after the runtime failed to answer, skip it this long
+    cache_size: int = 8192  # containers whose runtime metadata is kept
+    negative_ttl: float = 2.0  # "runtime does not know this id" is retried after this
+    prefetch: bool = True  # ask the runtime as soon as a container's cgroup appears
+    prefetch_timeout: float = 2.0
+    prefetch_queue: int = 1024
+    rescan_interval: float = 60.0
+    recent_cgroups: int = 16384  # deleted cgroups remembered for late lookups
+
+
+class Attributor:
+    """Thread-safe. ``start()`` scans the cgroup tree and starts the watchers."""
+
+    def __init__(
+        self,
+        *,
+        config: AttributorConfig | None = None,
+        mounts: CgroupMounts | None = None,
+        containers: ContainerSource | None = None,
+        pods: PodSource | None = None,
+        proc: Path = Path("/proc"),
+    ) -> None:
+        self.config = config or AttributorConfig()
+        self._mounts = mounts
+        self._containers = containers
+        self._pods = pods
+        self._proc = proc
+        self.inventory: CgroupInventory | None = None
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, CriContainer] = OrderedDict()
+        self._unknown: dict[str, float] = {}  # container id -> retry after (monotonic)
+        self._runtime_down_until = 0.0
+        self._prefetch: queue.Queue[_Prefetch | None] = queue.Queue(self.config.prefetch_queue)
+        self._prefetch_thread: threading.Thread | None = None
+        self._started = False
+
+    def start(self) -> None:
+        if self._started:
+            return
+        mounts = self._mounts if self._mounts is not None else cgroup_mounts()
+        self._mounts = mounts
+        if self._containers is None:
+            self._containers = CriContainers()
+        if mounts.unified is not None:
+            hook = self._on_new_cgroup if self.config.prefetch else None
+            self.inventory = CgroupInventory(
+                mounts.unified,
+                recent_capacity=self.config.recent_cgroups,
+                rescan_interval=self.config.rescan_interval,
+                on_new_cgroup=hook,
+            )
+        if self.config.prefetch:
+            self._prefetch_thread = threading.Thread(
+                target=self._prefetch_loop, name="attribution-prefetch", daemon=True
+            )
+            self._prefetch_thread.start()
+        if self.inventory is not None:
+            self.inventory.start()
+        else:
+            log.warning("no cgroup2 hierarchy mounted: attribution needs live pids")
+        if self._pods is not None:
+            self._pods.start()
+        self._started = True
+
+    def close(self) -> None:
+        if self._prefetch_thread is not None:
+            while True:
+                try:
+                    self._prefetch.put_nowait(None)
+                    break
+                except queue.Full:
+                    self._drain_prefetch()
+            self._prefetch_thread.join(timeout=5)
+            self._prefetch_thread = None
+        if self.inventory is not None:
+            self.inventory.close()
+        if self._pods is not None:
+            self._pods.close()
+        if self._containers is not None:
+            self._containers.close()
+        self._started = False
+
+    def __enter__(self) -> Attributor:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def resolve(self, cgroup_id: int, pid: int | None = None) -> Attribution:
+        """Attribute one failed exec. Waits for the runtime at most ``config.budget``."""
+        layout = self._layout(cgroup_id, pid)
+        if layout is None:
+            return Attribution(AttributionStatus.UNATTRIBUTED)
+        if layout.kind is CgroupKind.HOST:
+            return Attribution(AttributionStatus.HOST, cgroup_path=layout.path)
+        if layout.kind is CgroupKind.CONTAINER:
+            return Attribution(
+                AttributionStatus.HOST,
+                cgroup_path=layout.path,
+                runtime=layout.runtime,
+                container_id=layout.container_id,
+            )
+        if layout.kind is CgroupKind.UNKNOWN:
+            return Attribution(AttributionStatus.UNATTRIBUTED, cgroup_path=layout.path)
+        return self._kubernetes(layout)
+
+    def _layout(self, cgroup_id: int, pid: int | None) -> CgroupLayout | None:
+        entry = self.inventory.lookup(cgroup_id) if self.inventory is not None else None
+        layout = parse_cgroup_path(entry.path) if entry is not None else None
+        informative = layout is not None and layout.kind in (
+            CgroupKind.KUBERNETES,
+            CgroupKind.CONTAINER,
+        )
+        if pid is not None and not informative:
+            from_proc = self._layout_from_proc(pid, cgroup_id, entry.path if entry else None)
+            if from_proc is not None:
+                return from_proc
+        return layout
+
+    def _layout_from_proc(
+        self, pid: int, cgroup_id: int, v2_path: str | None
+    ) -> CgroupLayout | None:
+        """The task's v1 paths, if it is still the task the kernel reported."""
+        cgroups = read_proc_cgroup(pid, self._proc)
+        if cgroups is None:
+            return None
+        if not self._same_v2_cgroup(cgroups.unified, cgroup_id, v2_path):
+            log.debug(
+                "pid left its cgroup or was reused", extra={"pid": pid, "cgroup_id": cgroup_id}
+            )
+            return None
+        for path in cgroups.v1_paths():
+            layout = parse_cgroup_path(path)
+            if layout.kind in (CgroupKind.KUBERNETES, CgroupKind.CONTAINER):
+                return layout
+        return None
+
+    def _same_v2_cgroup(self, proc_path: str | None, cgroup_id: int, v2_path: str | None) -> bool:
+        if v2_path is not None:
+            return proc_path == v2_path
+        unified = self._mounts.unified if self._mounts is not None else None
+        if unified is None or proc_path is None:
+            return True  # pure v1: the id names nothing, the live pid is all there is
+        fs_path = unified.to_fs_path(proc_path)
+        try:
+            return fs_path is not None and os.stat(fs_path).st_ino == cgroup_id
+        except OSError:
+            return False
+
+    def _kubernetes(self, layout: CgroupLayout) -> Attribution:
+        uid, cid = layout.pod_uid, layout.container_id
+        pod = self._pod(uid) if uid else None
+        cri = self._container(cid) if cid else None
+        if cri is not None and cri.pod_uid and uid and cri.pod_uid != uid:
+            log.warning(
+                "runtime names another pod than the cgroup path; ignoring the runtime",
+                extra={"container_id": cid, "path_pod_uid": uid, "runtime_pod_uid": cri.pod_uid},
+            )
+            cri = None
+        known = pod.containers.get(cid) if pod is not None and cid else None
+        namespace = (pod.namespace if pod else None) or (cri.namespace if cri else None)
+        pod_name = (pod.name if pod else None) or (cri.pod_name if cri else None)
+        container = (known.name if known else None) or (cri.name if cri else None)
+        image = (cri.image if cri else None) or (known.image if known else None)
+        workload = self._workload(pod, cri, pod_name)
+        complete = namespace and pod_name and container
+        return Attribution(
+            status=AttributionStatus.ATTRIBUTED if complete else AttributionStatus.PARTIAL,
+            cgroup_path=layout.path,
+            runtime=layout.runtime or (cri.runtime if cri else None),
+            container_id=cid,
+            pod_uid=uid,
+            namespace=namespace,
+            pod=pod_name,
+            container=container,
+            image=image,
+            workload_kind=workload.kind if workload else None,
+            workload=workload.name if workload else None,
+        )
+
+    @staticmethod
+    def _workload(
+        pod: PodMeta | None, cri: CriContainer | None, pod_name: str | None
+    ) -> Workload | None:
+        if pod is not None and pod.workload is not None:
+            return pod.workload
+        labels = pod.labels if pod is not None and pod.labels else (cri.pod_labels if cri else {})
+        return workload_from_labels(pod_name, labels)
+
+    def _pod(self, uid: str) -> PodMeta | None:
+        if self._pods is None:
+            return None
+        try:
+            return self._pods.pod(uid)
+        except Exception:
+            log.exception("pod source failed", extra={"pod_uid": uid})
+            return None
+
+    def _container(self, container_id: str) -> CriContainer | None:
+        """Runtime metadata, from the cache or within the budget; None if unknown now."""
+        now = time.monotonic()
+        with self._lock:
+            cached = self._cache.get(container_id)
+            if cached is not None:
+                self._cache.move_to_end(container_id)
+                return cached
+            if self._unknown.get(container_id, 0.0) > now or self._runtime_down_until > now:
+                return None
+        return self._ask_runtime(container_id, self.config.budget)
+
+    def _ask_runtime(
+        self, container_id: str, timeout: float, *, remember_unknown: bool = True
+    ) -> CriContainer | None:
+        if self._containers is None:
+            return None
+        try:
+            found = self._containers.container(container_id, timeout)
+        except CriUnavailable as exc:
+            with self._lock:
+                self._runtime_down_until = time.monotonic() + self.config.backoff
+            log.warning(
+                "container runtime did not answer",
+                extra={"container_id": container_id, "error": str(exc)},
+            )
+            return None
+        with self._lock:
+            if found is None:
+                if not remember_unknown:
+                    return None
+                self._unknown[container_id] = time.monotonic() + self.config.negative_ttl
+                if len(self._unknown) > self.config.cache_size:
+                    now = time.monotonic()
+                    self._unknown = {k: v for k, v in self._unknown.items() if v > now}
+                return None
+            self._unknown.pop(container_id, None)
+            self._cache[container_id] = found
+            while len(self._cache) > self.config.cache_size:
+                self._cache.popitem(last=False)
+        return found
+
+    def _on_new_cgroup(self, _cgroup_id: int, path: str) -> None:
+        """Runs on the inventory thread: never block it, just queue the id."""
+        layout = parse_cgroup_path(path)
+        if layout.kind is CgroupKind.KUBERNETES and layout.container_id:
+            try:
+                self._prefetch.put_nowait(_Prefetch(layout.container_id, 0, time.monotonic()))
+            except queue.Full:
+                log.debug("prefetch queue full", extra={"container_id": layout.container_id})
+
+    def _prefetch_loop(self) -> None:
+        while True:
+            item = self._prefetch.get()
+            if item is None:
+                return
+            time.sleep(max(0.0, item.not_before - time.monotonic()))
+            with self._lock:
+                if item.container_id in self._cache or self._runtime_down_until > time.monotonic():
+                    continue
+            found = self._ask_runtime(
+                item.container_id, self.config.prefetch_timeout, remember_unknown=False
+            )
+            if found is None and item.attempt < len(PREFETCH_RETRY_DELAYS):
+                # The runtime may record the container a moment after its cgroup appears.
+                delay = PREFETCH_RETRY_DELAYS[item.attempt]
+                retry = _Prefetch(item.container_id, item.attempt + 1, time.monotonic() + delay)
+                with contextlib.suppress(queue.Full):
+                    self._prefetch.put_nowait(retry)
+
+    def _drain_prefetch(self) -> None:
+        try:
+            while True:
+                self._prefetch.get_nowait()
+        except queue.Empty:
+            return

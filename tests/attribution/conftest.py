@@ -1,0 +1,41 @@
+"""Fixtures shared by the attribution tests: the probe, runc, and a started Attributor."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from execwatch.attribution import Attributor
+from execwatch.attribution.cri.client import CriContainers
+from tests.attribution.probe_recorder import ProbeRecorder
+from tests.attribution.runc_env import Runc
+
+
+@pytest.fixture(scope="session")
+def root() -> None:
+    if os.geteuid() != 0:
+        raise RuntimeError("the attribution tests create cgroups and containers: run as root")
+
+
+@pytest.fixture(scope="module")
+def probe(root: None) -> Iterator[ProbeRecorder]:
+    with ProbeRecorder() as recorder:
+        yield recorder
+
+
+@pytest.fixture(scope="module")
+def runc(root: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runc]:
+    runtime = Runc(tmp_path_factory.mktemp("runc"))
+    yield runtime
+    runtime.cleanup()
+
+
+@pytest.fixture(scope="module")
+def host_attributor(root: None) -> Iterator[Attributor]:
+    """No CRI runtime at all: what the cgroup path alone gives."""
+    attributor = Attributor(containers=CriContainers(sockets=[]))
+    attributor.start()
+    yield attributor
+    attributor.close()
