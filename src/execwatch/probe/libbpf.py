@@ -8,7 +8,6 @@ nodes free of compilers and of BCC.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint32, c_void_p
 
 RingBufferCallback = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_size_t)
@@ -18,13 +17,14 @@ class LibbpfMissing(RuntimeError):
     pass
 
 
-def load_libbpf() -> ctypes.CDLL:
-    """Open libbpf.so.1 and declare the signatures used here (wrong ones would corrupt pointers)."""
-    name = ctypes.util.find_library("bpf") or "libbpf.so.1"
+def load_libbpf(name: str = "libbpf.so.1") -> ctypes.CDLL:
+    """Open libbpf and declare the signatures used here (wrong ones would corrupt pointers).
+
+    The soname is fixed: libbpf 1.x keeps this ABI, and find_library would need a compiler."""
     try:
         lib = ctypes.CDLL(name, use_errno=True)
     except OSError as exc:
-        raise LibbpfMissing(f"libbpf not found ({exc}); install libbpf1") from exc
+        raise LibbpfMissing(f"libbpf not found ({name}): install libbpf1") from exc
     signatures: dict[str, tuple[object, list[object]]] = {
         "bpf_object__open_file": (c_void_p, [c_char_p, c_void_p]),
         "bpf_object__load": (c_int, [c_void_p]),

@@ -16,6 +16,8 @@ from execwatch.probe.libbpf import LibbpfMissing, RingBufferCallback, load_libbp
 
 log = logging.getLogger(__name__)
 
+VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
+LIBBPF_NAME = "libbpf.so.1"
 TRACEFS_CANDIDATES = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 EXEC_TRACEPOINT = "events/syscalls/sys_exit_execve"
 
@@ -40,8 +42,8 @@ def check_host() -> None:
     """Fail early with the real cause instead of a libbpf errno later on."""
     if os.geteuid() != 0:
         raise ProbeError("execwatch trace needs root (CAP_BPF and CAP_PERFMON) to load its probe")
-    if not Path("/sys/kernel/btf/vmlinux").exists():
-        raise ProbeError("this kernel exposes no BTF (/sys/kernel/btf/vmlinux): CO-RE cannot run")
+    if not VMLINUX_BTF.exists():
+        raise ProbeError(f"this kernel exposes no BTF ({VMLINUX_BTF}): CO-RE cannot run")
     ensure_tracefs()
 
 
@@ -68,7 +70,7 @@ class Probe:
         self._ringbuf: int | None = None
         self._callback: object = None
         try:
-            self._lib = load_libbpf()
+            self._lib = load_libbpf(LIBBPF_NAME)
         except LibbpfMissing as exc:
             raise ProbeError(str(exc)) from exc
         self._ncpus = self._lib.libbpf_num_possible_cpus()

@@ -1,0 +1,42 @@
+"""The Python mirror of bpf/execwatch.h must match what a C compiler lays out."""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+from pathlib import Path
+
+from execwatch.probe import layout
+
+HEADER_DIR = Path(__file__).resolve().parents[2] / "src/execwatch/bpf"
+
+
+def c_layout(tmp_path: Path, struct: str, fields: list[str]) -> dict[str, int]:
+    lines = [f'printf("sizeof %zu\\n", sizeof(struct {struct}));']
+    lines += [f'printf("{f} %zu\\n", offsetof(struct {struct}, {f}));' for f in fields]
+    source = tmp_path / "layout.c"
+    source.write_text(
+        "#include <stddef.h>\n#include <stdio.h>\n#include <linux/types.h>\n"
+        '#include "execwatch.h"\nint main(void) {\n' + "\n".join(lines) + "\nreturn 0; }\n"
+    )
+    binary = tmp_path / "layout"
+    subprocess.run(["gcc", f"-I{HEADER_DIR}", "-o", binary, source], check=True)
+    out = subprocess.run([binary], check=True, capture_output=True, text=True).stdout
+    return {name: int(value) for name, value in (line.split() for line in out.splitlines())}
+
+
+def py_layout(struct: type[ctypes.Structure]) -> dict[str, int]:
+    names = [f[0] for f in struct._fields_]
+    return {"sizeof": ctypes.sizeof(struct)} | {n: getattr(struct, n).offset for n in names}
+
+
+def test_event_layout_matches_the_header(tmp_path: Path) -> None:
+    expected = py_layout(layout.Event)
+    assert c_layout(tmp_path, "ew_event", list(expected)[1:]) == expected
+    assert layout.EVENT_STRUCT.size == ctypes.sizeof(layout.Event)
+
+
+def test_config_and_counter_key_match_the_header(tmp_path: Path) -> None:
+    for struct, name in ((layout.Config, "ew_config"), (layout.CountKey, "ew_count_key")):
+        expected = py_layout(struct)
+        assert c_layout(tmp_path, name, list(expected)[1:]) == expected

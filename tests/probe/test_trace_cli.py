@@ -1,0 +1,179 @@
+"""`execwatch trace` as an operator runs it: output, metrics, signals and clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from execwatch.probe import ProbeError, loader
+
+EXECWATCH = [sys.executable, "-m", "execwatch.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def attached_execwatch_programs() -> list[int]:
+    out = subprocess.run(["bpftool", "prog", "show", "-j"], check=True, capture_output=True)
+    return [
+        p["id"] for p in json.loads(out.stdout) if p.get("name") in ("exit_execve", "exit_execveat")
+    ]
+
+
+class TraceProcess:
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [*EXECWATCH, "trace", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        deadline = time.monotonic() + 20
+        assert self.proc.stderr is not None
+        while time.monotonic() < deadline:  # the log line says the probe is attached
+            line = self.proc.stderr.readline()
+            if "tracing failed execs" in line:
+                return
+            if not line and self.proc.poll() is not None:
+                break
+        raise AssertionError(f"trace did not start: {self.proc.stderr.read()}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> tuple[int, str]:
+        self.proc.send_signal(sig)
+        out, _ = self.proc.communicate(timeout=20)
+        return self.proc.returncode, out
+
+
+@pytest.fixture
+def arm64_binary(foreign_root: Path, tmp_path: Path) -> Path:
+    binary = tmp_path / "server-arm64"
+    shutil.copy(foreign_root / "arm64/root/usr/bin/hello", binary)
+    return binary
+
+
+def fail_n_times(binary: Path, n: int) -> None:
+    for _ in range(n):
+        with pytest.raises(OSError):
+            subprocess.run([binary], check=False)
+
+
+def test_json_lines_carry_the_documented_fields(arm64_binary: Path) -> None:
+    trace = TraceProcess("--json", "--window", "0.2")
+    fail_n_times(arm64_binary, 5)
+    time.sleep(0.6)
+    code, out = trace.stop()
+
+    assert code == 0
+    records = [json.loads(line) for line in out.splitlines()]
+    ours = [r for r in records if r["path"] == str(arm64_binary)]
+    assert sum(r["count"] for r in ours) == 5  # first one at once, the repeats folded
+    first = ours[0]
+    required = {"time", "errno", "reason", "path", "binary_arch", "node_arch", "interpreter",
+                "pid", "ppid", "comm", "parent_comm", "uid", "cgroup_id", "mntns"}  # fmt: skip
+    assert required <= first.keys()
+    assert (first["errno"], first["reason"], first["binary_arch"]) == (
+        "ENOEXEC",
+        "ForeignArchitecture",
+        "arm64",
+    )
+    assert first["ppid"] == os.getpid()
+
+
+def test_human_output_is_one_escaped_line_per_record(foreign_root: Path, tmp_path: Path) -> None:
+    binary = tmp_path / "bad\nname\x1b"
+    shutil.copy(foreign_root / "s390x/root/usr/bin/busybox", binary)
+    trace = TraceProcess()
+    fail_n_times(binary, 1)
+    time.sleep(0.3)
+    code, out = trace.stop(signal.SIGINT)
+
+    assert code == 0
+    lines = [line for line in out.splitlines() if "bad\\x0aname\\x1b" in line]
+    assert len(lines) == 1
+    assert "ForeignArchitecture" in lines[0] and "(s390x on " in lines[0]
+    assert "\x1b" not in out
+
+
+def test_metrics_report_exact_kernel_counts_and_diagnoses(arm64_binary: Path) -> None:
+    port = free_port()
+    trace = TraceProcess("--metrics-address", f"127.0.0.1:{port}")
+    fail_n_times(arm64_binary, 3)
+    time.sleep(0.3)
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    trace.stop()
+
+    samples = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in body.splitlines()
+        if line.startswith("execwatch_")
+    }
+    assert samples['execwatch_kernel_exec_failures_total{errno="ENOEXEC"}'] >= 3
+    assert samples['execwatch_events_total{errno="ENOEXEC",reason="ForeignArchitecture"}'] >= 3
+    assert samples['execwatch_kernel_dropped_total{type="ringbuf_full"}'] == 0
+
+
+def test_signals_detach_every_program() -> None:
+    before = attached_execwatch_programs()
+    trace = TraceProcess()
+    assert len(attached_execwatch_programs()) == len(before) + 2
+    code, _ = trace.stop(signal.SIGTERM)
+    assert code == 0
+    assert attached_execwatch_programs() == before
+
+
+def test_not_root_is_a_one_line_error() -> None:
+    out = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *EXECWATCH, "trace"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "execwatch: execwatch trace needs root (CAP_BPF and CAP_PERFMON) to load its probe"
+    ]
+
+
+def test_bad_metrics_address_is_a_one_line_error() -> None:
+    out = subprocess.run(
+        [*EXECWATCH, "trace", "--metrics-address", "nope"], capture_output=True, text=True
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip() == "execwatch: --metrics-address wants HOST:PORT, got 'nope'"
+
+
+def test_missing_btf_is_explained(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(loader, "VMLINUX_BTF", tmp_path / "no-btf")
+    with pytest.raises(ProbeError, match="exposes no BTF"):
+        loader.check_host()
+
+
+def test_missing_libbpf_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(loader, "LIBBPF_NAME", "libbpf-does-not-exist.so.9")
+    with pytest.raises(ProbeError, match="libbpf not found"):
+        loader.Probe()
+
+
+def test_missing_bpf_object_says_how_to_build_it(tmp_path: Path) -> None:
+    with pytest.raises(ProbeError, match="make bpf"):
+        loader.Probe(loader.ProbeOptions(object_path=tmp_path / "none.bpf.o")).open()
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_trace() -> Iterator[None]:
+    yield
+    leftover = subprocess.run(
+        ["pgrep", "-f", "execwatch.cli trace"], capture_output=True, text=True
+    )
+    assert not leftover.stdout.strip(), "a trace process was left running"

@@ -1,0 +1,25 @@
+"""Untrusted strings are escaped before anyone sees them."""
+
+from __future__ import annotations
+
+import os
+
+from execwatch.text import c_string, safe_text
+
+
+def test_control_characters_and_escapes_are_escaped() -> None:
+    assert safe_text("a\nb\x1b[31mc\r") == "a\\x0ab\\x1b[31mc\\x0d"
+
+
+def test_undecodable_bytes_show_as_hex_and_backslashes_stay_unambiguous() -> None:
+    name = os.fsdecode(b"bin\xff\\x")
+    assert safe_text(name) == "bin\\xff\\\\x"
+
+
+def test_long_values_are_cut() -> None:
+    assert safe_text("x" * 5000, limit=10) == "x" * 9 + "…"
+
+
+def test_kernel_strings_stop_at_nul_and_round_trip_to_bytes() -> None:
+    text = c_string(b"/tmp/\xfe\xff\0garbage")
+    assert os.fsencode(text) == b"/tmp/\xfe\xff"
