@@ -14,6 +14,7 @@ from types import FrameType
 
 from prometheus_client import CollectorRegistry, start_http_server
 
+from execwatch.attribution import Attributor
 from execwatch.diagnosis import FileDiagnoser
 from execwatch.metrics import NodeMetrics
 from execwatch.output import Printer
@@ -42,6 +43,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument("--ringbuf-mb", type=int, default=4, help="ring buffer size in MiB (power of 2)")
     p.add_argument("--duration", type=float, help="stop after this many seconds")
+    p.add_argument("--no-attribution", action="store_true", help="skip container/pod attribution")
     p.set_defaults(func=run)
 
 
@@ -71,15 +73,28 @@ def run(args: argparse.Namespace) -> int:
     try:
         address = parse_address(args.metrics_address) if args.metrics_address else None
         options = ProbeOptions(ringbuf_bytes=args.ringbuf_mb << 20, all_errnos=args.all_errnos)
-        with Probe(options) as probe, stop_on_signals() as stop:
-            return trace_loop(probe, args, address, stop)
+        with Probe(options) as probe, stop_on_signals() as stop, attribution(args) as attributor:
+            return trace_loop(probe, args, address, stop, attributor)
     except (ProbeError, ValueError, OSError) as exc:
         print(f"execwatch: {exc}", file=sys.stderr)
         return 2
 
 
+@contextmanager
+def attribution(args: argparse.Namespace) -> Iterator[Attributor | None]:
+    if args.no_attribution:
+        yield None
+        return
+    with Attributor() as attributor:
+        yield attributor
+
+
 def trace_loop(
-    probe: Probe, args: argparse.Namespace, address: tuple[str, int] | None, stop: threading.Event
+    probe: Probe,
+    args: argparse.Namespace,
+    address: tuple[str, int] | None,
+    stop: threading.Event,
+    attributor: Attributor | None,
 ) -> int:
     registry = CollectorRegistry()
     metrics = NodeMetrics(registry, probe)
@@ -88,6 +103,7 @@ def trace_loop(
         FileDiagnoser(),
         Printer(sys.stdout, as_json=args.json),
         epoch_offset=boot_to_epoch_offset(),
+        attributor=attributor,
         observer=metrics,
         show_not_found=args.show_not_found,
         window=args.window,
