@@ -9,6 +9,7 @@ import pytest
 
 from execwatch.attribution import Attributor
 from execwatch.attribution.cri.client import CriContainers
+from tests.attribution.containerd_env import Containerd
 from tests.attribution.probe_recorder import ProbeRecorder
 from tests.attribution.runc_env import Runc
 
@@ -36,6 +37,25 @@ def runc(root: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runc]
 def host_attributor(root: None) -> Iterator[Attributor]:
     """No CRI runtime at all: what the cgroup path alone gives."""
     attributor = Attributor(containers=CriContainers(sockets=[]))
+    attributor.start()
+    yield attributor
+    attributor.close()
+
+
+@pytest.fixture(scope="module")
+def containerd(root: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]:
+    """containerd with its CRI plugin on a private socket, images imported, no registry."""
+    runtime = Containerd(tmp_path_factory.mktemp("containerd"))
+    try:
+        runtime.start()
+        yield runtime
+    finally:
+        runtime.stop()
+
+
+@pytest.fixture(scope="module")
+def cri_attributor(containerd: Containerd) -> Iterator[Attributor]:
+    attributor = Attributor(containers=CriContainers(sockets=[containerd.socket]))
     attributor.start()
     yield attributor
     attributor.close()

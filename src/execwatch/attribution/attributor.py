@@ -10,10 +10,8 @@ dies and is deleted at once still gets its names.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import queue
 import threading
 import time
 from collections import OrderedDict
@@ -33,19 +31,13 @@ from execwatch.attribution.metadata import (
     workload_from_labels,
 )
 from execwatch.attribution.mounts import CgroupMounts, cgroup_mounts
+from execwatch.attribution.prefetch import DelayQueue
 from execwatch.attribution.procfs import read_proc_cgroup
 from execwatch.record import Attribution, AttributionStatus
 
 log = logging.getLogger(__name__)
 
 PREFETCH_RETRY_DELAYS = (0.2, 1.0)
-
-
-@dataclass(frozen=True, slots=True)
-class _Prefetch:
-    container_id: str
-    attempt: int
-    not_before: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +75,7 @@ class Attributor:
         self._cache: OrderedDict[str, CriContainer] = OrderedDict()
         self._unknown: dict[str, float] = {}  # container id -> retry after (monotonic)
         self._runtime_down_until = 0.0
-        self._prefetch: queue.Queue[_Prefetch | None] = queue.Queue(self.config.prefetch_queue)
+        self._prefetch = DelayQueue(self.config.prefetch_queue)
         self._prefetch_thread: threading.Thread | None = None
         self._started = False
 
@@ -116,13 +108,8 @@ class Attributor:
         self._started = True
 
     def close(self) -> None:
+        self._prefetch.close()
         if self._prefetch_thread is not None:
-            while True:
-                try:
-                    self._prefetch.put_nowait(None)
-                    break
-                except queue.Full:
-                    self._drain_prefetch()
             self._prefetch_thread.join(timeout=5)
             self._prefetch_thread = None
         if self.inventory is not None:
@@ -295,18 +282,12 @@ class Attributor:
     def _on_new_cgroup(self, _cgroup_id: int, path: str) -> None:
         """Runs on the inventory thread: never block it, just queue the id."""
         layout = parse_cgroup_path(path)
-        if layout.kind is CgroupKind.KUBERNETES and layout.container_id:
-            try:
-                self._prefetch.put_nowait(_Prefetch(layout.container_id, 0, time.monotonic()))
-            except queue.Full:
-                log.debug("prefetch queue full", extra={"container_id": layout.container_id})
+        cid = layout.container_id
+        if layout.kind is CgroupKind.KUBERNETES and cid and not self._prefetch.put(cid):
+            log.debug("prefetch queue full", extra={"container_id": cid})
 
     def _prefetch_loop(self) -> None:
-        while True:
-            item = self._prefetch.get()
-            if item is None:
-                return
-            time.sleep(max(0.0, item.not_before - time.monotonic()))
+        while (item := self._prefetch.get()) is not None:
             with self._lock:
                 if item.container_id in self._cache or self._runtime_down_until > time.monotonic():
                     continue
@@ -316,13 +297,4 @@ class Attributor:
             if found is None and item.attempt < len(PREFETCH_RETRY_DELAYS):
                 # The runtime may record the container a moment after its cgroup appears.
                 delay = PREFETCH_RETRY_DELAYS[item.attempt]
-                retry = _Prefetch(item.container_id, item.attempt + 1, time.monotonic() + delay)
-                with contextlib.suppress(queue.Full):
-                    self._prefetch.put_nowait(retry)
-
-    def _drain_prefetch(self) -> None:
-        try:
-            while True:
-                self._prefetch.get_nowait()
-        except queue.Empty:
-            return
+                self._prefetch.put(item.container_id, item.attempt + 1, delay)
