@@ -1,0 +1,225 @@
+"""Workload owners from labels and owner references, the API pod cache, /proc/PID/cgroup."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from execwatch.attribution.kube import KubernetesPodCache
+from execwatch.attribution.metadata import (
+    ContainerRole,
+    Workload,
+    workload_from_labels,
+    workload_from_owner,
+)
+from execwatch.attribution.procfs import parse_proc_cgroup
+
+
+@pytest.mark.parametrize(
+    ("pod", "labels", "expected"),
+    [
+        ("web-7d4b9c8f5-x2x9q", {"pod-template-hash": "7d4b9c8f5"}, Workload("Deployment", "web")),
+        (
+            "my-api-v2-66b8d7c9f-abcde",
+            {"pod-template-hash": "66b8d7c9f"},
+            Workload("Deployment", "my-api-v2"),
+        ),
+        (
+            "db-12",
+            {"controller-revision-hash": "db-5c9d8", "statefulset.kubernetes.io/pod-name": "db-12"},
+            Workload("StatefulSet", "db"),
+        ),
+        (
+            "fluentd-k8n2q",
+            {"controller-revision-hash": "7f9c", "pod-template-generation": "3"},
+            Workload("DaemonSet", "fluentd"),
+        ),
+        (
+            "backup-x-abcde",
+            {"batch.kubernetes.io/job-name": "backup-x"},
+            Workload("Job", "backup-x"),
+        ),
+        ("old-job-abcde", {"job-name": "old-job"}, Workload("Job", "old-job")),
+    ],
+)
+def test_controllers_labels_name_the_workload(
+    pod: str, labels: dict[str, str], expected: Workload
+) -> None:
+    assert workload_from_labels(pod, labels) == expected
+
+
+@pytest.mark.parametrize(
+    ("pod", "labels"),
+    [
+        ("web-7d4b9c8f5-x2x9q", {}),  # a bare pod that merely looks like a Deployment's
+        ("web-x2x9q", {"pod-template-hash": "7d4b9c8f5"}),  # hash not in the name
+        ("web-7d4b9c8f5-TOOLONG", {"pod-template-hash": "7d4b9c8f5"}),
+        ("db", {"controller-revision-hash": "x", "statefulset.kubernetes.io/pod-name": "db"}),
+        ("x", {"controller-revision-hash": "x"}),
+    ],
+)
+def test_no_workload_is_guessed_without_a_controller_label_that_fits(
+    pod: str, labels: dict[str, str]
+) -> None:
+    assert workload_from_labels(pod, labels) is None
+    assert workload_from_labels(None, labels) is None
+
+
+def test_owner_references_are_followed_to_the_top_level_workload() -> None:
+    labels = {"pod-template-hash": "7d4b9c8f5"}
+    assert workload_from_owner("ReplicaSet", "web-7d4b9c8f5", labels) == Workload(
+        "Deployment", "web"
+    )
+    parents = {("Job", "report-28930110"): Workload("CronJob", "report")}
+    assert workload_from_owner("Job", "report-28930110", {}, parents) == Workload(
+        "CronJob", "report"
+    )
+    standalone = {("Job", "once"): None}
+    assert workload_from_owner("Job", "once", {}, standalone) == Workload("Job", "once")
+    assert workload_from_owner("ReplicaSet", "bare-rs", {}) == Workload("ReplicaSet", "bare-rs")
+    assert workload_from_owner("DaemonSet", "fluentd", {}) == Workload("DaemonSet", "fluentd")
+    assert workload_from_owner(None, None, {}) is None
+
+
+def test_proc_cgroup_lines_give_the_unified_and_v1_paths() -> None:
+    text = (
+        "12:pids:/kubepods/besteffort/podx/abc\n"
+        "4:cpu,cpuacct:/kubepods/besteffort/podx/abc\n"
+        "1:name=systemd:/kubepods/besteffort/podx/abc\n"
+        "0::/\n"
+        "garbage\n"
+    )
+    parsed = parse_proc_cgroup(text)
+    assert parsed.unified == "/"
+    assert parsed.v1["cpuacct"] == "/kubepods/besteffort/podx/abc"
+    assert parsed.v1_paths() == ["/kubepods/besteffort/podx/abc"]
+    assert parse_proc_cgroup("0::/system.slice/x.service\n").v1 == {}
+
+
+def ref(kind: str, name: str, controller: bool = True) -> SimpleNamespace:
+    return SimpleNamespace(kind=kind, name=name, controller=controller)
+
+
+def k8s_pod(
+    uid: str,
+    name: str,
+    owner: SimpleNamespace | None = None,
+    labels: dict[str, str] | None = None,
+    **statuses: list[tuple[str, str, str]],
+) -> SimpleNamespace:
+    def cs(items: list[tuple[str, str, str]]) -> list[SimpleNamespace]:
+        return [SimpleNamespace(name=n, container_id=c, image=i) for n, c, i in items]
+
+    return SimpleNamespace(
+        metadata=SimpleNamespace(
+            uid=uid,
+            name=name,
+            namespace="shop",
+            labels=labels or {},
+            owner_references=[owner] if owner else None,
+        ),
+        status=SimpleNamespace(
+            container_statuses=cs(statuses.get("regular", [])),
+            init_container_statuses=cs(statuses.get("init", [])),
+            ephemeral_container_statuses=cs(statuses.get("ephemeral", [])),
+        ),
+    )
+
+
+class FakeOwners:
+    def __init__(self, owners: dict[str, SimpleNamespace | None]) -> None:
+        self.owners, self.calls = owners, 0
+
+    def read(self, name: str, namespace: str) -> SimpleNamespace:
+        self.calls += 1
+        parent = self.owners[name]
+        return SimpleNamespace(
+            metadata=SimpleNamespace(owner_references=[parent] if parent else [])
+        )
+
+    read_namespaced_replica_set = read
+    read_namespaced_job = read
+
+
+def test_the_pod_cache_knows_container_roles_owners_and_remembers_deleted_pods() -> None:
+    apps = FakeOwners({"web-7d4b9c8f5": ref("Deployment", "web")})
+    batch = FakeOwners({"report-28930110": ref("CronJob", "report")})
+    cache = KubernetesPodCache("node-1", core_api=object(), apps_api=apps, batch_api=batch)
+    web = k8s_pod(
+        "u1",
+        "web-7d4b9c8f5-x2x9q",
+        ref("ReplicaSet", "web-7d4b9c8f5"),
+        regular=[("app", "containerd://" + "a" * 64, "shop/web:3")],
+        init=[("migrate", "containerd://" + "b" * 64, "shop/migrate:3")],
+        ephemeral=[("debugger-xyz", "containerd://" + "c" * 64, "busybox")],
+    )
+    job = k8s_pod("u2", "report-28930110-k2p7q", ref("Job", "report-28930110"))
+    cache.apply("ADDED", web)
+    cache.apply("ADDED", job)
+    cache.apply("MODIFIED", web)
+
+    got = cache.pod("u1")
+    assert got is not None and got.workload == Workload("Deployment", "web")
+    assert {c.name: c.role for c in got.containers.values()} == {
+        "app": ContainerRole.REGULAR,
+        "migrate": ContainerRole.INIT,
+        "debugger-xyz": ContainerRole.EPHEMERAL,
+    }
+    assert got.containers["a" * 64].image == "shop/web:3"
+    job_meta = cache.pod("u2")
+    assert job_meta is not None and job_meta.workload == Workload("CronJob", "report")
+    assert apps.calls == 1  # the ReplicaSet's owner was read once, then cached
+
+    cache.apply("DELETED", web)
+    gone = cache.pod("u1")
+    assert gone is not None and gone.deleted and gone.name == "web-7d4b9c8f5-x2x9q"
+    cache.apply("BOOKMARK", SimpleNamespace(metadata=SimpleNamespace(uid="u3")))
+    assert cache.pod("u3") is None
+
+
+def test_tombstones_are_bounded() -> None:
+    cache = KubernetesPodCache("node-1", core_api=object(), tombstones=10)
+    for i in range(100):
+        pod = k8s_pod(f"u{i}", f"p{i}")
+        cache.apply("ADDED", pod)
+        cache.apply("DELETED", pod)
+    assert cache.pod("u0") is None
+    assert cache.pod("u99") is not None
+    assert len(cache._tombstones) == 10
+
+
+def test_the_cache_lists_then_watches_this_nodes_pods_only() -> None:
+    selectors: list[str] = []
+    listed = k8s_pod("u1", "a")
+    added = k8s_pod("u2", "b")
+    done, release = threading.Event(), threading.Event()
+
+    class Core:
+        def list_pod_for_all_namespaces(self, field_selector: str, **_: Any) -> SimpleNamespace:
+            selectors.append(field_selector)
+            return SimpleNamespace(items=[listed], metadata=SimpleNamespace(resource_version="7"))
+
+    def stream(func: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        assert kwargs["resource_version"] == "7"
+        selectors.append(kwargs["field_selector"])
+        yield {"type": "ADDED", "object": added}
+        yield {"type": "DELETED", "object": listed}
+        done.set()
+        release.wait(5)
+
+    cache = KubernetesPodCache("node-7", core_api=Core(), watch_stream=stream, retry_delay=0.01)
+    cache.start()
+    try:
+        assert done.wait(5)
+        assert cache.synced.is_set()
+        assert selectors == ["spec.nodeName=node-7", "spec.nodeName=node-7"]
+        b, a = cache.pod("u2"), cache.pod("u1")
+        assert b is not None and not b.deleted
+        assert a is not None and a.deleted
+    finally:
+        release.set()
+        cache.close()
