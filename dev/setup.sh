@@ -30,4 +30,5 @@ make -s bpf
 
 if [ "${1:-}" = "--test" ]; then
   dev/fetch-foreign.sh .cache/foreign
+  dev/k8s-tools.sh .cache/k8s-bin
 fi

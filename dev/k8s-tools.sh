@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Build the real Kubernetes control plane the cluster tests run against, at pinned
+# releases, from source fetched through the Go module proxy (there is no other way to
+# get these binaries here: no release downloads, no container registry).
+#
+#   dev/k8s-tools.sh [DIR]     build into DIR (default: $EXECWATCH_K8S_BIN or .cache/k8s-bin)
+#
+# Builds kube-apiserver, etcd and helm; kubectl too when K8S_TOOLS_KUBECTL=1.
+# A binary already built at the pinned version is kept (a stamp file records the
+# version), so a second run costs nothing.
+#
+# Why not `go install k8s.io/kubernetes/cmd/kube-apiserver@vX`? k8s.io/kubernetes's
+# go.mod replaces every k8s.io/* staging module with a ./staging directory that the
+# module zip does not contain, and `go install pkg@version` refuses modules with
+# replace directives. So each tool gets a tiny throw-away main module in the cache
+# that requires the tool's module and maps each staging module to its published
+# k8s.io/<name> v0.<minor>.<patch> tag. etcd's server module has the same shape
+# (replaces onto ../api etc.), and helm is built the same way for uniformity.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+KUBERNETES_VERSION=${KUBERNETES_VERSION:-v1.36.3}
+ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
+HELM_VERSION=${HELM_VERSION:-v3.20.2}
+# Two cores are shared with other work: keep the compiler from taking both.
+GO_BUILD_PARALLEL=${GO_BUILD_PARALLEL:-2}
+
+out=${1:-${EXECWATCH_K8S_BIN:-$PWD/.cache/k8s-bin}}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+work="$out/.build"
+mkdir -p "$work"
+
+command -v go >/dev/null || { echo "k8s-tools: go is not installed" >&2; exit 1; }
+export GOFLAGS="-mod=mod -buildvcs=false"
+export CGO_ENABLED=0
+export GOTOOLCHAIN=local
+
+log() { printf 'k8s-tools: %s\n' "$*" >&2; }
+
+up_to_date() { # name version
+  [ -x "$out/$1" ] && [ "$(cat "$out/.$1.version" 2>/dev/null)" = "$2" ]
+}
+
+# mod_dir MODULE@VERSION -> the extracted module directory in the module cache
+mod_dir() {
+  go mod download -json "$1" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p'
+}
+
+# new_module NAME: an empty main module in $work/NAME
+new_module() {
+  rm -rf "${work:?}/$1"
+  mkdir -p "$work/$1"
+  (cd "$work/$1" && go mod init "execwatch.dev/k8s-tools/$1" >/dev/null 2>&1)
+}
+
+build() { # name module-dir package ldflags
+  local name=$1 dir=$2 pkg=$3 ldflags=$4 t0
+  t0=$(date +%s)
+  (cd "$dir" && nice -n 10 go build -p "$GO_BUILD_PARALLEL" -trimpath \
+    -ldflags "-s -w $ldflags" -o "$out/$name.tmp" "$pkg")
+  mv "$out/$name.tmp" "$out/$name"
+  log "built $name in $(( $(date +%s) - t0 ))s"
+}
+
+kubernetes_module() {
+  local src minor
+  [ -f "$work/kubernetes/.ready-$KUBERNETES_VERSION" ] && return 0
+  log "resolving k8s.io/kubernetes@$KUBERNETES_VERSION"
+  src=$(mod_dir "k8s.io/kubernetes@$KUBERNETES_VERSION")
+  [ -n "$src" ] || { log "cannot download k8s.io/kubernetes@$KUBERNETES_VERSION"; exit 1; }
+  minor=${KUBERNETES_VERSION#v1.}
+  new_module kubernetes
+  {
+    echo "require k8s.io/kubernetes $KUBERNETES_VERSION"
+    echo "replace ("
+    # Every `k8s.io/x => ./staging/src/k8s.io/x` becomes `k8s.io/x => k8s.io/x v0.<minor>`.
+    sed -n 's#^[[:space:]]*\(k8s\.io/[^ ]*\) => \./staging/src/.*#\t\1 => \1 v0.'"$minor"'#p' "$src/go.mod"
+    echo ")"
+  } >>"$work/kubernetes/go.mod"
+  printf 'package tools\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver/app"\n)\n' \
+    >"$work/kubernetes/tools.go"
+  (cd "$work/kubernetes" && go mod tidy >/dev/null)
+  touch "$work/kubernetes/.ready-$KUBERNETES_VERSION"
+}
+
+k8s_ldflags() {
+  local v=$KUBERNETES_VERSION minor
+  minor=${v#v1.}; minor=${minor%%.*}
+  printf -- '-X k8s.io/component-base/version.gitVersion=%s -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=%s -X k8s.io/component-base/version.gitTreeState=clean' "$v" "$minor"
+}
+
+build_kube_apiserver() {
+  up_to_date kube-apiserver "$KUBERNETES_VERSION" && return 0
+  kubernetes_module
+  build kube-apiserver "$work/kubernetes" k8s.io/kubernetes/cmd/kube-apiserver "$(k8s_ldflags)"
+  echo "$KUBERNETES_VERSION" >"$out/.kube-apiserver.version"
+}
+
+build_kubectl() {
+  up_to_date kubectl "$KUBERNETES_VERSION" && return 0
+  kubernetes_module
+  (cd "$work/kubernetes" && go get "k8s.io/kubectl@v0.${KUBERNETES_VERSION#v1.}" >/dev/null)
+  build kubectl "$work/kubernetes" k8s.io/kubernetes/cmd/kubectl "$(k8s_ldflags)"
+  echo "$KUBERNETES_VERSION" >"$out/.kubectl.version"
+}
+
+build_etcd() {
+  up_to_date etcd "$ETCD_VERSION" && return 0
+  log "resolving go.etcd.io/etcd/server/v3@$ETCD_VERSION"
+  new_module etcd
+  printf 'package tools\n\nimport (\n\t_ "go.etcd.io/etcd/server/v3/etcdmain"\n)\n' >"$work/etcd/tools.go"
+  (cd "$work/etcd" && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null 2>&1 && go mod tidy >/dev/null)
+  build etcd "$work/etcd" go.etcd.io/etcd/server/v3 ""
+  echo "$ETCD_VERSION" >"$out/.etcd.version"
+}
+
+build_helm() {
+  up_to_date helm "$HELM_VERSION" && return 0
+  log "resolving helm.sh/helm/v3@$HELM_VERSION"
+  new_module helm
+  printf 'package tools\n\nimport (\n\t_ "helm.sh/helm/v3/pkg/action"\n)\n' >"$work/helm/tools.go"
+  (cd "$work/helm" && go get "helm.sh/helm/v3@$HELM_VERSION" >/dev/null 2>&1 && go mod tidy >/dev/null)
+  build helm "$work/helm" helm.sh/helm/v3/cmd/helm \
+    "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+  echo "$HELM_VERSION" >"$out/.helm.version"
+}
+
+t_start=$(date +%s)
+build_etcd
+build_kube_apiserver
+build_helm
+[ "${K8S_TOOLS_KUBECTL:-0}" = 1 ] && build_kubectl
+log "all tools ready in $out ($(( $(date +%s) - t_start ))s)"
