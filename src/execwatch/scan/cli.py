@@ -1,0 +1,116 @@
+"""`execwatch scan`: predict exec failures in files, root filesystems and images.
+
+Exit codes: 0 no finding at or above --fail-on, 1 findings, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from execwatch.binfmt import Platform
+from execwatch.scan.errors import ScanInputError
+from execwatch.scan.model import ScanReport, Severity
+from execwatch.scan.report import FORMATS, TEXT_FORMATS
+from execwatch.scan.report.table import print_table
+from execwatch.scan.runner import ScanOptions, scan
+
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _platform(text: str) -> Platform:
+    try:
+        return Platform.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "scan",
+        help="predict exec failures in a binary, root filesystem or image before deploying",
+        description="Check that every executable of a file, directory (root filesystem), OCI"
+        " layout, docker-save/OCI tarball or rootfs tarball would start on its platform.",
+    )
+    p.add_argument("target", help="file, directory, OCI layout or image archive")
+    p.add_argument(
+        "--platform",
+        type=_platform,
+        metavar="OS/ARCH[/VARIANT]",
+        help="check against this platform; for images, scan only this platform",
+    )
+    p.add_argument("--format", choices=FORMATS, default="table")
+    p.add_argument("--output", "-o", metavar="FILE", help="write the report here (default stdout)")
+    p.add_argument(
+        "--fail-on",
+        choices=[s.label for s in Severity],
+        default="error",
+        help="exit 1 when a finding has at least this severity (default: error)",
+    )
+    p.add_argument(
+        "--require-static",
+        action="store_true",
+        help="report every dynamically linked executable (static-pie is static)",
+    )
+    p.add_argument("--all", action="store_true", help="table: show every finding")
+    p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    err = Console(stderr=True)
+    options = ScanOptions(platform=args.platform, require_static=args.require_static)
+    show_progress = not args.no_progress and err.is_terminal
+    try:
+        if show_progress:
+            with Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=err,
+                transient=True,
+            ) as bar:
+                report = scan(args.target, options, _progress(bar))
+        else:
+            report = scan(args.target, options)
+    except ScanInputError as exc:
+        err.print(f"execwatch scan: error: {exc}", markup=False, highlight=False)
+        return EXIT_BAD_INPUT
+    _write(report, args)
+    worst = report.worst()
+    return EXIT_FINDINGS if worst is not None and worst >= Severity.parse(args.fail_on) else 0
+
+
+def _progress(bar: Progress) -> Callable[[str, int | None], Callable[[int], None]]:
+    def start(label: str, total: int | None) -> Callable[[int], None]:
+        task = bar.add_task(label[-60:], total=total)
+        return lambda n: bar.advance(task, n)
+
+    return start
+
+
+def _write(report: ScanReport, args: argparse.Namespace) -> None:
+    if args.format == "table":
+        if args.output:
+            with open(args.output, "w", encoding="utf-8") as f:
+                print_table(report, Console(file=f, width=160), None if args.all else 50)
+        else:
+            print_table(report, Console(), None if args.all else 50)
+        return
+    text = TEXT_FORMATS[args.format](report)
+    if not args.output:
+        sys.stdout.write(text)
+        return
+    # Write next to the destination, then rename: a failed scan never leaves half a report.
+    directory = os.path.dirname(os.path.abspath(args.output))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".execwatch-scan-")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, args.output)

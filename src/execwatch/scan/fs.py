@@ -1,0 +1,265 @@
+"""A read-only view of an image's root filesystem, and path resolution confined to it.
+
+Two views implement it: `MemoryFS`, built by applying layers (nothing from a tar is ever
+written to disk), and `DirectoryFS`, a root filesystem on disk read through lstat/readlink
+so that a symlink is always resolved against the image root and never against the host.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import posixpath
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Protocol
+
+from execwatch.binfmt import BinfmtError, ElfInfo, read_elf, sniff
+from execwatch.scan.errors import ScanInputError
+
+HEAD_BYTES = 256  # what the kernel's binfmt handlers look at (BINPRM_BUF_SIZE)
+SMALL_TEXT_BYTES = 64 << 10  # ld.so.conf, ld-musl-*.path and friends
+MAX_SYMLINKS = 40  # Linux's MAXSYMLINKS
+
+
+@dataclass
+class Node:
+    """One entry of the merged filesystem. `elf` is filled for ELF files (or `elf_error`)."""
+
+    kind: str  # "file", "dir", "symlink", "other"
+    mode: int = 0o644
+    size: int = 0
+    target: str | None = None  # symlink target
+    head: bytes = b""
+    elf: ElfInfo | None = None
+    elf_error: str | None = None
+    text: bytes | None = None  # kept for small files under an etc/ directory
+
+    @property
+    def executable(self) -> bool:
+        return self.kind == "file" and bool(self.mode & 0o111)
+
+
+class FileSystem(Protocol):
+    def node(self, path: str) -> Node | None:
+        """The entry at a normalised absolute path, without following a final symlink."""
+
+    def listdir(self, path: str) -> list[str]: ...
+
+    def files(self) -> Iterator[tuple[str, int]]:
+        """Every regular file and its permission bits, in a stable order, without reading it."""
+
+
+def normalise(path: str) -> str:
+    """Make `path` absolute and clean, clamping `..` at the root as a chroot would."""
+    return posixpath.normpath("/" + path).replace("//", "/")
+
+
+def climbs_above_root(directory: str, target: str) -> bool:
+    """Whether a relative symlink target, read from `directory`, goes above the root."""
+    if target.startswith("/"):
+        return False
+    depth = len([p for p in directory.split("/") if p])
+    for part in target.split("/"):
+        if part == "..":
+            depth -= 1
+            if depth < 0:
+                return True
+        elif part not in ("", "."):
+            depth += 1
+    return False
+
+
+class SymlinkLoop(ScanInputError):
+    pass
+
+
+def resolve(fs: FileSystem, path: str) -> str | None:
+    """Follow symlinks in every component of `path` inside the image root.
+
+    Returns the resolved path of an existing entry, or None when something is missing.
+    Raises SymlinkLoop (an input error) after MAX_SYMLINKS links, as the kernel gives ELOOP.
+    """
+    todo = [p for p in normalise(path).split("/") if p]
+    todo.reverse()
+    current = "/"
+    hops = 0
+    while todo:
+        part = todo.pop()
+        if part == ".":
+            continue
+        if part == "..":
+            current = posixpath.dirname(current) or "/"
+            continue
+        candidate = posixpath.join(current, part)
+        node = fs.node(candidate)
+        if node is None:
+            return None
+        if node.kind == "symlink":
+            hops += 1
+            if hops > MAX_SYMLINKS:
+                raise SymlinkLoop(f"symlink loop at {candidate}")
+            target = node.target or ""
+            rest = [p for p in target.split("/") if p]
+            todo.extend(reversed(rest))
+            current = "/" if target.startswith("/") else current
+            continue
+        if todo and node.kind != "dir":
+            return None
+        current = candidate
+    return current
+
+
+class MemoryFS:
+    """The merged result of applying image layers, held in memory (metadata and headers)."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, Node] = {"/": Node("dir", 0o755)}
+        self.children: dict[str, set[str]] = {"/": set()}
+
+    def node(self, path: str) -> Node | None:
+        return self.nodes.get(path)
+
+    def listdir(self, path: str) -> list[str]:
+        return sorted(self.children.get(path, ()))
+
+    def files(self) -> Iterator[tuple[str, int]]:
+        for path in sorted(self.nodes):
+            node = self.nodes[path]
+            if node.kind == "file":
+                yield path, node.mode
+
+    def put(self, path: str, node: Node) -> None:
+        parent = posixpath.dirname(path)
+        self._ensure_dir(parent)
+        if node.kind != "dir" or self.nodes.get(path, Node("file")).kind != "dir":
+            self.remove(path)
+        self.nodes[path] = node
+        self.children[parent].add(posixpath.basename(path))
+        if node.kind == "dir":
+            self.children.setdefault(path, set())
+
+    def _ensure_dir(self, path: str) -> None:
+        existing = self.nodes.get(path)
+        if existing is not None and existing.kind == "dir":
+            return
+        if path != "/":
+            self.put(path, Node("dir", 0o755))
+
+    def remove(self, path: str) -> None:
+        if path == "/" or path not in self.nodes:
+            return
+        for child in list(self.children.get(path, ())):
+            self.remove(posixpath.join(path, child))
+        self.children.pop(path, None)
+        del self.nodes[path]
+        self.children[posixpath.dirname(path)].discard(posixpath.basename(path))
+
+    def clear_dir(self, path: str) -> None:
+        for child in list(self.children.get(path, ())):
+            self.remove(posixpath.join(path, child))
+
+
+def wants_text(path: str, size: int) -> bool:
+    return size <= SMALL_TEXT_BYTES and "/etc/" in path
+
+
+def describe_file(path: str, data: BinaryIO, size: int, mode: int) -> Node:
+    """Build a file node from seekable content: its head, ELF headers or small config text."""
+    head = data.read(HEAD_BYTES)
+    node = Node("file", mode, size, head=head)
+    if sniff(head) == "elf":
+        try:
+            node.elf = read_elf(data)
+        except BinfmtError as exc:
+            node.elf_error = str(exc)
+    elif wants_text(path, size):
+        data.seek(0)
+        node.text = data.read(SMALL_TEXT_BYTES)
+    return node
+
+
+class _CountingFile(io.FileIO):
+    """Counts the bytes actually read from disk, for the benchmark's "bytes read"."""
+
+    count = 0
+
+    def readinto(self, buffer: Any) -> int | None:
+        n = super().readinto(buffer)
+        self.count += n or 0
+        return n
+
+
+class DirectoryFS:
+    """A root filesystem on disk. Symlinks are read with readlink, never followed by the OS."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.realpath(root)
+        self.cache: dict[str, Node | None] = {}
+        self.bytes_read = 0
+
+    def _host(self, path: str) -> str:
+        return self.root + path if path != "/" else self.root
+
+    def node(self, path: str) -> Node | None:
+        if path in self.cache:
+            return self.cache[path]
+        node = self._load(path)
+        self.cache[path] = node
+        return node
+
+    def _load(self, path: str) -> Node | None:
+        host = self._host(path)
+        try:
+            st = os.lstat(host)
+        except OSError:
+            return None
+        if stat.S_ISLNK(st.st_mode):
+            return Node("symlink", target=os.readlink(host))
+        if stat.S_ISDIR(st.st_mode):
+            return Node("dir", stat.S_IMODE(st.st_mode))
+        if not stat.S_ISREG(st.st_mode):
+            return Node("other", stat.S_IMODE(st.st_mode))
+        try:
+            fd = os.open(host, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return Node("file", stat.S_IMODE(st.st_mode), st.st_size)
+        raw = _CountingFile(fd, "rb")
+        mode = stat.S_IMODE(st.st_mode)
+        try:
+            with io.BufferedReader(raw, 4096) as f:
+                return describe_file(path, f, st.st_size, mode)
+        except OSError as exc:
+            node = Node("file", mode, st.st_size)
+            node.elf_error = f"unreadable: {exc.strerror}"
+            return node
+        finally:
+            self.bytes_read += raw.count
+
+    def listdir(self, path: str) -> list[str]:
+        try:
+            return sorted(os.listdir(self._host(path)))
+        except OSError:
+            return []
+
+    def files(self) -> Iterator[tuple[str, int]]:
+        stack = ["/"]
+        while stack:
+            directory = stack.pop()
+            try:
+                with os.scandir(self._host(directory)) as it:
+                    entries = sorted(it, key=lambda e: e.name, reverse=True)
+            except OSError:
+                continue
+            subdirs = []
+            for entry in reversed(entries):
+                path = posixpath.join(directory, entry.name)
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        subdirs.append(path)
+                    elif entry.is_file(follow_symlinks=False):
+                        yield path, stat.S_IMODE(entry.stat(follow_symlinks=False).st_mode)
+                except OSError:
+                    continue
+            stack.extend(reversed(subdirs))

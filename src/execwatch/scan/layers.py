@@ -1,0 +1,156 @@
+"""Apply OCI/Docker layer tarballs to a MemoryFS, following image-spec `layer.md`.
+
+Nothing from the tar is written to the host: file nodes keep their first bytes and parsed
+ELF headers only. ELF members are spooled (memory, then an anonymous temporary file) just
+long enough to parse their headers, because the dynamic section can sit anywhere in a file.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import tarfile
+import tempfile
+import zlib
+from dataclasses import replace
+from typing import Any
+
+import zstandard
+
+from execwatch.binfmt import sniff
+from execwatch.scan.errors import ScanInputError
+from execwatch.scan.fs import HEAD_BYTES, MemoryFS, Node, climbs_above_root, describe_file
+from execwatch.scan.limits import Limits, Readable
+
+WHITEOUT = ".wh."
+OPAQUE = ".wh..wh..opq"
+SPOOL_IN_MEMORY = 32 << 20
+
+
+_EXTENSION_HEADERS = (
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+    tarfile.XHDTYPE,
+    tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+)
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """Refuse pax and GNU long-name headers, which tarfile reads into memory whole, when huge."""
+
+    max_header_bytes = Limits().max_tar_header_bytes
+
+    def _proc_member(self, tarfile: tarfile.TarFile) -> Any:
+        if self.type in _EXTENSION_HEADERS and self.size > self.max_header_bytes:
+            raise _HeaderTooBig(f"{self.size}-byte tar extension header")
+        return super()._proc_member(tarfile)  # type: ignore[misc]
+
+
+class _HeaderTooBig(tarfile.HeaderError):
+    pass
+
+
+def member_path(name: str, layer: str) -> str | None:
+    """The image path of a tar member; None for the root itself. Refuses escapes."""
+    if name.startswith("/"):
+        raise ScanInputError(f"{layer}: absolute path in layer: {name!r}")
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise ScanInputError(f"{layer}: path climbs out of the image: {name!r}")
+    return "/" + "/".join(parts) if parts else None
+
+
+def apply_layer(
+    fs: MemoryFS, stream: Readable, layer: str, limits: Limits, entries: list[int]
+) -> None:
+    """Apply one layer. `entries` counts tar members over all layers of the image."""
+    added: set[str] = set()
+    tarinfo = type(
+        "_TarInfo", (_BoundedTarInfo,), {"max_header_bytes": limits.max_tar_header_bytes}
+    )
+    try:
+        tar = tarfile.open(fileobj=stream, mode="r|", tarinfo=tarinfo)  # type: ignore[call-overload]  # noqa: SIM115
+        with tar:
+            for member in tar:
+                entries[0] += 1
+                if entries[0] > limits.max_entries:
+                    raise ScanInputError(f"{layer}: more than {limits.max_entries} tar entries")
+                _apply_member(fs, tar, member, layer, added)
+    except (tarfile.TarError, EOFError, zlib.error, zstandard.ZstdError) as exc:
+        raise ScanInputError(f"{layer}: corrupt layer: {exc or type(exc).__name__}") from exc
+    except OSError as exc:  # gzip.BadGzipFile and friends
+        raise ScanInputError(f"{layer}: unreadable layer: {exc}") from exc
+
+
+def _apply_member(
+    fs: MemoryFS, tar: tarfile.TarFile, member: tarfile.TarInfo, layer: str, added: set[str]
+) -> None:
+    path = member_path(member.name, layer)
+    if path is None:
+        return
+    parent, base = posixpath.split(path)
+    if base == OPAQUE:
+        _opaque(fs, parent, added)
+        return
+    if base.startswith(WHITEOUT):
+        fs.remove(posixpath.join(parent, base[len(WHITEOUT) :]))
+        return
+    mode = member.mode & 0o7777
+    if member.isdir():
+        existing = fs.node(path)
+        if existing is not None and existing.kind == "dir":
+            existing.mode = mode
+        else:
+            fs.put(path, Node("dir", mode))
+    elif member.issym():
+        if climbs_above_root(parent, member.linkname):
+            raise ScanInputError(
+                f"{layer}: symlink {path} -> {member.linkname} escapes the image root"
+            )
+        fs.put(path, Node("symlink", 0o777, target=member.linkname))
+    elif member.islnk():
+        link = member_path(member.linkname, layer)
+        target = fs.node(link) if link else None
+        if target is None or target.kind != "file":
+            raise ScanInputError(f"{layer}: hardlink {path} -> {member.linkname}: no such file")
+        fs.put(path, replace(target))
+    elif member.isreg():
+        fs.put(path, _file_node(tar, member, path))
+    else:
+        fs.put(path, Node("other", mode))
+    _mark_added(path, added)
+
+
+def _mark_added(path: str, added: set[str]) -> None:
+    while path not in added and path != "/":
+        added.add(path)
+        path = posixpath.dirname(path)
+
+
+def _opaque(fs: MemoryFS, directory: str, added: set[str]) -> None:
+    """Hide the lower children of `directory`, keeping what this layer already put there."""
+    for child in fs.listdir(directory):
+        path = posixpath.join(directory, child)
+        if path not in added:
+            fs.remove(path)
+        elif fs.node(path) is not None and fs.node(path).kind == "dir":  # type: ignore[union-attr]
+            _opaque(fs, path, added)
+    _mark_added(directory, added)
+
+
+def _file_node(tar: tarfile.TarFile, member: tarfile.TarInfo, path: str) -> Node:
+    data = tar.extractfile(member)
+    assert data is not None
+    mode = member.mode & 0o7777
+    head = data.read(HEAD_BYTES)
+    if sniff(head) != "elf":
+        node = Node("file", mode, member.size, head=head)
+        if "/etc/" in path and member.size <= 64 << 10:
+            node.text = head + data.read(member.size)
+        return node
+    with tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY) as spool:
+        spool.write(head)
+        while chunk := data.read(1 << 20):
+            spool.write(chunk)
+        spool.seek(0)
+        return describe_file(path, spool, member.size, mode)  # type: ignore[arg-type]

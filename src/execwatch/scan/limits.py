@@ -1,0 +1,110 @@
+"""Bounds on what hostile input can make a scan read, decompress or keep in memory."""
+
+from __future__ import annotations
+
+import gzip
+from dataclasses import dataclass
+from typing import Protocol
+
+import zstandard
+
+from execwatch.scan.errors import ScanInputError
+
+GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+CHUNK = 1 << 20
+
+
+class Readable(Protocol):
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Defaults fit real images with a wide margin; tests shrink them to prove the bounds."""
+
+    max_uncompressed_bytes: int = 64 << 30  # all layers of one image, after decompression
+    max_ratio: int = 1000  # uncompressed / compressed, checked once past ratio_floor
+    ratio_floor: int = 256 << 20
+    max_entries: int = 2_000_000  # tar members over all layers
+    max_tar_header_bytes: int = 1 << 20  # pax and GNU long-name headers are read into memory
+    max_json_bytes: int = 8 << 20  # manifests, indexes, configs
+    max_index_depth: int = 8
+    max_manifests: int = 512
+    max_layers: int = 1024
+
+
+class BoundedStream:
+    """A read-only stream that counts what passes and fails once a limit is crossed.
+
+    `counter` is shared by the layers of one image: [uncompressed, compressed] bytes.
+    """
+
+    def __init__(self, inner: Readable, name: str, limits: Limits, counter: list[int]) -> None:
+        self.inner = inner
+        self.name = name
+        self.limits = limits
+        self.counter = counter
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.inner.read(size if 0 <= size <= CHUNK else CHUNK)
+        self.counter[0] += len(data)
+        total, packed = self.counter
+        if total > self.limits.max_uncompressed_bytes:
+            raise ScanInputError(
+                f"{self.name}: more than {self.limits.max_uncompressed_bytes} bytes"
+                " uncompressed (decompression bomb?)"
+            )
+        if total > self.limits.ratio_floor and total > packed * self.limits.max_ratio:
+            raise ScanInputError(
+                f"{self.name}: expands more than {self.limits.max_ratio}x (decompression bomb?)"
+            )
+        return data
+
+
+class CountingReader:
+    """Counts the compressed bytes read from a blob."""
+
+    def __init__(self, inner: Readable, counter: list[int]) -> None:
+        self.inner = inner
+        self.counter = counter
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.inner.read(size if 0 <= size <= CHUNK else CHUNK)
+        self.counter[1] += len(data)
+        return data
+
+
+def decompressed(raw: Readable, name: str, limits: Limits, counter: list[int]) -> BoundedStream:
+    """Sniff gzip / zstd / plain from the first bytes (media types are often wrong) and wrap."""
+    counted = CountingReader(raw, counter)
+    magic = counted.read(4)
+    head = _Prefixed(magic, counted)
+    inner: Readable
+    if magic.startswith(GZIP_MAGIC):
+        inner = gzip.GzipFile(fileobj=head, mode="rb")  # type: ignore[call-overload]
+    elif magic == ZSTD_MAGIC:
+        inner = zstandard.ZstdDecompressor().stream_reader(
+            head,  # type: ignore[arg-type]  # any object with read() will do
+            read_across_frames=True,
+        )
+    else:
+        inner = head
+    return BoundedStream(inner, name, limits, counter)
+
+
+class _Prefixed:
+    """Give back bytes already read for sniffing, then continue with the stream."""
+
+    def __init__(self, prefix: bytes, inner: Readable) -> None:
+        self.prefix = prefix
+        self.inner = inner
+
+    def read(self, size: int = -1) -> bytes:
+        if self.prefix:
+            if size < 0:
+                out, self.prefix = self.prefix + self.inner.read(CHUNK), b""
+                return out
+            out, self.prefix = self.prefix[:size], self.prefix[size:]
+            return out
+        return self.inner.read(size if 0 <= size <= CHUNK else CHUNK)

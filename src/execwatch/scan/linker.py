@@ -1,0 +1,311 @@
+"""Find an executable's libraries the way the image's own dynamic loader would.
+
+glibc (`elf/dl-load.c`): DT_RPATH of the loader chain (only when the requester has no
+DT_RUNPATH), LD_LIBRARY_PATH, DT_RUNPATH, the ld.so.conf directories (what ldconfig puts in
+ld.so.cache), then the default directories; candidates of another ABI are skipped; symbol
+versions are checked by set membership (`elf/dl-version.c`), and a library without version
+definitions satisfies any requirement. musl (`ldso/dynlink.c`): reserved libc names, then
+LD_LIBRARY_PATH, the rpath chain ($ORIGIN only), `<prefix>/etc/ld-musl-<arch>.path` or
+/lib:/usr/local/lib:/usr/lib; the first file found is used, whatever its ABI, and versions
+are never checked.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import posixpath
+from dataclasses import dataclass, field
+
+from execwatch.binfmt import ElfInfo, LibcFlavor, musl_arch
+from execwatch.scan.fs import FileSystem, Node, resolve
+
+MUSL_RESERVED = ("c", "pthread", "rt", "m", "dl", "util", "xnet")
+MUSL_DEFAULT_PATH = "/lib:/usr/local/lib:/usr/lib"
+
+# OCI architecture (or label) -> Debian multiarch tuple, for the default search directories.
+MULTIARCH = {
+    "amd64": "x86_64-linux-gnu",
+    "x32": "x86_64-linux-gnux32",
+    "386": "i386-linux-gnu",
+    "arm64": "aarch64-linux-gnu",
+    "ppc64le": "powerpc64le-linux-gnu",
+    "ppc64": "powerpc64-linux-gnu",
+    "s390x": "s390x-linux-gnu",
+    "riscv64": "riscv64-linux-gnu",
+    "mips64le": "mips64el-linux-gnuabi64",
+    "mips64": "mips64-linux-gnuabi64",
+    "mipsle": "mipsel-linux-gnu",
+    "mips": "mips-linux-gnu",
+    "loong64": "loongarch64-linux-gnu",
+}
+AT_PLATFORM = {"amd64": "x86_64", "386": "i686", "arm64": "aarch64", "ppc64le": "power8"}
+
+
+@dataclass(frozen=True)
+class Loaded:
+    path: str  # the path the loader found it at ($ORIGIN is its directory)
+    info: ElfInfo
+    parent: Loaded | None = None
+
+
+@dataclass(frozen=True)
+class MissingLibrary:
+    name: str
+    needed_by: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class MissingVersion:
+    version: str
+    library: str
+    needed_by: str
+
+
+@dataclass
+class Resolution:
+    loaded: list[Loaded] = field(default_factory=list)
+    missing: list[MissingLibrary] = field(default_factory=list)
+    versions: list[MissingVersion] = field(default_factory=list)
+
+
+def multiarch(info: ElfInfo) -> str | None:
+    if info.arch == "arm":
+        return "arm-linux-gnueabi" if info.float_abi == "soft" else "arm-linux-gnueabihf"
+    return MULTIARCH.get(info.arch)
+
+
+def is_musl_reserved(name: str) -> bool:
+    """musl maps libc.*, libpthread.*, libm.* ... to itself and never opens them."""
+    if not name.startswith("lib") or "/" in name:
+        return False
+    stem = name[3:].split(".", 1)
+    return len(stem) == 2 and stem[0] in MUSL_RESERVED
+
+
+class Linker:
+    """Library resolution inside one image; results are cached across executables."""
+
+    def __init__(self, fs: FileSystem, env: dict[str, str]) -> None:
+        self.fs = fs
+        self.ld_library_path = [
+            d for d in env.get("LD_LIBRARY_PATH", "").replace(";", ":").split(":") if d
+        ]
+        self._conf_dirs: list[str] | None = None
+        self._musl_paths: dict[str, list[str]] = {}
+        self._lookups: dict[tuple[str, tuple[str, ...], str], tuple[str | None, str]] = {}
+
+    # --- public ---------------------------------------------------------------------------
+
+    def resolve(self, path: str, info: ElfInfo, flavor: LibcFlavor) -> Resolution:
+        result = Resolution()
+        root = Loaded(path, info)
+        by_name: dict[str, Loaded] = {}
+        interp = self._interpreter(info)
+        if interp is not None:
+            by_name[posixpath.basename(interp.path)] = interp
+            if interp.info.soname:
+                by_name[interp.info.soname] = interp
+        queue = [root]
+        seen_paths = {path}
+        while queue:
+            obj = queue.pop(0)
+            result.loaded.append(obj)
+            for name in obj.info.needed:
+                if name in by_name or (flavor == "musl" and is_musl_reserved(name)):
+                    continue
+                found, reason = self._find(name, obj, info, flavor)
+                if found is None:
+                    result.missing.append(MissingLibrary(name, obj.path, reason))
+                    continue
+                node = self.fs.node(found)
+                assert node is not None and node.elf is not None
+                lib = Loaded(found, node.elf, obj)
+                by_name[name] = lib
+                if node.elf.soname:
+                    by_name.setdefault(node.elf.soname, lib)
+                if found not in seen_paths:
+                    seen_paths.add(found)
+                    queue.append(lib)
+        if flavor == "glibc":
+            result.versions = self._check_versions(result.loaded, by_name)
+        return result
+
+    # --- search -----------------------------------------------------------------------------
+
+    def _interpreter(self, info: ElfInfo) -> Loaded | None:
+        if info.interpreter is None:
+            return None
+        real = resolve(self.fs, info.interpreter)
+        node = self.fs.node(real) if real else None
+        if node is None or node.elf is None:
+            return None
+        return Loaded(info.interpreter, node.elf)
+
+    def _find(
+        self, name: str, obj: Loaded, exe: ElfInfo, flavor: LibcFlavor
+    ) -> tuple[str | None, str]:
+        if "/" in name:
+            candidates = [self._expand(name, obj, flavor)]
+            dirs: tuple[str, ...] = ()
+        else:
+            dirs = tuple(self._search_dirs(obj, exe, flavor))
+            candidates = []
+        key = (name, dirs or tuple(candidates), flavor + obj.info.arch + str(obj.info.elf_class))
+        if key in self._lookups:
+            return self._lookups[key]
+        result = self._first_match(
+            name, candidates or [posixpath.join(d, name) for d in dirs if d], obj.info, flavor
+        )
+        self._lookups[key] = result
+        return result
+
+    def _first_match(
+        self, name: str, candidates: list[str], want: ElfInfo, flavor: LibcFlavor
+    ) -> tuple[str | None, str]:
+        rejected: list[str] = []
+        for candidate in candidates:
+            real = resolve(self.fs, candidate)
+            node: Node | None = self.fs.node(real) if real else None
+            if real is None or node is None or node.kind != "file":
+                continue
+            info = node.elf
+            usable = info is not None and want.same_abi(info) and _float_abi_ok(want, info)
+            if usable:
+                return real, ""
+            label = "not an ELF file" if info is None else info.arch
+            if flavor == "musl":  # musl opens the first file it finds and then fails to map it
+                return None, f"{candidate} is {label}, not {want.arch}"
+            rejected.append(f"{candidate} ({label})")
+        if rejected:
+            return None, "skipped wrong-ABI candidates: " + ", ".join(rejected[:3])
+        return None, "not found in the search path"
+
+    def _search_dirs(self, obj: Loaded, exe: ElfInfo, flavor: LibcFlavor) -> list[str]:
+        dirs: list[str] = []
+        if flavor == "musl":
+            dirs += self.ld_library_path
+            node: Loaded | None = obj
+            while node is not None:
+                rpath = node.info.runpath or node.info.rpath
+                dirs += [self._expand(d, node, flavor) for d in rpath if _musl_expandable(d)]
+                node = node.parent
+            dirs += self._musl_path(exe)
+            return dirs
+        if not obj.info.runpath:
+            node = obj
+            while node is not None:
+                if not node.info.runpath:
+                    dirs += [x for d in node.info.rpath for x in self._expand_all(d, node)]
+                node = node.parent
+        dirs += self.ld_library_path
+        dirs += [x for d in obj.info.runpath for x in self._expand_all(d, obj)]
+        dirs += self._ld_so_conf()
+        dirs += self._default_dirs(obj.info)
+        return dirs
+
+    def _expand(self, text: str, obj: Loaded, flavor: LibcFlavor) -> str:
+        return self._expand_all(text, obj)[0]
+
+    def _expand_all(self, text: str, obj: Loaded) -> list[str]:
+        origin = posixpath.dirname(obj.path) or "/"
+        if obj.parent is None:  # the main program's $ORIGIN comes from /proc/self/exe: resolved
+            real = resolve(self.fs, obj.path)
+            origin = posixpath.dirname(real) if real else origin
+        out = text.replace("${ORIGIN}", origin).replace("$ORIGIN", origin)
+        platform = AT_PLATFORM.get(obj.info.arch, obj.info.arch)
+        out = out.replace("${PLATFORM}", platform).replace("$PLATFORM", platform)
+        if "$LIB" not in out and "${LIB}" not in out:
+            return [out]
+        libs = [f"lib/{t}" for t in [multiarch(obj.info)] if t]
+        libs += ["lib64" if obj.info.bits == 64 else "lib32", "lib"]
+        return [out.replace("${LIB}", lib).replace("$LIB", lib) for lib in libs]
+
+    def _default_dirs(self, info: ElfInfo) -> list[str]:
+        out = []
+        triplet = multiarch(info)
+        if triplet:
+            out += [f"/lib/{triplet}", f"/usr/lib/{triplet}"]
+        out += ["/lib64", "/usr/lib64"] if info.bits == 64 else ["/lib32", "/usr/lib32"]
+        return [*out, "/lib", "/usr/lib"]
+
+    def _ld_so_conf(self) -> list[str]:
+        if self._conf_dirs is None:
+            dirs: list[str] = []
+            self._read_conf("/etc/ld.so.conf", dirs, set())
+            self._conf_dirs = dirs
+        return self._conf_dirs
+
+    def _read_conf(self, path: str, dirs: list[str], visited: set[str]) -> None:
+        real = resolve(self.fs, path)
+        if real is None or real in visited or len(visited) > 256:
+            return
+        visited.add(real)
+        node = self.fs.node(real)
+        if node is None or node.text is None:
+            return
+        for raw in node.text.decode(errors="replace").splitlines():
+            line = raw.split("#", 1)[0].strip()
+            if not line or line.startswith("hwcap "):
+                continue
+            if line.startswith("include"):
+                for pattern in line.split()[1:]:
+                    if not pattern.startswith("/"):
+                        pattern = posixpath.join(posixpath.dirname(path), pattern)
+                    for match in self._glob(pattern):
+                        self._read_conf(match, dirs, visited)
+                continue
+            dirs += [
+                d for d in line.replace(",", " ").replace(":", " ").split() if d.startswith("/")
+            ]
+
+    def _glob(self, pattern: str) -> list[str]:
+        directory, base = posixpath.split(pattern)
+        real = resolve(self.fs, directory)
+        if real is None:
+            return []
+        return [
+            posixpath.join(directory, n) for n in self.fs.listdir(real) if fnmatch.fnmatch(n, base)
+        ]
+
+    def _musl_path(self, exe: ElfInfo) -> list[str]:
+        arch = musl_arch(exe) or ""
+        if arch not in self._musl_paths:
+            prefix = ""
+            if exe.interpreter and exe.interpreter.startswith("/"):
+                prefix = posixpath.dirname(posixpath.dirname(exe.interpreter))
+                prefix = "" if prefix == "/" else prefix
+            node = None
+            real = resolve(self.fs, f"{prefix}/etc/ld-musl-{arch}.path")
+            if real is not None:
+                node = self.fs.node(real)
+            text = node.text.decode(errors="replace") if node and node.text is not None else None
+            path = text if text is not None else MUSL_DEFAULT_PATH
+            self._musl_paths[arch] = [d for d in path.replace("\n", ":").split(":") if d]
+        return self._musl_paths[arch]
+
+    # --- versions ---------------------------------------------------------------------------
+
+    def _check_versions(
+        self, loaded: list[Loaded], by_name: dict[str, Loaded]
+    ) -> list[MissingVersion]:
+        out = []
+        for obj in loaded:
+            for need in obj.info.version_needs:
+                lib = by_name.get(need.file)
+                if lib is None or not lib.info.version_defs:
+                    continue  # not loaded (reported as missing) or no versioning: accepted
+                for req in need.versions:
+                    if not req.weak and req.name not in lib.info.version_defs:
+                        out.append(MissingVersion(req.name, lib.path, obj.path))
+        return out
+
+
+def _musl_expandable(entry: str) -> bool:
+    """musl expands $ORIGIN only; an rpath with any other $ token is ignored."""
+    rest = entry.replace("${ORIGIN}", "").replace("$ORIGIN", "")
+    return "$" not in rest
+
+
+def _float_abi_ok(want: ElfInfo, got: ElfInfo) -> bool:
+    return want.float_abi is None or got.float_abi is None or want.float_abi == got.float_abi

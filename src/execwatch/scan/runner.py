@@ -1,0 +1,184 @@
+"""image -> layers -> filesystem view -> checks -> results, for every kind of input."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import stat
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+
+from execwatch.binfmt import Platform, node_platform
+from execwatch.scan.checks import Checker, Target
+from execwatch.scan.errors import ScanInputError
+from execwatch.scan.fs import DirectoryFS, FileSystem, MemoryFS, describe_file
+from execwatch.scan.layers import apply_layer
+from execwatch.scan.limits import Limits, decompressed
+from execwatch.scan.model import ImageResult, ScanReport
+from execwatch.scan.sources import (
+    ImageSource,
+    archive_store,
+    directory_store,
+    images_in_store,
+    is_archive,
+    layer_stream,
+    open_archive,
+)
+
+Progress = Callable[[str, int | None], Callable[[int], None]]
+
+
+@dataclass
+class ScanOptions:
+    platform: Platform | None = None
+    require_static: bool = False
+    limits: Limits = field(default_factory=Limits)
+
+
+def scan(target: str, options: ScanOptions, progress: Progress | None = None) -> ScanReport:
+    """Scan a file, a root filesystem directory, an OCI layout or an image/rootfs archive."""
+    report = ScanReport(target)
+    try:
+        st = os.stat(target)
+    except OSError as exc:
+        raise ScanInputError(f"{target}: {exc.strerror}") from exc
+    if stat.S_ISDIR(st.st_mode):
+        if os.path.exists(os.path.join(target, "oci-layout")):
+            store = directory_store(target)
+            report.results += _scan_images(
+                images_in_store(store, options.limits), options, progress
+            )
+        else:
+            report.results.append(_scan_rootfs(target, options, progress))
+        return report
+    if not stat.S_ISREG(st.st_mode):
+        raise ScanInputError(f"{target}: not a regular file or directory")
+    if is_archive(target):
+        with ExitStack() as stack:
+            tar = open_archive(target, stack, options.limits)
+            names = {m.name.strip("./") for m in tar.getmembers()[:10000]}
+            if {"oci-layout", "index.json"} <= names or "manifest.json" in names:
+                images = images_in_store(archive_store(tar, target), options.limits)
+                report.results += _scan_images(images, options, progress)
+            else:
+                report.results.append(_scan_rootfs_archive(target, options, progress))
+        return report
+    report.results.append(_scan_file(target, options))
+    return report
+
+
+def _scan_file(path: str, options: ScanOptions) -> ImageResult:
+    fs = MemoryFS()
+    name = "/" + os.path.basename(path)
+    mode = stat.S_IMODE(os.stat(path).st_mode) | 0o100  # a lone file is checked as executable
+    with open(path, "rb") as f:
+        node = describe_file(name, f, os.fstat(f.fileno()).st_size, mode)
+        bytes_read = f.tell()
+    fs.put(name, node)
+    platform = options.platform or node_platform()
+    checker = Checker(Target(fs, platform, isolated=True, require_static=options.require_static))
+    findings, stats = checker.run()
+    stats.bytes_read = bytes_read
+    findings = [f.__class__(**{**f.__dict__, "path": path}) for f in findings]
+    return ImageResult(
+        path,
+        str(platform),
+        None,
+        findings,
+        stats,
+        notes=["single file: loader and libraries not checked (no root filesystem)"],
+    )
+
+
+def _scan_rootfs(root: str, options: ScanOptions, progress: Progress | None) -> ImageResult:
+    fs = DirectoryFS(root)
+    platform = options.platform or node_platform()
+    notes = [] if options.platform else [f"no --platform: checked against this node ({platform})"]
+    result = _check(root, fs, Target(fs, platform, require_static=options.require_static), progress)
+    result.stats.bytes_read = fs.bytes_read
+    result.notes += notes
+    return result
+
+
+def _scan_rootfs_archive(path: str, options: ScanOptions, progress: Progress | None) -> ImageResult:
+    fs = MemoryFS()
+    counter = [0, 0]
+    with open(path, "rb") as f:
+        apply_layer(fs, decompressed(f, path, options.limits, counter), path, options.limits, [0])
+    platform = options.platform or node_platform()
+    result = _check(path, fs, Target(fs, platform, require_static=options.require_static), progress)
+    result.stats.bytes_read = counter[1]
+    return result
+
+
+def _scan_images(
+    images: list[ImageSource], options: ScanOptions, progress: Progress | None
+) -> list[ImageResult]:
+    if not images:
+        raise ScanInputError("no image manifests found")
+    chosen = images
+    if options.platform is not None:
+        want = options.platform
+        chosen = [i for i in images if (i.platform or i.config_platform() or want).matches(want)]
+        if not chosen:
+            have = ", ".join(sorted({str(i.platform or i.config_platform()) for i in images}))
+            raise ScanInputError(f"no {want} image (the input has: {have})")
+    return [_scan_image(image, options, progress) for image in chosen]
+
+
+def _scan_image(image: ImageSource, options: ScanOptions, progress: Progress | None) -> ImageResult:
+    started = time.perf_counter()
+    fs = MemoryFS()
+    counter, entries = [0, 0], [0]
+    for i, layer in enumerate(image.layers):
+        if progress is not None:
+            progress(f"layer {i + 1}/{len(image.layers)}", None)(0)
+        with layer_stream(layer, options.limits, counter) as stream:
+            apply_layer(fs, stream, layer.name, options.limits, entries)
+    config_platform = image.config_platform()
+    platform = image.platform or config_platform or options.platform or node_platform()
+    cfg = image.config.get("config") if isinstance(image.config.get("config"), dict) else {}
+    assert isinstance(cfg, dict)
+    entrypoint = _argv(cfg)
+    target = Target(
+        fs,
+        platform,
+        env=_env(cfg.get("Env")),
+        entrypoint=entrypoint,
+        workdir=posixpath.join("/", str(cfg.get("WorkingDir") or "/")),
+        config_platform=config_platform,
+        require_static=options.require_static,
+    )
+    result = _check(image.label, fs, target, progress)
+    result.stats.bytes_read = counter[1]
+    result.stats.seconds = time.perf_counter() - started
+    return result
+
+
+def _check(label: str, fs: FileSystem, target: Target, progress: Progress | None) -> ImageResult:
+    tick = progress(label, None) if progress is not None else None
+    findings, stats = Checker(target).run(tick)
+    findings.sort(key=lambda f: (not f.entrypoint, -f.severity, f.check, f.path))
+    return ImageResult(label, str(target.platform), target.entrypoint, findings, stats)
+
+
+def _argv(cfg: dict[str, object]) -> list[str] | None:
+    entrypoint, cmd = cfg.get("Entrypoint"), cfg.get("Cmd")
+    argv: list[str] = []
+    if isinstance(entrypoint, list):
+        argv += [str(a) for a in entrypoint]
+    if isinstance(cmd, list):
+        argv += [str(a) for a in cmd]
+    return argv or None
+
+
+def _env(raw: object) -> dict[str, str]:
+    env = {}
+    if isinstance(raw, list):
+        for item in raw:
+            if isinstance(item, str) and "=" in item:
+                key, value = item.split("=", 1)
+                env[key] = value
+    return env

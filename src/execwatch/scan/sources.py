@@ -1,0 +1,362 @@
+"""Turn a command-line target into images: OCI layouts, docker-save/OCI tarballs, rootfs, files.
+
+An `ImageSource` is one platform's manifest: its config and its layers, each layer opened
+lazily. Index walking is recursive (nested indexes), skips attestation manifests, and every
+name taken from the input (digests, archive paths) is validated before it is used as a path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import re
+import stat
+import tarfile
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from execwatch.binfmt import Platform
+from execwatch.scan.errors import ScanInputError
+from execwatch.scan.limits import Limits, Readable, decompressed
+
+INDEX_TYPES = {
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+}
+MANIFEST_TYPES = {
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+}
+LAYER_TYPES = {
+    "application/vnd.oci.image.layer.v1.tar",
+    "application/vnd.oci.image.layer.v1.tar+gzip",
+    "application/vnd.oci.image.layer.v1.tar+zstd",
+    "application/vnd.oci.image.layer.nondistributable.v1.tar",
+    "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip",
+    "application/vnd.oci.image.layer.nondistributable.v1.tar+zstd",
+    "application/vnd.docker.image.rootfs.diff.tar",
+    "application/vnd.docker.image.rootfs.diff.tar.gzip",
+    "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip",
+}
+_DIGEST = re.compile(r"^(sha256:[a-f0-9]{64}|sha512:[a-f0-9]{128})$")
+ATTESTATION = "attestation-manifest"
+
+
+@dataclass
+class Layer:
+    name: str
+    media_type: str | None
+    digest: str | None
+    open: Callable[[], IO[bytes]]
+
+
+@dataclass
+class ImageSource:
+    """One image (one platform) to scan."""
+
+    label: str
+    platform: Platform | None
+    config: dict[str, Any]
+    layers: list[Layer] = field(default_factory=list)
+
+    def config_platform(self) -> Platform | None:
+        arch = self.config.get("architecture")
+        if not isinstance(arch, str) or not arch:
+            return None
+        os_name = self.config.get("os") if isinstance(self.config.get("os"), str) else "linux"
+        variant = self.config.get("variant")
+        return Platform.normalised(
+            str(os_name), arch, variant if isinstance(variant, str) else None
+        )
+
+
+class BlobStore:
+    """Files inside an OCI layout directory or an image archive, by validated relative path."""
+
+    def __init__(self, opener: Callable[[str], IO[bytes] | None], label: str) -> None:
+        self._opener = opener
+        self.label = label
+
+    def open(self, path: str) -> IO[bytes]:
+        clean = safe_relative(path, self.label)
+        f = self._opener(clean)
+        if f is None:
+            raise ScanInputError(f"{self.label}: missing {clean}")
+        return f
+
+    def exists(self, path: str) -> bool:
+        f = self._opener(safe_relative(path, self.label))
+        if f is None:
+            return False
+        f.close()
+        return True
+
+    def blob_path(self, digest: str) -> str:
+        if not isinstance(digest, str) or not _DIGEST.match(digest):
+            raise ScanInputError(f"{self.label}: invalid digest {digest!r}")
+        algorithm, hexdigest = digest.split(":", 1)
+        return f"blobs/{algorithm}/{hexdigest}"
+
+    def json(self, path: str, limits: Limits, digest: str | None = None) -> Any:
+        with self.open(path) as f:
+            raw = f.read(limits.max_json_bytes + 1)
+        if len(raw) > limits.max_json_bytes:
+            raise ScanInputError(f"{self.label}: {path} is larger than {limits.max_json_bytes}")
+        if digest is not None:
+            check_digest(raw, digest, f"{self.label}: {path}")
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            raise ScanInputError(f"{self.label}: {path} is not valid JSON") from exc
+
+
+def check_digest(raw: bytes, digest: str, what: str) -> None:
+    algorithm, expected = digest.split(":", 1)
+    if hashlib.new(algorithm, raw).hexdigest() != expected:
+        raise ScanInputError(f"{what}: content does not match digest {digest}")
+
+
+def safe_relative(path: str, label: str) -> str:
+    if not isinstance(path, str) or path.startswith("/") or "\0" in path:
+        raise ScanInputError(f"{label}: invalid path {path!r}")
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        raise ScanInputError(f"{label}: path escapes the image: {path!r}")
+    return "/".join(parts)
+
+
+def directory_store(root: str) -> BlobStore:
+    real_root = os.path.realpath(root)
+
+    def opener(rel: str) -> IO[bytes] | None:
+        path = os.path.realpath(os.path.join(real_root, rel))
+        if not path.startswith(real_root + os.sep):
+            raise ScanInputError(f"{root}: {rel} resolves outside the layout")
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise ScanInputError(f"{root}: {rel}: {exc.strerror}") from exc
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ScanInputError(f"{root}: {rel} is not a regular file")
+        return os.fdopen(fd, "rb")
+
+    return BlobStore(opener, root)
+
+
+def archive_store(tar: tarfile.TarFile, label: str) -> BlobStore:
+    members: dict[str, tarfile.TarInfo] = {}
+    for m in tar.getmembers():
+        parts = [p for p in m.name.split("/") if p not in ("", ".")]
+        members["/".join(parts)] = m
+
+    def opener(rel: str) -> IO[bytes] | None:
+        name = rel
+        for _ in range(16):  # old docker save links duplicate layers: <id>/layer.tar -> ../x/...
+            member = members.get(name)
+            if member is None:
+                return None
+            if member.issym() or member.islnk():
+                base = posixpath.dirname(name) if member.issym() else ""
+                name = safe_relative(posixpath.join(base, member.linkname), label)
+                name = posixpath.normpath(name)
+                continue
+            if not member.isreg():
+                raise ScanInputError(f"{label}: {rel} is not a regular file")
+            return tar.extractfile(member)
+        raise ScanInputError(f"{label}: link loop at {rel}")
+
+    return BlobStore(opener, label)
+
+
+def _descriptor_platform(desc: dict[str, Any]) -> Platform | None:
+    p = desc.get("platform")
+    if not isinstance(p, dict):
+        return None
+    arch, os_name = p.get("architecture"), p.get("os")
+    if not isinstance(arch, str) or not isinstance(os_name, str):
+        return None
+    variant = p.get("variant") if isinstance(p.get("variant"), str) else None
+    return Platform.normalised(os_name, arch, variant)
+
+
+def is_attestation(desc: dict[str, Any]) -> bool:
+    annotations = desc.get("annotations")
+    if (
+        isinstance(annotations, dict)
+        and annotations.get("vnd.docker.reference.type") == ATTESTATION
+    ):
+        return True
+    p = desc.get("platform")
+    return isinstance(p, dict) and p.get("os") == "unknown" and p.get("architecture") == "unknown"
+
+
+def oci_images(store: BlobStore, limits: Limits) -> list[ImageSource]:
+    """Every image manifest reachable from index.json, nested indexes included."""
+    layout = store.json("oci-layout", limits)
+    if not isinstance(layout, dict) or "imageLayoutVersion" not in layout:
+        raise ScanInputError(f"{store.label}: oci-layout has no imageLayoutVersion")
+    index = store.json("index.json", limits)
+    out: list[ImageSource] = []
+    seen: set[str] = set()
+    _walk_index(store, index, limits, out, seen, depth=0, ref=None)
+    return out
+
+
+def _walk_index(
+    store: BlobStore,
+    index: Any,
+    limits: Limits,
+    out: list[ImageSource],
+    seen: set[str],
+    depth: int,
+    ref: str | None,
+) -> None:
+    if depth > limits.max_index_depth:
+        raise ScanInputError(f"{store.label}: indexes nested deeper than {limits.max_index_depth}")
+    manifests = index.get("manifests") if isinstance(index, dict) else None
+    if not isinstance(manifests, list):
+        raise ScanInputError(f"{store.label}: index has no manifests list")
+    for desc in manifests:
+        if not isinstance(desc, dict):
+            raise ScanInputError(f"{store.label}: malformed descriptor in index")
+        digest, media_type = desc.get("digest"), desc.get("mediaType")
+        if is_attestation(desc) or digest in seen:
+            continue
+        seen.add(str(digest))
+        if len(seen) > limits.max_manifests:
+            raise ScanInputError(f"{store.label}: more than {limits.max_manifests} manifests")
+        annotations = desc.get("annotations")
+        if not isinstance(annotations, dict):
+            annotations = {}
+        name = ref or annotations.get("org.opencontainers.image.ref.name")
+        body = store.json(store.blob_path(str(digest)), limits, str(digest))
+        actual_type = media_type or (body.get("mediaType") if isinstance(body, dict) else None)
+        if actual_type in INDEX_TYPES:
+            _walk_index(store, body, limits, out, seen, depth + 1, name)
+        elif actual_type in MANIFEST_TYPES:
+            out.append(_manifest_image(store, body, limits, desc, name))
+        else:
+            raise ScanInputError(f"{store.label}: unknown manifest media type {actual_type!r}")
+
+
+def _manifest_image(
+    store: BlobStore, manifest: Any, limits: Limits, desc: dict[str, Any], ref: str | None
+) -> ImageSource:
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict):
+        raise ScanInputError(f"{store.label}: manifest {desc.get('digest')} has no config")
+    config_digest = str(manifest["config"].get("digest"))
+    config = store.json(store.blob_path(config_digest), limits, config_digest)
+    layers_desc = manifest.get("layers")
+    if not isinstance(layers_desc, list) or len(layers_desc) > limits.max_layers:
+        raise ScanInputError(f"{store.label}: manifest has no usable layers list")
+    layers = []
+    for ld in layers_desc:
+        if not isinstance(ld, dict):
+            raise ScanInputError(f"{store.label}: malformed layer descriptor")
+        media_type = ld.get("mediaType")
+        if media_type not in LAYER_TYPES:
+            raise ScanInputError(f"{store.label}: unknown layer media type {media_type!r}")
+        digest = str(ld.get("digest"))
+        path = store.blob_path(digest)
+        layers.append(Layer(digest, media_type, digest, _opener(store, path)))
+    short = str(desc.get("digest", ""))[:19]
+    label = f"{store.label}{'#' + ref if ref else ''}@{short}"
+    if not isinstance(config, dict):
+        raise ScanInputError(f"{store.label}: config {config_digest} is not an object")
+    return ImageSource(label, _descriptor_platform(desc), config, layers)
+
+
+def _opener(store: BlobStore, path: str) -> Callable[[], IO[bytes]]:
+    return lambda: store.open(path)
+
+
+def docker_images(store: BlobStore, limits: Limits) -> list[ImageSource]:
+    """The legacy `docker save` manifest.json (before Docker 25, or without an OCI index)."""
+    manifest = store.json("manifest.json", limits)
+    if not isinstance(manifest, list):
+        raise ScanInputError(f"{store.label}: manifest.json is not a list")
+    out = []
+    for entry in manifest:
+        if not isinstance(entry, dict) or not isinstance(entry.get("Layers"), list):
+            raise ScanInputError(f"{store.label}: malformed manifest.json entry")
+        config = store.json(str(entry.get("Config")), limits)
+        if not isinstance(config, dict):
+            raise ScanInputError(f"{store.label}: config is not an object")
+        tags = entry.get("RepoTags") or []
+        label = f"{store.label}#{tags[0]}" if tags and isinstance(tags[0], str) else store.label
+        layers = [Layer(str(p), None, None, _opener(store, str(p))) for p in entry["Layers"]]
+        out.append(ImageSource(label, None, config, layers))
+    return out
+
+
+def images_in_store(store: BlobStore, limits: Limits) -> list[ImageSource]:
+    """Docker 25+ archives hold both formats: the OCI index says more (platforms, nesting)."""
+    if store.exists("oci-layout") and store.exists("index.json"):
+        return oci_images(store, limits)
+    if store.exists("manifest.json"):
+        return docker_images(store, limits)
+    raise ScanInputError(f"{store.label}: neither an OCI layout nor a docker-save archive")
+
+
+def open_archive(path: str, stack: ExitStack, limits: Limits) -> tarfile.TarFile:
+    """Open an image archive for random access; a compressed one is first inflated, bounded."""
+    f: IO[bytes] = stack.enter_context(open(path, "rb"))  # noqa: SIM115
+    magic = f.read(4)
+    f.seek(0)
+    if magic[:2] == b"\x1f\x8b" or magic == b"\x28\xb5\x2f\xfd":
+        spool = stack.enter_context(tempfile.TemporaryFile())  # noqa: SIM115
+        stream = decompressed(f, path, limits, [0, 0])
+        while chunk := stream.read(1 << 20):
+            spool.write(chunk)
+        spool.seek(0)
+        f = spool
+    try:
+        return stack.enter_context(tarfile.open(fileobj=f, mode="r:"))
+    except tarfile.TarError as exc:
+        raise ScanInputError(f"{path}: not a tar archive: {exc}") from exc
+
+
+def is_archive(path: str) -> bool:
+    with open(path, "rb") as f:
+        head = f.read(512)
+    if head[:2] == b"\x1f\x8b" or head[:4] == b"\x28\xb5\x2f\xfd":
+        return True
+    return len(head) == 512 and head[257:262] == b"ustar"
+
+
+@contextmanager
+def layer_stream(layer: Layer, limits: Limits, counter: list[int]) -> Iterator[Readable]:
+    """Open a layer, decompress it (bounded), and check its digest once fully read."""
+    with layer.open() as raw:
+        hashing = _Hashing(raw, layer.digest)
+        yield decompressed(hashing, layer.name, limits, counter)
+        while hashing.read(1 << 20):
+            pass
+        hashing.verify(layer.name)
+
+
+class _Hashing:
+    def __init__(self, inner: IO[bytes], digest: str | None) -> None:
+        self.inner = inner
+        self.digest = digest
+        self.hash = hashlib.new(digest.split(":", 1)[0]) if digest else None
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.inner.read(size)
+        if self.hash is not None:
+            self.hash.update(data)
+        return data
+
+    def verify(self, name: str) -> None:
+        if self.hash is None or self.digest is None:
+            return
+        if self.hash.hexdigest() != self.digest.split(":", 1)[1]:
+            raise ScanInputError(f"{name}: layer content does not match its digest")
