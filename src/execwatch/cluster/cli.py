@@ -1,0 +1,262 @@
+"""`execwatch agent` and `execwatch handler`.
+
+src/execwatch/cli.py owns the top-level parser; it calls `add_parser(subparsers)` here.
+`python -m execwatch.cluster.cli {agent,handler} ...` runs the same commands on their own
+(the tests start handler replicas that way, so they can be killed like real pods).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from execwatch.cluster import crd
+from execwatch.cluster.handler import Handler, HandlerConfig
+from execwatch.cluster.metrics import HandlerMetrics, PublisherMetrics
+from execwatch.cluster.publisher import ApiSink, Publisher, PublisherConfig
+
+log = logging.getLogger(__name__)
+
+
+def api_client(kubeconfig: str | None) -> Any:
+    """An ApiClient: the given kubeconfig, else in-cluster, else the default kubeconfig.
+
+    In-cluster credentials are the pod's projected ServiceAccount token, which the
+    client re-reads as the kubelet rotates it."""
+    from kubernetes import client, config
+
+    if kubeconfig:
+        return config.new_client_from_config(config_file=kubeconfig)
+    try:
+        cfg = client.Configuration()
+        config.load_incluster_config(client_configuration=cfg)
+        return client.ApiClient(cfg)
+    except config.ConfigException:
+        return config.new_client_from_config()
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube)")
+    p.add_argument(
+        "--namespace",
+        default=os.environ.get("POD_NAMESPACE", crd.DEFAULT_NAMESPACE),
+        help="namespace of the ExecFailure records (default: $POD_NAMESPACE or execwatch)",
+    )
+    p.add_argument(
+        "--metrics-address", default=":9090", metavar="HOST:PORT", help="Prometheus endpoint"
+    )
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register `agent` and `handler` on the top-level `execwatch` parser."""
+    a = subparsers.add_parser("agent", help="node agent: probe + attribution + publisher (root)")
+    _common(a)
+    a.add_argument(
+        "--node",
+        default=os.environ.get("NODE_NAME") or socket.gethostname(),
+        help="this node's name (default: $NODE_NAME or the hostname)",
+    )
+    a.add_argument(
+        "--aggregation-window",
+        type=float,
+        default=60.0,
+        help="at most one record per container and path per this many seconds",
+    )
+    a.add_argument("--rate", type=float, default=20.0, help="record creates per second")
+    a.add_argument("--burst", type=int, default=50, help="token bucket size for creates")
+    a.add_argument(
+        "--spool-size",
+        type=int,
+        default=2000,
+        help="records kept while the API server is unreachable",
+    )
+    a.add_argument(
+        "--pod-metadata",
+        choices=["runtime", "api"],
+        default="runtime",
+        help="names from the container runtime only, or also a node-scoped pod "
+        "watch (needs deploy/base/optional/agent-pod-reader.yaml)",
+    )
+    a.add_argument(
+        "--window",
+        type=float,
+        default=1.0,
+        help="seconds over which the node pipeline folds identical failures",
+    )
+    a.set_defaults(func=run_agent)
+
+    h = subparsers.add_parser("handler", help="turn records into Events, pod labels, metrics")
+    _common(h)
+    h.add_argument(
+        "--identity",
+        default=f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}",
+        help="this replica's Lease holder identity",
+    )
+    h.add_argument("--lease-name", default="execwatch-handler")
+    h.add_argument("--lease-duration", type=float, default=15.0)
+    h.add_argument("--renew-deadline", type=float, default=10.0)
+    h.add_argument("--retry-period", type=float, default=2.0)
+    h.add_argument(
+        "--max-series",
+        type=int,
+        default=5000,
+        help="cap on execwatch_exec_failures_total series (cardinality guard)",
+    )
+    h.add_argument(
+        "--pod-label-metric",
+        action="store_true",
+        help="add a pod label to execwatch_exec_failures_total",
+    )
+    h.add_argument(
+        "--no-label-pods",
+        action="store_true",
+        help="do not set the execwatch.io/exec-failure pod label",
+    )
+    h.set_defaults(func=run_handler)
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"--metrics-address wants HOST:PORT, got {text!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _serve(address: str, registry: CollectorRegistry) -> Any:
+    host, port = parse_address(address)
+    return start_http_server(port, host, registry=registry)[0]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Dispatch for callers that registered both commands with `add_parser`."""
+    code: int = args.func(args)
+    return code
+
+
+def run_handler(args: argparse.Namespace) -> int:
+    from execwatch.trace import stop_on_signals
+
+    registry = CollectorRegistry()
+    metrics = HandlerMetrics(
+        max_series=args.max_series, with_pod_label=args.pod_label_metric, registry=registry
+    )
+    handler = Handler(
+        HandlerConfig(
+            identity=args.identity,
+            namespace=args.namespace,
+            lease_name=args.lease_name,
+            lease_duration=args.lease_duration,
+            renew_deadline=args.renew_deadline,
+            retry_period=args.retry_period,
+            label_pods=not args.no_label_pods,
+        ),
+        api_client(args.kubeconfig),
+        metrics,
+    )
+    server = _serve(args.metrics_address, registry)
+    with stop_on_signals() as stop:
+        handler.start()
+        log.info("handler started", extra={"kv": {"identity": args.identity}})
+        stop.wait()
+    handler.stop()
+    server.shutdown()
+    return 0
+
+
+def run_agent(args: argparse.Namespace) -> int:  # pragma: no cover - needs root and BPF
+    """Probe + attribution + publisher: what the DaemonSet runs on every node."""
+    from execwatch.attribution import Attributor
+    from execwatch.diagnosis import FileDiagnoser
+    from execwatch.metrics import NodeMetrics
+    from execwatch.pipeline import NodePipeline
+    from execwatch.probe import Probe, ProbeError
+    from execwatch.probe.events import boot_to_epoch_offset
+    from execwatch.trace import stop_on_signals
+
+    registry = CollectorRegistry()
+    api = api_client(args.kubeconfig)
+    publisher = Publisher(
+        PublisherConfig(
+            node=args.node,
+            namespace=args.namespace,
+            aggregation_window=args.aggregation_window,
+            rate=args.rate,
+            burst=args.burst,
+            spool_size=args.spool_size,
+        ),
+        ApiSink(api, args.namespace),
+        PublisherMetrics(registry=registry),
+    )
+    pods = None
+    if args.pod_metadata == "api":
+        from kubernetes import client
+
+        from execwatch.attribution.kube import KubernetesPodCache
+
+        pods = KubernetesPodCache(
+            args.node,
+            core_api=client.CoreV1Api(api),
+            apps_api=client.AppsV1Api(api),
+            batch_api=client.BatchV1Api(api),
+        )
+    try:
+        with Probe() as probe, stop_on_signals() as stop, Attributor(pods=pods) as attributor:
+            node_metrics = NodeMetrics(registry, probe)
+            server = _serve(args.metrics_address, registry)
+            pipeline = NodePipeline(
+                FileDiagnoser.for_host(attributor),
+                publisher.submit,
+                epoch_offset=boot_to_epoch_offset(),
+                attributor=attributor,
+                observer=node_metrics,
+                window=args.window,
+            )
+            publisher.start()
+            probe.open_ring_buffer(pipeline.on_record)
+            log.info("agent started", extra={"kv": {"node": args.node}})
+            _agent_loop(probe, pipeline, stop, args.window)
+            publisher.stop()
+            server.shutdown()
+    except (ProbeError, OSError, ValueError) as exc:
+        print(f"execwatch: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _agent_loop(probe: Any, pipeline: Any, stop: threading.Event, window: float) -> None:
+    next_flush = time.monotonic() + window
+    try:
+        while not stop.is_set():
+            probe.poll(50)
+            if time.monotonic() >= next_flush:
+                pipeline.flush()
+                next_flush = time.monotonic() + window
+        probe.poll(0)
+    finally:
+        pipeline.flush(final=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from execwatch import logs
+
+    parser = argparse.ArgumentParser(prog="execwatch")
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    logs.configure(args.log_level)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

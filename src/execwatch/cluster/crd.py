@@ -1,0 +1,252 @@
+"""The ExecFailure custom resource: how a record is written by the agent and read back.
+
+The schema lives in deploy/base/crd.yaml; this module is its Python side. The agent
+builds the whole object in `to_body` (one create, nothing to fill in later). The handler
+never trusts what it reads: `parse` re-checks every field the schema checks, because a
+record may predate a schema change or come from an agent that is not ours.
+"""
+
+from __future__ import annotations
+
+import errno as errno_mod
+import hashlib
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from execwatch.cluster.safe import printable, safe_text
+from execwatch.record import AttributionStatus, ExecFailure, Reason
+
+GROUP = "execwatch.io"
+VERSION = "v1alpha1"
+PLURAL = "execfailures"
+KIND = "ExecFailure"
+DEFAULT_NAMESPACE = "execwatch"
+
+# Limits mirrored from the CRD's OpenAPI schema.
+MAX_PATH = 4096
+MAX_DETAIL = 1024
+MAX_COMM = 64
+MAX_NAME = 253
+MAX_ARCH = 32
+
+_DNS_LABEL = re.compile(r"[^a-z0-9-]+")
+
+
+def rfc3339(ts: float) -> str:
+    """Seconds since the epoch as the RFC 3339 UTC string the API server expects."""
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(value: object) -> float | None:
+    if isinstance(value, datetime):
+        return value.timestamp()
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def record_name(node: str, nonce: str, seq: int) -> str:
+    """A deterministic, DNS-safe object name for one sealed record.
+
+    The same name is reused on every retry of one record, so a create whose answer was
+    lost returns 409 AlreadyExists instead of making a second record: the agent side of
+    "never count one record twice".
+    """
+    prefix = _DNS_LABEL.sub("-", node.lower()).strip("-")[:40] or "node"
+    digest = hashlib.sha256(f"{node}\0{nonce}\0{seq}".encode()).hexdigest()[:16]
+    return f"{prefix}-{digest}"
+
+
+def _opt(value: str | None, limit: int) -> str | None:
+    return None if value is None else safe_text(value, limit)
+
+
+def to_body(
+    failure: ExecFailure,
+    *,
+    name: str,
+    namespace: str,
+    node: str,
+    first_seen: float,
+    last_seen: float,
+    count: int,
+) -> dict[str, Any]:
+    """The complete ExecFailure object for one create."""
+    e, d, a = failure.event, failure.diagnosis, failure.attribution
+    spec: dict[str, Any] = {
+        "node": safe_text(node, MAX_NAME),
+        "nodeArch": safe_text(d.node_arch or "unknown", MAX_ARCH),
+        "errno": errno_mod.errorcode.get(e.errno, f"E{e.errno}".replace("-", ""))[:32],
+        "reason": str(d.reason),
+        "detail": safe_text(d.detail, MAX_DETAIL),
+        "path": safe_text(e.path, MAX_PATH) or "?",
+        "comm": safe_text(e.comm, MAX_COMM),
+        "parentComm": safe_text(e.parent_comm, MAX_COMM),
+        "syscall": e.syscall if e.syscall in ("execve", "execveat") else "execve",
+        "uid": max(0, min(e.uid, 4294967295)),
+        "firstSeen": rfc3339(first_seen),
+        "lastSeen": rfc3339(max(first_seen, last_seen)),
+        "count": max(1, count),
+        "attribution": str(a.status),
+    }
+    if d.binary_arch:
+        spec["binaryArch"] = safe_text(d.binary_arch, MAX_ARCH)
+    if d.interpreter:
+        spec["interpreter"] = safe_text(d.interpreter, MAX_PATH)
+    pod = {
+        k: v
+        for k, v in (
+            ("name", _opt(a.pod, MAX_NAME)),
+            ("namespace", _opt(a.namespace, 63)),
+            ("uid", _opt(a.pod_uid, 64)),
+        )
+        if v
+    }
+    if pod:
+        spec["pod"] = pod
+    container = {
+        k: v
+        for k, v in (
+            ("name", _opt(a.container, MAX_NAME)),
+            ("id", _opt(a.container_id, 128)),
+            ("image", _opt(a.image, 1024)),
+            ("runtime", _opt(a.runtime, 32)),
+        )
+        if v
+    }
+    if container:
+        spec["container"] = container
+    if a.workload:
+        spec["workload"] = {"kind": safe_text(a.workload_kind or "", 63), "name": a.workload}
+        spec["workload"]["name"] = safe_text(a.workload, MAX_NAME)
+    if a.cgroup_path and a.status in (AttributionStatus.UNATTRIBUTED, AttributionStatus.HOST):
+        spec["cgroup"] = safe_text(a.cgroup_path, MAX_PATH)
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/managed-by": "execwatch-agent"},
+        },
+        "spec": spec,
+    }
+
+
+class InvalidRecord(ValueError):
+    """A record the handler cannot act on; `kind` becomes the invalid counter's label."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """An ExecFailure as the handler reads it: validated, typed, strings already safe."""
+
+    name: str
+    uid: str
+    node: str
+    node_arch: str
+    errno: str
+    reason: Reason
+    path: str
+    count: int
+    first_seen: float
+    last_seen: float
+    attribution: AttributionStatus
+    binary_arch: str = ""
+    interpreter: str = ""
+    detail: str = ""
+    comm: str = ""
+    pod: str = ""
+    namespace: str = ""
+    pod_uid: str = ""
+    container: str = ""
+    container_id: str = ""
+    image: str = ""
+    workload_kind: str = ""
+    workload: str = ""
+
+    @property
+    def names_pod(self) -> bool:
+        return bool(self.pod and self.namespace)
+
+
+def _str(spec: dict[str, Any], key: str, limit: int, *, required: bool = False) -> str:
+    value = spec.get(key)
+    if value is None:
+        if required:
+            raise InvalidRecord("malformed", f"missing spec.{key}")
+        return ""
+    if not isinstance(value, str):
+        raise InvalidRecord("malformed", f"spec.{key} is not a string")
+    if len(value) > limit:
+        raise InvalidRecord("oversized", f"spec.{key} is longer than {limit}")
+    if required and not value:
+        raise InvalidRecord("malformed", f"spec.{key} is empty")
+    return printable(value, limit)
+
+
+def _sub(spec: dict[str, Any], key: str) -> dict[str, Any]:
+    value = spec.get(key) or {}
+    if not isinstance(value, dict):
+        raise InvalidRecord("malformed", f"spec.{key} is not an object")
+    return value
+
+
+def parse(obj: dict[str, Any]) -> Record:
+    """Validate one ExecFailure object read from the API server."""
+    meta = obj.get("metadata")
+    spec = obj.get("spec")
+    if not isinstance(meta, dict) or not isinstance(spec, dict):
+        raise InvalidRecord("malformed", "no metadata or spec")
+    name, uid = meta.get("name"), meta.get("uid")
+    if not isinstance(name, str) or not isinstance(uid, str):
+        raise InvalidRecord("malformed", "no name or uid")
+    try:
+        reason = Reason(str(spec.get("reason")))
+    except ValueError:
+        raise InvalidRecord("malformed", "unknown reason") from None
+    try:
+        attribution = AttributionStatus(str(spec.get("attribution", "unattributed")))
+    except ValueError:
+        raise InvalidRecord("malformed", "unknown attribution") from None
+    count = spec.get("count")
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1_000_000_000:
+        raise InvalidRecord("malformed", "count out of range")
+    first, last = parse_time(spec.get("firstSeen")), parse_time(spec.get("lastSeen"))
+    if first is None or last is None or last < first:
+        raise InvalidRecord("malformed", "bad firstSeen/lastSeen")
+    pod, container, workload = _sub(spec, "pod"), _sub(spec, "container"), _sub(spec, "workload")
+    return Record(
+        name=name,
+        uid=uid,
+        node=_str(spec, "node", MAX_NAME, required=True),
+        node_arch=_str(spec, "nodeArch", MAX_ARCH, required=True),
+        errno=_str(spec, "errno", 32, required=True),
+        reason=reason,
+        path=_str(spec, "path", MAX_PATH, required=True),
+        count=count,
+        first_seen=first,
+        last_seen=last,
+        attribution=attribution,
+        binary_arch=_str(spec, "binaryArch", MAX_ARCH),
+        interpreter=_str(spec, "interpreter", MAX_PATH),
+        detail=_str(spec, "detail", MAX_DETAIL),
+        comm=_str(spec, "comm", MAX_COMM),
+        pod=_str(pod, "name", MAX_NAME),
+        namespace=_str(pod, "namespace", 63),
+        pod_uid=_str(pod, "uid", 64),
+        container=_str(container, "name", MAX_NAME),
+        container_id=_str(container, "id", 128),
+        image=_str(container, "image", 1024),
+        workload_kind=_str(workload, "kind", 63),
+        workload=_str(workload, "name", MAX_NAME),
+    )

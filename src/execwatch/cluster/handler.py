@@ -1,0 +1,504 @@
+"""Handler side: consume ExecFailure records, act on pods, count, delete.
+
+Only the Lease holder works. For each record, in this order:
+1. validate it (`crd.parse`); a bad one is deleted and counted as invalid;
+2. read the pod it names: it must exist with the recorded UID and run on the reporting
+   node (an agent may only speak for its own node, so a compromised node cannot label or
+   post Events on pods elsewhere);
+3. fold it into the pod's Warning Event series (idempotent: see events.py);
+4. label the pod with a merge patch (skipped when the label already says so);
+5. delete the record with a UID precondition, and only if THAT delete succeeds add its
+   count to `execwatch_exec_failures_total`.
+Step 5 makes counting exactly-once per record even with two replicas briefly believing
+they lead: only one delete can succeed. A crash between 3 and 5 leaves the record in
+place; the next leader redoes 3 (a no-op), 4 (a no-op) and 5.
+
+Records arrive by list+watch into a de-duplicating work queue (client-go's pattern). A
+watch broken by an API server restart resumes from the last resourceVersion; if that is
+too old (410 Gone) the handler re-lists. Records are deleted once handled, so a re-list
+sees exactly the unhandled ones: nothing is lost.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import random
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from execwatch.cluster import crd
+from execwatch.cluster.events import DuplicateRecord, EventWriter, event_reason
+from execwatch.cluster.lease import LeaseConfig, LeaseElector
+from execwatch.cluster.metrics import HandlerMetrics
+
+log = logging.getLogger(__name__)
+
+LABEL = "execwatch.io/exec-failure"
+
+
+@dataclass(frozen=True)
+class HandlerConfig:
+    identity: str
+    namespace: str = crd.DEFAULT_NAMESPACE
+    lease_name: str = "execwatch-handler"
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    label_pods: bool = True
+    watch_timeout: int = 300  # seconds; the server ends each watch after this
+    resync_period: float = 300.0
+    request_timeout: float = 10.0
+    retry_initial: float = 0.5
+    retry_max: float = 30.0
+
+
+class Retry(Exception):
+    """The record could not be handled now (API trouble, lost leadership); try later."""
+
+
+@dataclass
+class WorkQueue:
+    """Record names to handle, de-duplicated, with per-item delays for retries."""
+
+    clock: Callable[[], float] = time.monotonic
+    _cond: threading.Condition = field(default_factory=threading.Condition)
+    _items: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _heap: list[tuple[float, int, str]] = field(default_factory=list)
+    _seq: int = 0
+    _failures: dict[str, int] = field(default_factory=dict)
+
+    def add(self, obj: dict[str, Any], delay: float = 0.0) -> None:
+        name = obj["metadata"]["name"]
+        with self._cond:
+            fresh = name not in self._items
+            self._items[name] = obj
+            if fresh or delay == 0.0:
+                self._seq += 1
+                heapq.heappush(self._heap, (self.clock() + delay, self._seq, name))
+            self._cond.notify()
+
+    def forget(self, name: str) -> None:
+        with self._cond:
+            self._items.pop(name, None)
+            self._failures.pop(name, None)
+
+    def get(self, timeout: float) -> dict[str, Any] | None:
+        deadline = self.clock() + timeout
+        with self._cond:
+            while True:
+                while self._heap and self._heap[0][2] not in self._items:
+                    heapq.heappop(self._heap)
+                now = self.clock()
+                if self._heap and self._heap[0][0] <= now:
+                    _, _, name = heapq.heappop(self._heap)
+                    return self._items.pop(name)
+                wait = deadline - now
+                if self._heap:
+                    wait = min(wait, self._heap[0][0] - now)
+                if wait <= 0:
+                    return None
+                self._cond.wait(wait)
+
+    def retry_delay(self, name: str, initial: float, cap: float) -> float:
+        with self._cond:
+            n = self._failures.get(name, 0) + 1
+            self._failures[name] = n
+        delay: float = min(cap, initial * 2.0 ** (n - 1)) * random.uniform(0.8, 1.2)
+        return delay
+
+    def done(self, name: str) -> None:
+        with self._cond:
+            self._failures.pop(name, None)
+
+    def clear(self) -> None:
+        with self._cond:
+            self._items.clear()
+            self._heap.clear()
+            self._failures.clear()
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._items)
+
+
+def _status(exc: BaseException) -> int:
+    status = getattr(exc, "status", 0)
+    return int(status) if isinstance(status, int) else 0
+
+
+def workload_of(pod: dict[str, Any]) -> tuple[str, str]:
+    """(kind, name) of the pod's controller, without reading ReplicaSets or Jobs.
+
+    A ReplicaSet whose pods carry `pod-template-hash` belongs to a Deployment named by
+    the ReplicaSet name minus that hash; this is how Tetragon and kube-state-metrics
+    users name workloads, and it needs no extra RBAC.
+    """
+    meta = pod.get("metadata") or {}
+    owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")]
+    if not owners:
+        return "Pod", str(meta.get("name", ""))
+    owner = owners[0]
+    kind, name = str(owner.get("kind", "")), str(owner.get("name", ""))
+    tmpl = (meta.get("labels") or {}).get("pod-template-hash")
+    if kind == "ReplicaSet" and tmpl and name.endswith("-" + tmpl):
+        return "Deployment", name[: -len(tmpl) - 1]
+    return kind, name
+
+
+@dataclass
+class Handler:
+    """One handler replica: elector + (while leading) watcher and worker threads."""
+
+    config: HandlerConfig
+    api_client: Any
+    metrics: HandlerMetrics = field(default_factory=HandlerMetrics)
+    clock: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
+
+    def __post_init__(self) -> None:
+        from kubernetes import client
+
+        self._client = client
+        self._core = client.CoreV1Api(self.api_client)
+        self._custom = client.CustomObjectsApi(self.api_client)
+        self.queue = WorkQueue(clock=self.clock)
+        self.events = EventWriter(
+            self.api_client,
+            self.config.identity,
+            clock=self.wall,
+            timeout=self.config.request_timeout,
+        )
+        self.elector = LeaseElector(
+            LeaseConfig(
+                namespace=self.config.namespace,
+                name=self.config.lease_name,
+                identity=self.config.identity,
+                lease_duration=self.config.lease_duration,
+                renew_deadline=self.config.renew_deadline,
+                retry_period=self.config.retry_period,
+                request_timeout=min(self.config.request_timeout, self.config.retry_period * 2),
+            ),
+            self.api_client,
+            on_change=self._on_leader_change,
+            clock=self.clock,
+        )
+        self._stop = threading.Event()
+        self._term: threading.Event = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._recent: OrderedDict[str, str] = OrderedDict()  # record name -> uid, handled
+        self.handled = 0
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        t = threading.Thread(
+            target=self.elector.run, args=(self._stop,), name="execwatch-lease", daemon=True
+        )
+        t.start()
+        self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._term.set()
+        for t in self._threads:
+            t.join(timeout=10)
+
+    def _on_leader_change(self, leading: bool) -> None:
+        self.metrics.leader.set(1 if leading else 0)
+        if leading:
+            self._term = threading.Event()
+            self.queue.clear()
+            for target, name in ((self._watch_loop, "watch"), (self._work_loop, "work")):
+                t = threading.Thread(
+                    target=target, args=(self._term,), name=f"execwatch-{name}", daemon=True
+                )
+                t.start()
+                self._threads.append(t)
+        else:
+            self._term.set()
+            self.queue.clear()
+
+    # -- watching --------------------------------------------------------------------
+
+    def _list(self) -> str:
+        """Queue every record that exists now; return the list's resourceVersion."""
+        result = self._custom.list_namespaced_custom_object(
+            crd.GROUP,
+            crd.VERSION,
+            self.config.namespace,
+            crd.PLURAL,
+            _request_timeout=self.config.request_timeout,
+        )
+        for obj in result.get("items") or []:
+            self.queue.add(obj)
+        return str(result["metadata"]["resourceVersion"])
+
+    def _watch_loop(self, term: threading.Event) -> None:
+        from kubernetes import watch
+
+        rv: str | None = None
+        backoff = self.config.retry_initial
+        last_list = 0.0
+        while not term.is_set():
+            try:
+                if rv is None or self.clock() - last_list > self.config.resync_period:
+                    rv = self._list()
+                    last_list = self.clock()
+                w = watch.Watch()
+                stream = w.stream(
+                    self._custom.list_namespaced_custom_object,
+                    crd.GROUP,
+                    crd.VERSION,
+                    self.config.namespace,
+                    crd.PLURAL,
+                    resource_version=rv,
+                    allow_watch_bookmarks=True,
+                    timeout_seconds=self.config.watch_timeout,
+                    _request_timeout=(self.config.request_timeout, self.config.watch_timeout + 30),
+                )
+                for event in stream:
+                    if term.is_set():
+                        w.stop()
+                        break
+                    obj = event["object"]
+                    kind = event["type"]
+                    if kind == "ERROR":
+                        if obj.get("code") == 410:
+                            log.info("watch expired, re-listing")
+                            rv = None
+                        w.stop()
+                        break
+                    rv = str(obj["metadata"].get("resourceVersion") or rv)
+                    if kind in ("ADDED", "MODIFIED"):
+                        self.queue.add(obj)
+                    elif kind == "DELETED":
+                        self.queue.forget(obj["metadata"]["name"])
+                backoff = self.config.retry_initial
+            except Exception as exc:
+                status = _status(exc)
+                if status == 410:
+                    rv = None
+                self.metrics.api_errors.labels("watch", str(status)).inc()
+                log.warning(
+                    "watch interrupted",
+                    extra={"kv": {"status": status, "error": type(exc).__name__}},
+                )
+                term.wait(backoff * random.uniform(0.8, 1.2))
+                backoff = min(self.config.retry_max, backoff * 2)
+
+    # -- working ---------------------------------------------------------------------
+
+    def _work_loop(self, term: threading.Event) -> None:
+        while not term.is_set():
+            obj = self.queue.get(timeout=0.5)
+            if obj is None:
+                continue
+            name = obj["metadata"]["name"]
+            try:
+                self.handle(obj)
+                self.queue.done(name)
+            except Retry as exc:
+                if term.is_set():
+                    return
+                delay = self.queue.retry_delay(
+                    name, self.config.retry_initial, self.config.retry_max
+                )
+                log.info(
+                    "will retry record",
+                    extra={"kv": {"record": name, "why": str(exc), "delay": round(delay, 2)}},
+                )
+                self.queue.add(obj, delay=delay)
+            except Exception:
+                log.exception("unexpected error handling record", extra={"kv": {"record": name}})
+                delay = self.queue.retry_delay(
+                    name, self.config.retry_initial, self.config.retry_max
+                )
+                self.queue.add(obj, delay=delay)
+
+    def _fence(self) -> None:
+        if not self.elector.is_leader():
+            raise Retry("not the leader")
+
+    def handle(self, obj: dict[str, Any]) -> None:
+        """Handle one record completely, or raise Retry leaving it in place."""
+        meta = obj.get("metadata") or {}
+        name, uid = str(meta.get("name", "")), str(meta.get("uid", ""))
+        try:
+            rec = crd.parse(obj)
+        except crd.InvalidRecord as bad:
+            if self._delete(name, uid):
+                self.metrics.invalid.labels(bad.kind).inc()
+                self.metrics.records.labels("invalid").inc()
+                log.warning(
+                    "invalid record deleted", extra={"kv": {"record": name, "why": str(bad)}}
+                )
+            return
+        if self._recent.get(rec.name, rec.uid) != rec.uid:
+            # An agent re-created a record we already handled (its create answer was lost).
+            self._finish_duplicate(rec)
+            return
+        if not rec.names_pod:
+            if self._delete(rec.name, rec.uid):
+                self.metrics.unattributed.labels(rec.node, rec.node_arch, str(rec.reason)).inc(
+                    rec.count
+                )
+                self._done(rec, "unattributed")
+            return
+        try:
+            pod = self._get_pod(rec)
+        except crd.InvalidRecord as bad:
+            if self._delete(rec.name, rec.uid):
+                self.metrics.invalid.labels(bad.kind).inc()
+                self._done(rec, "invalid")
+            return
+        labels: dict[str, str | None] = {
+            "namespace": rec.namespace,
+            "workload": rec.workload or rec.pod,
+            "container": rec.container,
+            "node": rec.node,
+            "node_arch": rec.node_arch,
+            "binary_arch": rec.binary_arch,
+            "reason": str(rec.reason),
+            "pod": rec.pod,
+        }
+        if pod is None:
+            # The pod is gone (or was re-created under the same name): the failure still
+            # happened, so it is counted, but there is nothing to post an Event on.
+            if self._delete(rec.name, rec.uid):
+                self.metrics.count_failures(labels, rec.count)
+                self._done(rec, "pod_missing")
+            return
+        if (pod.get("spec") or {}).get("nodeName") != rec.node:
+            if self._delete(rec.name, rec.uid):
+                self.metrics.invalid.labels("node_mismatch").inc()
+                self._done(rec, "invalid")
+                log.warning(
+                    "record names a pod on another node",
+                    extra={
+                        "kv": {
+                            "record": rec.name,
+                            "node": rec.node,
+                            "pod": f"{rec.namespace}/{rec.pod}",
+                        }
+                    },
+                )
+            return
+        labels["workload"] = workload_of(pod)[1] or labels["workload"]
+        self._fence()
+        container_path = f"spec.containers{{{rec.container}}}" if rec.container else None
+        try:
+            self.events.record(rec, pod, container_path)
+        except DuplicateRecord:
+            self._finish_duplicate(rec)
+            return
+        except Exception as exc:
+            self.metrics.api_errors.labels("event", str(_status(exc))).inc()
+            raise Retry(f"event: {type(exc).__name__} {_status(exc)}") from None
+        if self.config.label_pods:
+            self._label(rec, pod)
+        if self._delete(rec.name, rec.uid):
+            self.metrics.count_failures(labels, rec.count)
+            self.metrics.latency.observe(max(0.0, self.wall() - rec.last_seen))
+            self._done(rec, "handled")
+
+    def _done(self, rec: crd.Record, result: str) -> None:
+        self.metrics.records.labels(result).inc()
+        self.handled += 1
+        self._recent[rec.name] = rec.uid
+        while len(self._recent) > 8192:
+            self._recent.popitem(last=False)
+        log.info(
+            "record handled",
+            extra={
+                "kv": {
+                    "record": rec.name,
+                    "result": result,
+                    "reason": str(rec.reason),
+                    "pod": f"{rec.namespace}/{rec.pod}",
+                    "count": rec.count,
+                }
+            },
+        )
+
+    def _finish_duplicate(self, rec: crd.Record) -> None:
+        if self._delete(rec.name, rec.uid):
+            self.metrics.records.labels("duplicate").inc()
+            log.info(
+                "duplicate record deleted without counting", extra={"kv": {"record": rec.name}}
+            )
+
+    def _get_pod(self, rec: crd.Record) -> dict[str, Any] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        self._fence()
+        try:
+            pod = self._core.read_namespaced_pod(
+                rec.pod, rec.namespace, _request_timeout=self.config.request_timeout
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            self.metrics.api_errors.labels("get_pod", str(exc.status)).inc()
+            if exc.status in (400, 403, 422):
+                raise crd.InvalidRecord("pod_forbidden", f"cannot read pod: {exc.status}") from None
+            raise Retry(f"get pod: {exc.status}") from None
+        except Exception as exc:
+            self.metrics.api_errors.labels("get_pod", "0").inc()
+            raise Retry(f"get pod: {type(exc).__name__}") from None
+        data: dict[str, Any] = self.api_client.sanitize_for_serialization(pod)
+        if rec.pod_uid and data["metadata"].get("uid") != rec.pod_uid:
+            return None
+        return data
+
+    def _label(self, rec: crd.Record, pod: dict[str, Any]) -> None:
+        value = event_reason(rec.reason)
+        if (pod["metadata"].get("labels") or {}).get(LABEL) == value:
+            return
+        self._fence()
+        body = {"metadata": {"labels": {LABEL: value}}}
+        try:
+            self._core.patch_namespaced_pod(
+                rec.pod,
+                rec.namespace,
+                body,
+                _request_timeout=self.config.request_timeout,
+                _content_type="application/merge-patch+json",
+            )
+        except Exception as exc:
+            status = _status(exc)
+            self.metrics.api_errors.labels("label_pod", str(status)).inc()
+            if status == 404:
+                return  # the pod went away between get and patch: the Event is enough
+            raise Retry(f"label pod: {status}") from None
+
+    def _delete(self, name: str, uid: str) -> bool:
+        """Delete the record if it is still this UID. True only for the call that did it."""
+        from kubernetes.client.exceptions import ApiException
+
+        self._fence()
+        try:
+            self._custom.delete_namespaced_custom_object(
+                crd.GROUP,
+                crd.VERSION,
+                self.config.namespace,
+                crd.PLURAL,
+                name,
+                body=self._client.V1DeleteOptions(
+                    preconditions=self._client.V1Preconditions(uid=uid)
+                ),
+                _request_timeout=self.config.request_timeout,
+            )
+            return True
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False  # already deleted (by us before a crash, or by the other replica)
+            self.metrics.api_errors.labels("delete", str(exc.status)).inc()
+            raise Retry(f"delete: {exc.status}") from None
+        except Exception as exc:
+            self.metrics.api_errors.labels("delete", "0").inc()
+            raise Retry(f"delete: {type(exc).__name__}") from None

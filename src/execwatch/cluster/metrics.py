@@ -1,0 +1,173 @@
+"""Prometheus metrics of the agent's publisher and of the handler.
+
+One prefix, `execwatch_`; what kind of thing happened is a `type` label on one counter
+(`execwatch_publisher_dropped_total{type="spool_full"}`), as Tetragon does, so a
+dashboard sums or splits them without knowing every name. Each component owns its own
+CollectorRegistry: nothing is registered at import time, so two handlers (or an agent and
+a handler) can live in one test process.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from execwatch.cluster.safe import metric_label
+
+EXEC_FAILURE_LABELS = (
+    "namespace",
+    "workload",
+    "container",
+    "node",
+    "node_arch",
+    "binary_arch",
+    "reason",
+)
+# Labels whose values come from the workload and can explode; node_arch, binary_arch and
+# reason come from small fixed sets and are kept even when the guard folds a series.
+_HIGH_CARDINALITY = ("namespace", "workload", "container", "node", "pod")
+OVERFLOW = "_other"
+
+
+@dataclass
+class PublisherMetrics:
+    """What the agent's publisher did with the failures the probe gave it."""
+
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.failures = Counter(
+            "execwatch_publisher_failures",
+            "Failed execs handed to the publisher (after attribution).",
+            registry=r,
+        )
+        self.published = Counter(
+            "execwatch_publisher_published",
+            "ExecFailure records created in the API server.",
+            registry=r,
+        )
+        self.published_failures = Counter(
+            "execwatch_publisher_published_failures",
+            "Failed execs covered by the records created (sum of their counts).",
+            registry=r,
+        )
+        self.aggregated = Counter(
+            "execwatch_publisher_aggregated",
+            "Failed execs folded into a pending record of the same container and path.",
+            registry=r,
+        )
+        self.spooled = Counter(
+            "execwatch_publisher_spooled",
+            "Records kept for a retry because the API server did not take them.",
+            registry=r,
+        )
+        self.spool_size = Gauge(
+            "execwatch_publisher_spool_records",
+            "Records waiting to be created (aggregating or awaiting a retry).",
+            registry=r,
+        )
+        self.dropped = Counter(
+            "execwatch_publisher_dropped",
+            "Failed execs lost, by type: spool_full (bound reached), rejected (API said invalid).",
+            ["type"],
+            registry=r,
+        )
+        self.unattributed = Counter(
+            "execwatch_publisher_unattributed",
+            "Failed execs with no pod (host processes, unknown cgroups); still published.",
+            registry=r,
+        )
+        self.api_errors = Counter(
+            "execwatch_publisher_api_errors",
+            "Failed create calls, by HTTP status (0: no answer).",
+            ["code"],
+            registry=r,
+        )
+        for kind in ("spool_full", "rejected"):
+            self.dropped.labels(kind)
+
+
+@dataclass
+class HandlerMetrics:
+    """What the handler turned records into."""
+
+    max_series: int = 5000
+    with_pod_label: bool = False
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        labels = EXEC_FAILURE_LABELS + (("pod",) if self.with_pod_label else ())
+        self._labels = labels
+        self.exec_failures = Counter(
+            "execwatch_exec_failures",
+            "Failed execs in pods, from handled ExecFailure records.",
+            labels,
+            registry=r,
+        )
+        self.unattributed = Counter(
+            "execwatch_handler_unattributed",
+            "Failed execs from records that name no pod (host or unknown cgroup).",
+            ["node", "node_arch", "reason"],
+            registry=r,
+        )
+        self.invalid = Counter(
+            "execwatch_handler_invalid_records",
+            "Records not acted on, by type (malformed, oversized, node_mismatch, pod_forbidden).",
+            ["type"],
+            registry=r,
+        )
+        self.records = Counter(
+            "execwatch_handler_records",
+            "Records taken off the queue, by result (handled, pod_missing, unattributed, "
+            "invalid, duplicate).",
+            ["result"],
+            registry=r,
+        )
+        self.series_overflow = Counter(
+            "execwatch_handler_series_overflow",
+            "Increments folded into the _other series because the series cap was reached.",
+            registry=r,
+        )
+        self.api_errors = Counter(
+            "execwatch_handler_api_errors",
+            "Failed API calls, by verb and HTTP status (0: no answer).",
+            ["verb", "code"],
+            registry=r,
+        )
+        self.leader = Gauge(
+            "execwatch_handler_leader",
+            "1 while this replica holds the Lease.",
+            registry=r,
+        )
+        self.latency = Histogram(
+            "execwatch_handler_latency_seconds",
+            "From a record's lastSeen to its Event and label being written.",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
+            registry=r,
+        )
+        self._series: set[tuple[str, ...]] = set()
+        self._lock = threading.Lock()
+
+    def count_failures(self, labels: dict[str, str | None], amount: int) -> None:
+        """Add `amount` to the exec failure counter, behind the cardinality guard.
+
+        Past `max_series` distinct label sets, new ones are folded into a series whose
+        namespace/workload/container/node(/pod) are `_other`: the total stays right, the
+        reason and architectures stay visible, and Prometheus memory stays bounded.
+        """
+        values = tuple(metric_label(labels.get(name)) for name in self._labels)
+        with self._lock:
+            if values not in self._series:
+                if len(self._series) >= self.max_series:
+                    self.series_overflow.inc(amount)
+                    values = tuple(
+                        OVERFLOW if name in _HIGH_CARDINALITY else v
+                        for name, v in zip(self._labels, values, strict=True)
+                    )
+                else:
+                    self._series.add(values)
+        self.exec_failures.labels(*values).inc(amount)

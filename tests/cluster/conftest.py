@@ -1,0 +1,179 @@
+"""Fixtures for the cluster pipeline tests: a real API server (tests/kube), pods without a
+kubelet, and handlers/publishers running with their own ServiceAccounts' tokens."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from execwatch.cluster import crd
+from execwatch.cluster.handler import Handler, HandlerConfig
+from execwatch.cluster.metrics import HandlerMetrics
+from tests.kube.cluster import KubeCluster
+from tests.kube.fixtures import admin, agent_api, handler_api, kube
+
+__all__ = ["admin", "agent_api", "handler_api", "kube"]
+
+NODE = "node-a"
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, step: float = 0.05) -> Any:
+    """Poll until `predicate()` is truthy; fail the test with a clear message if not."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout}s: {predicate}")
+        time.sleep(step)
+
+
+def list_records(api: client.ApiClient) -> list[dict[str, Any]]:
+    result = client.CustomObjectsApi(api).list_namespaced_custom_object(
+        crd.GROUP, crd.VERSION, crd.DEFAULT_NAMESPACE, crd.PLURAL
+    )
+    items: list[dict[str, Any]] = result["items"]
+    return items
+
+
+@pytest.fixture(autouse=True)
+def clean_queue(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each API test starts with no records and no handler Lease."""
+    if "kube" not in request.fixturenames:
+        yield
+        return
+    cluster: KubeCluster = request.getfixturevalue("kube")
+
+    def wipe() -> None:
+        with cluster.client() as api:
+            with contextlib.suppress(ApiException):
+                client.CustomObjectsApi(api).delete_collection_namespaced_custom_object(
+                    crd.GROUP, crd.VERSION, crd.DEFAULT_NAMESPACE, crd.PLURAL
+                )
+            with contextlib.suppress(ApiException):
+                client.CoordinationV1Api(api).delete_namespaced_lease(
+                    "execwatch-handler", crd.DEFAULT_NAMESPACE
+                )
+
+    wipe()
+    yield
+    wipe()
+
+
+@pytest.fixture
+def namespace(admin: client.ApiClient) -> str:
+    """A fresh namespace for the test's pods."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    client.CoreV1Api(admin).create_namespace(client.V1Namespace(metadata={"name": name}))
+    return name
+
+
+PodFactory = Callable[..., dict[str, Any]]
+
+
+@pytest.fixture
+def make_pod(admin: client.ApiClient, namespace: str) -> PodFactory:
+    """Create a Pod bound to a node and mark it Running through the status subresource,
+    as a kubelet would (there is no kubelet here)."""
+
+    def make(
+        name: str = "app-7d9f8b6c5d-x2x4k",
+        node: str = NODE,
+        containers: tuple[str, ...] = ("app",),
+        deployment: str | None = "app",
+        labels: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        core = client.CoreV1Api(admin)
+        meta: dict[str, Any] = {"name": name, "labels": dict(labels or {})}
+        if deployment:
+            meta["labels"]["pod-template-hash"] = "7d9f8b6c5d"
+            meta["ownerReferences"] = [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "controller": True,
+                    "name": f"{deployment}-7d9f8b6c5d",
+                    "uid": str(uuid.uuid4()),
+                }
+            ]
+        pod = core.create_namespaced_pod(
+            namespace,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": meta,
+                "spec": {
+                    "nodeName": node,
+                    "containers": [
+                        {"name": c, "image": "registry.example/app:1"} for c in containers
+                    ],
+                },
+            },
+        )
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        core.patch_namespaced_pod_status(
+            name,
+            namespace,
+            {
+                "status": {
+                    "phase": "Running",
+                    "containerStatuses": [
+                        {
+                            "name": c,
+                            "ready": False,
+                            "restartCount": 3,
+                            "image": "registry.example/app:1",
+                            "imageID": "",
+                            "containerID": f"containerd://{uuid.uuid4().hex}",
+                            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                            "lastState": {
+                                "terminated": {
+                                    "exitCode": 1,
+                                    "reason": "Error",
+                                    "startedAt": now,
+                                    "finishedAt": now,
+                                }
+                            },
+                        }
+                        for c in containers
+                    ],
+                }
+            },
+        )
+        data: dict[str, Any] = admin.sanitize_for_serialization(pod)
+        return data
+
+    return make
+
+
+@pytest.fixture
+def start_handler(handler_api: client.ApiClient) -> Iterator[Callable[..., Handler]]:
+    """Start in-process handler replicas as the handler ServiceAccount; stop them after."""
+    started: list[Handler] = []
+
+    def start(identity: str = "replica-1", **overrides: Any) -> Handler:
+        settings: dict[str, Any] = {
+            "lease_duration": 4.0,
+            "renew_deadline": 3.0,
+            "retry_period": 0.5,
+            "retry_initial": 0.2,
+            "retry_max": 2.0,
+        }
+        settings.update(overrides)
+        metrics = HandlerMetrics(max_series=settings.pop("max_series", 5000))
+        h = Handler(HandlerConfig(identity=identity, **settings), handler_api, metrics)
+        h.start()
+        started.append(h)
+        return h
+
+    yield start
+    for h in started:
+        h.stop()
