@@ -127,6 +127,12 @@ class Attributor:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def container_id(self, cgroup_id: int, pid: int | None = None) -> str | None:
+        """The container id the cgroup path names, without asking any runtime: fast enough
+        to find a dying container's rootfs before the runtime unmounts it."""
+        layout = self._layout(cgroup_id, pid)
+        return layout.container_id if layout is not None else None
+
     def resolve(self, cgroup_id: int, pid: int | None = None) -> Attribution:
         """Attribute one failed exec. Waits for the runtime at most ``config.budget``."""
         layout = self._layout(cgroup_id, pid)

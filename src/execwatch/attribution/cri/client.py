@@ -33,6 +33,7 @@ from execwatch.attribution.metadata import (
 log = logging.getLogger(__name__)
 
 SERVICE = "/runtime.v1.RuntimeService/"
+SOCKETS_ENV = "EXECWATCH_CRI_SOCKETS"
 DEFAULT_SOCKETS: tuple[Path, ...] = (
     Path("/run/containerd/containerd.sock"),
     Path("/var/run/crio/crio.sock"),
@@ -46,6 +47,12 @@ _UNKNOWN_ID_MESSAGES = ("not found", "does not exist", "no such", "unknown")
 
 Req = TypeVar("Req", bound=Message)
 Resp = TypeVar("Resp", bound=Message)
+
+
+def configured_sockets() -> list[Path]:
+    """EXECWATCH_CRI_SOCKETS=path[:path...] overrides detection (k3s, microk8s, tests)."""
+    value = os.environ.get(SOCKETS_ENV, "")
+    return [Path(p) for p in value.split(":") if p]
 
 
 def detect_sockets(candidates: tuple[Path, ...] = DEFAULT_SOCKETS) -> list[Path]:
@@ -125,7 +132,12 @@ class CriClient:
             if sandbox is not None:
                 return self._from_sandbox(sandbox, deadline)
         except grpc.RpcError as exc:
-            raise CriUnavailable(f"{self.socket_path}: {_describe(exc)}") from exc
+            if _is_transport_failure(exc):
+                raise CriUnavailable(f"{self.socket_path}: {_describe(exc)}") from exc
+            log.info(
+                "runtime refused a lookup",
+                extra={"container_id": container_id, "error": _describe(exc)},
+            )
         return None
 
     def _sandbox(self, sandbox_id: str, deadline: float) -> pb.PodSandboxStatus | None:
@@ -215,6 +227,18 @@ def _is_not_found(exc: grpc.RpcError) -> bool:
     return code == grpc.StatusCode.UNKNOWN and any(m in details for m in _UNKNOWN_ID_MESSAGES)
 
 
+def _is_transport_failure(exc: grpc.RpcError) -> bool:
+    """The runtime is down or hung (back off), as opposed to refusing this one request."""
+    code = exc.code() if hasattr(exc, "code") else None
+    return code in (
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.UNIMPLEMENTED,
+        None,
+    )
+
+
 def _describe(exc: grpc.RpcError) -> str:
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
@@ -225,7 +249,10 @@ class CriContainers:
     """All CRI sockets of the node as one ContainerSource; the first that knows an id wins."""
 
     def __init__(self, sockets: list[Path] | None = None) -> None:
-        self.clients = [CriClient(p) for p in (detect_sockets() if sockets is None else sockets)]
+        if sockets is None:
+            sockets = configured_sockets() or detect_sockets()
+        self.clients = [CriClient(p) for p in sockets]
+        log.info("CRI sockets", extra={"sockets": [str(p) for p in sockets]})
 
     def container(self, container_id: str, timeout: float) -> CriContainer | None:
         deadline = time.monotonic() + timeout
