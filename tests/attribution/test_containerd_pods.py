@@ -97,6 +97,10 @@ def test_a_pod_deleted_before_the_lookup_keeps_what_is_known(
         event = probe.wait_for(foreign_exec)
         probe.take(foreign_exec)
         containerd.wait_exited(cid)
+        deadline = time.monotonic() + 10
+        while not cri_attributor.has_names_for(cid):  # fetched when its cgroup appeared
+            assert time.monotonic() < deadline, "the container was never looked up ahead"
+            time.sleep(0.01)
         containerd.remove_pod(pod)  # kubelet removed sandbox and containers: CRI forgets them
         wait_cgroup_removed(f"{pod.cgroup_parent}/{cid}")
 

@@ -151,6 +151,11 @@ class Attributor:
             return Attribution(AttributionStatus.UNATTRIBUTED, cgroup_path=layout.path)
         return self._kubernetes(layout)
 
+    def has_names_for(self, container_id: str) -> bool:
+        """Whether the runtime's metadata for this container is already held (diagnostics)."""
+        with self._lock:
+            return container_id in self._cache
+
     def _layout(self, cgroup_id: int, pid: int | None) -> CgroupLayout | None:
         entry = self.inventory.lookup(cgroup_id) if self.inventory is not None else None
         layout = parse_cgroup_path(entry.path) if entry is not None else None
