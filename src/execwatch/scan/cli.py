@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             report = scan(args.target, options)
     except ScanInputError as exc:
-        err.print(f"execwatch scan: error: {exc}", markup=False, highlight=False)
+        err.print(f"execwatch scan: error: {exc}", markup=False, highlight=False, soft_wrap=True)
         return EXIT_BAD_INPUT
     _write(report, args)
     worst = report.worst()
