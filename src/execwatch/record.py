@@ -80,6 +80,7 @@ class KernelEvent:
     dirfd: int = -100
     flags: int = 0
     via_fd: bool = False  # fexecve: path is only the basename behind dirfd
+    root_ino: int = 0  # inode of the caller's root directory, to recognise a stand-in root
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,7 +100,7 @@ def trace_loop(
     metrics = NodeMetrics(registry, probe)
     server = start_http_server(address[1], address[0], registry=registry)[0] if address else None
     pipeline = NodePipeline(
-        FileDiagnoser(),
+        FileDiagnoser.for_host(attributor),
         Printer(sys.stdout, as_json=args.json),
         epoch_offset=boot_to_epoch_offset(),
         attributor=attributor,

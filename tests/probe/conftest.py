@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from execwatch.attribution import Attributor
 from execwatch.diagnosis import FileDiagnoser
 from execwatch.pipeline import NodePipeline
 from execwatch.probe import Probe
@@ -19,12 +20,13 @@ from execwatch.record import ExecFailure
 class Tracer:
     """Runs the node pipeline on the real probe and collects what it emits."""
 
-    def __init__(self, probe: Probe) -> None:
+    def __init__(self, probe: Probe, attributor: Attributor | None = None) -> None:
         self.probe = probe
         self.records: list[ExecFailure] = []
         self.pipeline = NodePipeline(
-            FileDiagnoser(),
+            FileDiagnoser.for_host(attributor),
             self.records.append,
+            attributor=attributor,
             epoch_offset=boot_to_epoch_offset(),
             show_not_found=True,
             window=0.05,

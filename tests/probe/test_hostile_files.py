@@ -103,4 +103,4 @@ def test_gone_task_and_namespace_is_undiagnosed() -> None:
     diagnosis = FileDiagnoser().diagnose(event)
 
     assert diagnosis.reason is Reason.UNDIAGNOSED
-    assert "gone" in diagnosis.detail
+    assert "task is gone" in diagnosis.detail

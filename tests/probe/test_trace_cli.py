@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,11 +27,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def attached_execwatch_programs() -> list[int]:
+def loaded_programs() -> set[int]:
     out = subprocess.run(["bpftool", "prog", "show", "-j"], check=True, capture_output=True)
-    return [
-        p["id"] for p in json.loads(out.stdout) if p.get("name") in ("exit_execve", "exit_execveat")
-    ]
+    return {p["id"] for p in json.loads(out.stdout)}
+
+
+def programs_held_by(pid: int) -> set[int]:
+    """BPF program ids behind the process's fds (other tests may load probes meanwhile)."""
+    ids = set()
+    for info in Path(f"/proc/{pid}/fdinfo").iterdir():
+        for line in info.read_text().splitlines():
+            if line.startswith("prog_id:"):
+                ids.add(int(line.split()[1]))
+    return ids
 
 
 class TraceProcess:
@@ -68,8 +76,10 @@ def fail_n_times(binary: Path, n: int) -> None:
             subprocess.run([binary], check=False)
 
 
-def test_json_lines_carry_the_documented_fields(arm64_binary: Path) -> None:
-    trace = TraceProcess("--json", "--window", "0.2")
+def test_json_lines_carry_the_documented_fields(
+    arm64_binary: Path, start_trace: Callable[..., TraceProcess]
+) -> None:
+    trace = start_trace("--json", "--window", "0.2")
     fail_n_times(arm64_binary, 5)
     time.sleep(0.6)
     code, out = trace.stop()
@@ -90,10 +100,12 @@ def test_json_lines_carry_the_documented_fields(arm64_binary: Path) -> None:
     assert first["ppid"] == os.getpid()
 
 
-def test_human_output_is_one_escaped_line_per_record(foreign_root: Path, tmp_path: Path) -> None:
+def test_human_output_is_one_escaped_line_per_record(
+    foreign_root: Path, tmp_path: Path, start_trace: Callable[..., TraceProcess]
+) -> None:
     binary = tmp_path / "bad\nname\x1b"
     shutil.copy(foreign_root / "s390x/root/usr/bin/busybox", binary)
-    trace = TraceProcess()
+    trace = start_trace()
     fail_n_times(binary, 1)
     time.sleep(0.3)
     code, out = trace.stop(signal.SIGINT)
@@ -105,9 +117,11 @@ def test_human_output_is_one_escaped_line_per_record(foreign_root: Path, tmp_pat
     assert "\x1b" not in out
 
 
-def test_metrics_report_exact_kernel_counts_and_diagnoses(arm64_binary: Path) -> None:
+def test_metrics_report_exact_kernel_counts_and_diagnoses(
+    arm64_binary: Path, start_trace: Callable[..., TraceProcess]
+) -> None:
     port = free_port()
-    trace = TraceProcess("--metrics-address", f"127.0.0.1:{port}")
+    trace = start_trace("--metrics-address", f"127.0.0.1:{port}")
     fail_n_times(arm64_binary, 3)
     time.sleep(0.3)
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
@@ -123,13 +137,18 @@ def test_metrics_report_exact_kernel_counts_and_diagnoses(arm64_binary: Path) ->
     assert samples['execwatch_kernel_dropped_total{type="ringbuf_full"}'] == 0
 
 
-def test_signals_detach_every_program() -> None:
-    before = attached_execwatch_programs()
-    trace = TraceProcess()
-    assert len(attached_execwatch_programs()) == len(before) + 2
+def test_signals_detach_every_program(start_trace: Callable[..., TraceProcess]) -> None:
+    trace = start_trace()
+    ours = programs_held_by(trace.proc.pid)
+    assert len(ours) == 2 and ours <= loaded_programs()
+
     code, _ = trace.stop(signal.SIGTERM)
+
     assert code == 0
-    assert attached_execwatch_programs() == before
+    deadline = time.monotonic() + 5  # the kernel frees programs after an RCU grace period
+    while ours & loaded_programs() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not ours & loaded_programs()
 
 
 def test_not_root_is_a_one_line_error() -> None:
@@ -170,10 +189,18 @@ def test_missing_bpf_object_says_how_to_build_it(tmp_path: Path) -> None:
         loader.Probe(loader.ProbeOptions(object_path=tmp_path / "none.bpf.o")).open()
 
 
-@pytest.fixture(autouse=True)
-def _no_stray_trace() -> Iterator[None]:
-    yield
-    leftover = subprocess.run(
-        ["pgrep", "-f", "execwatch.cli trace"], capture_output=True, text=True
-    )
-    assert not leftover.stdout.strip(), "a trace process was left running"
+@pytest.fixture
+def start_trace() -> Iterator[Callable[..., TraceProcess]]:
+    """Starts `execwatch trace`; afterwards checks that each one has exited."""
+    started: list[TraceProcess] = []
+
+    def start(*args: str) -> TraceProcess:
+        started.append(TraceProcess(*args))
+        return started[-1]
+
+    yield start
+    running = [t.proc for t in started if t.proc.poll() is None]
+    for proc in running:
+        proc.kill()
+        proc.wait()
+    assert not running, "a trace process was left running"

@@ -26,8 +26,10 @@ struct user_pt_regs { __u64 regs[31]; } __attribute__((preserve_access_index));
 #endif
 
 struct qstr { const unsigned char *name; } __attribute__((preserve_access_index));
-struct dentry { struct qstr d_name; } __attribute__((preserve_access_index));
+struct inode { unsigned long i_ino; } __attribute__((preserve_access_index));
+struct dentry { struct qstr d_name; struct inode *d_inode; } __attribute__((preserve_access_index));
 struct path { struct dentry *dentry; } __attribute__((preserve_access_index));
+struct fs_struct { struct path root; } __attribute__((preserve_access_index));
 struct file { struct path f_path; } __attribute__((preserve_access_index));
 struct fdtable { unsigned int max_fds; struct file **fd; } __attribute__((preserve_access_index));
 struct files_struct { struct fdtable *fdt; } __attribute__((preserve_access_index));
@@ -40,6 +42,7 @@ struct task_struct {
 	struct task_struct *real_parent;
 	struct nsproxy *nsproxy;
 	struct files_struct *files;
+	struct fs_struct *fs;
 } __attribute__((preserve_access_index));
 
 /* Syscall exit tracepoint context: see events/syscalls/sys_exit_execve/format. */
@@ -78,12 +81,17 @@ struct {
 	__type(value, __u64);
 } stats SEC(".maps");
 
-/* Per-CPU time of the last ring-buffer wakeup. */
+struct wakeup {
+	__u64 time;
+	__u64 cgroup_id;
+};
+
+/* Per CPU: when the consumer was last woken, and for which cgroup. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, __u64);
+	__type(value, struct wakeup);
 } last_wakeup SEC(".maps");
 
 static __always_inline void bump(void *map, const void *key)
@@ -110,16 +118,20 @@ static __always_inline void count(__u64 cgroup_id, int err)
 	}
 }
 
-/* A wakeup is an irq_work (a self-IPI in VMs) costing microseconds. Only the first record
- * of an interval wakes the consumer; it polls with a timeout and collects the rest. */
-static __always_inline __u64 wakeup_flag(__u64 now)
+/* A wakeup is an irq_work (a self-IPI in VMs) costing microseconds. A storm from one
+ * cgroup wakes the consumer once per interval; it polls with a timeout and collects the
+ * rest. A failure from another cgroup wakes it at once: a dying container's rootfs is
+ * only there for a few milliseconds, and the diagnosis needs it. */
+static __always_inline __u64 wakeup_flag(__u64 now, __u64 cgroup_id)
 {
 	__u32 zero = 0;
-	__u64 *last = bpf_map_lookup_elem(&last_wakeup, &zero);
+	struct wakeup *last = bpf_map_lookup_elem(&last_wakeup, &zero);
 
-	if (!last || now - *last >= cfg.wakeup_interval_ns) {
-		if (last)
-			*last = now;
+	if (!last)
+		return BPF_RB_FORCE_WAKEUP;
+	if (now - last->time >= cfg.wakeup_interval_ns || cgroup_id != last->cgroup_id) {
+		last->time = now;
+		last->cgroup_id = cgroup_id;
 		return BPF_RB_FORCE_WAKEUP;
 	}
 	return BPF_RB_NO_WAKEUP;
@@ -174,6 +186,7 @@ static __always_inline int on_exit(struct sys_exit_ctx *ctx, enum ew_syscall sc)
 	e->ktime_ns = bpf_ktime_get_boot_ns();
 	e->cgroup_id = cgroup_id;
 	e->mntns = BPF_CORE_READ(task, nsproxy, mnt_ns, ns.inum);
+	e->root_ino = BPF_CORE_READ(task, fs, root.dentry, d_inode, i_ino);
 	e->err = (int)-ret;
 	e->pid = (__u32)id;
 	e->tgid = id >> 32;
@@ -196,7 +209,7 @@ static __always_inline int on_exit(struct sys_exit_ctx *ctx, enum ew_syscall sc)
 		e->filename[0] = 0;
 	if (sc == EW_EXECVEAT && (e->flags & AT_EMPTY_PATH) && !e->filename[0])
 		read_fd_name(task, e->dirfd, e->fd_name, sizeof(e->fd_name));
-	bpf_ringbuf_submit(e, wakeup_flag(e->ktime_ns));
+	bpf_ringbuf_submit(e, wakeup_flag(e->ktime_ns, cgroup_id));
 	return 0;
 }
 

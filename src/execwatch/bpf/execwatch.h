@@ -23,6 +23,7 @@ struct ew_event {
 	__u64 ktime_ns;       /* bpf_ktime_get_boot_ns() */
 	__u64 cgroup_id;      /* cgroup v2 inode of the caller */
 	__u64 mntns;          /* mount namespace inode of the caller */
+	__u64 root_ino;       /* inode of the caller's root directory (chroot/pivot_root) */
 	__s32 err;            /* positive errno */
 	__u32 pid;            /* thread id */
 	__u32 tgid;

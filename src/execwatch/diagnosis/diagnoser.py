@@ -9,7 +9,10 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 from execwatch.binfmt import (
     BinfmtError,
@@ -22,6 +25,7 @@ from execwatch.binfmt import (
     sniff,
 )
 from execwatch.diagnosis.confined import NotRegularFile, Resolver, Root, reopen_regular
+from execwatch.diagnosis.container_rootfs import ContainerRootfs
 from execwatch.diagnosis.roots import RootLocator
 from execwatch.record import Diagnosis, KernelEvent, Reason
 
@@ -35,7 +39,25 @@ class _Context:
     err: int
 
 
+class ContainerIds(Protocol):
+    """What the diagnosis needs from attribution: the container a cgroup belongs to."""
+
+    def container_id(self, cgroup_id: int, pid: int | None = None) -> str | None: ...
+
+
 class FileDiagnoser:
+    @classmethod
+    def for_host(cls, containers: ContainerIds | None) -> FileDiagnoser:
+        """Also looks at a dead container's rootfs, found from its id, when no task is left."""
+        if containers is None:
+            return cls()
+        rootfs = ContainerRootfs()
+
+        def container_rootfs(event: KernelEvent) -> Iterator[Path]:
+            return rootfs.candidates(containers.container_id(event.cgroup_id, event.tgid))
+
+        return cls(RootLocator(extra=[container_rootfs]))
+
     def __init__(self, locator: RootLocator | None = None, node: Platform | None = None) -> None:
         self._locator = locator or RootLocator()
         self._node = node or node_platform()
@@ -49,7 +71,8 @@ class FileDiagnoser:
         root = self._locator.open(event)
         if root is None:
             return self._result(
-                Reason.UNDIAGNOSED, detail="the task and its mount namespace are gone"
+                Reason.UNDIAGNOSED,
+                detail="the task is gone and no live task or rootfs has its root",
             )
         try:
             return self._diagnose_in(_Context(root, event.errno), event)

@@ -2,8 +2,10 @@
 
 The caller of a failed exec is often gone by the time user space looks: a container
 whose entrypoint fails exits at once. So the failing task itself is tried first, then
-any live task of the same mount namespace, then whatever extra locators the host
-offers (for example a container runtime's bundle rootfs).
+its parent, then any live task of the same mount namespace, then whatever extra
+locators the host offers (a container runtime's bundle rootfs, say). A stand-in is
+used only if its root directory is the very inode the kernel saw as the caller's root,
+so a chroot'ed caller is never diagnosed against its parent's filesystem.
 """
 
 from __future__ import annotations
@@ -21,35 +23,48 @@ ExtraLocator = Callable[[KernelEvent], Iterable[Path]]
 
 
 class RootLocator:
-    """Opens an O_PATH fd on the root of the task that failed, or of a live peer."""
+    """Opens an O_PATH fd on the root of the task that failed, or of a live stand-in."""
 
     def __init__(self, proc: Path = Path("/proc"), extra: Iterable[ExtraLocator] = ()) -> None:
         self._proc = proc
         self._extra = list(extra)
-        self._peer_by_mntns: OrderedDict[int, int] = OrderedDict()  # bounded LRU
+        self._peer_by_root: OrderedDict[tuple[int, int], int] = OrderedDict()  # bounded LRU
 
     def open(self, event: KernelEvent) -> Root | None:
-        for pid in (event.tgid, event.ppid):  # the parent usually forked the caller
-            root = self._open_pid_root(pid, event.mntns)
+        for pid in (event.tgid, event.ppid):
+            root = self._open_pid_root(pid, event)
             if root:
-                self._remember(event.mntns, pid)
+                self._remember(event, pid)
                 return root
-        peer = self._find_peer(event.mntns)
-        if peer is not None:
-            root = self._open_pid_root(peer, event.mntns)
-            if root:
-                return Root(root.fd, f"root of pid {peer}, a live task of the same mount namespace")
+        peer = self._find_peer(event)
+        if peer is not None and (root := self._open_pid_root(peer, event)):
+            return Root(root.fd, f"root of pid {peer}, a live task with the same root")
         for locate in self._extra:
             for path in locate(event):
-                try:
-                    return Root(
-                        os.open(path, os.O_PATH | os.O_DIRECTORY), f"container rootfs {path}"
-                    )
-                except OSError:
-                    continue
+                if root := self._open_rootfs(path, event):
+                    return root
         return None
 
-    def cwd_in_root(self, pid: int) -> str | None:
+    def _open_rootfs(self, path: Path, event: KernelEvent) -> Root | None:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_DIRECTORY)
+        except OSError:
+            return None
+        if event.root_ino and os.fstat(fd).st_ino == event.root_ino:
+            return Root(fd, f"container rootfs {path}")
+        os.close(fd)  # without the kernel's root inode a guess could be any filesystem
+        return None
+
+    def absolute(self, event: KernelEvent, path: str) -> str | None:
+        """A relative path joined to the caller's cwd, or its parent's once the caller is gone."""
+        if path.startswith("/"):
+            return path
+        cwd = self._cwd_in_root(event.tgid)
+        if cwd is None and self._same_root(event.ppid, event):
+            cwd = self._cwd_in_root(event.ppid)
+        return posixpath.join(cwd, path) if cwd else None
+
+    def _cwd_in_root(self, pid: int) -> str | None:
         """The task's working directory as a path inside its own root."""
         try:
             root = os.readlink(self._proc / str(pid) / "root")
@@ -62,51 +77,45 @@ class RootLocator:
             return "/" + cwd[len(root) :].lstrip("/")
         return None
 
-    def absolute(self, event: KernelEvent, path: str) -> str | None:
-        """A relative path joined to the caller's cwd, or its parent's once the caller is gone."""
-        if path.startswith("/"):
-            return path
-        cwd = self.cwd_in_root(event.tgid) or self._parent_cwd(event)
-        return posixpath.join(cwd, path) if cwd else None
-
-    def _parent_cwd(self, event: KernelEvent) -> str | None:
-        return self.cwd_in_root(event.ppid) if self._in_mntns(event.ppid, event.mntns) else None
-
-    def _open_pid_root(self, pid: int, mntns: int) -> Root | None:
-        base = self._proc / str(pid)
+    def _open_pid_root(self, pid: int, event: KernelEvent) -> Root | None:
         try:
-            fd = os.open(base / "root", os.O_PATH | os.O_DIRECTORY)
+            fd = os.open(self._proc / str(pid) / "root", os.O_PATH | os.O_DIRECTORY)
         except OSError:
             return None
-        try:  # the pid may have been reused by a task of another namespace
-            if mntns and os.stat(base / "ns" / "mnt").st_ino != mntns:
-                os.close(fd)
-                return None
-        except OSError:
-            os.close(fd)
-            return None
-        return Root(fd, f"root of pid {pid}")
-
-    def _find_peer(self, mntns: int) -> int | None:
-        if not mntns:
-            return None
-        cached = self._peer_by_mntns.get(mntns)
-        if cached is not None and self._in_mntns(cached, mntns):
-            return cached
-        for entry in os.scandir(self._proc):
-            if entry.name.isdigit() and self._in_mntns(int(entry.name), mntns):
-                self._remember(mntns, int(entry.name))
-                return int(entry.name)
+        # Checked after opening, so the fd holds the root that passed the check.
+        if self._same_root(pid, event) and (
+            not event.root_ino or os.fstat(fd).st_ino == event.root_ino
+        ):
+            return Root(fd, f"root of pid {pid}")
+        os.close(fd)
         return None
 
-    def _in_mntns(self, pid: int, mntns: int) -> bool:
+    def _same_root(self, pid: int, event: KernelEvent) -> bool:
+        """Same mount namespace and same root directory inode as the failing task."""
+        base = self._proc / str(pid)
         try:
-            return os.stat(self._proc / str(pid) / "ns" / "mnt").st_ino == mntns
+            if event.mntns and os.stat(base / "ns" / "mnt").st_ino != event.mntns:
+                return False
+            return not event.root_ino or os.stat(base / "root").st_ino == event.root_ino
         except OSError:
             return False
 
-    def _remember(self, mntns: int, pid: int, limit: int = 4096) -> None:
-        self._peer_by_mntns[mntns] = pid
-        self._peer_by_mntns.move_to_end(mntns)
-        while len(self._peer_by_mntns) > limit:
-            self._peer_by_mntns.popitem(last=False)
+    def _find_peer(self, event: KernelEvent) -> int | None:
+        if not event.mntns:
+            return None
+        key = (event.mntns, event.root_ino)
+        cached = self._peer_by_root.get(key)
+        if cached is not None and self._same_root(cached, event):
+            return cached
+        for entry in os.scandir(self._proc):
+            if entry.name.isdigit() and self._same_root(int(entry.name), event):
+                self._remember(event, int(entry.name))
+                return int(entry.name)
+        return None
+
+    def _remember(self, event: KernelEvent, pid: int, limit: int = 4096) -> None:
+        key = (event.mntns, event.root_ino)
+        self._peer_by_root[key] = pid
+        self._peer_by_root.move_to_end(key)
+        while len(self._peer_by_root) > limit:
+            self._peer_by_root.popitem(last=False)

@@ -17,7 +17,7 @@ def boot_to_epoch_offset() -> float:
 
 
 def decode(raw: bytes, epoch_offset: float) -> KernelEvent:
-    (ktime, cgroup_id, mntns, err, pid, tgid, ppid, uid, dirfd, flags, syscall,
+    (ktime, cgroup_id, mntns, root_ino, err, pid, tgid, ppid, uid, dirfd, flags, syscall,
      comm, parent_comm, filename, fd_name) = layout.EVENT_STRUCT.unpack_from(raw)  # fmt: skip
     path = c_string(filename)
     via_fd = not path and bool(flags & AT_EMPTY_PATH)
@@ -35,6 +35,7 @@ def decode(raw: bytes, epoch_offset: float) -> KernelEvent:
         path=path,
         cgroup_id=cgroup_id,
         mntns=mntns,
+        root_ino=root_ino,
         syscall=layout.SYSCALLS[syscall] if syscall < len(layout.SYSCALLS) else str(syscall),
         dirfd=dirfd,
         flags=flags,

@@ -30,6 +30,7 @@ class Event(ctypes.Structure):
         ("ktime_ns", ctypes.c_uint64),
         ("cgroup_id", ctypes.c_uint64),
         ("mntns", ctypes.c_uint64),
+        ("root_ino", ctypes.c_uint64),
         ("err", ctypes.c_int32),
         ("pid", ctypes.c_uint32),
         ("tgid", ctypes.c_uint32),
@@ -63,5 +64,5 @@ EVENT_FIELDS = EventFields()
 
 # struct.Struct decodes a ring-buffer record several times faster than ctypes.from_buffer_copy.
 EVENT_STRUCT = struct.Struct(
-    f"=QQQiIIIIiII{TASK_COMM_LEN}s{TASK_COMM_LEN}s{PATH_LEN}s{FD_NAME_LEN}s"
+    f"=QQQQiIIIIiII{TASK_COMM_LEN}s{TASK_COMM_LEN}s{PATH_LEN}s{FD_NAME_LEN}s"
 )

@@ -1,0 +1,78 @@
+"""Failures inside real containerd containers are diagnosed and attributed end to end,
+including an entrypoint that dies at once and leaves no task behind."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from execwatch.attribution import Attributor
+from execwatch.attribution.cri.client import CriContainers
+from execwatch.probe import Probe
+from execwatch.record import AttributionStatus, ExecFailure, Reason
+from tests.attribution.containerd_env import Containerd
+from tests.attribution.runc_env import FOREIGN_ARCH, FOREIGN_IN_ROOTFS
+from tests.probe.conftest import Tracer
+
+
+def in_pod(uid: str) -> Callable[[ExecFailure], bool]:
+    return lambda r: r.event.path == FOREIGN_IN_ROOTFS and r.attribution.pod_uid == uid
+
+
+@pytest.fixture(scope="module")
+def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]:
+    runtime = Containerd(tmp_path_factory.mktemp("containerd"))
+    try:
+        runtime.start()
+        yield runtime
+    finally:
+        runtime.stop()
+
+
+@pytest.fixture
+def pod_tracer(containerd: Containerd) -> Iterator[Tracer]:
+    with (
+        Attributor(containers=CriContainers(sockets=[containerd.socket])) as attributor,
+        Probe() as probe,
+    ):
+        yield Tracer(probe, attributor)
+
+
+def test_foreign_entrypoint_of_a_dying_container(
+    containerd: Containerd, pod_tracer: Tracer
+) -> None:
+    pod = containerd.run_pod(
+        "api-5f7c9d-abcde", namespace="shop", labels={"pod-template-hash": "5f7c9d"}
+    )
+    try:
+        containerd.create_container(pod, "api", [FOREIGN_IN_ROOTFS, "serve"])
+
+        record = pod_tracer.wait_for(in_pod(pod.uid), timeout=15)
+    finally:
+        containerd.remove_pod(pod)
+
+    assert record.diagnosis.reason is Reason.FOREIGN_ARCHITECTURE
+    assert record.diagnosis.binary_arch == FOREIGN_ARCH
+    a = record.attribution
+    assert a.status is AttributionStatus.ATTRIBUTED
+    assert (a.namespace, a.pod, a.container, a.workload_kind, a.workload) == (
+        "shop", "api-5f7c9d-abcde", "api", "Deployment", "api"
+    )  # fmt: skip
+
+
+def test_side_process_failing_in_a_healthy_container(
+    containerd: Containerd, pod_tracer: Tracer, tmp_path: Path
+) -> None:
+    pod = containerd.run_pod("worker-0", namespace="jobs", labels={})
+    try:
+        main = containerd.create_container(pod, "main", ["/bin/sleep", "300"])
+        assert containerd.exec_sync(main, [FOREIGN_IN_ROOTFS, "--version"]) != 0
+
+        record = pod_tracer.wait_for(in_pod(pod.uid), timeout=15)
+    finally:
+        containerd.remove_pod(pod)
+
+    assert record.diagnosis.reason is Reason.FOREIGN_ARCHITECTURE
+    assert (record.attribution.pod, record.attribution.container) == ("worker-0", "main")
