@@ -238,3 +238,18 @@ def test_successful_execs_are_not_reported(tracer: Tracer) -> None:
 
     tracer.for_path("/nonexistent-marker-execwatch")
     assert not [r for r in tracer.records if r.event.path == "/bin/true"]
+
+
+def test_a_gone_chrooted_caller_is_not_diagnosed_against_its_parents_root(
+    tracer: Tracer, tmp_path: Path
+) -> None:
+    """chroot(1) execs and dies at once; its parent's root is another filesystem."""
+    (tmp_path / "usr/local/bin").mkdir(parents=True)
+    shutil.copy("/usr/bin/true", tmp_path / "usr/local/bin/runner")
+
+    rc = subprocess.run(["chroot", tmp_path, "/usr/local/bin/runner"], check=False).returncode
+
+    assert rc == 127
+    record = tracer.for_path("/usr/local/bin/runner")
+    assert record.diagnosis.reason is Reason.UNDIAGNOSED
+    assert record.event.root_ino == os.stat(tmp_path).st_ino
