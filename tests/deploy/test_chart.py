@@ -1,0 +1,306 @@
+"""The Helm chart: lint, what each value set renders, and the privileges it grants."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.deploy.chart import (
+    BASE,
+    CHART,
+    KUBE_VERSION,
+    Doc,
+    base_docs,
+    find,
+    kinds,
+    pod_spec,
+    render,
+    run_helm,
+)
+
+DEFAULT_KINDS = {
+    "Namespace", "CustomResourceDefinition", "ResourceQuota", "ServiceAccount", "Role",
+    "RoleBinding", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Deployment",
+    "PodDisruptionBudget", "Service",
+}
+EVERYTHING = (
+    "serviceMonitor.enabled=true", "prometheusRule.enabled=true",
+    "grafanaDashboard.enabled=true", "openshift.scc.enabled=true",
+)
+
+
+@pytest.mark.parametrize("sets", [(), EVERYTHING], ids=["defaults", "everything-on"])
+def test_helm_lint_is_clean(sets: tuple[str, ...]) -> None:
+    args = ["lint", str(CHART), "--strict", "--kube-version", KUBE_VERSION]
+    for s in sets:
+        args += ["--set", s]
+    out = run_helm(*args)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "0 chart(s) failed" in out.stdout
+    assert "[WARNING]" not in out.stdout and "[ERROR]" not in out.stdout
+
+
+def test_defaults_install_the_pipeline_and_no_optional_integration() -> None:
+    docs = render()
+    assert kinds(docs) == DEFAULT_KINDS
+    names = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert ("DaemonSet", "execwatch-agent") in names
+    assert ("Deployment", "execwatch-handler") in names
+    for doc in docs:
+        if doc["kind"] not in ("Namespace", "CustomResourceDefinition", "ClusterRole",
+                               "ClusterRoleBinding"):
+            assert doc["metadata"]["namespace"] == "execwatch", doc["metadata"]
+
+
+def test_everything_on_adds_monitoring_dashboard_and_scc() -> None:
+    docs = render(*EVERYTHING)
+    assert kinds(docs) - DEFAULT_KINDS == {
+        "ServiceMonitor", "PrometheusRule", "ConfigMap", "SecurityContextConstraints"
+    }
+    dash = find(docs, "ConfigMap", "execwatch-dashboard")
+    assert dash["metadata"]["labels"]["grafana_dashboard"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("off", "gone"),
+    [
+        ("agent.enabled=false", {("DaemonSet", "execwatch-agent"), ("Service", "execwatch-agent"),
+                                 ("ServiceAccount", "execwatch-agent"), ("Role", "execwatch-agent")}),
+        ("handler.enabled=false", {("Deployment", "execwatch-handler"),
+                                   ("ClusterRole", "execwatch-handler"),
+                                   ("PodDisruptionBudget", "execwatch-handler")}),
+        ("crd.install=false", {("CustomResourceDefinition", "execfailures.execwatch.io")}),
+        ("namespace.create=false", {("Namespace", "execwatch")}),
+        ("resourceQuota.enabled=false", {("ResourceQuota", "execwatch-records")}),
+        ("rbac.create=false", {("Role", "execwatch-agent"), ("ClusterRole", "execwatch-handler"),
+                               ("RoleBinding", "execwatch-handler")}),
+        ("service.enabled=false", {("Service", "execwatch-agent"), ("Service", "execwatch-handler")}),
+        ("handler.podDisruptionBudget.enabled=false", {("PodDisruptionBudget", "execwatch-handler")}),
+    ],
+)
+def test_each_piece_can_be_turned_off(off: str, gone: set[tuple[str, str]]) -> None:
+    before = {(d["kind"], d["metadata"]["name"]) for d in render()}
+    after = {(d["kind"], d["metadata"]["name"]) for d in render(off)}
+    assert gone <= before
+    assert not gone & after, f"{off} left {gone & after}"
+
+
+def test_values_are_checked_against_the_schema() -> None:
+    with pytest.raises(RuntimeError, match="podMetadata"):
+        render("agent.podMetadata=cri")
+    with pytest.raises(RuntimeError, match="additional properties"):
+        render("agent.privileged=true")
+
+
+# -- the agent: root with a few capabilities, never privileged ---------------------------
+
+AGENT_CAPS = ["BPF", "PERFMON", "SYS_RESOURCE", "SYS_PTRACE", "DAC_READ_SEARCH"]
+
+
+def agent_container(docs: list[Doc]) -> Doc:
+    spec = pod_spec(find(docs, "DaemonSet", "execwatch-agent"))
+    (c,) = spec["containers"]
+    container: Doc = c
+    return container
+
+
+def test_agent_is_not_privileged_and_adds_only_the_justified_capabilities() -> None:
+    docs = render()
+    spec = pod_spec(find(docs, "DaemonSet", "execwatch-agent"))
+    sc = agent_container(docs)["securityContext"]
+    assert sc["privileged"] is False
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["runAsUser"] == 0
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": AGENT_CAPS}
+    assert spec["hostPID"] is True
+    assert spec["hostNetwork"] is False and spec["hostIPC"] is False
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+def test_every_added_capability_is_justified_in_a_comment_next_to_it() -> None:
+    text = (CHART / "templates" / "agent-daemonset.yaml").read_text()
+    for cap in AGENT_CAPS:
+        line = text.index(f"- {cap}\n")
+        comment = text.rfind(f"# {cap}:", 0, line)
+        assert comment != -1 and line - comment < 600, f"{cap} has no justification above it"
+
+
+@pytest.mark.parametrize(
+    ("sets", "caps"),
+    [
+        (("agent.capabilities.sysResource=false",), ["BPF", "PERFMON", "SYS_PTRACE", "DAC_READ_SEARCH"]),
+        (("agent.capabilities.dacReadSearch=false", "agent.capabilities.sysPtrace=false"),
+         ["BPF", "PERFMON", "SYS_RESOURCE"]),
+    ],
+)
+def test_optional_capabilities_can_be_dropped(sets: tuple[str, ...], caps: list[str]) -> None:
+    assert agent_container(render(*sets))["securityContext"]["capabilities"]["add"] == caps
+
+
+def test_agent_mounts_host_paths_read_only_and_nothing_else_of_the_host() -> None:
+    docs = render()
+    spec = pod_spec(find(docs, "DaemonSet", "execwatch-agent"))
+    mounts = {m["name"]: m for m in agent_container(docs)["volumeMounts"]}
+    host = {v["name"]: v["hostPath"] for v in spec["volumes"] if "hostPath" in v}
+    assert {n: h["path"] for n, h in host.items()} == {
+        "tracefs": "/sys/kernel/tracing",
+        "btf": "/sys/kernel/btf",
+        "cgroup": "/sys/fs/cgroup",
+        "cri-socket": "/run/containerd/containerd.sock",
+    }
+    for name in host:
+        assert mounts[name]["readOnly"] is True, name
+        assert mounts[name]["mountPath"] == host[name]["path"]
+    assert host["cri-socket"]["type"] == "Socket"
+
+
+def test_cri_socket_follows_the_value_or_is_left_out() -> None:
+    crio = pod_spec(find(render("agent.criSocket=/run/crio/crio.sock"), "DaemonSet"))
+    assert {"name": "cri-socket", "hostPath": {"path": "/run/crio/crio.sock", "type": "Socket"}} in crio["volumes"]
+    none = pod_spec(find(render("agent.criSocket="), "DaemonSet"))
+    assert all(v["name"] != "cri-socket" for v in none["volumes"])
+
+
+def test_agent_runs_on_every_node() -> None:
+    ds = find(render(), "DaemonSet", "execwatch-agent")
+    spec = pod_spec(ds)
+    assert spec["tolerations"] == [{"operator": "Exists"}]
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
+
+
+def test_agent_command_line_uses_flags_the_agent_has() -> None:
+    from execwatch.cluster import cli as cluster_cli
+
+    parser = _cluster_parser(cluster_cli)
+    for kind, sets in (("DaemonSet", ()), ("Deployment", ("handler.podLabelMetric=true",
+                                                          "handler.labelPods=false"))):
+        c = pod_spec(find(render(*sets), kind))["containers"][0]
+        args = parser.parse_args(c["args"])
+        assert args.command in ("agent", "handler")
+        assert args.metrics_address.endswith(str(c["ports"][0]["containerPort"]))
+
+
+def _cluster_parser(cluster_cli: Any) -> Any:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="execwatch")
+    parser.add_argument("--log-level")
+    cluster_cli.add_parser(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+# -- the handler: restricted ---------------------------------------------------------------
+
+
+def test_handler_has_two_replicas_spread_and_a_disruption_budget() -> None:
+    docs = render()
+    dep = find(docs, "Deployment", "execwatch-handler")
+    assert dep["spec"]["replicas"] == 2
+    anti = pod_spec(dep)["affinity"]["podAntiAffinity"]
+    assert anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"][
+        "topologyKey"] == "kubernetes.io/hostname"
+    assert find(docs, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
+
+
+def test_handler_security_context_is_what_restricted_asks() -> None:
+    spec = pod_spec(find(render(), "Deployment", "execwatch-handler"))
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] != 0
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert not any(spec.get(k) for k in ("hostPID", "hostNetwork", "hostIPC"))
+    assert all("hostPath" not in v for v in spec["volumes"])
+    (c,) = spec["containers"]
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+# -- the chart templates deploy/base: same CRD, same rules, same quota ---------------------
+
+
+def _rbac(docs: list[Doc]) -> dict[tuple[str, str], Any]:
+    return {
+        (d["kind"], d["metadata"]["name"]): d["rules"]
+        for d in docs
+        if d["kind"] in ("Role", "ClusterRole")
+    }
+
+
+def test_rbac_rules_are_exactly_those_of_deploy_base() -> None:
+    chart = _rbac(render())
+    base = {k: v for k, v in _rbac(base_docs()).items() if "pod-reader" not in k[1]}
+    assert chart == base
+
+
+def test_bindings_and_service_accounts_match_deploy_base() -> None:
+    def bindings(docs: list[Doc]) -> set[tuple[str, str, str, str]]:
+        return {
+            (d["kind"], d["metadata"]["name"], d["roleRef"]["name"],
+             ",".join(f"{s['namespace']}/{s['name']}" for s in d["subjects"]))
+            for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
+        }
+
+    docs = render()
+    assert bindings(docs) == bindings([d for d in base_docs() if "pod-reader" not in
+                                       d["metadata"]["name"]])
+    sas = {d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"}
+    assert sas == {d["metadata"]["name"] for d in base_docs() if d["kind"] == "ServiceAccount"}
+
+
+def test_crd_spec_is_that_of_deploy_base() -> None:
+    chart = find(render(), "CustomResourceDefinition")
+    base = find(base_docs(), "CustomResourceDefinition")
+    assert chart["spec"] == base["spec"]
+    assert chart["metadata"]["name"] == base["metadata"]["name"]
+    assert chart["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+
+
+def test_resource_quota_is_that_of_deploy_base() -> None:
+    assert find(render(), "ResourceQuota")["spec"] == find(base_docs(), "ResourceQuota")["spec"]
+
+
+def test_agent_pod_reader_option_uses_the_optional_base_rules() -> None:
+    optional = BASE / "optional" / "agent-pod-reader.yaml"
+    if optional.exists():
+        docs = render("agent.podMetadata=api")
+        base = _rbac(base_docs())
+        assert find(docs, "ClusterRole", "execwatch-agent-pod-reader")["rules"] == base[
+            ("ClusterRole", "execwatch-agent-pod-reader")]
+    else:
+        # Until deploy/base ships the optional rules, the option fails loudly.
+        with pytest.raises(RuntimeError, match="has no ClusterRole/execwatch-agent-pod-reader"):
+            render("agent.podMetadata=api")
+
+
+# -- monitoring pieces ---------------------------------------------------------------------
+
+
+def test_service_monitors_scrape_both_components_and_label_agents_with_their_node() -> None:
+    docs = render("serviceMonitor.enabled=true")
+    agent = find(docs, "ServiceMonitor", "execwatch-agent")
+    handler = find(docs, "ServiceMonitor", "execwatch-handler")
+    svc = find(docs, "Service", "execwatch-agent")
+    assert agent["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert agent["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"] == "metrics"
+    assert agent["spec"]["endpoints"][0]["relabelings"] == [
+        {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node",
+         "action": "replace"}]
+    assert "relabelings" not in handler["spec"]["endpoints"][0]
+
+
+def test_scc_allows_exactly_what_the_agent_asks() -> None:
+    docs = render("openshift.scc.enabled=true")
+    scc = find(docs, "SecurityContextConstraints")
+    c = agent_container(docs)
+    assert scc["allowedCapabilities"] == c["securityContext"]["capabilities"]["add"]
+    assert scc["allowPrivilegedContainer"] is False
+    assert scc["allowHostPID"] is True and scc["allowHostNetwork"] is False
+    assert scc["readOnlyRootFilesystem"] is True
+    use = find(docs, "Role", "execwatch-agent-scc")
+    assert use["rules"] == [{"apiGroups": ["security.openshift.io"],
+                             "resources": ["securitycontextconstraints"],
+                             "resourceNames": ["execwatch-agent"], "verbs": ["use"]}]
+    assert pod_spec(find(docs, "DaemonSet"))["securityContext"]["seLinuxOptions"] == {"type": "spc_t"}
