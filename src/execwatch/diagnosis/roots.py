@@ -2,8 +2,8 @@
 
 The caller of a failed exec is often gone by the time user space looks: a container
 whose entrypoint fails exits at once. So the failing task itself is tried first, then
-its parent, then any live task of the same mount namespace, then whatever extra
-locators the host offers (a container runtime's bundle rootfs, say). A stand-in is
+its parent, then whatever extra locators the host offers (a container's rootfs, found
+from its id), then any live task with the same root. A stand-in is
 used only if its root directory is the very inode the kernel saw as the caller's root,
 so a chroot'ed caller is never diagnosed against its parent's filesystem.
 """
@@ -36,13 +36,13 @@ class RootLocator:
             if root:
                 self._remember(event, pid)
                 return root
-        peer = self._find_peer(event)
-        if peer is not None and (root := self._open_pid_root(peer, event)):
-            return Root(root.fd, f"root of pid {peer}, a live task with the same root")
-        for locate in self._extra:
+        for locate in self._extra:  # before the /proc scan: a dead container's rootfs goes fast
             for path in locate(event):
                 if root := self._open_rootfs(path, event):
                     return root
+        peer = self._find_peer(event)
+        if peer is not None and (root := self._open_pid_root(peer, event)):
+            return Root(root.fd, f"root of pid {peer}, a live task with the same root")
         return None
 
     def _open_rootfs(self, path: Path, event: KernelEvent) -> Root | None:
