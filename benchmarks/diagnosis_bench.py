@@ -17,6 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.attribution.containerd_env import Containerd
+from tests.attribution.runc_env import FOREIGN_ARCH, FOREIGN_IN_ROOTFS
+
 from benchmarks.common import require_root, save
 from execwatch.attribution import Attributor
 from execwatch.attribution.cri.client import CriContainers
@@ -25,8 +28,6 @@ from execwatch.pipeline import NodePipeline
 from execwatch.probe import Probe
 from execwatch.probe.events import boot_to_epoch_offset
 from execwatch.record import ExecFailure, Reason
-from tests.attribution.containerd_env import Containerd
-from tests.attribution.runc_env import FOREIGN_ARCH, FOREIGN_IN_ROOTFS
 
 
 def wait_record(probe: Probe, records: list[ExecFailure], pod_uid: str) -> ExecFailure | None:
