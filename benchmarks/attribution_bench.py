@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import itertools
 import os
+import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -36,9 +37,9 @@ from pathlib import Path
 from tests.attribution.containerd_env import Containerd
 from tests.attribution.probe_recorder import ProbeRecorder
 from tests.attribution.runc_env import (
-    FOREIGN_IN_ROOTFS,
     KubeletCgroup,
     Runc,
+    remove_empty_kubepods,
     remove_pod_cgroups,
 )
 
@@ -47,10 +48,6 @@ from execwatch.attribution import Attributor
 from execwatch.attribution.cri.client import CriContainers
 from execwatch.attribution.mounts import cgroup_mounts
 from execwatch.record import Attribution, AttributionStatus, KernelEvent
-
-
-def foreign_exec(event: KernelEvent) -> bool:
-    return event.path == FOREIGN_IN_ROOTFS and event.errno == errno.ENOEXEC
 
 
 def cgroup_gone(path: str, timeout: float = 10.0) -> bool:
@@ -84,9 +81,9 @@ def bench_runc(tries: int, probe: ProbeRecorder, workdir: Path) -> dict[str, obj
             driver, qos = next(shapes)
             cgroup = KubeletCgroup.new(driver, qos)
             try:
-                runc.run(cgroup, [FOREIGN_IN_ROOTFS, "true"])
-                event = probe.wait_for(foreign_exec)
-                probe.take(foreign_exec)
+                foreign = runc.foreign_path(cgroup.container_id[:16])
+                runc.run(cgroup, [foreign, "true"])
+                event = probe.failed_exec(foreign)
                 gone_before_lookup += cgroup_gone(cgroup.path, timeout=0)
                 got, took = timed_resolve(attributor, event)
                 latencies.append(took)
@@ -114,9 +111,9 @@ def bench_containerd(
         for i in range(tries):
             name = f"crash-{i}-7d4b9c8f5-abcde"
             pod = containerd.run_pod(name, namespace="bench", labels={"pod-template-hash": "x"})
-            cid = containerd.create_container(pod, "app", [FOREIGN_IN_ROOTFS, "true"])
-            event = probe.wait_for(foreign_exec)
-            probe.take(foreign_exec)
+            foreign = containerd.foreign_path(pod)
+            cid = containerd.create_container(pod, "app", [foreign, "true"])
+            event = probe.failed_exec(foreign)
             containerd.wait_exited(cid)
             if delete_pod_first:
                 containerd.remove_pod(pod)
@@ -182,6 +179,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     require_root()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up containers on kill
     results = []
     with (
         cpu_hogs(args.cpu_hogs),
@@ -208,6 +206,7 @@ def main() -> None:
                 f"{float(str(result['resolve_p50_ms'])):.3f} ms, p99 "
                 f"{float(str(result['resolve_p99_ms'])):.3f} ms"
             )
+    remove_empty_kubepods()
     path = save(f"attribution-hogs{args.cpu_hogs}", {"results": results})
     print(f"results: {path}")
 

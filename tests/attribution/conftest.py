@@ -11,13 +11,15 @@ from execwatch.attribution import Attributor
 from execwatch.attribution.cri.client import CriContainers
 from tests.attribution.containerd_env import Containerd
 from tests.attribution.probe_recorder import ProbeRecorder
-from tests.attribution.runc_env import Runc
+from tests.attribution.runc_env import Runc, remove_empty_kubepods
 
 
 @pytest.fixture(scope="session")
-def root() -> None:
+def root() -> Iterator[None]:
     if os.geteuid() != 0:
         raise RuntimeError("the attribution tests create cgroups and containers: run as root")
+    yield
+    remove_empty_kubepods()
 
 
 @pytest.fixture(scope="module")

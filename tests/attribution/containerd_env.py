@@ -257,6 +257,7 @@ class Containerd:
     def _import_images(self) -> None:
         images = self.workdir / "images"
         images.mkdir(exist_ok=True)
+        shutil.copy2(FOREIGN_BUSYBOX, images / "app-foreign")
         pause = build_pause(images)
         applets = {f"bin/{a}": "busybox" for a in ("sh", "sleep", "true", "echo", "cat")}
         archives = [
@@ -336,11 +337,29 @@ class Containerd:
         self.pods.append(pod)
         return pod
 
+    def foreign_path(self, pod: Pod) -> str:
+        """Where containers of this pod find the foreign binary: a path unique to the pod,
+        mounted like a hostPath volume, so that no other test run's failure matches it."""
+        host_dir = self.workdir / "foreign" / pod.uid
+        host_dir.mkdir(parents=True, exist_ok=True)
+        if not (host_dir / "app").exists():
+            os.link(self.workdir / "images" / "app-foreign", host_dir / "app")
+        return f"/x/{pod.uid}/app"
+
     def create_container(self, pod: Pod, name: str, command: list[str], start: bool = True) -> str:
+        mounts = [
+            pb.Mount(
+                container_path=f"/x/{pod.uid}",
+                host_path=str(self.workdir / "foreign" / pod.uid),
+                readonly=True,
+            )
+        ]
+        self.foreign_path(pod)
         config = pb.ContainerConfig(
             metadata=pb.ContainerMetadata(name=name, attempt=0),
             image=pb.ImageSpec(image=APP_IMAGE),
             command=command,
+            mounts=mounts,
             labels={
                 "io.kubernetes.pod.name": pod.name,
                 "io.kubernetes.pod.namespace": pod.namespace,

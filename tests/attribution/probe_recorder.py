@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
 from collections.abc import Callable
@@ -10,6 +11,8 @@ from types import TracebackType
 from execwatch.probe import Probe
 from execwatch.probe.events import boot_to_epoch_offset, decode
 from execwatch.record import KernelEvent
+
+MAX_EVENTS = 10000
 
 
 class ProbeRecorder:
@@ -44,6 +47,8 @@ class ProbeRecorder:
     def _append(self, event: KernelEvent) -> None:
         with self._lock:
             self._events.append(event)
+            if len(self._events) > MAX_EVENTS:  # other failures on a shared machine
+                del self._events[: len(self._events) - MAX_EVENTS]
 
     def _poll(self) -> None:
         while not self._stop.is_set():
@@ -60,6 +65,18 @@ class ProbeRecorder:
                         return event
             time.sleep(0.01)
         raise AssertionError("the probe saw no matching failed exec")
+
+    def failed_exec(
+        self, path: str, err: int = errno.ENOEXEC, timeout: float = 10.0
+    ) -> KernelEvent:
+        """Wait for the failed exec of ``path`` (unique per container in these tests)."""
+
+        def match(event: KernelEvent) -> bool:
+            return event.path == path and event.errno == err
+
+        event = self.wait_for(match, timeout)
+        self.take(match)
+        return event
 
     def take(self, predicate: Callable[[KernelEvent], bool]) -> list[KernelEvent]:
         """Remove and return the matching events seen so far."""

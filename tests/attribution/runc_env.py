@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from execwatch.attribution.mounts import cgroup_mounts
+from execwatch.attribution.mounts import HierarchyMount, cgroup_mounts
 
 REPO = Path(__file__).resolve().parents[2]
 FOREIGN_ARCH = "arm64"
@@ -83,23 +83,36 @@ class KubeletCgroup:
         return f"{self.pod_path}/{self.container_id}"
 
 
-def remove_pod_cgroups(pod_path: str) -> None:
-    """Remove a pod's cgroup directories, and kubepods parents left empty, everywhere."""
+def _hierarchies() -> list[HierarchyMount]:
     mounts = cgroup_mounts()
-    hierarchies = {m.mountpoint: m for m in mounts.v1.values()}
+    found = {m.mountpoint: m for m in mounts.v1.values()}
     if mounts.unified is not None:
-        hierarchies[mounts.unified.mountpoint] = mounts.unified
-    for mount in hierarchies.values():
+        found[mounts.unified.mountpoint] = mounts.unified
+    return list(found.values())
+
+
+def remove_pod_cgroups(pod_path: str) -> None:
+    """Remove a pod's cgroup directories in every hierarchy. The shared kubepods and QoS
+    parents stay until ``remove_empty_kubepods``: removing them while another container
+    is being created under them would make that creation fail."""
+    for mount in _hierarchies():
         top = mount.to_fs_path(pod_path)
         if top is None or not top.exists():
             continue
         for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda t: -len(t[0])):
             _rmdir(Path(dirpath))
-        parent = top.parent
-        while parent != mount.mountpoint and _rmdir(parent):
-            if parent.name in ("kubepods", "kubepods.slice"):
-                break
-            parent = parent.parent
+
+
+def remove_empty_kubepods() -> None:
+    """At the end of a run: the kubepods trees the runtimes created, if nothing is left."""
+    for mount in _hierarchies():
+        for top in ("kubepods", "kubepods.slice"):
+            root = mount.mountpoint / top
+            if not root.is_dir():
+                continue
+            for dirpath, _dirs, _files in sorted(os.walk(root), key=lambda t: -len(t[0])):
+                if not _rmdir(Path(dirpath)):
+                    break
 
 
 def _rmdir(path: Path) -> bool:
@@ -123,6 +136,14 @@ class Runc:
         self.state = workdir / "runc-state"
         self.rootfs = build_rootfs(workdir / "rootfs")
         self.started: list[str] = []
+
+    def foreign_path(self, token: str) -> str:
+        """A path to the foreign binary unique to one container, so that its failed exec
+        cannot be confused with another's (other test runs may share this machine)."""
+        link = self.rootfs / "bin" / f"app-{token}"
+        if not link.is_symlink():
+            link.symlink_to(Path(FOREIGN_IN_ROOTFS).name)
+        return f"/bin/app-{token}"
 
     def _bundle(self, name: str, args: list[str], cgroups_path: str) -> Path:
         bundle = self.workdir / "bundles" / name

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import errno
 import time
 
 from execwatch.attribution import Attributor, AttributorConfig
 from execwatch.attribution.cri import api_pb2 as pb
 from execwatch.attribution.cri.client import CriContainers
 from execwatch.attribution.mounts import cgroup_mounts
-from execwatch.record import AttributionStatus, KernelEvent
+from execwatch.record import AttributionStatus
 from tests.attribution.containerd_env import APP_IMAGE, Containerd
 from tests.attribution.probe_recorder import ProbeRecorder
-from tests.attribution.runc_env import FOREIGN_IN_ROOTFS
-
-
-def foreign_exec(event: KernelEvent) -> bool:
-    return event.path == FOREIGN_IN_ROOTFS and event.errno == errno.ENOEXEC
 
 
 def wait_cgroup_removed(path: str, timeout: float = 10) -> None:
@@ -37,9 +31,9 @@ def test_a_foreign_entrypoint_is_attributed_to_its_pod_after_the_container_is_go
         "web-7d4b9c8f5-x2x9q", namespace="shop", labels={"pod-template-hash": "7d4b9c8f5"}
     )
     try:
-        cid = containerd.create_container(pod, "app", [FOREIGN_IN_ROOTFS, "true"])
-        event = probe.wait_for(foreign_exec)
-        probe.take(foreign_exec)
+        foreign = containerd.foreign_path(pod)
+        cid = containerd.create_container(pod, "app", [foreign, "true"])
+        event = probe.failed_exec(foreign)
         containerd.wait_exited(cid)
         cgroup_path = f"{pod.cgroup_parent}/{cid}"
         wait_cgroup_removed(cgroup_path)
@@ -69,9 +63,9 @@ def test_a_failing_side_process_names_the_container_whose_main_process_keeps_run
     )
     try:
         main = containerd.create_container(pod, "main", ["/bin/sleep", "300"])
-        assert containerd.exec_sync(main, [FOREIGN_IN_ROOTFS, "echo"]) != 0
-        event = probe.wait_for(foreign_exec)
-        probe.take(foreign_exec)
+        foreign = containerd.foreign_path(pod)
+        assert containerd.exec_sync(main, [foreign, "echo"]) != 0
+        event = probe.failed_exec(foreign)
         assert containerd.container_state(main) == pb.CONTAINER_RUNNING
 
         got = cri_attributor.resolve(event.cgroup_id, event.tgid)
@@ -93,9 +87,9 @@ def test_a_pod_deleted_before_the_lookup_keeps_what_is_known(
     no_prefetch.start()
     pod = containerd.run_pod("job-x-abcde", namespace="batch", labels={"job-name": "job-x"})
     try:
-        cid = containerd.create_container(pod, "task", [FOREIGN_IN_ROOTFS, "true"])
-        event = probe.wait_for(foreign_exec)
-        probe.take(foreign_exec)
+        foreign = containerd.foreign_path(pod)
+        cid = containerd.create_container(pod, "task", [foreign, "true"])
+        event = probe.failed_exec(foreign)
         containerd.wait_exited(cid)
         deadline = time.monotonic() + 10
         while not cri_attributor.has_names_for(cid):  # fetched when its cgroup appeared

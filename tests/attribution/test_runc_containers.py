@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import errno
 import subprocess
 
 import pytest
 
 from execwatch.attribution import Attributor
 from execwatch.attribution.mounts import cgroup_mounts
-from execwatch.record import AttributionStatus, KernelEvent
+from execwatch.record import AttributionStatus
 from tests.attribution.probe_recorder import ProbeRecorder
 from tests.attribution.runc_env import (
-    FOREIGN_IN_ROOTFS,
     KubeletCgroup,
     Runc,
     remove_pod_cgroups,
 )
-
-
-def foreign_exec(event: KernelEvent) -> bool:
-    return event.path == FOREIGN_IN_ROOTFS and event.errno == errno.ENOEXEC
 
 
 def cgroup_exists(path: str) -> bool:
@@ -37,10 +31,10 @@ def test_a_container_that_dies_at_once_resolves_after_its_cgroup_is_gone(
 ) -> None:
     cgroup = KubeletCgroup.new(driver, qos)
     try:
-        rc = runc.run(cgroup, [FOREIGN_IN_ROOTFS, "true"])
+        foreign = runc.foreign_path(cgroup.container_id[:16])
+        rc = runc.run(cgroup, [foreign, "true"])
         assert rc != 0  # runc: "exec format error"
-        event = probe.wait_for(foreign_exec)
-        probe.take(foreign_exec)
+        event = probe.failed_exec(foreign)
         assert not cgroup_exists(cgroup.path), "runc removes the cgroup when the container exits"
 
         got = host_attributor.resolve(event.cgroup_id, event.tgid)
@@ -61,9 +55,9 @@ def test_a_failing_side_process_is_attributed_to_the_container_that_keeps_runnin
     cgroup = KubeletCgroup.new("cgroupfs", "burstable")
     name = runc.start_detached(cgroup, ["/bin/sleep", "300"])
     try:
-        assert runc.exec(name, [FOREIGN_IN_ROOTFS, "echo", "hi"]) != 0
-        event = probe.wait_for(foreign_exec)
-        probe.take(foreign_exec)
+        foreign = runc.foreign_path(cgroup.container_id[:16])
+        assert runc.exec(name, [foreign, "echo", "hi"]) != 0
+        event = probe.failed_exec(foreign)
         state = subprocess.run(
             ["runc", "--root", str(runc.state), "state", name],
             capture_output=True,

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.attribution.containerd_env import APP_IMAGE, Containerd
-from tests.attribution.runc_env import FOREIGN_BUSYBOX, FOREIGN_IN_ROOTFS
+from tests.attribution.runc_env import FOREIGN_BUSYBOX
 
 EXECWATCH = Path(sys.executable).parent / "execwatch"
 
@@ -70,10 +70,11 @@ def test_trace_json_carries_pod_container_image_and_workload(containerd: Contain
         pod = containerd.run_pod(
             "api-6f7c9d8b4-q8w2e", namespace="prod", labels={"pod-template-hash": "6f7c9d8b4"}
         )
-        cid = containerd.create_container(pod, "server", [FOREIGN_IN_ROOTFS, "--help"])
-        record = wait_line(lines, FOREIGN_IN_ROOTFS, timeout=20)
+        foreign = containerd.foreign_path(pod)
+        cid = containerd.create_container(pod, "server", [foreign, "--help"])
+        record = wait_line(lines, foreign, timeout=20)
 
-        assert record["reason"] == "ForeignArchitecture"
+        assert record["errno"] == "ENOEXEC"
         assert record["attribution"] == "attributed"
         assert record["container_id"] == cid
         assert record["pod_uid"] == pod.uid

@@ -397,6 +397,21 @@ class ImageSpec(_message.Message):
         user_specified_image: _Optional[str] = ...,
     ) -> None: ...
 
+class Mount(_message.Message):
+    __slots__ = ("container_path", "host_path", "readonly")
+    CONTAINER_PATH_FIELD_NUMBER: _ClassVar[int]
+    HOST_PATH_FIELD_NUMBER: _ClassVar[int]
+    READONLY_FIELD_NUMBER: _ClassVar[int]
+    container_path: str
+    host_path: str
+    readonly: bool
+    def __init__(
+        self,
+        container_path: _Optional[str] = ...,
+        host_path: _Optional[str] = ...,
+        readonly: _Optional[bool] = ...,
+    ) -> None: ...
+
 class KeyValue(_message.Message):
     __slots__ = ("key", "value")
     KEY_FIELD_NUMBER: _ClassVar[int]
@@ -441,6 +456,7 @@ class ContainerConfig(_message.Message):
         "args",
         "working_dir",
         "envs",
+        "mounts",
         "labels",
         "annotations",
         "log_path",
@@ -468,6 +484,7 @@ class ContainerConfig(_message.Message):
     ARGS_FIELD_NUMBER: _ClassVar[int]
     WORKING_DIR_FIELD_NUMBER: _ClassVar[int]
     ENVS_FIELD_NUMBER: _ClassVar[int]
+    MOUNTS_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
     LOG_PATH_FIELD_NUMBER: _ClassVar[int]
@@ -478,6 +495,7 @@ class ContainerConfig(_message.Message):
     args: _containers.RepeatedScalarFieldContainer[str]
     working_dir: str
     envs: _containers.RepeatedCompositeFieldContainer[KeyValue]
+    mounts: _containers.RepeatedCompositeFieldContainer[Mount]
     labels: _containers.ScalarMap[str, str]
     annotations: _containers.ScalarMap[str, str]
     log_path: str
@@ -490,6 +508,7 @@ class ContainerConfig(_message.Message):
         args: _Optional[_Iterable[str]] = ...,
         working_dir: _Optional[str] = ...,
         envs: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ...,
+        mounts: _Optional[_Iterable[_Union[Mount, _Mapping]]] = ...,
         labels: _Optional[_Mapping[str, str]] = ...,
         annotations: _Optional[_Mapping[str, str]] = ...,
         log_path: _Optional[str] = ...,
