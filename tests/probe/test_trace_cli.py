@@ -164,6 +164,20 @@ def test_not_root_is_a_one_line_error() -> None:
     ]
 
 
+def test_bpf_refused_by_the_kernel_is_a_one_line_error() -> None:
+    """Root without capabilities: our checks pass, the kernel's bpf() says EPERM."""
+    out = subprocess.run(
+        ["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--", *EXECWATCH, "trace"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "execwatch: the kernel refused the BPF program: operation not permitted "
+        "(need CAP_BPF, CAP_PERFMON; check lockdown/seccomp)"
+    ]
+
+
 def test_bad_metrics_address_is_a_one_line_error() -> None:
     out = subprocess.run(
         [*EXECWATCH, "trace", "--metrics-address", "nope"], capture_output=True, text=True

@@ -8,15 +8,21 @@ nodes free of compilers and of BCC.
 from __future__ import annotations
 
 import ctypes
+import functools
+import logging
 from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint32, c_void_p
 
 RingBufferCallback = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_size_t)
+# libbpf_print_fn_t: (level, fmt, va_list); a va_list argument is passed as a pointer.
+PrintCallback = ctypes.CFUNCTYPE(c_int, c_int, c_char_p, c_void_p)
+LIBBPF_LEVELS = (logging.WARNING, logging.INFO, logging.DEBUG)
 
 
 class LibbpfMissing(RuntimeError):
     pass
 
 
+@functools.cache  # one library, and one print hook, per process
 def load_libbpf(name: str = "libbpf.so.1") -> ctypes.CDLL:
     """Open libbpf and declare the signatures used here (wrong ones would corrupt pointers).
 
@@ -49,9 +55,31 @@ def load_libbpf(name: str = "libbpf.so.1") -> ctypes.CDLL:
         "ring_buffer__epoll_fd": (c_int, [c_void_p]),
         "ring_buffer__free": (None, [c_void_p]),
         "libbpf_num_possible_cpus": (c_int, []),
+        "libbpf_set_print": (c_void_p, [PrintCallback]),
     }
     for fn, (restype, argtypes) in signatures.items():
         func = getattr(lib, fn)
         func.restype = restype
         func.argtypes = argtypes
+    route_prints_to_logging(lib)
     return lib
+
+
+def route_prints_to_logging(lib: ctypes.CDLL) -> None:
+    """libbpf writes to stderr by default; our errors are one line, so its own text goes to
+    the log at debug level (verifier output included), where --log-level debug shows it."""
+    log = logging.getLogger("execwatch.libbpf")
+    libc = ctypes.CDLL(None)
+    libc.vsnprintf.argtypes = [c_char_p, c_size_t, c_char_p, c_void_p]
+
+    def forward(level: int, fmt: bytes, args: int) -> int:
+        buf = ctypes.create_string_buffer(4096)
+        libc.vsnprintf(buf, len(buf), fmt, args)
+        log.debug(
+            buf.value.decode(errors="replace").rstrip(), extra={"kv": {"libbpf_level": level}}
+        )
+        return 0
+
+    hook = PrintCallback(forward)
+    lib.execwatch_print_hook = hook  # referenced for as long as the library is loaded
+    lib.libbpf_set_print(hook)
