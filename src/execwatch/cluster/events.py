@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from execwatch.cluster.crd import Record
-from execwatch.cluster.safe import printable
+from execwatch.cluster.safe import fit_bytes, printable
 from execwatch.record import Reason
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 CONTROLLER = "execwatch.io/handler"
 RECORDS_ANNOTATION = "execwatch.io/records"
 RING = 32
-NOTE_LIMIT = 1024  # the API server rejects longer notes
+NOTE_LIMIT = 1024  # bytes: the API server rejects longer notes
 
 # Event reasons and the pod label value: what `kubectl describe pod` shows. A foreign
 # architecture reads as the error people search for; the rest keep the diagnosis name.
@@ -67,9 +67,7 @@ def note_for(rec: Record) -> str:
     parts.append(f"node {rec.node}")
     if rec.detail:
         parts.append(rec.detail)
-    note = "; ".join(parts)
-    note = printable(note, NOTE_LIMIT)
-    return note
+    return fit_bytes(printable("; ".join(parts), 4 * NOTE_LIMIT), NOTE_LIMIT)
 
 
 def series_name(rec: Record, pod_name: str, pod_uid: str) -> str:

@@ -21,7 +21,9 @@ sees exactly the unhandled ones: nothing is lost.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
+import json
 import logging
 import random
 import threading
@@ -190,6 +192,8 @@ class Handler:
         self._stop = threading.Event()
         self._term: threading.Event = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._watch_lock = threading.Lock()
+        self._watch_resp: Any = None
         self._recent: OrderedDict[str, str] = OrderedDict()  # record name -> uid, handled
         self.handled = 0
 
@@ -205,6 +209,7 @@ class Handler:
     def stop(self) -> None:
         self._stop.set()
         self._term.set()
+        self._interrupt_watch()
         for t in self._threads:
             t.join(timeout=10)
 
@@ -221,6 +226,7 @@ class Handler:
                 self._threads.append(t)
         else:
             self._term.set()
+            self._interrupt_watch()
             self.queue.clear()
 
     # -- watching --------------------------------------------------------------------
@@ -239,8 +245,6 @@ class Handler:
         return str(result["metadata"]["resourceVersion"])
 
     def _watch_loop(self, term: threading.Event) -> None:
-        from kubernetes import watch
-
         rv: str | None = None
         backoff = self.config.retry_initial
         last_list = 0.0
@@ -249,37 +253,11 @@ class Handler:
                 if rv is None or self.clock() - last_list > self.config.resync_period:
                     rv = self._list()
                     last_list = self.clock()
-                w = watch.Watch()
-                stream = w.stream(
-                    self._custom.list_namespaced_custom_object,
-                    crd.GROUP,
-                    crd.VERSION,
-                    self.config.namespace,
-                    crd.PLURAL,
-                    resource_version=rv,
-                    allow_watch_bookmarks=True,
-                    timeout_seconds=self.config.watch_timeout,
-                    _request_timeout=(self.config.request_timeout, self.config.watch_timeout + 30),
-                )
-                for event in stream:
-                    if term.is_set():
-                        w.stop()
-                        break
-                    obj = event["object"]
-                    kind = event["type"]
-                    if kind == "ERROR":
-                        if obj.get("code") == 410:
-                            log.info("watch expired, re-listing")
-                            rv = None
-                        w.stop()
-                        break
-                    rv = str(obj["metadata"].get("resourceVersion") or rv)
-                    if kind in ("ADDED", "MODIFIED"):
-                        self.queue.add(obj)
-                    elif kind == "DELETED":
-                        self.queue.forget(obj["metadata"]["name"])
+                rv = self._watch_once(rv, term)
                 backoff = self.config.retry_initial
             except Exception as exc:
+                if term.is_set():
+                    return
                 status = _status(exc)
                 if status == 410:
                     rv = None
@@ -290,6 +268,61 @@ class Handler:
                 )
                 term.wait(backoff * random.uniform(0.8, 1.2))
                 backoff = min(self.config.retry_max, backoff * 2)
+
+    def _watch_once(self, rv: str, term: threading.Event) -> str | None:
+        """One watch request from `rv`; returns where to resume (None: re-list).
+
+        The response is kept unparsed (`_preload_content=False`) so that `stop()` and a
+        lost Lease can shut its socket down and end a blocked read at once; the lines are
+        split with the client's own `iter_resp_lines`."""
+        from kubernetes.watch.watch import iter_resp_lines
+
+        resp = self._custom.list_namespaced_custom_object(
+            crd.GROUP,
+            crd.VERSION,
+            self.config.namespace,
+            crd.PLURAL,
+            watch=True,
+            resource_version=rv,
+            allow_watch_bookmarks=True,
+            timeout_seconds=self.config.watch_timeout,
+            _preload_content=False,
+            _request_timeout=(self.config.request_timeout, self.config.watch_timeout + 30),
+        )
+        with self._watch_lock:
+            self._watch_resp = resp
+        try:
+            if term.is_set():
+                return rv
+            for line in iter_resp_lines(resp):
+                if term.is_set():
+                    break
+                if not line:
+                    continue
+                event = json.loads(line)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        log.info("watch expired, re-listing")
+                        return None
+                    raise RuntimeError(f"watch error {obj.get('code')}")
+                rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                if kind in ("ADDED", "MODIFIED"):
+                    self.queue.add(obj)
+                elif kind == "DELETED":
+                    self.queue.forget(obj["metadata"]["name"])
+            return rv
+        finally:
+            with self._watch_lock:
+                self._watch_resp = None
+            resp.release_conn()
+
+    def _interrupt_watch(self) -> None:
+        with self._watch_lock:
+            resp = self._watch_resp
+        if resp is not None:
+            with contextlib.suppress(Exception):
+                resp.shutdown()
 
     # -- working ---------------------------------------------------------------------
 
@@ -397,8 +430,13 @@ class Handler:
             self._finish_duplicate(rec)
             return
         except Exception as exc:
-            self.metrics.api_errors.labels("event", str(_status(exc))).inc()
-            raise Retry(f"event: {type(exc).__name__} {_status(exc)}") from None
+            status = _status(exc)
+            self.metrics.api_errors.labels("event", str(status)).inc()
+            if status not in (400, 422):
+                raise Retry(f"event: {type(exc).__name__} {status}") from None
+            # The API server judged the Event itself invalid: retrying cannot fix it, and
+            # the failure must still be labelled and counted.
+            log.error("event refused", extra={"kv": {"record": rec.name, "status": status}})
         if self.config.label_pods:
             self._label(rec, pod)
         if self._delete(rec.name, rec.uid):

@@ -54,6 +54,15 @@ def printable(value: str, limit: int = 1024) -> str:
     return safe_text(value, limit, escape_backslash=False)
 
 
+def fit_bytes(text: str, limit: int) -> str:
+    """Cut `text` so its UTF-8 encoding is at most `limit` bytes (the API server counts
+    bytes, and an ellipsis is three of them)."""
+    if len(text.encode()) <= limit:
+        return text
+    cut = text.encode()[: limit - 3].decode(errors="ignore")
+    return cut + "…"
+
+
 def is_label_value(value: str) -> bool:
     """True if `value` is a valid Kubernetes label value (63 chars, alnum ends)."""
     return len(value) <= 63 and bool(_LABEL_VALUE.match(value))

@@ -1,0 +1,369 @@
+"""The handler turns each record into a Warning Event, a pod label and a metric, then
+deletes it: against a real API server, as the handler's own ServiceAccount."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from execwatch.cluster import crd
+from execwatch.cluster.events import RECORDS_ANNOTATION
+from execwatch.cluster.handler import LABEL, Handler, Retry
+from execwatch.cluster.publisher import ApiSink
+from execwatch.cluster.safe import is_label_value
+from execwatch.record import AttributionStatus, ExecFailure, Reason
+from tests.cluster.conftest import NODE, PodFactory, list_records, wait_until
+from tests.cluster.records import exec_failure
+
+StartHandler = Callable[..., Handler]
+
+
+def publish(
+    api: client.ApiClient,
+    failure: ExecFailure,
+    *,
+    node: str = NODE,
+    count: int | None = None,
+    name: str | None = None,
+) -> str:
+    """Create one record as the agent would (agent credentials)."""
+    name = name or f"{node}-{uuid.uuid4().hex[:16]}"
+    t = failure.event.time
+    ApiSink(api, crd.DEFAULT_NAMESPACE).create(
+        crd.to_body(
+            failure,
+            name=name,
+            namespace=crd.DEFAULT_NAMESPACE,
+            node=node,
+            first_seen=t,
+            last_seen=t,
+            count=count or failure.count,
+        )
+    )
+    return name
+
+
+def events_of(admin: client.ApiClient, namespace: str) -> list[Any]:
+    return list(client.EventsV1Api(admin).list_namespaced_event(namespace).items)
+
+
+def failures_total(h: Handler, **labels: str) -> float:
+    total = 0.0
+    for metric in h.metrics.registry.collect():
+        if metric.name != "execwatch_exec_failures":
+            continue
+        for s in metric.samples:
+            if s.name.endswith("_total") and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+def sample(h: Handler, name: str, **labels: str) -> float:
+    return h.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def drained(admin: client.ApiClient) -> Callable[[], bool]:
+    return lambda: not list_records(admin)
+
+
+def test_a_record_becomes_a_warning_event_a_pod_label_and_a_metric(
+    admin: client.ApiClient,
+    agent_api: client.ApiClient,
+    start_handler: StartHandler,
+    make_pod: PodFactory,
+    namespace: str,
+) -> None:
+    pod = make_pod()
+    handler = start_handler()
+    publish(agent_api, exec_failure(pod=pod, count=3))
+    wait_until(drained(admin))
+
+    [event] = events_of(admin, namespace)
+    assert event.type == "Warning" and event.reason == "ExecFormatError"
+    assert event.reporting_controller == "execwatch.io/handler"
+    assert event.regarding.uid == pod["metadata"]["uid"]
+    assert event.regarding.field_path == "spec.containers{app}"
+    assert "/usr/local/bin/server" in event.note
+    assert "arm64 binary on a amd64 node" in event.note and 'container "app"' in event.note
+    assert event.series.count == 3
+    labels = (
+        client.CoreV1Api(admin)
+        .read_namespaced_pod(pod["metadata"]["name"], namespace)
+        .metadata.labels
+    )
+    assert labels[LABEL] == "ExecFormatError"
+    assert (
+        failures_total(
+            handler,
+            namespace=namespace,
+            workload="app",
+            container="app",
+            node=NODE,
+            node_arch="amd64",
+            binary_arch="arm64",
+            reason="ForeignArchitecture",
+        )
+        == 3
+    )
+    assert sample(handler, "execwatch_handler_records_total", result="handled") == 1
+
+
+def test_a_crash_loop_is_one_event_whose_series_grows(
+    admin: client.ApiClient,
+    agent_api: client.ApiClient,
+    start_handler: StartHandler,
+    make_pod: PodFactory,
+    namespace: str,
+) -> None:
+    pod = make_pod()
+    handler = start_handler()
+    for n in (1, 4, 10):
+        publish(agent_api, exec_failure(pod=pod, count=n))
+        wait_until(drained(admin))
+    [event] = events_of(admin, namespace)
+    assert event.series.count == 15
+    assert len(json.loads(event.metadata.annotations[RECORDS_ANNOTATION])) == 3
+    assert failures_total(handler, namespace=namespace) == 15
+
+
+def test_a_missing_interpreter_gets_its_own_reason(
+    admin: client.ApiClient,
+    agent_api: client.ApiClient,
+    start_handler: StartHandler,
+    make_pod: PodFactory,
+    namespace: str,
+) -> None:
+    pod = make_pod()
+    start_handler()
+    publish(
+        agent_api,
+        exec_failure(
+            pod=pod,
+            reason=Reason.MISSING_INTERPRETER,
+            err=2,
+            binary_arch="amd64",
+            path="/usr/local/bin/oberon-runner",
+        ),
+    )
+    wait_until(drained(admin))
+    [event] = events_of(admin, namespace)
+    assert event.reason == "MissingInterpreter" and "(ENOENT)" in event.note
+    pod_labels = (
+        client.CoreV1Api(admin)
+        .read_namespaced_pod(pod["metadata"]["name"], namespace)
+        .metadata.labels
+    )
+    assert pod_labels[LABEL] == "MissingInterpreter"
+
+
+def test_a_record_for_a_pod_that_no_longer_exists_is_counted_without_an_event(
+    admin: client.ApiClient,
+    agent_api: client.ApiClient,
+    start_handler: StartHandler,
+    namespace: str,
+) -> None:
+    handler = start_handler()
+    publish(agent_api, exec_failure(pod_name="gone-0", namespace=namespace, pod_uid="u-gone"))
+    wait_until(drained(admin))
+    assert events_of(admin, namespace) == []
+    assert failures_total(handler, namespace=namespace, workload="app") == 1
+    assert sample(handler, "execwatch_handler_records_total", result="pod_missing") == 1
+
+
+def test_a_pod_recreated_under_the_same_name_is_not_blamed(
+    admin: client.ApiClient,
+    agent_api: client.ApiClient,
+    start_handler: StartHandler,
+    make_pod: PodFactory,
+    namespace: str,
+) -> None:
+    pod = make_pod(name="db-0", deployment=None)
+    handler = start_handler()
+    publish(agent_api, exec_failure(pod=pod, pod_uid="uid-of-the-previous-db-0"))
+    wait_until(drained(admin))
+    assert events_of(admin, namespace) == []
+    assert LABEL not in (
+        client.CoreV1Api(admin).read_namespaced_pod("db-0", namespace).metadata.labels or {}
+    )
+    assert sample(handler, "execwatch_handler_records_total", result="pod_missing") == 1
+
+
+def test_an_agent_cannot_speak_for_pods_on_another_node(
+    admin: client.ApiClient,
+    agent_api: client.ApiClient,
+    start_handler: StartHandler,
+    make_pod: PodFactory,
+    namespace: str,
+) -> None:
+    pod = make_pod(node="node-b")
+    handler = start_handler()
+    publish(agent_api, exec_failure(pod=pod), node=NODE)
+    wait_until(drained(admin))
+    assert events_of(admin, namespace) == []
+    assert LABEL not in (
+        client.CoreV1Api(admin)
+        .read_namespaced_pod(pod["metadata"]["name"], namespace)
+        .metadata.labels
+        or {}
+    )
+    assert sample(handler, "execwatch_handler_invalid_records_total", type="node_mismatch") == 1
+    assert failures_total(handler) == 0
+
+
+def test_unattributed_failures_have_their_own_counter(
+    admin: client.ApiClient,
+    agent_api: client.ApiClient,
+    start_handler: StartHandler,
+) -> None:
+    handler = start_handler()
+    publish(agent_api, exec_failure(status=AttributionStatus.HOST, count=2))
+    wait_until(drained(admin))
+    assert (
+        sample(
+            handler,
+            "execwatch_handler_unattributed_total",
+            node=NODE,
+            node_arch="amd64",
+            reason="ForeignArchitecture",
+        )
+        == 2
+    )
+    assert failures_total(handler) == 0
+
+
+def test_hostile_strings_stay_safe_in_events_labels_metrics_and_logs(
+    admin: client.ApiClient,
+    agent_api: client.ApiClient,
+    start_handler: StartHandler,
+    make_pod: PodFactory,
+    namespace: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    pod = make_pod(containers=("app",))
+    hostile = "/tmp/x\nlevel=error msg=forged\x1b[31m\u202e" + "d" * 4000
+    caplog.set_level(logging.INFO)
+    handler = start_handler()
+    publish(agent_api, exec_failure(pod=pod, path=hostile[:4000], comm="a\nb"))
+    wait_until(drained(admin))
+    [event] = events_of(admin, namespace)
+    assert "\n" not in event.note and "\x1b" not in event.note and "\u202e" not in event.note
+    assert "\\x0alevel=error" in event.note and len(event.note) <= 1024
+    label = (
+        client.CoreV1Api(admin)
+        .read_namespaced_pod(pod["metadata"]["name"], namespace)
+        .metadata.labels[LABEL]
+    )
+    assert is_label_value(label)
+    for record in caplog.records:
+        assert "\n" not in record.getMessage()
+        for value in getattr(record, "kv", {}).values():
+            assert "\n" not in str(value) and "\x1b" not in str(value)
+    assert failures_total(handler, namespace=namespace) == 1
+
+
+def test_a_record_seen_again_after_a_crash_is_not_counted_twice(
+    admin: client.ApiClient,
+    agent_api: client.ApiClient,
+    start_handler: StartHandler,
+    make_pod: PodFactory,
+    namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The handler dies after posting the Event but before deleting the record: the next
+    leader sees the same record again. The Event must not grow and the metric count once."""
+    pod = make_pod()
+    first = start_handler(identity="crashing")
+    wait_until(first.elector.is_leader)
+    first.stop()  # drive handle() by hand below, as the crashed replica
+    first.elector.leading.set()
+    first.elector._renewed_at = first.clock()
+    name = publish(agent_api, exec_failure(pod=pod, count=5))
+    [obj] = list_records(admin)
+
+    def crash(*_: Any) -> bool:
+        raise Retry("process killed before the delete")
+
+    with monkeypatch.context() as m:
+        m.setattr(first, "_delete", crash)
+        with pytest.raises(Retry):
+            first.handle(obj)
+    [event] = events_of(admin, namespace)
+    assert event.series.count == 5
+    assert failures_total(first, namespace=namespace) == 0
+
+    second = start_handler(identity="successor")
+    wait_until(drained(admin))
+    [event] = events_of(admin, namespace)
+    assert event.series.count == 5
+    assert failures_total(second, namespace=namespace) == 5
+    assert name not in [r["metadata"]["name"] for r in list_records(admin)]
+
+
+def test_a_record_recreated_by_an_agent_retry_is_not_counted_again(
+    admin: client.ApiClient,
+    agent_api: client.ApiClient,
+    start_handler: StartHandler,
+    make_pod: PodFactory,
+    namespace: str,
+) -> None:
+    """The agent's create succeeded but its answer was lost; it retried after the handler
+    had already handled and deleted the record, so the same name comes back with a new
+    UID. It is the same failure: deleted, counted as a duplicate, not as a failure."""
+    pod = make_pod()
+    handler = start_handler()
+    failure = exec_failure(pod=pod, count=2)
+    name = publish(agent_api, failure)
+    wait_until(drained(admin))
+    publish(agent_api, failure, name=name)
+    wait_until(drained(admin))
+    wait_until(lambda: sample(handler, "execwatch_handler_records_total", result="duplicate"))
+    [event] = events_of(admin, namespace)
+    assert event.series.count == 2
+    assert failures_total(handler, namespace=namespace) == 2
+
+
+def test_the_cardinality_guard_folds_new_series_into_other(
+    admin: client.ApiClient,
+    agent_api: client.ApiClient,
+    start_handler: StartHandler,
+    make_pod: PodFactory,
+    namespace: str,
+) -> None:
+    pods = [make_pod(name=f"p{i}", deployment=f"app{i}") for i in range(4)]
+    handler = start_handler(max_series=2)
+    for p in pods:
+        publish(agent_api, exec_failure(pod=p))
+    wait_until(drained(admin))
+    assert failures_total(handler, namespace=namespace) == 2
+    assert (
+        failures_total(handler, namespace="_other", workload="_other", reason="ForeignArchitecture")
+        == 2
+    )
+    assert sample(handler, "execwatch_handler_series_overflow_total") == 2
+
+
+def test_two_replicas_one_leader_each_record_counted_once(
+    admin: client.ApiClient,
+    agent_api: client.ApiClient,
+    start_handler: StartHandler,
+    make_pod: PodFactory,
+    namespace: str,
+) -> None:
+    pod = make_pod()
+    a, b = start_handler(identity="a"), start_handler(identity="b")
+    wait_until(lambda: a.elector.is_leader() or b.elector.is_leader())
+    for _ in range(20):
+        publish(agent_api, exec_failure(pod=pod))
+    wait_until(drained(admin))
+    assert a.elector.is_leader() != b.elector.is_leader()
+    assert failures_total(a) + failures_total(b) == 20
+    follower = b if a.elector.is_leader() else a
+    assert follower.handled == 0
+    [event] = events_of(admin, namespace)
+    assert event.series.count == 20
