@@ -81,5 +81,5 @@ def route_prints_to_logging(lib: ctypes.CDLL) -> None:
         return 0
 
     hook = PrintCallback(forward)
-    lib.execwatch_print_hook = hook  # referenced for as long as the library is loaded
+    setattr(lib, "execwatch_print_hook", hook)  # alive for as long as the library is loaded
     lib.libbpf_set_print(hook)
