@@ -15,7 +15,6 @@ from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint32, c_void_p
 RingBufferCallback = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_size_t)
 # libbpf_print_fn_t: (level, fmt, va_list); a va_list argument is passed as a pointer.
 PrintCallback = ctypes.CFUNCTYPE(c_int, c_int, c_char_p, c_void_p)
-LIBBPF_LEVELS = (logging.WARNING, logging.INFO, logging.DEBUG)
 
 
 class LibbpfMissing(RuntimeError):
@@ -68,6 +67,11 @@ def load_libbpf(name: str = "libbpf.so.1") -> ctypes.CDLL:
 def route_prints_to_logging(lib: ctypes.CDLL) -> None:
     """libbpf writes to stderr by default; our errors are one line, so its own text goes to
     the log at debug level (verifier output included), where --log-level debug shows it."""
+    lib.libbpf_set_print(print_hook())
+
+
+@functools.cache  # libbpf keeps the pointer: the callback must live as long as the process
+def print_hook() -> ctypes._CFunctionType:
     log = logging.getLogger("execwatch.libbpf")
     libc = ctypes.CDLL(None)
     libc.vsnprintf.argtypes = [c_char_p, c_size_t, c_char_p, c_void_p]
@@ -80,6 +84,5 @@ def route_prints_to_logging(lib: ctypes.CDLL) -> None:
         )
         return 0
 
-    hook = PrintCallback(forward)
-    setattr(lib, "execwatch_print_hook", hook)  # alive for as long as the library is loaded
-    lib.libbpf_set_print(hook)
+    hook: ctypes._CFunctionType = PrintCallback(forward)
+    return hook
