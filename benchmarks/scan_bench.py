@@ -1,0 +1,197 @@
+"""Benchmark `execwatch scan` on a large root filesystem against the seed's `file` + `ldd`
+loop and pax-utils `scanelf` / `lddtree`, in the same run, on a warm page cache.
+
+    .venv/bin/python -m benchmarks.scan_bench [--rootfs DIR] [--lddtree-sample N]
+
+The rootfs (>= 5,000 files, >= 1 GB) is built once under .cache/bench/scan-rootfs by
+copying this machine's /usr/bin, /usr/sbin, /usr/libexec, /usr/lib/x86_64-linux-gnu and
+/usr/lib/python3*, /usr/include with Debian's merged-/usr layout. "bytes read" is rchar from
+/proc/self/io (read() syscalls, reaped children included; mmap is not counted), and for
+execwatch also the bytes its reader asked for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from benchmarks.common import RESULTS, save
+from execwatch.binfmt import Platform
+from execwatch.scan.runner import ScanOptions, scan
+
+SOURCES = [
+    "usr/bin",
+    "usr/sbin",
+    "usr/libexec",
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib/python3.11",
+    "usr/lib/python3",
+    "usr/include",
+]
+
+
+def rchar() -> int:
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise RuntimeError("no rchar in /proc/self/io")
+
+
+def build_rootfs(root: Path) -> Path:
+    stamp = root / ".complete-v2"
+    if stamp.exists():
+        return root
+    if root.exists():
+        shutil.rmtree(root)
+    for rel in SOURCES:
+        src = Path("/") / rel
+        if src.exists():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["cp", "-a", "--reflink=auto", str(src), str(root / rel)], check=True)
+    (root / "usr/lib64").mkdir(parents=True, exist_ok=True)
+    (root / "usr/lib64/ld-linux-x86-64.so.2").symlink_to(
+        "../lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
+    )
+    for name in ("bin", "sbin", "lib", "lib64"):
+        (root / name).symlink_to(f"usr/{name}")
+    (root / "etc").mkdir()
+    if Path("/etc/ld.so.conf").exists():
+        shutil.copy("/etc/ld.so.conf", root / "etc/ld.so.conf")
+        shutil.copytree("/etc/ld.so.conf.d", root / "etc/ld.so.conf.d", symlinks=True)
+    stamp.touch()
+    return root
+
+
+def inventory(root: Path) -> tuple[int, int, list[Path]]:
+    """(files, bytes, executables) under root, not following symlinks."""
+    files = size = 0
+    executables = []
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            path = Path(dirpath, name)
+            st = path.lstat()
+            if path.is_symlink() or not path.is_file():
+                continue
+            files += 1
+            size += st.st_size
+            if st.st_mode & 0o111:
+                executables.append(path)
+    return files, size, executables
+
+
+def warm(root: Path) -> None:
+    subprocess.run(
+        f"find {root} -type f -print0 | xargs -0 cat > /dev/null", shell=True, check=True
+    )
+
+
+T = TypeVar("T")
+
+
+def timed(fn: Callable[[], T]) -> tuple[float, int, T]:
+    before, start = rchar(), time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, rchar() - before, result
+
+
+def run_execwatch(root: Path) -> tuple[int, int, int]:
+    report = scan(str(root), ScanOptions(platform=Platform.parse("linux/amd64")))
+    (result,) = report.results
+    return result.stats.files, result.stats.executables, result.stats.bytes_read
+
+
+def run_file_ldd(executables: list[Path]) -> int:
+    """The seed's CI gate, per executable: `file`, then `ldd` on dynamic ELF files."""
+    dynamic = 0
+    for path in executables:
+        kind = subprocess.run(["file", "-b", str(path)], capture_output=True, text=True).stdout
+        if "ELF" in kind and "dynamically linked" in kind:
+            dynamic += 1
+            subprocess.run(["ldd", str(path)], capture_output=True)
+    return dynamic
+
+
+def run_scanelf(root: Path) -> int:
+    out = subprocess.run(
+        ["scanelf", "-R", "-B", "-F", "%a %i %n %F", str(root)], capture_output=True, text=True
+    )
+    return len(out.stdout.splitlines())
+
+
+def run_lddtree(root: Path, sample: list[Path]) -> int:
+    done = 0
+    for path in sample:
+        subprocess.run(["lddtree", "-R", str(root), str(path)], capture_output=True)
+        done += 1
+    return done
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rootfs", type=Path, default=RESULTS / "scan-rootfs")
+    parser.add_argument(
+        "--lddtree-sample", type=int, default=100, help="lddtree runs on this many executables"
+    )
+    args = parser.parse_args()
+    for tool in ("file", "ldd", "scanelf", "lddtree"):
+        if shutil.which(tool) is None:
+            sys.exit(f"{tool} not found: run dev/setup.sh --test")
+    root = build_rootfs(args.rootfs)
+    files, size, executables = inventory(root)
+    print(f"rootfs {root}: {files} files, {size / 1e9:.2f} GB, {len(executables)} executables")
+    if files < 5000 or size < 1e9:
+        sys.exit("rootfs too small for the benchmark (want >= 5,000 files and >= 1 GB)")
+    warm(root)
+
+    rows: list[tuple[str, float, int, int, int, str]] = []
+    t, rb, (n_files, n_exec, own) = timed(lambda: run_execwatch(root))
+    rows.append(
+        (
+            "execwatch scan",
+            t,
+            rb,
+            n_files,
+            n_exec,
+            f"items: executables checked; reader asked for {own / 1e6:.1f} MB",
+        )
+    )
+    t_fl, rb, dyn = timed(lambda: run_file_ldd(executables))
+    rows.append(
+        (
+            "file + ldd loop",
+            t_fl,
+            rb,
+            files,
+            len(executables),
+            f"items: executables; {dyn} ldd calls",
+        )
+    )
+    t, rb, lines = timed(lambda: run_scanelf(root))
+    rows.append(("scanelf -R (mmap)", t, rb, files, lines, "items: ELF files listed; headers only"))
+    sample = executables[: args.lddtree_sample]
+    t, rb, n = timed(lambda: run_lddtree(root, sample))
+    rows.append(
+        (f"lddtree -R x{n} (sample)", t, rb, n, n, f"~{t / n * len(executables):.0f} s for all")
+    )
+
+    print(f"{'tool':28} {'seconds':>8} {'files/s':>9} {'items/s':>8} {'MB read':>9}  note")
+    result: dict[str, object] = {"files": files, "bytes": size, "executables": len(executables)}
+    for name, seconds, read, n_f, n_e, note in rows:
+        print(f"{name:28} {seconds:8.2f} {n_f / seconds:9.0f} {n_e / seconds:8.0f}"
+              f" {read / 1e6:9.1f}  {note}")  # fmt: skip
+        result[name] = {"seconds": seconds, "rchar": read, "files": n_f, "executables": n_e}
+    speedup = t_fl / rows[0][1]
+    print(f"execwatch scan is {speedup:.1f}x faster than the file + ldd loop (target >= 5x)")
+    result["speedup_vs_file_ldd"] = speedup
+    print(f"saved {save('scan_bench', result)}")
+
+
+if __name__ == "__main__":
+    main()
