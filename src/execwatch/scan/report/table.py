@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from execwatch.scan.model import ScanReport, Severity
@@ -16,13 +17,14 @@ def print_table(report: ScanReport, console: Console, limit: int | None = 50) ->
     for result in report.results:
         s = result.stats
         console.print(
-            f"[bold]{result.source}[/bold] [{result.platform}]: {s.files} files,"
+            f"[bold]{escape(result.source)}[/bold] {escape('[' + result.platform + ']')}:"
+            f" {s.files} files,"
             f" {s.executables} executables ({s.elf} ELF, {s.scripts} scripts)"
         )
         if result.entrypoint:
-            console.print(f"  entrypoint: {' '.join(result.entrypoint)}")
+            console.print(f"  entrypoint: {escape(' '.join(result.entrypoint))}")
         for note in result.notes:
-            console.print(f"  note: {note}")
+            console.print(f"  note: {escape(note)}")
         if not result.findings:
             console.print("  [green]no findings[/green]")
             continue
