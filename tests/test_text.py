@@ -23,3 +23,12 @@ def test_long_values_are_cut() -> None:
 def test_kernel_strings_stop_at_nul_and_round_trip_to_bytes() -> None:
     text = c_string(b"/tmp/\xfe\xff\0garbage")
     assert os.fsencode(text) == b"/tmp/\xfe\xff"
+
+
+def test_bidi_overrides_cannot_disguise_a_name() -> None:
+    assert safe_text("evil\u202etxt.exe") == "evil\\u202etxt.exe"
+
+
+def test_escaping_twice_without_backslash_escapes_is_idempotent() -> None:
+    once = safe_text("a\nb\\c")
+    assert safe_text(once, escape_backslash=False) == once

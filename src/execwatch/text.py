@@ -18,14 +18,30 @@ def _escape(ch: str) -> str:
     return f"\\u{code:04x}"
 
 
-def safe_text(value: str, limit: int = 1024) -> str:
-    """Escape control characters and undecodable bytes; cut to limit characters."""
+# Bidirectional overrides and line separators reorder or break what a reader sees.
+INVISIBLE_CONTROLS = frozenset(
+    (0x2028, 0x2029, 0x200E, 0x200F, 0x202A, 0x202B, 0x202C, 0x202D, 0x202E)
+)
+
+
+def safe_text(value: str, limit: int = 1024, *, escape_backslash: bool = True) -> str:
+    """Escape control characters, backslashes and undecodable bytes; cut to `limit`.
+
+    The result is printable, single-line and valid UTF-8, fit for a terminal, a JSON
+    document, an Event note or a log line. With escape_backslash=False it is idempotent:
+    text that was escaped once (by an agent) is not escaped again (by the handler)."""
     out = []
     for ch in value:
         code = ord(ch)
-        if code < 0x20 or code == 0x7F or 0x80 <= code < 0xA0 or 0xDC80 <= code <= 0xDCFF:
+        if (
+            code < 0x20
+            or code == 0x7F
+            or 0x80 <= code < 0xA0
+            or 0xD800 <= code <= 0xDFFF
+            or code in INVISIBLE_CONTROLS
+        ):
             out.append(_escape(ch))
-        elif ch == "\\":
+        elif ch == "\\" and escape_backslash:
             out.append("\\\\")
         else:
             out.append(ch)
