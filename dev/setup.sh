@@ -22,6 +22,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# Downloads and Go builds are kept outside the clone, so that a fresh clone on the same
+# machine (as CI makes) reuses them; .cache in the clone points there.
+cache=${EXECWATCH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/execwatch}
+mkdir -p "$cache"
+if [ ! -e .cache ]; then
+  ln -s "$cache" .cache
+elif [ ! -L .cache ]; then
+  echo "note: .cache is a directory here, not a link to $cache: downloads are not shared"
+fi
+
 [ -x .venv/bin/python ] || python3 -m venv .venv
 extra=""
 [ "${1:-}" = "--test" ] && extra="[dev]"
