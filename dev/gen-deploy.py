@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gen_dashboard  # noqa: E402
+import gen_dashboard
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "execwatch"
@@ -83,8 +83,16 @@ def rbac_rules() -> str:
 
 def helm_template(values: list[str], show_only: list[str] | None = None) -> str:
     argv = [
-        str(helm_binary()), "template", "execwatch", str(CHART),
-        "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION, "--set", "plainManifests=true",
+        str(helm_binary()),
+        "template",
+        "execwatch",
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--kube-version",
+        KUBE_VERSION,
+        "--set",
+        "plainManifests=true",
     ]
     for v in values:
         argv += ["--set", v]

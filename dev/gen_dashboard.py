@@ -36,8 +36,14 @@ class Layout:
     def row(self, title: str) -> None:
         self._newline()
         self.panels.append(
-            {"type": "row", "title": title, "id": self._id(), "collapsed": False,
-             "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y}, "panels": []}
+            {
+                "type": "row",
+                "title": title,
+                "id": self._id(),
+                "collapsed": False,
+                "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y},
+                "panels": [],
+            }
         )
         self.y += 1
 
@@ -68,8 +74,9 @@ def target(expr: str, legend: str = "", *, instant: bool = False, ref: str = "A"
     return t
 
 
-def timeseries(title: str, desc: str, *targets: dict[str, Any], unit: str = "short",
-               stack: bool = True) -> dict[str, Any]:
+def timeseries(
+    title: str, desc: str, *targets: dict[str, Any], unit: str = "short", stack: bool = True
+) -> dict[str, Any]:
     return {
         "type": "timeseries",
         "title": title,
@@ -86,9 +93,14 @@ def timeseries(title: str, desc: str, *targets: dict[str, Any], unit: str = "sho
             },
             "overrides": [],
         },
-        "options": {"legend": {"displayMode": "table", "placement": "right",
-                               "calcs": ["sum"] if stack else ["lastNotNull", "max"]},
-                    "tooltip": {"mode": "multi", "sort": "desc"}},
+        "options": {
+            "legend": {
+                "displayMode": "table",
+                "placement": "right",
+                "calcs": ["sum"] if stack else ["lastNotNull", "max"],
+            },
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        },
     }
 
 
@@ -101,8 +113,10 @@ def stat(title: str, desc: str, expr: str, *, red_above: float | None = None) ->
         "title": title,
         "description": desc,
         "targets": [target(expr, instant=False)],
-        "fieldConfig": {"defaults": {"thresholds": {"mode": "absolute", "steps": steps}},
-                        "overrides": []},
+        "fieldConfig": {
+            "defaults": {"thresholds": {"mode": "absolute", "steps": steps}},
+            "overrides": [],
+        },
         "options": {"reduceOptions": {"calcs": ["lastNotNull"]}, "colorMode": "background"},
     }
 
@@ -110,107 +124,279 @@ def stat(title: str, desc: str, expr: str, *, red_above: float | None = None) ->
 def dashboard() -> dict[str, Any]:
     g = Layout()
     g.row("Failed execs in pods (handler: execwatch_exec_failures_total)")
-    g.add(stat("Failed execs (range)", "Failed execs in pods over the dashboard range.",
-               f"sum(increase({FAIL}[$__range])) or vector(0)", red_above=1), w=4, h=4)
-    g.add(stat("Workloads affected (range)", "Workloads with at least one failed exec.",
-               f"count(sum by (namespace, workload) (increase({FAIL}[$__range])) > 0) or vector(0)",
-               red_above=1), w=4, h=4)
-    g.add(stat("Unattributed (range)", "Failed execs no pod explains (host or unknown).",
-               f"sum(increase(execwatch_handler_unattributed_total[$__range])) or vector(0)"),
-          w=4, h=4)
-    g.add(stat("Agents up", "Agents Prometheus can scrape / DaemonSet pods desired.",
-               'sum(up{job="execwatch-agent"})'), w=4, h=4)
-    g.add(stat("Agents not ready", "DaemonSet pods desired but not ready (kube-state-metrics).",
-               'sum(kube_daemonset_status_desired_number_scheduled{daemonset="execwatch-agent"}'
-               ' - kube_daemonset_status_number_ready{daemonset="execwatch-agent"})',
-               red_above=1), w=4, h=4)
-    g.add(stat("Handler leader", "Handler replicas holding the Lease (should be 1).",
-               'sum(execwatch_handler_leader{job="execwatch-handler"})'), w=4, h=4)
-    g.add(timeseries("Failed execs by reason", "Failed execs in pods, by diagnosis.",
-                     target(f"sum by (reason) (increase({FAIL}[{RI}]))", "{{reason}}")), w=12)
-    g.add(timeseries("Failed execs by architecture",
-                     "Binary architecture against the node's (empty: not an ELF file).",
-                     target(f"sum by (binary_arch, node_arch) (increase({FAIL}[{RI}]))",
-                            "{{binary_arch}} binary on {{node_arch}} node")), w=12)
-    g.add(timeseries("Failed execs by namespace", "",
-                     target(f"sum by (namespace) (increase({FAIL}[{RI}]))", "{{namespace}}")),
-          w=12)
-    g.add(timeseries("Failed execs by node", "",
-                     target(f"sum by (node) (increase({FAIL}[{RI}]))", "{{node}}")), w=12)
+    g.add(
+        stat(
+            "Failed execs (range)",
+            "Failed execs in pods over the dashboard range.",
+            f"sum(increase({FAIL}[$__range])) or vector(0)",
+            red_above=1,
+        ),
+        w=4,
+        h=4,
+    )
+    g.add(
+        stat(
+            "Workloads affected (range)",
+            "Workloads with at least one failed exec.",
+            f"count(sum by (namespace, workload) (increase({FAIL}[$__range])) > 0) or vector(0)",
+            red_above=1,
+        ),
+        w=4,
+        h=4,
+    )
+    g.add(
+        stat(
+            "Unattributed (range)",
+            "Failed execs no pod explains (host or unknown).",
+            "sum(increase(execwatch_handler_unattributed_total[$__range])) or vector(0)",
+        ),
+        w=4,
+        h=4,
+    )
+    g.add(
+        stat(
+            "Agents up",
+            "Agents Prometheus can scrape / DaemonSet pods desired.",
+            'sum(up{job="execwatch-agent"})',
+        ),
+        w=4,
+        h=4,
+    )
+    g.add(
+        stat(
+            "Agents not ready",
+            "DaemonSet pods desired but not ready (kube-state-metrics).",
+            'sum(kube_daemonset_status_desired_number_scheduled{daemonset="execwatch-agent"}'
+            ' - kube_daemonset_status_number_ready{daemonset="execwatch-agent"})',
+            red_above=1,
+        ),
+        w=4,
+        h=4,
+    )
+    g.add(
+        stat(
+            "Handler leader",
+            "Handler replicas holding the Lease (should be 1).",
+            'sum(execwatch_handler_leader{job="execwatch-handler"})',
+        ),
+        w=4,
+        h=4,
+    )
+    g.add(
+        timeseries(
+            "Failed execs by reason",
+            "Failed execs in pods, by diagnosis.",
+            target(f"sum by (reason) (increase({FAIL}[{RI}]))", "{{reason}}"),
+        ),
+        w=12,
+    )
+    g.add(
+        timeseries(
+            "Failed execs by architecture",
+            "Binary architecture against the node's (empty: not an ELF file).",
+            target(
+                f"sum by (binary_arch, node_arch) (increase({FAIL}[{RI}]))",
+                "{{binary_arch}} binary on {{node_arch}} node",
+            ),
+        ),
+        w=12,
+    )
+    g.add(
+        timeseries(
+            "Failed execs by namespace",
+            "",
+            target(f"sum by (namespace) (increase({FAIL}[{RI}]))", "{{namespace}}"),
+        ),
+        w=12,
+    )
+    g.add(
+        timeseries(
+            "Failed execs by node",
+            "",
+            target(f"sum by (node) (increase({FAIL}[{RI}]))", "{{node}}"),
+        ),
+        w=12,
+    )
     top = {
         "type": "table",
         "title": "Top offending workloads (range)",
         "description": "Workloads with the most failed execs over the dashboard range.",
-        "targets": [target(
-            "topk(15, sum by (namespace, workload, container, reason, binary_arch, node_arch)"
-            f" (increase({FAIL}[$__range])) > 0)", instant=True)],
+        "targets": [
+            target(
+                "topk(15, sum by (namespace, workload, container, reason, binary_arch, node_arch)"
+                f" (increase({FAIL}[$__range])) > 0)",
+                instant=True,
+            )
+        ],
         "options": {"sortBy": [{"displayName": "Value", "desc": True}]},
-        "transformations": [{"id": "organize", "options": {
-            "excludeByName": {"Time": True},
-            "renameByName": {"Value": "failed execs", "binary_arch": "binary arch",
-                             "node_arch": "node arch"}}}],
+        "transformations": [
+            {
+                "id": "organize",
+                "options": {
+                    "excludeByName": {"Time": True},
+                    "renameByName": {
+                        "Value": "failed execs",
+                        "binary_arch": "binary arch",
+                        "node_arch": "node arch",
+                    },
+                },
+            }
+        ],
         "fieldConfig": {"defaults": {}, "overrides": []},
     }
     g.add(top, w=24, h=9)
-    g.add(timeseries("Unattributed failed execs by node",
-                     "Failures with no pod: host processes, or containers not named.",
-                     target("sum by (node, reason) (increase(execwatch_handler_unattributed_total"
-                            f"[{RI}]))", "{{node}} {{reason}}")), w=24)
+    g.add(
+        timeseries(
+            "Unattributed failed execs by node",
+            "Failures with no pod: host processes, or containers not named.",
+            target(
+                f"sum by (node, reason) (increase(execwatch_handler_unattributed_total[{RI}]))",
+                "{{node}} {{reason}}",
+            ),
+        ),
+        w=24,
+    )
 
     g.row("Node agents")
-    g.add(timeseries("Kernel: failed execs by errno",
-                     "Every failed exec counted in the kernel, exact even when records drop.",
-                     target(f"sum by (errno) (rate(execwatch_kernel_exec_failures_total[{RI}]))",
-                            "{{errno}}"), unit="ops", stack=False), w=12)
-    g.add(timeseries("Diagnosed events by reason (all nodes)",
-                     "Failures delivered to user space and diagnosed, including host ones.",
-                     target(f"sum by (reason) (rate(execwatch_events_total[{RI}]))", "{{reason}}"),
-                     unit="ops", stack=False), w=12)
-    g.add(timeseries("Drops", "Records lost: in the kernel (ring buffer full) and in the "
-                     "publisher (spool full, rejected). Should be zero.",
-                     target(f"sum by (node, type) (increase(execwatch_kernel_dropped_total[{RI}]))",
-                            "kernel {{type}} {{node}}"),
-                     target("sum by (node, type) (increase(execwatch_publisher_dropped_total"
-                            f"[{RI}]))", "publisher {{type}} {{node}}", ref="B")), w=12)
-    g.add(timeseries("Publisher", "Records created, failures folded into them, retries.",
-                     target(f"sum(rate(execwatch_publisher_published_total[{RI}]))", "records created"),
-                     target(f"sum(rate(execwatch_publisher_aggregated_total[{RI}]))",
-                            "failures aggregated", ref="B"),
-                     target(f"sum(rate(execwatch_publisher_spooled_total[{RI}]))",
-                            "kept for retry", ref="C"),
-                     target(f"sum by (code) (rate(execwatch_publisher_api_errors_total[{RI}]))",
-                            "API error {{code}}", ref="D"), unit="ops", stack=False), w=12)
-    g.add(timeseries("Spool by node", "Records waiting to be created on each node.",
-                     target("max by (node) (execwatch_publisher_spool_records)", "{{node}}"),
-                     stack=False), w=12)
-    g.add(timeseries("Agents up by node", "1: scraped; 0: down.",
-                     target('max by (node) (up{job="execwatch-agent"})', "{{node}}"),
-                     stack=False), w=12)
+    g.add(
+        timeseries(
+            "Kernel: failed execs by errno",
+            "Every failed exec counted in the kernel, exact even when records drop.",
+            target(
+                f"sum by (errno) (rate(execwatch_kernel_exec_failures_total[{RI}]))", "{{errno}}"
+            ),
+            unit="ops",
+            stack=False,
+        ),
+        w=12,
+    )
+    g.add(
+        timeseries(
+            "Diagnosed events by reason (all nodes)",
+            "Failures delivered to user space and diagnosed, including host ones.",
+            target(f"sum by (reason) (rate(execwatch_events_total[{RI}]))", "{{reason}}"),
+            unit="ops",
+            stack=False,
+        ),
+        w=12,
+    )
+    g.add(
+        timeseries(
+            "Drops",
+            "Records lost: in the kernel (ring buffer full) and in the "
+            "publisher (spool full, rejected). Should be zero.",
+            target(
+                f"sum by (node, type) (increase(execwatch_kernel_dropped_total[{RI}]))",
+                "kernel {{type}} {{node}}",
+            ),
+            target(
+                f"sum by (node, type) (increase(execwatch_publisher_dropped_total[{RI}]))",
+                "publisher {{type}} {{node}}",
+                ref="B",
+            ),
+        ),
+        w=12,
+    )
+    g.add(
+        timeseries(
+            "Publisher",
+            "Records created, failures folded into them, retries.",
+            target(f"sum(rate(execwatch_publisher_published_total[{RI}]))", "records created"),
+            target(
+                f"sum(rate(execwatch_publisher_aggregated_total[{RI}]))",
+                "failures aggregated",
+                ref="B",
+            ),
+            target(
+                f"sum(rate(execwatch_publisher_spooled_total[{RI}]))", "kept for retry", ref="C"
+            ),
+            target(
+                f"sum by (code) (rate(execwatch_publisher_api_errors_total[{RI}]))",
+                "API error {{code}}",
+                ref="D",
+            ),
+            unit="ops",
+            stack=False,
+        ),
+        w=12,
+    )
+    g.add(
+        timeseries(
+            "Spool by node",
+            "Records waiting to be created on each node.",
+            target("max by (node) (execwatch_publisher_spool_records)", "{{node}}"),
+            stack=False,
+        ),
+        w=12,
+    )
+    g.add(
+        timeseries(
+            "Agents up by node",
+            "1: scraped; 0: down.",
+            target('max by (node) (up{job="execwatch-agent"})', "{{node}}"),
+            stack=False,
+        ),
+        w=12,
+    )
 
     g.row("Handler")
-    g.add(timeseries("Records by result", "handled, pod_missing, unattributed, invalid, duplicate.",
-                     target(f"sum by (result) (rate(execwatch_handler_records_total[{RI}]))",
-                            "{{result}}"), unit="ops", stack=False), w=8)
-    g.add(timeseries("Latency: failure to Event",
-                     "From a record's lastSeen to its Event and label (p50, p99).",
-                     target("histogram_quantile(0.5, sum by (le) (rate("
-                            f"execwatch_handler_latency_seconds_bucket[{RI}])))", "p50"),
-                     target("histogram_quantile(0.99, sum by (le) (rate("
-                            f"execwatch_handler_latency_seconds_bucket[{RI}])))", "p99", ref="B"),
-                     unit="s", stack=False), w=8)
-    g.add(timeseries("Invalid records, API errors, series overflow", "",
-                     target("sum by (type) (increase(execwatch_handler_invalid_records_total"
-                            f"[{RI}]))", "invalid {{type}}"),
-                     target(f"sum by (verb, code) (increase(execwatch_handler_api_errors_total[{RI}]))",
-                            "API {{verb}} {{code}}", ref="B"),
-                     target(f"sum(increase(execwatch_handler_series_overflow_total[{RI}]))",
-                            "folded into _other", ref="C")), w=8)
+    g.add(
+        timeseries(
+            "Records by result",
+            "handled, pod_missing, unattributed, invalid, duplicate.",
+            target(f"sum by (result) (rate(execwatch_handler_records_total[{RI}]))", "{{result}}"),
+            unit="ops",
+            stack=False,
+        ),
+        w=8,
+    )
+    g.add(
+        timeseries(
+            "Latency: failure to Event",
+            "From a record's lastSeen to its Event and label (p50, p99).",
+            target(
+                "histogram_quantile(0.5, sum by (le) (rate("
+                f"execwatch_handler_latency_seconds_bucket[{RI}])))",
+                "p50",
+            ),
+            target(
+                "histogram_quantile(0.99, sum by (le) (rate("
+                f"execwatch_handler_latency_seconds_bucket[{RI}])))",
+                "p99",
+                ref="B",
+            ),
+            unit="s",
+            stack=False,
+        ),
+        w=8,
+    )
+    g.add(
+        timeseries(
+            "Invalid records, API errors, series overflow",
+            "",
+            target(
+                f"sum by (type) (increase(execwatch_handler_invalid_records_total[{RI}]))",
+                "invalid {{type}}",
+            ),
+            target(
+                f"sum by (verb, code) (increase(execwatch_handler_api_errors_total[{RI}]))",
+                "API {{verb}} {{code}}",
+                ref="B",
+            ),
+            target(
+                f"sum(increase(execwatch_handler_series_overflow_total[{RI}]))",
+                "folded into _other",
+                ref="C",
+            ),
+        ),
+        w=8,
+    )
 
     return {
         "title": "execwatch",
         "uid": "execwatch",
         "description": "Failed execs (exec format error, missing ELF loader, ...) in pods, "
-                       "and the health of the execwatch agents and handler.",
+        "and the health of the execwatch agents and handler.",
         "tags": ["execwatch", "multiarch"],
         "editable": True,
         "schemaVersion": 39,
@@ -221,16 +407,36 @@ def dashboard() -> dict[str, Any]:
         "graphTooltip": 1,
         "links": [],
         "annotations": {"list": []},
-        "templating": {"list": [
-            {"name": "datasource", "type": "datasource", "query": "prometheus",
-             "label": "Data source", "current": {}, "hide": 0},
-            {"name": "namespace", "type": "query", "label": "Namespace", "datasource": DS,
-             "query": {"query": "label_values(execwatch_exec_failures_total, namespace)",
-                       "refId": "namespace"},
-             "definition": "label_values(execwatch_exec_failures_total, namespace)",
-             "includeAll": True, "multi": True, "allValue": ".*", "refresh": 2,
-             "current": {"text": "All", "value": "$__all"}, "hide": 0, "sort": 1},
-        ]},
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "label": "Data source",
+                    "current": {},
+                    "hide": 0,
+                },
+                {
+                    "name": "namespace",
+                    "type": "query",
+                    "label": "Namespace",
+                    "datasource": DS,
+                    "query": {
+                        "query": "label_values(execwatch_exec_failures_total, namespace)",
+                        "refId": "namespace",
+                    },
+                    "definition": "label_values(execwatch_exec_failures_total, namespace)",
+                    "includeAll": True,
+                    "multi": True,
+                    "allValue": ".*",
+                    "refresh": 2,
+                    "current": {"text": "All", "value": "$__all"},
+                    "hide": 0,
+                    "sort": 1,
+                },
+            ]
+        },
         "panels": g.panels,
     }
 

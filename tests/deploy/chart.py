@@ -33,8 +33,15 @@ def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
 
 def render(*sets: str, namespace: str = "execwatch") -> list[Doc]:
     """`helm template` with --set VALUE for each of `sets`; the documents, parsed."""
-    argv = ["template", "execwatch", str(CHART), "--namespace", namespace,
-            "--kube-version", KUBE_VERSION]
+    argv = [
+        "template",
+        "execwatch",
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--kube-version",
+        KUBE_VERSION,
+    ]
     for s in sets:
         argv += ["--set", s]
     out = run_helm(*argv)

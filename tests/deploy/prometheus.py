@@ -28,8 +28,9 @@ class Prometheus:
     def __init__(self, workdir: Path, targets: dict[str, list[str]]) -> None:
         binary = shutil.which("prometheus")
         if binary is None:
-            raise FileNotFoundError("prometheus missing: apt-get install prometheus "
-                                    "(dev/setup.sh --test)")
+            raise FileNotFoundError(
+                "prometheus missing: apt-get install prometheus (dev/setup.sh --test)"
+            )
         workdir.mkdir(parents=True, exist_ok=True)
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
@@ -44,11 +45,17 @@ class Prometheus:
         self.log = workdir / "prometheus.log"
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [binary, f"--config.file={workdir / 'prometheus.yml'}",
-                 f"--storage.tsdb.path={workdir / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{self.port}",
-                 "--storage.tsdb.retention.time=1h", "--log.level=warn"],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                [
+                    binary,
+                    f"--config.file={workdir / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={workdir / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                    "--storage.tsdb.retention.time=1h",
+                    "--log.level=warn",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         self._wait_ready()
 

@@ -16,9 +16,15 @@ RULES = REPO / "deploy" / "prometheus" / "execwatch-rules.yaml"
 RULE_TESTS = Path(__file__).with_name("rules_test.yaml")
 RUNBOOKS = REPO / "docs" / "runbooks"
 BASE_URL = "https://github.com/execwatch/execwatch/blob/main/docs/runbooks/"
-REASONS_ALERTED = ["ForeignArchitecture", "MissingInterpreter", "BadInterpreter",
-                   "MissingShebangInterpreter", "CorruptBinary", "PermissionDenied",
-                   "Undiagnosed"]
+REASONS_ALERTED = [
+    "ForeignArchitecture",
+    "MissingInterpreter",
+    "BadInterpreter",
+    "MissingShebangInterpreter",
+    "CorruptBinary",
+    "PermissionDenied",
+    "Undiagnosed",
+]
 
 
 def promtool() -> str:
@@ -37,15 +43,21 @@ def plain_groups() -> list[dict[str, Any]]:
 
 
 def test_promtool_accepts_the_rules_file() -> None:
-    out = subprocess.run([promtool(), "check", "rules", str(RULES)], capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [promtool(), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"SUCCESS: {len(alerts(plain_groups()))} rules found" in out.stdout
 
 
 def test_promtool_unit_tests_pass() -> None:
-    out = subprocess.run([promtool(), "test", "rules", str(RULE_TESTS)], capture_output=True,
-                         text=True, timeout=120, cwd=RULE_TESTS.parent)
+    out = subprocess.run(
+        [promtool(), "test", "rules", str(RULE_TESTS)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=RULE_TESTS.parent,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "SUCCESS" in out.stdout
 
@@ -90,7 +102,9 @@ def test_every_runbook_url_resolves_to_a_runbook_file_and_anchor() -> None:
         else:
             assert not anchor, f"{rule['alert']}: unexpected anchor {anchor}"
             continue
-        assert wanted <= anchors(page.read_text()), f"{page.name} lacks {wanted - anchors(page.read_text())}"
+        assert wanted <= anchors(page.read_text()), (
+            f"{page.name} lacks {wanted - anchors(page.read_text())}"
+        )
 
 
 def test_the_alerted_reasons_are_those_of_the_crd_minus_noise() -> None:
@@ -112,8 +126,14 @@ def test_prometheus_rule_in_the_chart_is_the_rules_file() -> None:
 
 
 def test_chart_rewrites_runbook_links_and_can_leave_companions_out() -> None:
-    rule = find(render("prometheusRule.enabled=true", "prometheusRule.companions=false",
-                       "prometheusRule.runbookBaseURL=https://wiki.example/rb/"), "PrometheusRule")
+    rule = find(
+        render(
+            "prometheusRule.enabled=true",
+            "prometheusRule.companions=false",
+            "prometheusRule.runbookBaseURL=https://wiki.example/rb/",
+        ),
+        "PrometheusRule",
+    )
     assert [g["name"] for g in rule["spec"]["groups"]] == ["execwatch"]
     urls = [r["annotations"]["runbook_url"] for r in alerts(rule["spec"]["groups"])]
     assert urls and all(u.startswith("https://wiki.example/rb/Execwatch") for u in urls)
@@ -123,6 +143,7 @@ def test_the_chart_prometheus_rule_passes_promtool(tmp_path: Path) -> None:
     rule = find(render("prometheusRule.enabled=true"), "PrometheusRule")
     f = tmp_path / "rules.yaml"
     f.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
-    out = subprocess.run([promtool(), "check", "rules", str(f)], capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [promtool(), "check", "rules", str(f)], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stdout + out.stderr

@@ -21,14 +21,26 @@ NOT_IN_A_BARE_API_SERVER = {"ServiceMonitor", "PrometheusRule", "SecurityContext
 
 VALUE_SETS = {
     "defaults": (),
-    "everything-on": ("serviceMonitor.enabled=true", "prometheusRule.enabled=true",
-                      "grafanaDashboard.enabled=true", "openshift.scc.enabled=true"),
-    "no-cri-socket-all-caps-off": ("agent.criSocket=", "agent.capabilities.sysResource=false",
-                                   "agent.capabilities.sysPtrace=false",
-                                   "agent.capabilities.dacReadSearch=false"),
-    "handler-options": ("handler.replicas=3", "handler.podLabelMetric=true",
-                        "handler.labelPods=false", "handler.podDisruptionBudget.minAvailable=2",
-                        "image.digest=sha256:" + "a" * 64, "agent.appArmorProfile.type=RuntimeDefault"),
+    "everything-on": (
+        "serviceMonitor.enabled=true",
+        "prometheusRule.enabled=true",
+        "grafanaDashboard.enabled=true",
+        "openshift.scc.enabled=true",
+    ),
+    "no-cri-socket-all-caps-off": (
+        "agent.criSocket=",
+        "agent.capabilities.sysResource=false",
+        "agent.capabilities.sysPtrace=false",
+        "agent.capabilities.dacReadSearch=false",
+    ),
+    "handler-options": (
+        "handler.replicas=3",
+        "handler.podLabelMetric=true",
+        "handler.labelPods=false",
+        "handler.podDisruptionBudget.minAvailable=2",
+        "image.digest=sha256:" + "a" * 64,
+        "agent.appArmorProfile.type=RuntimeDefault",
+    ),
 }
 
 
@@ -42,8 +54,12 @@ def dry_run_apply(api: client.ApiClient, docs: list[Doc]) -> list[tuple[str, str
         res = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
         try:
             dyn.server_side_apply(
-                res, body=doc, namespace=doc["metadata"].get("namespace"),
-                field_manager="execwatch-deploy-tests", force_conflicts=True, dry_run="All",
+                res,
+                body=doc,
+                namespace=doc["metadata"].get("namespace"),
+                field_manager="execwatch-deploy-tests",
+                force_conflicts=True,
+                dry_run="All",
                 query_params=[("fieldValidation", "Strict")],
             )
         except ApiException as exc:
@@ -79,11 +95,17 @@ def test_an_unknown_field_would_be_rejected(admin: client.ApiClient) -> None:
 
 def namespace_enforcing(api: client.ApiClient, level: str) -> str:
     name = f"psa-{level}-{uuid.uuid4().hex[:6]}"
-    client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata={
-        "name": name,
-        "labels": {"pod-security.kubernetes.io/enforce": level,
-                   "pod-security.kubernetes.io/enforce-version": "latest"},
-    }))
+    client.CoreV1Api(api).create_namespace(
+        client.V1Namespace(
+            metadata={
+                "name": name,
+                "labels": {
+                    "pod-security.kubernetes.io/enforce": level,
+                    "pod-security.kubernetes.io/enforce-version": "latest",
+                },
+            }
+        )
+    )
     return name
 
 
@@ -93,8 +115,11 @@ def pod_of(workload: Doc, namespace: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": f"{workload['metadata']['name']}-x", "namespace": namespace,
-                     "labels": tmpl["metadata"]["labels"]},
+        "metadata": {
+            "name": f"{workload['metadata']['name']}-x",
+            "namespace": namespace,
+            "labels": tmpl["metadata"]["labels"],
+        },
         "spec": copy.deepcopy(tmpl["spec"]),
     }
 
@@ -115,9 +140,13 @@ def test_restricted_enforcement_is_real_the_agent_pod_is_refused(admin: client.A
     assert err.value.status == 403
     body = json.loads(err.value.body)["message"]
     assert 'violates PodSecurity "restricted:latest"' in body
-    for what in ("host namespaces (hostPID=true)", "unrestricted capabilities",
-                 'use restricted volume type "hostPath"', "runAsNonRoot != true",
-                 "forbidden AppArmor profile"):
+    for what in (
+        "host namespaces (hostPID=true)",
+        "unrestricted capabilities",
+        'use restricted volume type "hostPath"',
+        "runAsNonRoot != true",
+        "forbidden AppArmor profile",
+    ):
         assert what in body, what
 
 
@@ -135,5 +164,10 @@ def test_the_chart_namespace_admits_the_agent(admin: client.ApiClient) -> None:
     docs = render()
     labels = find(docs, "Namespace")["metadata"]["labels"]
     assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
-    create_pod_dry_run(admin, pod_of(find(docs, "DaemonSet"),
-                                     namespace_enforcing(admin, labels["pod-security.kubernetes.io/enforce"])))
+    create_pod_dry_run(
+        admin,
+        pod_of(
+            find(docs, "DaemonSet"),
+            namespace_enforcing(admin, labels["pod-security.kubernetes.io/enforce"]),
+        ),
+    )

@@ -70,7 +70,7 @@ def query_of(tmpl: Doc, **overrides: str) -> str:
     def sub(m: re.Match[str]) -> str:
         value = values.get(m.group(1))
         assert value is not None, f"arg {m.group(1)} has no value"
-        return value
+        return str(value)
 
     text = re.sub(r"\{\{\s*args\.([\w-]+)\s*\}\}", sub, text)
     assert "{{" not in text
@@ -118,51 +118,92 @@ def test_example_rollout_passes_every_required_arg() -> None:
 # -- the queries on synthetic series, with promtool -----------------------------------------
 
 
-def promtool_fires(tmp_path: Path, query: str, series: list[dict[str, str]],
-                   cases: list[tuple[str, bool]]) -> None:
+def promtool_fires(
+    tmp_path: Path, query: str, series: list[dict[str, str]], cases: list[tuple[str, bool]]
+) -> None:
     """Wrap `(query) > 0` (the failure condition) in an alert and check when it fires."""
     tool = shutil.which("promtool")
     assert tool, "promtool missing: apt-get install prometheus"
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": [{"name": "argo", "rules": [
-        {"alert": "CanaryFails", "expr": f"({query}) > 0"}]}]}))
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump({
-        "rule_files": ["rules.yaml"],
-        "evaluation_interval": "15s",
-        "tests": [{"interval": "15s", "input_series": series, "alert_rule_test": [
-            {"eval_time": t, "alertname": "CanaryFails",
-             "exp_alerts": [{"exp_labels": {}}] if fires else []}
-            for t, fires in cases]}],
-    }))
-    out = subprocess.run([tool, "test", "rules", "test.yaml"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=60)
+    (tmp_path / "rules.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "groups": [
+                    {"name": "argo", "rules": [{"alert": "CanaryFails", "expr": f"({query}) > 0"}]}
+                ]
+            }
+        )
+    )
+    (tmp_path / "test.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "rule_files": ["rules.yaml"],
+                "evaluation_interval": "15s",
+                "tests": [
+                    {
+                        "interval": "15s",
+                        "input_series": series,
+                        "alert_rule_test": [
+                            {
+                                "eval_time": t,
+                                "alertname": "CanaryFails",
+                                "exp_alerts": [{"exp_labels": {}}] if fires else [],
+                            }
+                            for t, fires in cases
+                        ],
+                    }
+                ],
+            }
+        )
+    )
+    out = subprocess.run(
+        [tool, "test", "rules", "test.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_exec_failure_query_counts_only_new_failures_of_the_canary(tmp_path: Path) -> None:
-    labels = ('job="execwatch-handler",instance="h",node="n",node_arch="arm64",'
-              'binary_arch="amd64",reason="ForeignArchitecture",container="c",namespace="shop"')
-    promtool_fires(tmp_path, query_of(template("execwatch-exec-failures")), [
-        # The stable ReplicaSet has failed for long: not the canary's business.
-        {"series": f'execwatch_exec_failures_total{{{labels},workload="{ROLLOUT}-{STABLE}"}}',
-         "values": "5+1x80"},
-        # PATH noise in the canary does not count.
-        {"series": f'execwatch_exec_failures_total{{{labels},workload="{ROLLOUT}-{CANARY}",'
-                   'reason="NotFound"}'.replace('reason="ForeignArchitecture",', ""),
-         "values": "_x4 1+1x76"},
-        # The canary's first failure at 5m: a new series starting at 1.
-        {"series": f'execwatch_exec_failures_total{{{labels},workload="{ROLLOUT}-{CANARY}"}}',
-         "values": "_x20 1x60"},
-    ], [("4m", False), ("5m15s", True), ("9m", True), ("11m", False)])
+    def failures(workload: str, reason: str = "ForeignArchitecture") -> str:
+        return (
+            'execwatch_exec_failures_total{job="execwatch-handler",instance="h",node="n",'
+            f'node_arch="arm64",binary_arch="amd64",reason="{reason}",container="c",'
+            f'namespace="shop",workload="{workload}"}}'
+        )
+
+    promtool_fires(
+        tmp_path,
+        query_of(template("execwatch-exec-failures")),
+        [
+            # The stable ReplicaSet has failed for long: not the canary's business.
+            {"series": failures(f"{ROLLOUT}-{STABLE}"), "values": "5+1x80"},
+            # PATH noise in the canary does not count.
+            {"series": failures(f"{ROLLOUT}-{CANARY}", "NotFound"), "values": "_x4 1+1x76"},
+            # The canary's first failure at 5m: a new series starting at 1.
+            {"series": failures(f"{ROLLOUT}-{CANARY}"), "values": "_x20 1x60"},
+        ],
+        [("4m", False), ("5m15s", True), ("9m", True), ("11m", False)],
+    )
 
 
 def test_restart_query_counts_restarts_of_canary_pods_only(tmp_path: Path) -> None:
-    ksm = 'job="kube-state-metrics",namespace="shop",container="oberon-runner",uid="u"'
-    promtool_fires(tmp_path, query_of(template("pod-restart-analysis")), [
-        {"series": f'kube_pod_container_status_restarts_total{{{ksm},pod="{ROLLOUT}-{STABLE}-aaaaa"}}',
-         "values": "0+1x40"},
-        {"series": f'kube_pod_container_status_restarts_total{{{ksm},pod="{ROLLOUT}-{CANARY}-bbbbb"}}',
-         "values": "0x12 1x28"},
-    ], [("2m", False), ("3m15s", True), ("4m45s", True), ("6m", False)])
+    def restarts(pod: str) -> str:
+        return (
+            'kube_pod_container_status_restarts_total{job="kube-state-metrics",'
+            f'namespace="shop",container="oberon-runner",uid="u",pod="{pod}"}}'
+        )
+
+    promtool_fires(
+        tmp_path,
+        query_of(template("pod-restart-analysis")),
+        [
+            {"series": restarts(f"{ROLLOUT}-{STABLE}-aaaaa"), "values": "0+1x40"},
+            {"series": restarts(f"{ROLLOUT}-{CANARY}-bbbbb"), "values": "0x12 1x28"},
+        ],
+        [("2m", False), ("3m15s", True), ("4m45s", True), ("6m", False)],
+    )
 
 
 # -- the real chain ----------------------------------------------------------------------------
@@ -178,11 +219,29 @@ class Handler:
         self.log = workdir / "handler.log"
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "execwatch.cluster.cli", "handler",
-                 "--kubeconfig", str(kubeconfig), "--namespace", "execwatch",
-                 "--metrics-address", self.address, "--identity", "argo-test",
-                 "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1"],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "execwatch.cluster.cli",
+                    "handler",
+                    "--kubeconfig",
+                    str(kubeconfig),
+                    "--namespace",
+                    "execwatch",
+                    "--metrics-address",
+                    self.address,
+                    "--identity",
+                    "argo-test",
+                    "--lease-duration",
+                    "4",
+                    "--renew-deadline",
+                    "3",
+                    "--retry-period",
+                    "1",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     def metrics(self) -> str:
@@ -238,14 +297,25 @@ def create_rollout_pod(api: client.ApiClient, pod_hash: str) -> client.V1Pod:
     rs = f"{ROLLOUT}-{pod_hash}"
     pod = client.V1Pod(
         metadata=client.V1ObjectMeta(
-            name=f"{rs}-{uuid.uuid4().hex[:5]}", namespace=NS,
+            name=f"{rs}-{uuid.uuid4().hex[:5]}",
+            namespace=NS,
             labels={"app": ROLLOUT, "rollouts-pod-template-hash": pod_hash},
-            owner_references=[client.V1OwnerReference(
-                api_version="apps/v1", kind="ReplicaSet", name=rs, uid=str(uuid.uuid4()),
-                controller=True)],
+            owner_references=[
+                client.V1OwnerReference(
+                    api_version="apps/v1",
+                    kind="ReplicaSet",
+                    name=rs,
+                    uid=str(uuid.uuid4()),
+                    controller=True,
+                )
+            ],
         ),
-        spec=client.V1PodSpec(node_name=NODE, containers=[client.V1Container(
-            name=ROLLOUT, image=f"registry.internal/{ROLLOUT}:{pod_hash}")]),
+        spec=client.V1PodSpec(
+            node_name=NODE,
+            containers=[
+                client.V1Container(name=ROLLOUT, image=f"registry.internal/{ROLLOUT}:{pod_hash}")
+            ],
+        ),
     )
     created: client.V1Pod = client.CoreV1Api(api).create_namespaced_pod(NS, pod)
     return created
@@ -257,8 +327,9 @@ def real_foreign_exec_failure() -> ExecFailure:
         pytest.fail(f"{HELLO_ARM64} missing: run dev/fetch-foreign.sh", pytrace=False)
     records: list[ExecFailure] = []
     with Probe() as probe:
-        pipeline = NodePipeline(FileDiagnoser(), records.append,
-                                epoch_offset=boot_to_epoch_offset(), window=0.05)
+        pipeline = NodePipeline(
+            FileDiagnoser(), records.append, epoch_offset=boot_to_epoch_offset(), window=0.05
+        )
         probe.open_ring_buffer(pipeline.on_record)
         err = _exec_in_child(str(HELLO_ARM64))
         assert err == 8, f"expected ENOEXEC from the arm64 binary, got errno {err}"
@@ -292,19 +363,29 @@ def _exec_in_child(path: str) -> int:
 def in_pod(failure: ExecFailure, pod: client.V1Pod) -> ExecFailure:
     """The attribution the agent makes for a process of this pod's container."""
     owner = pod.metadata.owner_references[0]
-    return dataclasses.replace(failure, attribution=Attribution(
-        status=AttributionStatus.ATTRIBUTED, runtime="containerd",
-        container_id=uuid.uuid4().hex * 2, pod_uid=pod.metadata.uid,
-        namespace=pod.metadata.namespace, pod=pod.metadata.name, container=ROLLOUT,
-        image=pod.spec.containers[0].image, workload_kind=owner.kind, workload=owner.name,
-    ))
+    return dataclasses.replace(
+        failure,
+        attribution=Attribution(
+            status=AttributionStatus.ATTRIBUTED,
+            runtime="containerd",
+            container_id=uuid.uuid4().hex * 2,
+            pod_uid=pod.metadata.uid,
+            namespace=pod.metadata.namespace,
+            pod=pod.metadata.name,
+            container=ROLLOUT,
+            image=pod.spec.containers[0].image,
+            workload_kind=owner.kind,
+            workload=owner.name,
+        ),
+    )
 
 
 def publish(kube: KubeCluster, failures: list[ExecFailure]) -> None:
     """The agent's publisher, with the agent ServiceAccount's token."""
     with kube.client(kube.service_account_token("execwatch", "execwatch-agent")) as api:
-        publisher = Publisher(PublisherConfig(node=NODE, namespace="execwatch"),
-                              ApiSink(api, "execwatch"))
+        publisher = Publisher(
+            PublisherConfig(node=NODE, namespace="execwatch"), ApiSink(api, "execwatch")
+        )
         publisher.start()
         for f in failures:
             publisher.submit(f)
@@ -313,7 +394,10 @@ def publish(kube: KubeCluster, failures: list[ExecFailure]) -> None:
 
 
 def test_canary_analysis_fails_after_a_real_exec_failure_and_not_before(
-    kube: KubeCluster, admin: client.ApiClient, handler: Handler, prometheus: Prometheus,
+    kube: KubeCluster,
+    admin: client.ApiClient,
+    handler: Handler,
+    prometheus: Prometheus,
 ) -> None:
     tmpl = template("execwatch-exec-failures")
     metric = only_metric(tmpl)
@@ -328,8 +412,10 @@ def test_canary_analysis_fails_after_a_real_exec_failure_and_not_before(
 
     # The stable ReplicaSet failing does not fail the canary.
     publish(kube, [in_pod(failure, stable)])
-    prometheus.wait_until(f'sum(execwatch_exec_failures_total{{workload="{ROLLOUT}-{STABLE}"}})',
-                          lambda v: v and v[0] >= 1)
+    prometheus.wait_until(
+        f'sum(execwatch_exec_failures_total{{workload="{ROLLOUT}-{STABLE}"}})',
+        lambda v: v and v[0] >= 1,
+    )
     before = prometheus.values(query)
     assert before == [0.0]
     assert not holds(metric["failureCondition"], before)
@@ -343,8 +429,13 @@ def test_canary_analysis_fails_after_a_real_exec_failure_and_not_before(
     # What Prometheus saw is what the handler exported for the canary's ReplicaSet.
     series = prometheus.query(f'execwatch_exec_failures_total{{workload="{ROLLOUT}-{CANARY}"}}')
     (s,) = series["result"]
-    want: dict[str, Any] = {"namespace": NS, "container": ROLLOUT, "node": NODE,
-                            "reason": "ForeignArchitecture", "binary_arch": "arm64"}
+    want: dict[str, Any] = {
+        "namespace": NS,
+        "container": ROLLOUT,
+        "node": NODE,
+        "reason": "ForeignArchitecture",
+        "binary_arch": "arm64",
+    }
     assert want.items() <= s["metric"].items()
     labelled = client.CoreV1Api(admin).read_namespaced_pod(canary.metadata.name, NS)
     assert labelled.metadata.labels.get("execwatch.io/exec-failure")

@@ -20,13 +20,24 @@ from tests.deploy.chart import (
 )
 
 DEFAULT_KINDS = {
-    "Namespace", "CustomResourceDefinition", "ResourceQuota", "ServiceAccount", "Role",
-    "RoleBinding", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Deployment",
-    "PodDisruptionBudget", "Service",
+    "Namespace",
+    "CustomResourceDefinition",
+    "ResourceQuota",
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "DaemonSet",
+    "Deployment",
+    "PodDisruptionBudget",
+    "Service",
 }
 EVERYTHING = (
-    "serviceMonitor.enabled=true", "prometheusRule.enabled=true",
-    "grafanaDashboard.enabled=true", "openshift.scc.enabled=true",
+    "serviceMonitor.enabled=true",
+    "prometheusRule.enabled=true",
+    "grafanaDashboard.enabled=true",
+    "openshift.scc.enabled=true",
 )
 
 
@@ -48,15 +59,22 @@ def test_defaults_install_the_pipeline_and_no_optional_integration() -> None:
     assert ("DaemonSet", "execwatch-agent") in names
     assert ("Deployment", "execwatch-handler") in names
     for doc in docs:
-        if doc["kind"] not in ("Namespace", "CustomResourceDefinition", "ClusterRole",
-                               "ClusterRoleBinding"):
+        if doc["kind"] not in (
+            "Namespace",
+            "CustomResourceDefinition",
+            "ClusterRole",
+            "ClusterRoleBinding",
+        ):
             assert doc["metadata"]["namespace"] == "execwatch", doc["metadata"]
 
 
 def test_everything_on_adds_monitoring_dashboard_and_scc() -> None:
     docs = render(*EVERYTHING)
     assert kinds(docs) - DEFAULT_KINDS == {
-        "ServiceMonitor", "PrometheusRule", "ConfigMap", "SecurityContextConstraints"
+        "ServiceMonitor",
+        "PrometheusRule",
+        "ConfigMap",
+        "SecurityContextConstraints",
     }
     dash = find(docs, "ConfigMap", "execwatch-dashboard")
     assert dash["metadata"]["labels"]["grafana_dashboard"] == "1"
@@ -65,18 +83,42 @@ def test_everything_on_adds_monitoring_dashboard_and_scc() -> None:
 @pytest.mark.parametrize(
     ("off", "gone"),
     [
-        ("agent.enabled=false", {("DaemonSet", "execwatch-agent"), ("Service", "execwatch-agent"),
-                                 ("ServiceAccount", "execwatch-agent"), ("Role", "execwatch-agent")}),
-        ("handler.enabled=false", {("Deployment", "execwatch-handler"),
-                                   ("ClusterRole", "execwatch-handler"),
-                                   ("PodDisruptionBudget", "execwatch-handler")}),
+        (
+            "agent.enabled=false",
+            {
+                ("DaemonSet", "execwatch-agent"),
+                ("Service", "execwatch-agent"),
+                ("ServiceAccount", "execwatch-agent"),
+                ("Role", "execwatch-agent"),
+            },
+        ),
+        (
+            "handler.enabled=false",
+            {
+                ("Deployment", "execwatch-handler"),
+                ("ClusterRole", "execwatch-handler"),
+                ("PodDisruptionBudget", "execwatch-handler"),
+            },
+        ),
         ("crd.install=false", {("CustomResourceDefinition", "execfailures.execwatch.io")}),
         ("namespace.create=false", {("Namespace", "execwatch")}),
         ("resourceQuota.enabled=false", {("ResourceQuota", "execwatch-records")}),
-        ("rbac.create=false", {("Role", "execwatch-agent"), ("ClusterRole", "execwatch-handler"),
-                               ("RoleBinding", "execwatch-handler")}),
-        ("service.enabled=false", {("Service", "execwatch-agent"), ("Service", "execwatch-handler")}),
-        ("handler.podDisruptionBudget.enabled=false", {("PodDisruptionBudget", "execwatch-handler")}),
+        (
+            "rbac.create=false",
+            {
+                ("Role", "execwatch-agent"),
+                ("ClusterRole", "execwatch-handler"),
+                ("RoleBinding", "execwatch-handler"),
+            },
+        ),
+        (
+            "service.enabled=false",
+            {("Service", "execwatch-agent"), ("Service", "execwatch-handler")},
+        ),
+        (
+            "handler.podDisruptionBudget.enabled=false",
+            {("PodDisruptionBudget", "execwatch-handler")},
+        ),
     ],
 )
 def test_each_piece_can_be_turned_off(off: str, gone: set[tuple[str, str]]) -> None:
@@ -130,9 +172,14 @@ def test_every_added_capability_is_justified_in_a_comment_next_to_it() -> None:
 @pytest.mark.parametrize(
     ("sets", "caps"),
     [
-        (("agent.capabilities.sysResource=false",), ["BPF", "PERFMON", "SYS_PTRACE", "DAC_READ_SEARCH"]),
-        (("agent.capabilities.dacReadSearch=false", "agent.capabilities.sysPtrace=false"),
-         ["BPF", "PERFMON", "SYS_RESOURCE"]),
+        (
+            ("agent.capabilities.sysResource=false",),
+            ["BPF", "PERFMON", "SYS_PTRACE", "DAC_READ_SEARCH"],
+        ),
+        (
+            ("agent.capabilities.dacReadSearch=false", "agent.capabilities.sysPtrace=false"),
+            ["BPF", "PERFMON", "SYS_RESOURCE"],
+        ),
     ],
 )
 def test_optional_capabilities_can_be_dropped(sets: tuple[str, ...], caps: list[str]) -> None:
@@ -158,7 +205,10 @@ def test_agent_mounts_host_paths_read_only_and_nothing_else_of_the_host() -> Non
 
 def test_cri_socket_follows_the_value_or_is_left_out() -> None:
     crio = pod_spec(find(render("agent.criSocket=/run/crio/crio.sock"), "DaemonSet"))
-    assert {"name": "cri-socket", "hostPath": {"path": "/run/crio/crio.sock", "type": "Socket"}} in crio["volumes"]
+    assert {
+        "name": "cri-socket",
+        "hostPath": {"path": "/run/crio/crio.sock", "type": "Socket"},
+    } in crio["volumes"]
     none = pod_spec(find(render("agent.criSocket="), "DaemonSet"))
     assert all(v["name"] != "cri-socket" for v in none["volumes"])
 
@@ -175,8 +225,10 @@ def test_agent_command_line_uses_flags_the_agent_has() -> None:
     from execwatch.cluster import cli as cluster_cli
 
     parser = _cluster_parser(cluster_cli)
-    for kind, sets in (("DaemonSet", ()), ("Deployment", ("handler.podLabelMetric=true",
-                                                          "handler.labelPods=false"))):
+    for kind, sets in (
+        ("DaemonSet", ()),
+        ("Deployment", ("handler.podLabelMetric=true", "handler.labelPods=false")),
+    ):
         c = pod_spec(find(render(*sets), kind))["containers"][0]
         args = parser.parse_args(c["args"])
         assert args.command in ("agent", "handler")
@@ -200,8 +252,10 @@ def test_handler_has_two_replicas_spread_and_a_disruption_budget() -> None:
     dep = find(docs, "Deployment", "execwatch-handler")
     assert dep["spec"]["replicas"] == 2
     anti = pod_spec(dep)["affinity"]["podAntiAffinity"]
-    assert anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"][
-        "topologyKey"] == "kubernetes.io/hostname"
+    assert (
+        anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]["topologyKey"]
+        == "kubernetes.io/hostname"
+    )
     assert find(docs, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
 
 
@@ -238,14 +292,20 @@ def test_rbac_rules_are_exactly_those_of_deploy_base() -> None:
 def test_bindings_and_service_accounts_match_deploy_base() -> None:
     def bindings(docs: list[Doc]) -> set[tuple[str, str, str, str]]:
         return {
-            (d["kind"], d["metadata"]["name"], d["roleRef"]["name"],
-             ",".join(f"{s['namespace']}/{s['name']}" for s in d["subjects"]))
-            for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
+            (
+                d["kind"],
+                d["metadata"]["name"],
+                d["roleRef"]["name"],
+                ",".join(f"{s['namespace']}/{s['name']}" for s in d["subjects"]),
+            )
+            for d in docs
+            if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
         }
 
     docs = render()
-    assert bindings(docs) == bindings([d for d in base_docs() if "pod-reader" not in
-                                       d["metadata"]["name"]])
+    assert bindings(docs) == bindings(
+        [d for d in base_docs() if "pod-reader" not in d["metadata"]["name"]]
+    )
     sas = {d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"}
     assert sas == {d["metadata"]["name"] for d in base_docs() if d["kind"] == "ServiceAccount"}
 
@@ -267,8 +327,10 @@ def test_agent_pod_reader_option_uses_the_optional_base_rules() -> None:
     if optional.exists():
         docs = render("agent.podMetadata=api")
         base = _rbac(base_docs())
-        assert find(docs, "ClusterRole", "execwatch-agent-pod-reader")["rules"] == base[
-            ("ClusterRole", "execwatch-agent-pod-reader")]
+        assert (
+            find(docs, "ClusterRole", "execwatch-agent-pod-reader")["rules"]
+            == base[("ClusterRole", "execwatch-agent-pod-reader")]
+        )
     else:
         # Until deploy/base ships the optional rules, the option fails loudly.
         with pytest.raises(RuntimeError, match="has no ClusterRole/execwatch-agent-pod-reader"):
@@ -286,8 +348,12 @@ def test_service_monitors_scrape_both_components_and_label_agents_with_their_nod
     assert agent["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert agent["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"] == "metrics"
     assert agent["spec"]["endpoints"][0]["relabelings"] == [
-        {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node",
-         "action": "replace"}]
+        {
+            "sourceLabels": ["__meta_kubernetes_pod_node_name"],
+            "targetLabel": "node",
+            "action": "replace",
+        }
+    ]
     assert "relabelings" not in handler["spec"]["endpoints"][0]
 
 
@@ -300,7 +366,14 @@ def test_scc_allows_exactly_what_the_agent_asks() -> None:
     assert scc["allowHostPID"] is True and scc["allowHostNetwork"] is False
     assert scc["readOnlyRootFilesystem"] is True
     use = find(docs, "Role", "execwatch-agent-scc")
-    assert use["rules"] == [{"apiGroups": ["security.openshift.io"],
-                             "resources": ["securitycontextconstraints"],
-                             "resourceNames": ["execwatch-agent"], "verbs": ["use"]}]
-    assert pod_spec(find(docs, "DaemonSet"))["securityContext"]["seLinuxOptions"] == {"type": "spc_t"}
+    assert use["rules"] == [
+        {
+            "apiGroups": ["security.openshift.io"],
+            "resources": ["securitycontextconstraints"],
+            "resourceNames": ["execwatch-agent"],
+            "verbs": ["use"],
+        }
+    ]
+    assert pod_spec(find(docs, "DaemonSet"))["securityContext"]["seLinuxOptions"] == {
+        "type": "spc_t"
+    }

@@ -13,7 +13,9 @@ from tests.deploy.chart import CHART, KUSTOMIZE, REPO, kustomize_docs, render
 def test_generated_files_are_up_to_date() -> None:
     out = subprocess.run(
         [sys.executable, str(REPO / "dev" / "gen-deploy.py"), "--check"],
-        capture_output=True, text=True, timeout=180,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert out.returncode == 0, out.stderr
 
@@ -25,7 +27,9 @@ def test_the_kustomize_base_is_the_chart_with_default_values() -> None:
     assert sorted(plain, key=key) == sorted(rendered, key=key)
     for doc in plain:
         labels = doc["metadata"].get("labels", {})
-        assert "helm.sh/chart" not in labels and labels["app.kubernetes.io/managed-by"] == "kustomize"
+        assert (
+            "helm.sh/chart" not in labels and labels["app.kubernetes.io/managed-by"] == "kustomize"
+        )
 
 
 def test_every_kustomize_file_is_listed_by_a_kustomization() -> None:
@@ -41,8 +45,11 @@ def test_every_kustomize_file_is_listed_by_a_kustomization() -> None:
 def test_chart_files_are_copies_of_their_sources() -> None:
     files = CHART / "files"
     assert (files / "execwatch-rules.yaml").read_text() == (
-        REPO / "deploy" / "prometheus" / "execwatch-rules.yaml").read_text()
+        REPO / "deploy" / "prometheus" / "execwatch-rules.yaml"
+    ).read_text()
     assert (files / "execwatch.json").read_text() == (
-        REPO / "deploy" / "grafana" / "execwatch.json").read_text()
+        REPO / "deploy" / "grafana" / "execwatch.json"
+    ).read_text()
     assert yaml.safe_load((files / "crd.yaml").read_text()) == yaml.safe_load(
-        (REPO / "deploy" / "base" / "crd.yaml").read_text())
+        (REPO / "deploy" / "base" / "crd.yaml").read_text()
+    )
