@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import time
 from typing import Any
 
@@ -40,7 +41,8 @@ def exec_failure(
     uid = pod_uid or meta.get("uid")
     if status is None:
         status = AttributionStatus.ATTRIBUTED if name else AttributionStatus.UNATTRIBUTED
-    cid = container_id or f"{(uid or 'host')[:8]}{container}".ljust(64, "0")
+    seed = f"{ns}/{name}/{uid}/{container}"
+    cid = container_id or hashlib.sha256(seed.encode()).hexdigest()
     attribution = Attribution(
         status=status,
         cgroup_path=f"/kubepods.slice/kubepods-pod{uid}.slice/cri-containerd-{cid}.scope",

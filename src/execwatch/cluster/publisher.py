@@ -57,6 +57,12 @@ class SinkError(Exception):
         return self.status == 409
 
     @property
+    def ambiguous(self) -> bool:
+        """The object may have been created although the call failed: no answer, or a
+        server-side timeout (500/504). Such a record is retried under the same name."""
+        return self.status in (0, 500, 504)
+
+    @property
     def permanent(self) -> bool:
         """The API server judged the object itself bad: retrying cannot help."""
         return self.status in (400, 413, 422)
@@ -116,6 +122,7 @@ class _Sealed:
     key: Key
     body: dict[str, Any]
     count: int
+    source: _Pending
     attempts: int = 0
 
 
@@ -274,7 +281,7 @@ class Publisher:
             last_seen=p.last_seen,
             count=p.count,
         )
-        return _Sealed(due_key, body, p.count), 0.0
+        return _Sealed(due_key, body, p.count, p), 0.0
 
     def _prune(self, now: float) -> None:
         """Forget keys quiet for a full window: they no longer delay anything."""
@@ -317,7 +324,10 @@ class Publisher:
             with self._lock:
                 if sealed.attempts == 1:
                     self.metrics.spooled.inc()
-                self._retry.append(sealed)
+                if err.ambiguous:
+                    self._retry.append(sealed)
+                else:
+                    self._unseal(sealed)
                 self._backoff = min(
                     self.config.backoff_max,
                     max(self.config.backoff_initial, self._backoff * 2),
@@ -332,6 +342,22 @@ class Publisher:
             )
             return
         self._sent(sealed, retried=sealed.attempts > 1)
+
+    def _unseal(self, sealed: _Sealed) -> None:
+        """The API server answered that it did not create the record: put its failures
+        back with the pending ones of its key, so later repeats keep folding into it
+        instead of needing a new spool slot. Called with the lock held."""
+        src = sealed.source
+        pending = self._pending.get(sealed.key)
+        if pending is None:
+            self._pending[sealed.key] = src
+            src.due = self.clock()
+        else:
+            pending.count += src.count
+            pending.first_seen = min(pending.first_seen, src.first_seen)
+            pending.last_seen = max(pending.last_seen, src.last_seen)
+            pending.failure = src.failure
+            pending.due = self.clock()
 
     def _sent(self, sealed: _Sealed, retried: bool) -> None:
         with self._lock:

@@ -1,0 +1,249 @@
+"""The agent's publisher: aggregation, rate limit, bounded spool, retries, metrics.
+
+The first half uses an in-memory sink to pin the logic down exactly; the second half
+runs against the real API server with the agent's ServiceAccount.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from execwatch.cluster import crd
+from execwatch.cluster.metrics import PublisherMetrics
+from execwatch.cluster.publisher import ApiSink, Publisher, PublisherConfig, SinkError
+from execwatch.record import AttributionStatus
+from tests.cluster.conftest import NODE, list_records, wait_until
+from tests.cluster.records import exec_failure
+from tests.cluster.test_crd import set_quota_usage
+from tests.kube.cluster import KubeCluster
+
+
+class MemorySink:
+    """Stores created objects by name; can be told to fail like an API server would."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.attempts = 0
+        self.fail_with: int | None = None
+        self.lose_answers = 0  # store the object, then raise as if the answer was lost
+        self.times: list[float] = []
+        self.lock = threading.Lock()
+
+    def create(self, body: dict[str, Any]) -> None:
+        with self.lock:
+            self.attempts += 1
+            name = body["metadata"]["name"]
+            if self.fail_with is not None:
+                raise SinkError(self.fail_with, "injected")
+            if name in self.objects:
+                raise SinkError(409, "AlreadyExists")
+            self.objects[name] = body
+            self.times.append(time.monotonic())
+            if self.lose_answers:
+                self.lose_answers -= 1
+                raise SinkError(0, "ReadTimeoutError")
+
+    def counts(self) -> int:
+        with self.lock:
+            return sum(o["spec"]["count"] for o in self.objects.values())
+
+
+def sample(m: PublisherMetrics, name: str, **labels: str) -> float:
+    return m.registry.get_sample_value(name, labels) or 0.0
+
+
+@pytest.fixture
+def sink() -> MemorySink:
+    return MemorySink()
+
+
+@pytest.fixture
+def make_publisher() -> Iterator[Any]:
+    started: list[Publisher] = []
+
+    def make(sink: Any, **config: Any) -> Publisher:
+        settings: dict[str, Any] = {
+            "aggregation_window": 60.0,
+            "backoff_initial": 0.05,
+            "backoff_max": 0.2,
+        }
+        settings.update(config)
+        p = Publisher(PublisherConfig(node=NODE, **settings), sink)
+        p.start()
+        started.append(p)
+        return p
+
+    yield make
+    for p in started:
+        p.stop(flush_timeout=0)
+
+
+def test_the_first_failure_is_published_at_once_with_the_full_record(
+    sink: MemorySink, make_publisher: Any
+) -> None:
+    p = make_publisher(sink)
+    p.submit(exec_failure(pod_name="web-0", namespace="shop", pod_uid="u1"))
+    wait_until(lambda: sink.objects, timeout=2)
+    [body] = sink.objects.values()
+    assert body["spec"]["pod"] == {"name": "web-0", "namespace": "shop", "uid": "u1"}
+    assert body["spec"]["count"] == 1 and body["spec"]["reason"] == "ForeignArchitecture"
+    assert sample(p.metrics, "execwatch_publisher_published_total") == 1
+
+
+def test_a_crash_loop_becomes_one_record_per_window_with_exact_counts(
+    sink: MemorySink, make_publisher: Any
+) -> None:
+    p = make_publisher(sink, aggregation_window=0.5)
+    t0 = time.time()
+    p.submit(exec_failure(pod_name="web-0", namespace="shop", when=t0))
+    wait_until(lambda: sink.objects, timeout=2)
+    for i in range(1, 300):
+        p.submit(exec_failure(pod_name="web-0", namespace="shop", when=t0 + i * 0.001))
+    wait_until(lambda: sink.counts() == 300, timeout=5)
+    bodies = sorted(sink.objects.values(), key=lambda b: b["spec"]["firstSeen"])
+    assert [b["spec"]["count"] for b in bodies] == [1, 299]
+    assert bodies[1]["spec"]["firstSeen"] < bodies[1]["spec"]["lastSeen"]
+    assert sample(p.metrics, "execwatch_publisher_aggregated_total") == 298
+
+
+def test_different_containers_or_paths_are_not_folded_together(
+    sink: MemorySink, make_publisher: Any
+) -> None:
+    p = make_publisher(sink)
+    p.submit(exec_failure(pod_name="a", namespace="n", container="one"))
+    p.submit(exec_failure(pod_name="a", namespace="n", container="two"))
+    p.submit(exec_failure(pod_name="a", namespace="n", container="one", path="/other"))
+    wait_until(lambda: len(sink.objects) == 3, timeout=2)
+
+
+def test_creates_are_rate_limited(sink: MemorySink, make_publisher: Any) -> None:
+    p = make_publisher(sink, rate=20.0, burst=5)
+    for i in range(25):
+        p.submit(exec_failure(pod_name=f"p{i}", namespace="n"))
+    wait_until(lambda: len(sink.objects) == 25, timeout=5)
+    # 5 from the burst, then 20 at 20/s: about one second, never much faster.
+    assert sink.times[-1] - sink.times[0] >= 0.9
+
+
+def test_an_outage_is_spooled_within_the_bound_and_the_excess_counted(
+    sink: MemorySink, make_publisher: Any
+) -> None:
+    sink.fail_with = 503
+    p = make_publisher(sink, spool_size=3)
+    for i in range(5):
+        p.submit(exec_failure(pod_name=f"p{i}", namespace="n", count=2))
+    p.submit(exec_failure(pod_name="p0", namespace="n", count=7))  # folds, no new slot
+    wait_until(lambda: sample(p.metrics, "execwatch_publisher_spooled_total") >= 1, timeout=2)
+    assert sample(p.metrics, "execwatch_publisher_dropped_total", type="spool_full") == 4
+    assert sample(p.metrics, "execwatch_publisher_spool_records") == 3
+    sink.fail_with = None
+    wait_until(lambda: p.spooled() == 0, timeout=5)
+    assert sink.counts() == 3 * 2 + 7
+    assert sample(p.metrics, "execwatch_publisher_api_errors_total", code="503") >= 1
+
+
+def test_a_retry_after_a_lost_answer_does_not_make_a_second_record(
+    sink: MemorySink, make_publisher: Any
+) -> None:
+    sink.lose_answers = 1
+    p = make_publisher(sink)
+    p.submit(exec_failure(pod_name="a", namespace="n", count=4))
+    wait_until(lambda: sample(p.metrics, "execwatch_publisher_published_total") == 1, timeout=3)
+    assert sink.attempts == 2 and len(sink.objects) == 1 and sink.counts() == 4
+
+
+def test_records_the_api_server_refuses_are_dropped_and_counted(
+    sink: MemorySink, make_publisher: Any
+) -> None:
+    sink.fail_with = 422
+    p = make_publisher(sink)
+    p.submit(exec_failure(pod_name="a", namespace="n", count=3))
+    wait_until(
+        lambda: sample(p.metrics, "execwatch_publisher_dropped_total", type="rejected"), timeout=2
+    )
+    assert sample(p.metrics, "execwatch_publisher_dropped_total", type="rejected") == 3
+    assert p.spooled() == 0
+
+
+def test_retries_back_off_instead_of_hammering_the_api_server(
+    sink: MemorySink, make_publisher: Any
+) -> None:
+    sink.fail_with = 500
+    sink_attempts_at = time.monotonic()
+    p = make_publisher(sink, backoff_initial=0.1, backoff_max=1.0)
+    p.submit(exec_failure(pod_name="a", namespace="n"))
+    time.sleep(2.0)
+    # 0.1, 0.2, 0.4, 0.8 (with jitter in [0.5, 1]): at most ~8 tries in 2 s, not hundreds.
+    assert 2 <= sink.attempts <= 10, sink.attempts
+    assert time.monotonic() - sink_attempts_at >= 2.0
+
+
+def test_failures_without_a_pod_are_published_and_counted_as_unattributed(
+    sink: MemorySink, make_publisher: Any
+) -> None:
+    p = make_publisher(sink)
+    p.submit(exec_failure(status=AttributionStatus.HOST))
+    p.submit(exec_failure(status=AttributionStatus.UNATTRIBUTED, path="/x"))
+    wait_until(lambda: len(sink.objects) == 2, timeout=2)
+    assert sample(p.metrics, "execwatch_publisher_unattributed_total") == 2
+    assert {b["spec"]["attribution"] for b in sink.objects.values()} == {"host", "unattributed"}
+
+
+# -- against the real API server -------------------------------------------------------
+
+
+def test_records_reach_the_api_server_with_the_agents_credentials(
+    agent_api: client.ApiClient, admin: client.ApiClient, make_publisher: Any
+) -> None:
+    p = make_publisher(ApiSink(agent_api, crd.DEFAULT_NAMESPACE), aggregation_window=0.5)
+    p.submit(exec_failure(pod_name="web-0", namespace="shop", pod_uid="u1"))
+    wait_until(lambda: list_records(admin), timeout=5)
+    for _ in range(49):
+        p.submit(exec_failure(pod_name="web-0", namespace="shop", pod_uid="u1"))
+    wait_until(lambda: sum(r["spec"]["count"] for r in list_records(admin)) == 50, timeout=5)
+    assert len(list_records(admin)) == 2
+    assert sample(p.metrics, "execwatch_publisher_published_failures_total") == 50
+
+
+def test_an_api_server_outage_loses_nothing_within_the_spool(
+    kube: KubeCluster, agent_api: client.ApiClient, admin: client.ApiClient, make_publisher: Any
+) -> None:
+    p = make_publisher(
+        ApiSink(agent_api, crd.DEFAULT_NAMESPACE, timeout=2.0), backoff_initial=0.2, backoff_max=1.0
+    )
+    assert kube.apiserver is not None
+    kube.apiserver.stop()
+    try:
+        for i in range(20):
+            p.submit(exec_failure(pod_name=f"p{i % 10}", namespace="shop"))
+        wait_until(lambda: sample(p.metrics, "execwatch_publisher_spooled_total") >= 1, timeout=10)
+    finally:
+        kube.restart_apiserver()
+    wait_until(lambda: p.spooled() == 0, timeout=30)
+    records = list_records(admin)
+    assert sum(r["spec"]["count"] for r in records) == 20
+    assert len(records) == 10
+    assert sample(p.metrics, "execwatch_publisher_dropped_total", type="spool_full") == 0
+
+
+def test_a_full_quota_keeps_records_spooled_until_there_is_room(
+    agent_api: client.ApiClient, admin: client.ApiClient, make_publisher: Any
+) -> None:
+    set_quota_usage(admin, 5000)
+    try:
+        p = make_publisher(ApiSink(agent_api, crd.DEFAULT_NAMESPACE))
+        p.submit(exec_failure(pod_name="a", namespace="n", count=2))
+        wait_until(
+            lambda: sample(p.metrics, "execwatch_publisher_api_errors_total", code="403"), timeout=5
+        )
+        assert list_records(admin) == [] and p.spooled() == 1
+    finally:
+        set_quota_usage(admin, 0)
+    wait_until(lambda: list_records(admin), timeout=10)
+    assert sample(p.metrics, "execwatch_publisher_dropped_total", type="spool_full") == 0
