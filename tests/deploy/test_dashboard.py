@@ -1,0 +1,167 @@
+"""The Grafana dashboard (and every other query we ship) names only real metrics."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from execwatch.cluster.metrics import HandlerMetrics, PublisherMetrics
+from execwatch.metrics import NodeMetrics
+from tests.deploy.chart import REPO, find, render
+
+DASHBOARD = REPO / "deploy" / "grafana" / "execwatch.json"
+
+# Not ours, and documented by their projects: Prometheus' own `up`, and the
+# kube-state-metrics families the rules and the dashboard use (kube-state-metrics
+# docs/metrics/workload/{pod,daemonset,deployment}-metrics.md; last_terminated_exitcode
+# since v2.7.0).
+FOREIGN = {
+    "up",
+    "kube_daemonset_status_desired_number_scheduled",
+    "kube_daemonset_status_number_ready",
+    "kube_pod_container_status_restarts_total",
+    "kube_pod_container_status_last_terminated_exitcode",
+}
+
+PROMQL_WORDS = {
+    "by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless",
+    "offset", "bool", "inf", "nan",
+}  # fmt: skip
+
+
+class _Probe:
+    def errno_totals(self) -> dict[int, int]:
+        return {8: 1}
+
+    def stats(self) -> dict[str, int]:
+        return {"ringbuf_full": 0, "counter_map_full": 0}
+
+
+def exported_names() -> set[str]:
+    """Every sample name execwatch can export, from its own metric definitions."""
+    registry = CollectorRegistry()
+    NodeMetrics(registry, _Probe())
+    PublisherMetrics(registry=registry)
+    HandlerMetrics(registry=registry)
+    suffixes = {
+        "counter": ("_total", "_created"),
+        "gauge": ("",),
+        "histogram": ("_bucket", "_sum", "_count", "_created"),
+    }
+    names: set[str] = set()
+    for family in registry.collect():
+        names |= {family.name + s for s in suffixes[family.type]}
+        names |= {s.name for s in family.samples}
+    return names
+
+
+def metric_names(promql: str) -> set[str]:
+    """Metric names in a PromQL expression (label matchers, groupings, ranges removed)."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', promql)  # strings
+    text = re.sub(r"\{[^}]*\}", "", text)  # label matchers
+    text = re.sub(r"\[[^\]]*\]", "", text)  # ranges
+    text = re.sub(r"\boffset\s+[-\w]+", "", text)  # offsets
+    text = re.sub(r"(?<![\w:])\d[\w.]*", "", text)  # numbers, durations
+    text = re.sub(
+        r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", text
+    )  # groupings
+    names = set()
+    for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", text):
+        word = m.group(0)
+        after = text[m.end() :].lstrip()
+        if after.startswith("(") or word.lower() in PROMQL_WORDS:
+            continue  # a function or a keyword
+        if text[: m.start()].endswith("$"):
+            continue  # a Grafana variable
+        names.add(word)
+    return names
+
+
+def test_metric_name_extraction() -> None:
+    q = (
+        'sum by (a, b) (increase(x_total{l="v{"}[5m]) > 0) or (y unless y offset 10m)'
+        " or vector(0) + histogram_quantile(0.9, sum by (le) (rate(z_bucket[$__rate_interval])))"
+    )
+    assert metric_names(q) == {"x_total", "y", "z_bucket"}
+
+
+def dashboard() -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return doc
+
+
+def exprs() -> list[str]:
+    out = [t["expr"] for p in dashboard()["panels"] for t in p.get("targets", [])]
+    for var in dashboard()["templating"]["list"]:
+        if m := re.fullmatch(r"label_values\((.+),\s*\w+\)", var.get("definition", "")):
+            out.append(m.group(1))  # the series selector of label_values(selector, label)
+    return out
+
+
+def test_dashboard_parses_and_is_laid_out() -> None:
+    d = dashboard()
+    assert d["uid"] == "execwatch"
+    ids = [p["id"] for p in d["panels"]]
+    assert len(ids) == len(set(ids))
+    for p in d["panels"]:
+        g = p["gridPos"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24
+        if p["type"] != "row":
+            assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+            assert p["targets"], p["title"]
+
+
+def test_every_dashboard_query_names_only_exported_or_documented_metrics() -> None:
+    known = exported_names() | FOREIGN
+    used = set().union(*(metric_names(e) for e in exprs()))
+    assert used, "no metric found: the extraction is broken"
+    assert used <= known, f"unknown metrics: {used - known}"
+
+
+def test_dashboard_shows_what_an_operator_asks_for() -> None:
+    text = "\n".join(exprs())
+    for grouping in (
+        "by (reason)",
+        "by (binary_arch, node_arch)",
+        "by (namespace)",
+        "by (node)",
+        "topk(15, sum by (namespace, workload, container, reason, binary_arch, node_arch)",
+        'up{job="execwatch-agent"}',
+        "execwatch_kernel_dropped_total",
+        "execwatch_publisher_dropped_total",
+        "kube_daemonset_status_number_ready",
+        "execwatch_handler_leader",
+    ):
+        assert grouping in text, grouping
+
+
+def _rule_exprs() -> list[str]:
+    rules = yaml.safe_load((REPO / "deploy/prometheus/execwatch-rules.yaml").read_text())
+    return [r["expr"] for g in rules["groups"] for r in g["rules"]]
+
+
+def _argo_queries() -> list[str]:
+    out = []
+    for path in (REPO / "deploy" / "argo").glob("*.yaml"):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc["kind"] == "AnalysisTemplate":
+                out += [m["provider"]["prometheus"]["query"] for m in doc["spec"]["metrics"]]
+    return out
+
+
+@pytest.mark.parametrize("source", ["alert rules", "argo templates"])
+def test_alert_rules_and_argo_queries_name_only_real_metrics(source: str) -> None:
+    queries = _rule_exprs() if source == "alert rules" else _argo_queries()
+    known = exported_names() | FOREIGN
+    used = set().union(*(metric_names(q) for q in queries))
+    assert used and used <= known, f"unknown metrics: {used - known}"
+
+
+def test_chart_ships_the_dashboard_unchanged() -> None:
+    cm = find(render("grafanaDashboard.enabled=true"), "ConfigMap", "execwatch-dashboard")
+    assert json.loads(cm["data"]["execwatch.json"]) == dashboard()
