@@ -56,21 +56,6 @@ def normalise(path: str) -> str:
     return posixpath.normpath("/" + path).replace("//", "/")
 
 
-def climbs_above_root(directory: str, target: str) -> bool:
-    """Whether a relative symlink target, read from `directory`, goes above the root."""
-    if target.startswith("/"):
-        return False
-    depth = len([p for p in directory.split("/") if p])
-    for part in target.split("/"):
-        if part == "..":
-            depth -= 1
-            if depth < 0:
-                return True
-        elif part not in ("", "."):
-            depth += 1
-    return False
-
-
 class SymlinkLoop(ScanInputError):
     pass
 
