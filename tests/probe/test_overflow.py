@@ -1,0 +1,67 @@
+"""A full ring buffer loses records, never counts: the kernel's totals stay exact."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from execwatch.attribution.mounts import cgroup_mounts
+from execwatch.pipeline import aggregation_key
+from execwatch.probe import Probe
+from execwatch.probe.loader import ProbeOptions
+
+FAILURES = 500
+
+
+@pytest.fixture
+def own_cgroup() -> Iterator[Path]:
+    unified = cgroup_mounts().unified
+    assert unified is not None, "these tests need a cgroup v2 hierarchy"
+    path = unified.mountpoint / f"execwatch-test-{os.getpid()}"
+    path.mkdir()
+    yield path
+    path.rmdir()
+
+
+def fail_execs_in(cgroup: Path, binary: Path, n: int) -> None:
+    """A child joins `cgroup` and makes n failing execve calls (each returns ENOEXEC)."""
+    pid = os.fork()
+    if pid == 0:  # the child never returns
+        (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+        failed = 0
+        for _ in range(n):
+            try:
+                os.execv(binary, [str(binary)])
+            except OSError as exc:
+                failed += exc.errno == errno.ENOEXEC
+        os._exit(0 if failed == n else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_overflowing_ring_buffer_keeps_exact_counts(
+    own_cgroup: Path, foreign_root: Path, tmp_path: Path
+) -> None:
+    binary = tmp_path / "arm64-tool"
+    shutil.copy(foreign_root / "arm64/root/usr/bin/busybox", binary)
+    delivered: list[bytes] = []
+    with Probe(ProbeOptions(ringbuf_bytes=4096)) as probe:  # one page: room for ~9 records
+        probe.open_ring_buffer(delivered.append)
+        drops_before = probe.stats()["ringbuf_full"]
+
+        fail_execs_in(own_cgroup, binary, FAILURES)  # nothing is consumed meanwhile
+        while probe.poll(10):
+            pass
+
+        cgroup_id = own_cgroup.stat().st_ino
+        counted = probe.counts_by_cgroup()[(cgroup_id, errno.ENOEXEC)]
+        dropped = probe.stats()["ringbuf_full"] - drops_before
+    ours = [raw for raw in delivered if aggregation_key(raw)[0] == cgroup_id]
+    assert counted == FAILURES
+    assert 0 < len(ours) < FAILURES
+    assert dropped >= FAILURES - len(ours)  # other processes' records may be dropped too
