@@ -1,0 +1,105 @@
+"""docs/metrics.md, docs/crd.md and docs/privileges.md say what the code and manifests do."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+from prometheus_client import CollectorRegistry
+
+from execwatch.cluster.metrics import HandlerMetrics, PublisherMetrics
+from execwatch.metrics import NodeMetrics
+from tests.deploy.chart import REPO, base_docs, find, pod_spec, render
+from tests.deploy.test_dashboard import _Probe
+
+DOCS = REPO / "docs"
+
+
+def families() -> dict[str, tuple[str, set[str]]]:
+    """name as exposed -> (type, label names), from the metric objects themselves."""
+    registry = CollectorRegistry()
+    NodeMetrics(registry, _Probe())
+    PublisherMetrics(registry=registry)
+    HandlerMetrics(registry=registry)
+    out: dict[str, tuple[str, set[str]]] = {}
+    for family in registry.collect():
+        name = family.name + ("_total" if family.type == "counter" else "")
+        labels = {k for s in family.samples for k in s.labels}
+        out[name] = (family.type, labels)
+    collectors = registry._collector_to_names  # the Counter/Gauge objects: their label names
+    for collector, names in collectors.items():
+        labelnames = set(getattr(collector, "_labelnames", ()))
+        for n in names:
+            for exposed in (n, n.removesuffix("_total") + "_total"):
+                if exposed in out:
+                    out[exposed][1].update(labelnames)
+    return out
+
+
+def table_rows(markdown: str) -> dict[str, list[str]]:
+    rows = {}
+    for line in markdown.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) >= 3:
+            rows[cells[0].strip("`")] = cells
+    return rows
+
+
+def test_metrics_reference_lists_every_metric_with_its_type_and_labels() -> None:
+    rows = table_rows((DOCS / "metrics.md").read_text())
+    for name, (kind, labels) in families().items():
+        assert name in rows, f"{name} missing from docs/metrics.md"
+        assert rows[name][1] == kind, name
+        documented = set(re.findall(r"`(\w+)`", rows[name][2]))
+        assert labels - {"le"} <= documented | {"le"}, f"{name}: {labels - documented}"
+    ours = {n for n in rows if n.startswith("execwatch_")}
+    assert ours == set(families()), f"documented but not exported: {ours - set(families())}"
+
+
+def _crd_fields(schema: dict[str, Any], prefix: str = "") -> set[str]:
+    out = set()
+    for key, sub in schema.get("properties", {}).items():
+        path = f"{prefix}.{key}" if prefix else key
+        out.add(path)
+        out |= _crd_fields(sub, path)
+    return out
+
+
+def test_crd_reference_covers_every_spec_field() -> None:
+    crd = find(base_docs(), "CustomResourceDefinition")
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    text = (DOCS / "crd.md").read_text()
+    for field in _crd_fields(spec):
+        assert f"`{field}`" in text, f"spec.{field} not in docs/crd.md"
+
+
+def test_privileges_doc_explains_every_capability_and_every_rbac_verb() -> None:
+    text = (DOCS / "privileges.md").read_text()
+    docs = render("agent.podMetadata=runtime")
+    caps = pod_spec(find(docs, "DaemonSet"))["containers"][0]["securityContext"]["capabilities"]
+    for cap in caps["add"]:
+        assert f"CAP_{cap}" in text, cap
+    for doc in base_docs():
+        if doc["kind"] in ("Role", "ClusterRole"):
+            for rule in doc["rules"]:
+                for res in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        assert re.search(rf"`{res}`[^\n]*`{verb}`", text), (res, verb)
+    for volume in ("/sys/kernel/tracing", "/sys/kernel/btf", "/sys/fs/cgroup", "hostPID"):
+        assert volume in text
+
+
+def test_install_doc_commands_use_real_values_and_paths() -> None:
+    text = (DOCS / "install.md").read_text()
+    values = yaml.safe_load((REPO / "charts/execwatch/values.yaml").read_text())
+    for dotted in re.findall(r"--set ([\w.]+)=", text):
+        node: Any = values
+        for part in dotted.split("."):
+            assert isinstance(node, dict), f"install.md: no value {dotted}"
+            if node == {}:
+                break  # a free-form map (labels, annotations)
+            assert part in node, f"install.md: no value {dotted}"
+            node = node[part]
+    for path in re.findall(r"(deploy/[\w/.-]+|charts/[\w/.-]+)", text):
+        assert (REPO / path.rstrip(".")).exists(), path
