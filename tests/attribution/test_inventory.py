@@ -214,6 +214,6 @@ def test_lookups_are_safe_and_cheap_from_many_threads(
             t.join()
         per_lookup = (time.perf_counter() - start) / (4 * 50 * 200)
         assert errors == []
-        assert per_lookup < 200e-6
+        assert per_lookup < 1e-3  # a dict access under a lock; generous for a loaded machine
     finally:
         inventory.close()

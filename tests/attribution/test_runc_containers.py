@@ -66,6 +66,7 @@ def test_a_failing_side_process_is_attributed_to_the_container_that_keeps_runnin
         ).stdout
         assert '"status": "running"' in state
 
+        assert host_attributor.container_id(event.cgroup_id) == cgroup.container_id
         live = host_attributor.resolve(event.cgroup_id, event.tgid)
         assert (live.pod_uid, live.container_id) == (cgroup.pod_uid, cgroup.container_id)
         assert cgroup_exists(cgroup.path)
