@@ -100,3 +100,17 @@ def test_not_found_is_emitted_when_asked(emitted: list[ExecFailure], tmp_path: P
     p = pipeline(CountingDiagnoser(Reason.NOT_FOUND), emitted, show_not_found=True)
     p.on_record(raw_event(b"/usr/local/bin/git", err=2))
     assert len(emitted) == 1
+
+
+def test_a_crashing_diagnosis_degrades_the_record_instead_of_losing_it(
+    emitted: list[ExecFailure],
+) -> None:
+    class Broken:
+        def diagnose(self, event: KernelEvent) -> Diagnosis:
+            raise RuntimeError("bug")
+
+    p = NodePipeline(Broken(), emitted.append, epoch_offset=0.0)
+    p.on_record(raw_event(b"/app/server"))
+    assert len(emitted) == 1
+    assert emitted[0].diagnosis.reason is Reason.UNDIAGNOSED
+    assert "diagnosis failed: RuntimeError('bug')" in emitted[0].diagnosis.detail

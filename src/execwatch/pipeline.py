@@ -9,6 +9,7 @@ are recognised on the raw record, before decoding, so a failure storm stays chea
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sys
 import time
 from collections import OrderedDict
@@ -19,6 +20,8 @@ from typing import Protocol
 from execwatch.probe import layout
 from execwatch.probe.events import decode
 from execwatch.record import Attribution, Diagnosis, ExecFailure, KernelEvent, Reason
+
+log = logging.getLogger(__name__)
 
 Sink = Callable[[ExecFailure], None]
 AggregationKey = tuple[int, int, int, bytes, bytes]
@@ -112,12 +115,21 @@ class NodePipeline:
                 del self._slots[key]
 
     def _build(self, event: KernelEvent) -> ExecFailure:
-        diagnosis = self._diagnoser.diagnose(event)
-        attribution = (
-            self._attributor.resolve(event.cgroup_id, event.tgid)
-            if self._attributor
-            else Attribution()
-        )
+        """A bug in diagnosis or attribution degrades the record; it never loses it."""
+        try:
+            diagnosis = self._diagnoser.diagnose(event)
+        except Exception as exc:
+            log.exception("diagnosis failed", extra={"kv": {"path": event.path}})
+            diagnosis = Diagnosis(Reason.UNDIAGNOSED, "", detail=f"diagnosis failed: {exc!r}")
+        try:
+            attribution = (
+                self._attributor.resolve(event.cgroup_id, event.tgid)
+                if self._attributor
+                else Attribution()
+            )
+        except Exception:
+            log.exception("attribution failed", extra={"kv": {"cgroup_id": event.cgroup_id}})
+            attribution = Attribution()
         return ExecFailure(event=event, diagnosis=diagnosis, attribution=attribution)
 
     def _report(self, errno: int, reason: Reason, *, aggregated: bool) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -75,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
         options = ProbeOptions(ringbuf_bytes=args.ringbuf_mb << 20, all_errnos=args.all_errnos)
         with Probe(options) as probe, stop_on_signals() as stop, attribution(args) as attributor:
             return trace_loop(probe, args, address, stop, attributor)
+    except BrokenPipeError:  # `execwatch trace | head`: the reader is done, so are we
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (ProbeError, ValueError, OSError) as exc:
         print(f"execwatch: {exc}", file=sys.stderr)
         return 2

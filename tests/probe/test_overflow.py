@@ -65,3 +65,16 @@ def test_overflowing_ring_buffer_keeps_exact_counts(
     assert counted == FAILURES
     assert 0 < len(ours) < FAILURES
     assert dropped >= FAILURES - len(ours)  # other processes' records may be dropped too
+
+
+def test_an_error_while_handling_a_record_surfaces_from_poll(foreign_root: Path) -> None:
+    def fail(raw: bytes) -> None:
+        raise ValueError("sink broke")
+
+    with Probe() as probe:
+        probe.open_ring_buffer(fail)
+        with pytest.raises(OSError):
+            os.execv(foreign_root / "arm64/root/usr/bin/busybox", ["busybox"])
+        with pytest.raises(ValueError, match="sink broke"):
+            for _ in range(50):
+                probe.poll(20)

@@ -218,3 +218,21 @@ def start_trace() -> Iterator[Callable[..., TraceProcess]]:
         proc.kill()
         proc.wait()
     assert not running, "a trace process was left running"
+
+
+def test_a_closed_pipe_ends_trace_quietly(arm64_binary: Path) -> None:
+    trace = subprocess.Popen(
+        f"{' '.join(EXECWATCH)} trace --no-attribution | head -1",
+        shell=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(2)  # the probe attaches
+    for _ in range(3):
+        fail_n_times(arm64_binary, 1)
+        time.sleep(0.2)
+    out, err = trace.communicate(timeout=20)
+    assert trace.returncode == 0
+    assert len(out.splitlines()) == 1
+    assert "Traceback" not in err and "Broken pipe" not in err

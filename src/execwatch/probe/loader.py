@@ -69,6 +69,7 @@ class Probe:
         self._links: list[int] = []
         self._ringbuf: int | None = None
         self._callback: object = None
+        self._callback_error: BaseException | None = None
         try:
             self._lib = load_libbpf(LIBBPF_NAME)
         except LibbpfMissing as exc:
@@ -152,7 +153,11 @@ class Probe:
         """Deliver each raw ring-buffer record to on_record during poll()."""
 
         def trampoline(_ctx: int, data: int, size: int) -> int:
-            on_record(ctypes.string_at(data, size))
+            try:
+                on_record(ctypes.string_at(data, size))
+            except BaseException as exc:  # ctypes would print and forget it: poll() re-raises
+                self._callback_error = exc
+                return -1  # libbpf stops consuming and poll() returns
             return 0
 
         self._callback = RingBufferCallback(trampoline)  # kept alive while libbpf holds it
@@ -168,10 +173,17 @@ class Probe:
         Records submitted without a wakeup (see wakeup_flag in the BPF program) are
         collected here too, so timeout_ms bounds how long one can wait."""
         n = int(self._lib.ring_buffer__poll(self._ringbuf, timeout_ms))
+        self._raise_callback_error()
         if n < 0 and -n != errno.EINTR:
             raise ProbeError(f"ring buffer poll failed: {os.strerror(-n)}")
         consumed = int(self._lib.ring_buffer__consume(self._ringbuf))
+        self._raise_callback_error()
         return max(n, 0) + max(consumed, 0)
+
+    def _raise_callback_error(self) -> None:
+        if self._callback_error is not None:
+            error, self._callback_error = self._callback_error, None
+            raise error
 
     def _percpu_sum(self, fd: int, key: ctypes._CData) -> int:
         values = (ctypes.c_uint64 * self._ncpus)()
