@@ -90,6 +90,7 @@ def make_pod(admin: client.ApiClient, namespace: str) -> PodFactory:
         containers: tuple[str, ...] = ("app",),
         deployment: str | None = "app",
         labels: dict[str, str] | None = None,
+        container_ids: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         core = client.CoreV1Api(admin)
         meta: dict[str, Any] = {"name": name, "labels": dict(labels or {})}
@@ -132,7 +133,8 @@ def make_pod(admin: client.ApiClient, namespace: str) -> PodFactory:
                             "restartCount": 3,
                             "image": "registry.example/app:1",
                             "imageID": "",
-                            "containerID": f"containerd://{uuid.uuid4().hex}",
+                            "containerID": "containerd://"
+                            + (container_ids or {}).get(c, uuid.uuid4().hex),
                             "state": {"waiting": {"reason": "CrashLoopBackOff"}},
                             "lastState": {
                                 "terminated": {

@@ -12,8 +12,6 @@ import logging
 import os
 import socket
 import sys
-import threading
-import time
 import uuid
 from typing import Any
 
@@ -175,11 +173,8 @@ def run_handler(args: argparse.Namespace) -> int:
 def run_agent(args: argparse.Namespace) -> int:  # pragma: no cover - needs root and BPF
     """Probe + attribution + publisher: what the DaemonSet runs on every node."""
     from execwatch.attribution import Attributor
-    from execwatch.diagnosis import FileDiagnoser
-    from execwatch.metrics import NodeMetrics
-    from execwatch.pipeline import NodePipeline
-    from execwatch.probe import Probe, ProbeError
-    from execwatch.probe.events import boot_to_epoch_offset
+    from execwatch.cluster import agent
+    from execwatch.probe import ProbeError
     from execwatch.trace import stop_on_signals
 
     registry = CollectorRegistry()
@@ -196,53 +191,19 @@ def run_agent(args: argparse.Namespace) -> int:  # pragma: no cover - needs root
         ApiSink(api, args.namespace),
         PublisherMetrics(registry=registry),
     )
-    pods = None
-    if args.pod_metadata == "api":
-        from kubernetes import client
-
-        from execwatch.attribution.kube import KubernetesPodCache
-
-        pods = KubernetesPodCache(
-            args.node,
-            core_api=client.CoreV1Api(api),
-            apps_api=client.AppsV1Api(api),
-            batch_api=client.BatchV1Api(api),
-        )
+    pods = agent.pod_cache(args.node, api) if args.pod_metadata == "api" else None
+    server = _serve(args.metrics_address, registry)
     try:
-        with Probe() as probe, stop_on_signals() as stop, Attributor(pods=pods) as attributor:
-            node_metrics = NodeMetrics(registry, probe)
-            server = _serve(args.metrics_address, registry)
-            pipeline = NodePipeline(
-                FileDiagnoser.for_host(attributor),
-                publisher.submit,
-                epoch_offset=boot_to_epoch_offset(),
-                attributor=attributor,
-                observer=node_metrics,
-                window=args.window,
-            )
+        with stop_on_signals() as stop, Attributor(pods=pods) as attributor:
             publisher.start()
-            probe.open_ring_buffer(pipeline.on_record)
-            log.info("agent started", extra={"kv": {"node": args.node}})
-            _agent_loop(probe, pipeline, stop, args.window)
-            publisher.stop()
-            server.shutdown()
+            agent.run(publisher, attributor, stop, registry=registry, window=args.window)
     except (ProbeError, OSError, ValueError) as exc:
         print(f"execwatch: {exc}", file=sys.stderr)
         return 2
-    return 0
-
-
-def _agent_loop(probe: Any, pipeline: Any, stop: threading.Event, window: float) -> None:
-    next_flush = time.monotonic() + window
-    try:
-        while not stop.is_set():
-            probe.poll(50)
-            if time.monotonic() >= next_flush:
-                pipeline.flush()
-                next_flush = time.monotonic() + window
-        probe.poll(0)
     finally:
-        pipeline.flush(final=True)
+        publisher.stop()
+        server.shutdown()
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
