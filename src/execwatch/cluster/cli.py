@@ -119,6 +119,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         action="store_true",
         help="do not set the execwatch.io/exec-failure pod label",
     )
+    h.add_argument("--workers", type=int, default=4, help="records handled in parallel")
     h.set_defaults(func=run_handler)
 
 
@@ -156,6 +157,7 @@ def run_handler(args: argparse.Namespace) -> int:
             renew_deadline=args.renew_deadline,
             retry_period=args.retry_period,
             label_pods=not args.no_label_pods,
+            workers=args.workers,
         ),
         api_client(args.kubeconfig),
         metrics,

@@ -153,17 +153,21 @@ class EventWriter:
                 self._cache.move_to_end(key)
                 return cached
         try:
-            ev = self._api.read_namespaced_event(name, ns, _request_timeout=self.timeout)
+            resp = self._api.read_namespaced_event(
+                name, ns, _request_timeout=self.timeout, _preload_content=False
+            )
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        series = ev.series.count if ev.series else 1
+        ev = json.loads(resp.data)
+        meta = ev.get("metadata") or {}
+        series = int((ev.get("series") or {}).get("count") or 1)
         try:
-            records = json.loads((ev.metadata.annotations or {}).get(RECORDS_ANNOTATION, "[]"))
+            records = json.loads((meta.get("annotations") or {}).get(RECORDS_ANNOTATION, "[]"))
         except ValueError:
             records = []
-        state = _Series(series, [str(r) for r in records], ev.metadata.resource_version)
+        state = _Series(series, [str(r) for r in records], str(meta.get("resourceVersion")))
         self._remember(key, state)
         return state
 
@@ -222,8 +226,11 @@ class EventWriter:
                 "count": rec.count,
                 "lastObservedTime": _micro(max(rec.last_seen, now)),
             }
-        ev = self._api.create_namespaced_event(ns, body, _request_timeout=self.timeout)
-        self._remember(f"{ns}/{name}", _Series(rec.count, [marker], ev.metadata.resource_version))
+        resp = self._api.create_namespaced_event(
+            ns, body, _request_timeout=self.timeout, _preload_content=False
+        )
+        rv = str(json.loads(resp.data)["metadata"]["resourceVersion"])
+        self._remember(f"{ns}/{name}", _Series(rec.count, [marker], rv))
 
     def _patch(self, rec: Record, ns: str, name: str, state: _Series, marker: str) -> None:
         count = state.count + rec.count
@@ -238,14 +245,16 @@ class EventWriter:
                 "lastObservedTime": _micro(max(rec.last_seen, self.clock())),
             },
         }
-        ev = self._api.patch_namespaced_event(
+        resp = self._api.patch_namespaced_event(
             name,
             ns,
             body,
             _request_timeout=self.timeout,
             _content_type="application/merge-patch+json",
+            _preload_content=False,
         )
-        self._remember(f"{ns}/{name}", _Series(count, records, ev.metadata.resource_version))
+        rv = str(json.loads(resp.data)["metadata"]["resourceVersion"])
+        self._remember(f"{ns}/{name}", _Series(count, records, rv))
 
 
 class DuplicateRecord(Exception):

@@ -57,6 +57,7 @@ class HandlerConfig:
     request_timeout: float = 10.0
     retry_initial: float = 0.5
     retry_max: float = 30.0
+    workers: int = 4  # records handled in parallel (API round trips dominate)
 
 
 class Retry(Exception):
@@ -195,6 +196,7 @@ class Handler:
         self._watch_lock = threading.Lock()
         self._watch_resp: Any = None
         self._recent: OrderedDict[str, str] = OrderedDict()  # record name -> uid, handled
+        self._recent_lock = threading.Lock()
         self.handled = 0
 
     # -- lifecycle -------------------------------------------------------------------
@@ -218,7 +220,9 @@ class Handler:
         if leading:
             self._term = threading.Event()
             self.queue.clear()
-            for target, name in ((self._watch_loop, "watch"), (self._work_loop, "work")):
+            loops = [(self._watch_loop, "watch")]
+            loops += [(self._work_loop, f"work-{i}") for i in range(self.config.workers)]
+            for target, name in loops:
                 t = threading.Thread(
                     target=target, args=(self._term,), name=f"execwatch-{name}", daemon=True
                 )
@@ -371,7 +375,9 @@ class Handler:
                     "invalid record deleted", extra={"kv": {"record": name, "why": str(bad)}}
                 )
             return
-        if self._recent.get(rec.name, rec.uid) != rec.uid:
+        with self._recent_lock:
+            seen_uid = self._recent.get(rec.name, rec.uid)
+        if seen_uid != rec.uid:
             # An agent re-created a record we already handled (its create answer was lost).
             self._finish_duplicate(rec)
             return
@@ -446,10 +452,11 @@ class Handler:
 
     def _done(self, rec: crd.Record, result: str) -> None:
         self.metrics.records.labels(result).inc()
-        self.handled += 1
-        self._recent[rec.name] = rec.uid
-        while len(self._recent) > 8192:
-            self._recent.popitem(last=False)
+        with self._recent_lock:
+            self.handled += 1
+            self._recent[rec.name] = rec.uid
+            while len(self._recent) > 8192:
+                self._recent.popitem(last=False)
         log.info(
             "record handled",
             extra={
@@ -475,8 +482,12 @@ class Handler:
 
         self._fence()
         try:
-            pod = self._core.read_namespaced_pod(
-                rec.pod, rec.namespace, _request_timeout=self.config.request_timeout
+            # Raw JSON, not a V1Pod: model deserialisation costs more than the request.
+            resp = self._core.read_namespaced_pod(
+                rec.pod,
+                rec.namespace,
+                _request_timeout=self.config.request_timeout,
+                _preload_content=False,
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -488,7 +499,7 @@ class Handler:
         except Exception as exc:
             self.metrics.api_errors.labels("get_pod", "0").inc()
             raise Retry(f"get pod: {type(exc).__name__}") from None
-        data: dict[str, Any] = self.api_client.sanitize_for_serialization(pod)
+        data: dict[str, Any] = json.loads(resp.data)
         if rec.pod_uid and data["metadata"].get("uid") != rec.pod_uid:
             return None
         return data
@@ -506,6 +517,7 @@ class Handler:
                 body,
                 _request_timeout=self.config.request_timeout,
                 _content_type="application/merge-patch+json",
+                _preload_content=False,
             )
         except Exception as exc:
             status = _status(exc)

@@ -1,0 +1,470 @@
+"""The cluster pipeline on a real kube-apiserver + etcd (built by dev/k8s-tools.sh).
+
+    .venv/bin/python -m benchmarks.cluster_bench [--failures 120] [--records 1000]
+        [--crash-seconds 130] [--crash-window 60] [--skip latency,throughput,crash]
+
+Three measurements, each with the real processes and their own ServiceAccount tokens:
+
+- latency: `execwatch agent` (real BPF probe, diagnosis, attribution with the node-scoped
+  pod watch, publisher) and `execwatch handler` run as separate processes. A runc
+  container sits in a kubelet-shaped cgroup for a Pod that exists in the API server;
+  inside it, `--failures` different foreign-architecture binaries fail to exec, one
+  after the other. Latency = when a watch on the pod's namespace sees the Warning Event
+  minus the failure's kernel timestamp (the Event's eventTime is the record's firstSeen,
+  taken from the BPF event). Also the agent's RSS once it has settled. Needs root.
+- throughput: `--records` records (50 pods, every record a new Event series: the worst
+  case) are created first; then a handler process starts and drains them.
+  Records/s from the moment it holds the Lease, and the handler's peak RSS.
+- crash: 3 containers keep failing 10 times a second for `--crash-seconds` through the
+  agent's publisher (aggregation window `--crash-window`) while the handler runs. The
+  API writes are counted by the API server itself (apiserver_request_total), by verb
+  and resource: writes per failure and per container per minute.
+
+Results are printed and saved to .cache/bench/cluster.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import signal
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, watch
+from prometheus_client.parser import text_string_to_metric_families
+from tests.cluster.records import exec_failure
+from tests.kube.cluster import (
+    ADMIN_TOKEN,
+    MANIFESTS,
+    KubeCluster,
+    free_port,
+    load_manifests,
+    running_cluster,
+)
+from tests.kube.fixtures import AGENT_SA, HANDLER_SA
+
+from benchmarks.common import rss_mb, save
+from execwatch.cluster import crd
+from execwatch.cluster.publisher import ApiSink, Publisher, PublisherConfig
+
+NODE = "bench-node"
+WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def make_pod(api: client.ApiClient, namespace: str, name: str, cid: str | None = None) -> Any:
+    core = client.CoreV1Api(api)
+    pod = core.create_namespaced_pod(
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "labels": {"pod-template-hash": "5f6d7c8b9"},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "apps/v1",
+                        "kind": "ReplicaSet",
+                        "controller": True,
+                        "name": "app-5f6d7c8b9",
+                        "uid": str(uuid.uuid4()),
+                    }
+                ],
+            },
+            "spec": {"nodeName": NODE, "containers": [{"name": "app", "image": "app:1"}]},
+        },
+    )
+    core.patch_namespaced_pod_status(
+        name,
+        namespace,
+        {
+            "status": {
+                "phase": "Running",
+                "containerStatuses": [
+                    {
+                        "name": "app",
+                        "ready": True,
+                        "restartCount": 0,
+                        "image": "app:1",
+                        "imageID": "",
+                        "containerID": f"containerd://{cid or 'x'}",
+                        "state": {"running": {}},
+                    }
+                ],
+            }
+        },
+    )
+    return pod
+
+
+class Process:
+    """An execwatch command in its own process, with its metrics endpoint."""
+
+    def __init__(self, args: list[str], log: Path) -> None:
+        self.port = free_port()
+        self.log = log
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "execwatch.cluster.cli",
+                    "--log-level",
+                    "warning",
+                    *args,
+                    "--metrics-address",
+                    f"127.0.0.1:{self.port}",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def metric(self, name: str, **labels: str) -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        return sum(
+            s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+        )
+
+    def rss(self) -> tuple[float, float]:
+        return rss_mb(self.proc.pid)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def handler_args(kubeconfig: Path) -> list[str]:
+    return ["handler", "--kubeconfig", str(kubeconfig), "--identity", f"bench-{os.getpid()}"]
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            value = predicate()
+            if value:
+                return value
+        time.sleep(0.05)
+    raise TimeoutError(what)
+
+
+def records_left(api: client.ApiClient) -> int:
+    return len(
+        client.CustomObjectsApi(api).list_namespaced_custom_object(
+            crd.GROUP, crd.VERSION, crd.DEFAULT_NAMESPACE, crd.PLURAL
+        )["items"]
+    )
+
+
+def lease_holder(api: client.ApiClient) -> str | None:
+    try:
+        lease = client.CoordinationV1Api(api).read_namespaced_lease(
+            "execwatch-handler", crd.DEFAULT_NAMESPACE
+        )
+    except client.exceptions.ApiException:
+        return None
+    return lease.spec.holder_identity  # type: ignore[no-any-return]
+
+
+def apiserver_writes(kube: KubeCluster) -> dict[str, float]:
+    """Mutating requests served so far, keyed 'VERB resource[/subresource]'."""
+    ctx = ssl.create_default_context(cafile=str(kube.ca))
+    req = urllib.request.Request(
+        kube.url + "/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    )
+    with urllib.request.urlopen(req, context=ctx, timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "apiserver_request":
+            continue
+        for s in family.samples:
+            if s.name != "apiserver_request_total" or s.labels.get("verb") not in WRITE_VERBS:
+                continue
+            key = f"{s.labels['verb']} {s.labels.get('resource', '')}"
+            if s.labels.get("subresource"):
+                key += "/" + s.labels["subresource"]
+            out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def diff(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) > 0}
+
+
+@contextlib.contextmanager
+def fresh_namespace(api: client.ApiClient) -> Iterator[str]:
+    name = f"bench-{uuid.uuid4().hex[:6]}"
+    client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata={"name": name}))
+    yield name
+
+
+# -- latency -----------------------------------------------------------------------------
+
+
+def bench_latency(kube: KubeCluster, work: Path, failures: int) -> dict[str, Any]:
+    from tests.attribution.runc_env import KubeletCgroup, Runc, remove_pod_cgroups
+
+    if os.geteuid() != 0:
+        raise SystemExit("the latency benchmark loads BPF programs: run it as root")
+    agent_cfg = kube.kubeconfig(kube.service_account_token(*AGENT_SA), work / "agent.kcfg")
+    handler_cfg = kube.kubeconfig(kube.service_account_token(*HANDLER_SA), work / "handler.kcfg")
+    admin = kube.client()
+    runc = Runc(work / "runc")
+    cid = secrets.token_hex(32)
+    with fresh_namespace(admin) as ns:
+        pod = make_pod(admin, ns, "app-5f6d7c8b9-lat01", cid)
+        cgroup = KubeletCgroup("systemd", "burstable", pod.metadata.uid, cid)
+        seen: dict[str, float] = {}
+        event_time: dict[str, float] = {}
+        stop = threading.Event()
+
+        def watch_events() -> None:
+            w = watch.Watch()
+            for ev in w.stream(
+                client.EventsV1Api(admin).list_namespaced_event, ns, timeout_seconds=600
+            ):
+                obj = ev["object"]
+                path = obj.note.split(" could not exec ", 1)[-1].split(" (", 1)[0]
+                if path not in seen:
+                    seen[path] = time.time()
+                    event_time[path] = obj.event_time.timestamp()
+                if stop.is_set():
+                    w.stop()
+
+        watcher = threading.Thread(target=watch_events, daemon=True)
+        watcher.start()
+        handler = Process(handler_args(handler_cfg), work / "handler-latency.log")
+        agent = Process(
+            ["agent", "--kubeconfig", str(agent_cfg), "--node", NODE, "--pod-metadata", "api"],
+            work / "agent.log",
+        )
+        name = None
+        try:
+            wait_for(
+                lambda: agent.metric("execwatch_publisher_published_total") >= 0,
+                60,
+                "agent metrics",
+            )
+            wait_for(lambda: lease_holder(admin), 30, "handler lease")
+            time.sleep(3)  # probe attached, pod watch synced
+            name = runc.start_detached(cgroup, ["/bin/sleep", "600"])
+            paths = [runc.foreign_path(f"lat{i:04d}") for i in range(failures)]
+            for path in paths:
+                assert runc.exec(name, [path, "true"]) != 0
+                time.sleep(0.05)
+            wait_for(lambda: all(p in seen for p in paths), 60, "all Events")
+            time.sleep(2)
+            agent_rss, agent_peak = agent.rss()
+            handler_rss, handler_peak = handler.rss()
+        finally:
+            stop.set()
+            if name:
+                runc.delete(name)
+            agent.stop()
+            handler.stop()
+            runc.cleanup()
+            remove_pod_cgroups(cgroup.pod_path)
+    latencies = [seen[p] - event_time[p] for p in paths]
+    return {
+        "failures": len(latencies),
+        "p50_s": round(percentile(latencies, 50), 3),
+        "p99_s": round(percentile(latencies, 99), 3),
+        "max_s": round(max(latencies), 3),
+        "mean_s": round(statistics.mean(latencies), 3),
+        "agent_rss_mb": round(agent_rss, 1),
+        "agent_peak_rss_mb": round(agent_peak, 1),
+        "handler_rss_mb": round(handler_rss, 1),
+        "handler_peak_rss_mb": round(handler_peak, 1),
+    }
+
+
+# -- throughput --------------------------------------------------------------------------
+
+
+def bench_throughput(kube: KubeCluster, work: Path, records: int) -> dict[str, Any]:
+    admin = kube.client()
+    agent_api = kube.client(kube.service_account_token(*AGENT_SA))
+    handler_cfg = kube.kubeconfig(kube.service_account_token(*HANDLER_SA), work / "handler.kcfg")
+    with fresh_namespace(admin) as ns:
+        pods = [make_pod(admin, ns, f"app-5f6d7c8b9-{i:05d}") for i in range(50)]
+        sink = ApiSink(agent_api, crd.DEFAULT_NAMESPACE)
+
+        def create(i: int) -> None:
+            p = pods[i % len(pods)]
+            failure = exec_failure(
+                pod=agent_api.sanitize_for_serialization(p),
+                path=f"/usr/bin/tool-{i}",
+                node_arch="amd64",
+            )
+            t = failure.event.time
+            sink.create(
+                crd.to_body(
+                    failure,
+                    name=f"{NODE}-{i:08d}",
+                    namespace=crd.DEFAULT_NAMESPACE,
+                    node=NODE,
+                    first_seen=t,
+                    last_seen=t,
+                    count=1,
+                )
+            )
+
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(create, range(records)))
+        create_rate = records / (time.monotonic() - t0)
+        handler = Process(handler_args(handler_cfg), work / "handler-throughput.log")
+        peak = 0.0
+        try:
+            wait_for(lambda: lease_holder(admin), 30, "handler lease")
+            started = time.monotonic()
+            while records_left(admin):
+                peak = max(peak, handler.rss()[0])
+                if time.monotonic() - started > 600:
+                    raise TimeoutError("handler did not drain the records")
+                time.sleep(0.2)
+            elapsed = time.monotonic() - started
+            handled = handler.metric("execwatch_handler_records_total", result="handled")
+            rss, hwm = handler.rss()
+        finally:
+            handler.stop()
+    return {
+        "records": records,
+        "handled": handled,
+        "seconds": round(elapsed, 2),
+        "records_per_s": round(records / elapsed, 1),
+        "agent_creates_per_s": round(create_rate, 1),
+        "handler_rss_mb": round(rss, 1),
+        "handler_peak_rss_mb": round(max(hwm, peak), 1),
+    }
+
+
+# -- crash loop --------------------------------------------------------------------------
+
+
+def bench_crash_loop(
+    kube: KubeCluster, work: Path, seconds: float, window: float
+) -> dict[str, Any]:
+    admin = kube.client()
+    agent_api = kube.client(kube.service_account_token(*AGENT_SA))
+    handler_cfg = kube.kubeconfig(kube.service_account_token(*HANDLER_SA), work / "handler.kcfg")
+    containers, per_second = 3, 10
+    with fresh_namespace(admin) as ns:
+        pods = [
+            admin.sanitize_for_serialization(make_pod(admin, ns, f"crash-{i}"))
+            for i in range(containers)
+        ]
+        handler = Process(handler_args(handler_cfg), work / "handler-crash.log")
+        publisher = Publisher(
+            PublisherConfig(node=NODE, aggregation_window=window),
+            ApiSink(agent_api, crd.DEFAULT_NAMESPACE),
+        )
+        try:
+            wait_for(lambda: lease_holder(admin), 30, "handler lease")
+            before = apiserver_writes(kube)
+            publisher.start()
+            submitted = 0
+            start = time.monotonic()
+            while time.monotonic() - start < seconds:
+                for p in pods:
+                    publisher.submit(exec_failure(pod=p, node_arch="amd64"))
+                    submitted += 1
+                time.sleep(1 / per_second)
+            elapsed = time.monotonic() - start
+            publisher.stop(flush_timeout=10)
+            wait_for(lambda: records_left(admin) == 0, 60, "records handled")
+            time.sleep(1)
+            writes = diff(apiserver_writes(kube), before)
+            counted = handler.metric("execwatch_exec_failures_total", namespace=ns)
+            events = client.EventsV1Api(admin).list_namespaced_event(ns).items
+        finally:
+            handler.stop()
+    pipeline = {k: v for k, v in writes.items() if not k.endswith("leases")}
+    total = sum(pipeline.values())
+    return {
+        "containers": containers,
+        "failures": submitted,
+        "seconds": round(elapsed, 1),
+        "aggregation_window_s": window,
+        "counted_by_handler": counted,
+        "events": len(events),
+        "event_series_counts": sorted(int(e.series.count if e.series else 1) for e in events),
+        "api_writes": pipeline,
+        "lease_writes": {k: v for k, v in writes.items() if k.endswith("leases")},
+        "writes_per_failure": round(total / submitted, 4),
+        "writes_per_container_per_minute": round(total / containers / (elapsed / 60), 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="benchmarks.cluster_bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--failures", type=int, default=120)
+    parser.add_argument("--records", type=int, default=1000)
+    parser.add_argument("--crash-seconds", type=float, default=130.0)
+    parser.add_argument("--crash-window", type=float, default=60.0)
+    parser.add_argument("--skip", default="", help="comma-separated: latency,throughput,crash")
+    args = parser.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="execwatch-bench-") as tmp:
+        work = Path(tmp)
+        with running_cluster(work / "kube") as kube:
+            kube.apply(load_manifests())
+            kube.apply(load_manifests(MANIFESTS / "optional"))
+            benches: tuple[tuple[str, Callable[[], dict[str, Any]]], ...] = (
+                ("latency", lambda: bench_latency(kube, work, args.failures)),
+                ("throughput", lambda: bench_throughput(kube, work, args.records)),
+                (
+                    "crash",
+                    lambda: bench_crash_loop(kube, work, args.crash_seconds, args.crash_window),
+                ),
+            )
+            for name, run in benches:
+                if name in skip:
+                    continue
+                print(f"== {name}", flush=True)
+                results[name] = run()
+                print(json.dumps(results[name], indent=2), flush=True)
+    path = save("cluster", results)
+    print(f"saved {path}")
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
