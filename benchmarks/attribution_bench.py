@@ -64,7 +64,9 @@ def cgroup_gone(path: str, timeout: float = 10.0) -> bool:
 
 def timed_resolve(attributor: Attributor, event: KernelEvent) -> tuple[Attribution, float]:
     t0 = time.perf_counter()
-    got = attributor.resolve(event.cgroup_id, event.tgid)
+    got = attributor.resolve(
+        event.cgroup_id, event.tgid, name=event.cgroup_name, parent_id=event.cgroup_parent_id
+    )
     return got, time.perf_counter() - t0
 
 

@@ -15,8 +15,8 @@ def raw_event(path: bytes, *, cgroup: int = 7, err: int = 8, stale: bytes = b"")
     """A ring-buffer record; `stale` imitates bytes the ring buffer left after the NUL."""
     filename = (path + b"\0" + stale).ljust(layout.PATH_LEN, b"\0")
     return layout.EVENT_STRUCT.pack(
-        1_000_000_000, cgroup, 4026531840, 2, err, 10, 10, 1, 0, -100, 0, 0,
-        b"sh", b"bash", filename, b"",
+        1_000_000_000, cgroup, 1, 4026531840, 2, err, 10, 10, 1, 0, -100, 0, 0,
+        b"sh", b"bash", filename, b"", b"",
     )  # fmt: skip
 
 

@@ -32,7 +32,9 @@ class Diagnoser(Protocol):
 
 
 class Attributor(Protocol):
-    def resolve(self, cgroup_id: int, pid: int | None = None) -> Attribution: ...
+    def resolve(
+        self, cgroup_id: int, pid: int | None = None, *, name: str = "", parent_id: int = 0
+    ) -> Attribution: ...
 
 
 class PipelineObserver(Protocol):
@@ -123,7 +125,12 @@ class NodePipeline:
             diagnosis = Diagnosis(Reason.UNDIAGNOSED, "", detail=f"diagnosis failed: {exc!r}")
         try:
             attribution = (
-                self._attributor.resolve(event.cgroup_id, event.tgid)
+                self._attributor.resolve(
+                    event.cgroup_id,
+                    event.tgid,
+                    name=event.cgroup_name,
+                    parent_id=event.cgroup_parent_id,
+                )
                 if self._attributor
                 else Attribution()
             )

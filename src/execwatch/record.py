@@ -81,6 +81,8 @@ class KernelEvent:
     flags: int = 0
     via_fd: bool = False  # fexecve: path is only the basename behind dirfd
     root_ino: int = 0  # inode of the caller's root directory, to recognise a stand-in root
+    cgroup_parent_id: int = 0  # the cgroup's parent, whose path outlives the cgroup
+    cgroup_name: str = ""  # the cgroup directory's own name
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import posixpath
 import threading
 import time
 from collections import OrderedDict
@@ -127,15 +128,22 @@ class Attributor:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def container_id(self, cgroup_id: int, pid: int | None = None) -> str | None:
+    def container_id(
+        self, cgroup_id: int, pid: int | None = None, *, name: str = "", parent_id: int = 0
+    ) -> str | None:
         """The container id the cgroup path names, without asking any runtime: fast enough
         to find a dying container's rootfs before the runtime unmounts it."""
-        layout = self._layout(cgroup_id, pid)
+        layout = self._layout(cgroup_id, pid, name, parent_id)
         return layout.container_id if layout is not None else None
 
-    def resolve(self, cgroup_id: int, pid: int | None = None) -> Attribution:
-        """Attribute one failed exec. Waits for the runtime at most ``config.budget``."""
-        layout = self._layout(cgroup_id, pid)
+    def resolve(
+        self, cgroup_id: int, pid: int | None = None, *, name: str = "", parent_id: int = 0
+    ) -> Attribution:
+        """Attribute one failed exec. Waits for the runtime at most ``config.budget``.
+
+        `name` and `parent_id` are the cgroup's own name and its parent's id as the probe
+        saw them: they rebuild the path of a cgroup that came and went unlisted."""
+        layout = self._layout(cgroup_id, pid, name, parent_id)
         if layout is None:
             return Attribution(AttributionStatus.UNATTRIBUTED)
         if layout.kind is CgroupKind.HOST:
@@ -156,9 +164,12 @@ class Attributor:
         with self._lock:
             return container_id in self._cache
 
-    def _layout(self, cgroup_id: int, pid: int | None) -> CgroupLayout | None:
+    def _layout(
+        self, cgroup_id: int, pid: int | None, name: str = "", parent_id: int = 0
+    ) -> CgroupLayout | None:
         entry = self.inventory.lookup(cgroup_id) if self.inventory is not None else None
-        layout = parse_cgroup_path(entry.path) if entry is not None else None
+        path = entry.path if entry is not None else self._path_under_parent(parent_id, name)
+        layout = parse_cgroup_path(path) if path is not None else None
         informative = layout is not None and layout.kind in (
             CgroupKind.KUBERNETES,
             CgroupKind.CONTAINER,
@@ -168,6 +179,14 @@ class Attributor:
             if from_proc is not None:
                 return from_proc
         return layout
+
+    def _path_under_parent(self, parent_id: int, name: str) -> str | None:
+        """A pod's cgroup outlives its containers', so the parent is known even when a
+        container's own cgroup was created and removed between two inventory updates."""
+        if not parent_id or not name or "/" in name or self.inventory is None:
+            return None
+        parent = self.inventory.lookup(parent_id)
+        return posixpath.join(parent.path, name) if parent is not None else None
 
     def _layout_from_proc(
         self, pid: int, cgroup_id: int, v2_path: str | None

@@ -36,6 +36,15 @@ struct files_struct { struct fdtable *fdt; } __attribute__((preserve_access_inde
 struct ns_common { unsigned int inum; } __attribute__((preserve_access_index));
 struct mnt_namespace { struct ns_common ns; } __attribute__((preserve_access_index));
 struct nsproxy { struct mnt_namespace *mnt_ns; } __attribute__((preserve_access_index));
+/* kernfs_node::parent became __parent in Linux 6.15: one flavor for each. */
+struct kernfs_node {
+	const char *name;
+	__u64 id;
+} __attribute__((preserve_access_index));
+struct kernfs_node___new { struct kernfs_node *__parent; } __attribute__((preserve_access_index));
+struct kernfs_node___old { struct kernfs_node *parent; } __attribute__((preserve_access_index));
+struct cgroup { struct kernfs_node *kn; } __attribute__((preserve_access_index));
+struct css_set { struct cgroup *dfl_cgrp; } __attribute__((preserve_access_index));
 struct task_struct {
 	int tgid;
 	char comm[EW_TASK_COMM_LEN];
@@ -43,6 +52,7 @@ struct task_struct {
 	struct nsproxy *nsproxy;
 	struct files_struct *files;
 	struct fs_struct *fs;
+	struct css_set *cgroups;
 } __attribute__((preserve_access_index));
 
 /* Syscall exit tracepoint context: see events/syscalls/sys_exit_execve/format. */
@@ -156,6 +166,22 @@ static __always_inline void read_fd_name(struct task_struct *task, int fd, char 
 	bpf_probe_read_kernel_str(dst, len, BPF_CORE_READ(f, f_path.dentry, d_name.name));
 }
 
+/* The cgroup's name and parent id let user space rebuild its path even when the cgroup
+ * was created and removed before anyone listed it (a container that dies at once). */
+static __always_inline void read_cgroup(struct task_struct *task, struct ew_event *e)
+{
+	struct kernfs_node *kn = BPF_CORE_READ(task, cgroups, dfl_cgrp, kn);
+	struct kernfs_node *parent;
+
+	if (bpf_core_field_exists(((struct kernfs_node___new *)0)->__parent))
+		parent = BPF_CORE_READ((struct kernfs_node___new *)kn, __parent);
+	else
+		parent = BPF_CORE_READ((struct kernfs_node___old *)kn, parent);
+	e->cgroup_parent_id = parent ? BPF_CORE_READ(parent, id) : 0;
+	if (bpf_probe_read_kernel_str(e->cgroup_name, sizeof(e->cgroup_name), BPF_CORE_READ(kn, name)) < 0)
+		e->cgroup_name[0] = 0;
+}
+
 static __always_inline int on_exit(struct sys_exit_ctx *ctx, enum ew_syscall sc)
 {
 	long ret = ctx->ret;
@@ -187,6 +213,7 @@ static __always_inline int on_exit(struct sys_exit_ctx *ctx, enum ew_syscall sc)
 	e->cgroup_id = cgroup_id;
 	e->mntns = BPF_CORE_READ(task, nsproxy, mnt_ns, ns.inum);
 	e->root_ino = BPF_CORE_READ(task, fs, root.dentry, d_inode, i_ino);
+	read_cgroup(task, e);
 	e->err = (int)-ret;
 	e->pid = (__u32)id;
 	e->tgid = id >> 32;

@@ -6,6 +6,7 @@
 
 #define EW_TASK_COMM_LEN 16
 #define EW_PATH_LEN 256
+#define EW_CGROUP_NAME_LEN 128
 
 enum ew_syscall {
 	EW_EXECVE = 0,
@@ -22,6 +23,7 @@ struct ew_config {
 struct ew_event {
 	__u64 ktime_ns;       /* bpf_ktime_get_boot_ns() */
 	__u64 cgroup_id;      /* cgroup v2 inode of the caller */
+	__u64 cgroup_parent_id; /* its parent's: a pod's cgroup outlives its containers' */
 	__u64 mntns;          /* mount namespace inode of the caller */
 	__u64 root_ino;       /* inode of the caller's root directory (chroot/pivot_root) */
 	__s32 err;            /* positive errno */
@@ -36,6 +38,7 @@ struct ew_event {
 	char parent_comm[EW_TASK_COMM_LEN];
 	char filename[EW_PATH_LEN];
 	char fd_name[EW_TASK_COMM_LEN * 4]; /* basename behind dirfd when AT_EMPTY_PATH */
+	char cgroup_name[EW_CGROUP_NAME_LEN]; /* the cgroup directory's own name */
 };
 
 struct ew_count_key {

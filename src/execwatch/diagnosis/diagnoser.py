@@ -42,7 +42,9 @@ class _Context:
 class ContainerIds(Protocol):
     """What the diagnosis needs from attribution: the container a cgroup belongs to."""
 
-    def container_id(self, cgroup_id: int, pid: int | None = None) -> str | None: ...
+    def container_id(
+        self, cgroup_id: int, pid: int | None = None, *, name: str = "", parent_id: int = 0
+    ) -> str | None: ...
 
 
 class FileDiagnoser:
@@ -54,7 +56,13 @@ class FileDiagnoser:
         rootfs = ContainerRootfs()
 
         def container_rootfs(event: KernelEvent) -> Iterator[Path]:
-            return rootfs.candidates(containers.container_id(event.cgroup_id, event.tgid))
+            container_id = containers.container_id(
+                event.cgroup_id,
+                event.tgid,
+                name=event.cgroup_name,
+                parent_id=event.cgroup_parent_id,
+            )
+            return rootfs.candidates(container_id)
 
         return cls(RootLocator(extra=[container_rootfs]))
 

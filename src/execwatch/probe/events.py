@@ -17,8 +17,10 @@ def boot_to_epoch_offset() -> float:
 
 
 def decode(raw: bytes, epoch_offset: float) -> KernelEvent:
-    (ktime, cgroup_id, mntns, root_ino, err, pid, tgid, ppid, uid, dirfd, flags, syscall,
-     comm, parent_comm, filename, fd_name) = layout.EVENT_STRUCT.unpack_from(raw)  # fmt: skip
+    (
+        ktime, cgroup_id, cgroup_parent_id, mntns, root_ino, err, pid, tgid, ppid, uid,
+        dirfd, flags, syscall, comm, parent_comm, filename, fd_name, cgroup_name,
+    ) = layout.EVENT_STRUCT.unpack_from(raw)  # fmt: skip
     path = c_string(filename)
     via_fd = not path and bool(flags & AT_EMPTY_PATH)
     if via_fd:
@@ -36,6 +38,8 @@ def decode(raw: bytes, epoch_offset: float) -> KernelEvent:
         cgroup_id=cgroup_id,
         mntns=mntns,
         root_ino=root_ino,
+        cgroup_parent_id=cgroup_parent_id,
+        cgroup_name=c_string(cgroup_name),
         syscall=layout.SYSCALLS[syscall] if syscall < len(layout.SYSCALLS) else str(syscall),
         dirfd=dirfd,
         flags=flags,

@@ -11,6 +11,7 @@ import struct
 TASK_COMM_LEN = 16
 PATH_LEN = 256
 FD_NAME_LEN = TASK_COMM_LEN * 4
+CGROUP_NAME_LEN = 128
 SYSCALLS = ("execve", "execveat")
 STAT_RINGBUF_DROPS = 0
 STAT_COUNTER_FULL = 1
@@ -29,6 +30,7 @@ class Event(ctypes.Structure):
     _fields_ = (
         ("ktime_ns", ctypes.c_uint64),
         ("cgroup_id", ctypes.c_uint64),
+        ("cgroup_parent_id", ctypes.c_uint64),
         ("mntns", ctypes.c_uint64),
         ("root_ino", ctypes.c_uint64),
         ("err", ctypes.c_int32),
@@ -43,6 +45,7 @@ class Event(ctypes.Structure):
         ("parent_comm", ctypes.c_char * TASK_COMM_LEN),
         ("filename", ctypes.c_char * PATH_LEN),
         ("fd_name", ctypes.c_char * FD_NAME_LEN),
+        ("cgroup_name", ctypes.c_char * CGROUP_NAME_LEN),
     )
 
 
@@ -64,5 +67,5 @@ EVENT_FIELDS = EventFields()
 
 # struct.Struct decodes a ring-buffer record several times faster than ctypes.from_buffer_copy.
 EVENT_STRUCT = struct.Struct(
-    f"=QQQQiIIIIiII{TASK_COMM_LEN}s{TASK_COMM_LEN}s{PATH_LEN}s{FD_NAME_LEN}s"
+    f"=QQQQQiIIIIiII{TASK_COMM_LEN}s{TASK_COMM_LEN}s{PATH_LEN}s{FD_NAME_LEN}s{CGROUP_NAME_LEN}s"
 )
