@@ -14,12 +14,13 @@ from kubernetes import client
 
 from execwatch.cluster import crd
 from execwatch.cluster.events import RECORDS_ANNOTATION
-from execwatch.cluster.handler import LABEL, Handler, Retry
+from execwatch.cluster.handler import LABEL, Handler, HandlerConfig, Retry
 from execwatch.cluster.publisher import ApiSink
 from execwatch.cluster.safe import is_label_value
 from execwatch.record import AttributionStatus, ExecFailure, Reason
 from tests.cluster.conftest import NODE, PodFactory, list_records, wait_until
 from tests.cluster.records import exec_failure
+from tests.kube.cluster import KubeCluster
 
 StartHandler = Callable[..., Handler]
 
@@ -367,3 +368,58 @@ def test_two_replicas_one_leader_each_record_counted_once(
     assert follower.handled == 0
     [event] = events_of(admin, namespace)
     assert event.series.count == 20
+
+
+def test_records_naming_namespaces_the_handler_cannot_see_are_invalid(
+    kube: KubeCluster,
+    admin: client.ApiClient,
+    agent_api: client.ApiClient,
+    make_pod: PodFactory,
+    namespace: str,
+) -> None:
+    """A handler installed with namespace-scoped rights (RoleBindings instead of the
+    ClusterRoleBinding) meets a record for a pod outside them: it is not retried forever,
+    it is dropped as invalid, and pods it may see are still handled."""
+    rbac, core = client.RbacAuthorizationV1Api(admin), client.CoreV1Api(admin)
+    sa = f"scoped-handler-{uuid.uuid4().hex[:6]}"
+    core.create_namespaced_service_account(crd.DEFAULT_NAMESPACE, {"metadata": {"name": sa}})
+    subject = [{"kind": "ServiceAccount", "name": sa, "namespace": crd.DEFAULT_NAMESPACE}]
+    visible = f"visible-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": visible}})
+    for ns, kind, role in (
+        (crd.DEFAULT_NAMESPACE, "Role", "execwatch-handler"),
+        (visible, "ClusterRole", "execwatch-handler"),
+    ):
+        rbac.create_namespaced_role_binding(
+            ns,
+            {
+                "metadata": {"name": sa},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": role},
+                "subjects": subject,
+            },
+        )
+    hidden_pod = make_pod(name="hidden-0")  # in `namespace`, which the scoped SA cannot see
+    seen_pod = core.create_namespaced_pod(
+        visible,
+        {
+            "metadata": {"name": "seen-0"},
+            "spec": {"nodeName": NODE, "containers": [{"name": "app", "image": "app:1"}]},
+        },
+    )
+    with kube.client(kube.service_account_token(crd.DEFAULT_NAMESPACE, sa)) as api:
+        handler = Handler(
+            HandlerConfig(
+                identity="scoped", lease_duration=4.0, renew_deadline=3.0, retry_period=0.5
+            ),
+            api,
+        )
+        handler.start()
+        try:
+            publish(agent_api, exec_failure(pod=hidden_pod))
+            publish(agent_api, exec_failure(pod=admin.sanitize_for_serialization(seen_pod)))
+            wait_until(drained(admin))
+        finally:
+            handler.stop()
+    assert sample(handler, "execwatch_handler_invalid_records_total", type="pod_forbidden") == 1
+    assert failures_total(handler, namespace=visible) == 1
+    assert events_of(admin, namespace) == [] and len(events_of(admin, visible)) == 1

@@ -217,6 +217,7 @@ class Handler:
 
     def _on_leader_change(self, leading: bool) -> None:
         self.metrics.leader.set(1 if leading else 0)
+        self._threads = [t for t in self._threads if t.is_alive()]
         if leading:
             self._term = threading.Event()
             self.queue.clear()
