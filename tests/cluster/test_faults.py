@@ -128,6 +128,10 @@ def test_the_standby_takes_over_within_the_lease_and_nothing_is_counted_twice(
     for _ in range(10):
         publish(agent_api, exec_failure(pod=pod, count=2))
     wait_until(lambda: not list_records(admin), timeout=20)
+    # A record is deleted just before it is counted: wait for the count, then check it
+    # does not move past the truth.
+    wait_until(lambda: leader.metric("execwatch_exec_failures_total", namespace=namespace) == 20)
+    time.sleep(0.5)
     assert leader.metric("execwatch_exec_failures_total", namespace=namespace) == 20
 
     # A burst, and the leader dies in the middle of it.
@@ -145,6 +149,10 @@ def test_the_standby_takes_over_within_the_lease_and_nothing_is_counted_twice(
     takeover = time.monotonic() - killed_at
     wait_until(lambda: not list_records(admin), timeout=20)
     assert takeover <= LEASE_DURATION + 2.0, takeover
+    wait_until(
+        lambda: standby.metric("execwatch_handler_records_total", result="handled") == len(left)
+    )
+    time.sleep(0.5)
     assert standby.metric("execwatch_exec_failures_total", namespace=namespace) == len(left)
     assert standby.metric("execwatch_handler_records_total", result="handled") == len(left)
     [event] = events_of(admin, namespace)

@@ -69,8 +69,10 @@ def sample(h: Handler, name: str, **labels: str) -> float:
     return h.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
-def drained(admin: client.ApiClient) -> Callable[[], bool]:
-    return lambda: not list_records(admin)
+def drained(admin: client.ApiClient, *handlers: Handler) -> Callable[[], bool]:
+    """No record left and the handlers done with the last one (it is deleted before it is
+    counted, so an empty queue alone does not mean the metric is final)."""
+    return lambda: not list_records(admin) and all(h.idle() for h in handlers)
 
 
 def test_a_record_becomes_a_warning_event_a_pod_label_and_a_metric(
@@ -83,7 +85,7 @@ def test_a_record_becomes_a_warning_event_a_pod_label_and_a_metric(
     pod = make_pod()
     handler = start_handler()
     publish(agent_api, exec_failure(pod=pod, count=3))
-    wait_until(drained(admin))
+    wait_until(drained(admin, handler))
 
     [event] = events_of(admin, namespace)
     assert event.type == "Warning" and event.reason == "ExecFormatError"
@@ -126,7 +128,7 @@ def test_a_crash_loop_is_one_event_whose_series_grows(
     handler = start_handler()
     for n in (1, 4, 10):
         publish(agent_api, exec_failure(pod=pod, count=n))
-        wait_until(drained(admin))
+        wait_until(drained(admin, handler))
     [event] = events_of(admin, namespace)
     assert event.series.count == 15
     assert len(json.loads(event.metadata.annotations[RECORDS_ANNOTATION])) == 3
@@ -141,7 +143,7 @@ def test_a_missing_interpreter_gets_its_own_reason(
     namespace: str,
 ) -> None:
     pod = make_pod()
-    start_handler()
+    handler = start_handler()
     publish(
         agent_api,
         exec_failure(
@@ -152,7 +154,7 @@ def test_a_missing_interpreter_gets_its_own_reason(
             path="/usr/local/bin/oberon-runner",
         ),
     )
-    wait_until(drained(admin))
+    wait_until(drained(admin, handler))
     [event] = events_of(admin, namespace)
     assert event.reason == "MissingInterpreter" and "(ENOENT)" in event.note
     pod_labels = (
@@ -171,7 +173,7 @@ def test_a_record_for_a_pod_that_no_longer_exists_is_counted_without_an_event(
 ) -> None:
     handler = start_handler()
     publish(agent_api, exec_failure(pod_name="gone-0", namespace=namespace, pod_uid="u-gone"))
-    wait_until(drained(admin))
+    wait_until(drained(admin, handler))
     assert events_of(admin, namespace) == []
     assert failures_total(handler, namespace=namespace, workload="app") == 1
     assert sample(handler, "execwatch_handler_records_total", result="pod_missing") == 1
@@ -187,7 +189,7 @@ def test_a_pod_recreated_under_the_same_name_is_not_blamed(
     pod = make_pod(name="db-0", deployment=None)
     handler = start_handler()
     publish(agent_api, exec_failure(pod=pod, pod_uid="uid-of-the-previous-db-0"))
-    wait_until(drained(admin))
+    wait_until(drained(admin, handler))
     assert events_of(admin, namespace) == []
     assert LABEL not in (
         client.CoreV1Api(admin).read_namespaced_pod("db-0", namespace).metadata.labels or {}
@@ -205,7 +207,7 @@ def test_an_agent_cannot_speak_for_pods_on_another_node(
     pod = make_pod(node="node-b")
     handler = start_handler()
     publish(agent_api, exec_failure(pod=pod), node=NODE)
-    wait_until(drained(admin))
+    wait_until(drained(admin, handler))
     assert events_of(admin, namespace) == []
     assert LABEL not in (
         client.CoreV1Api(admin)
@@ -224,7 +226,7 @@ def test_unattributed_failures_have_their_own_counter(
 ) -> None:
     handler = start_handler()
     publish(agent_api, exec_failure(status=AttributionStatus.HOST, count=2))
-    wait_until(drained(admin))
+    wait_until(drained(admin, handler))
     assert (
         sample(
             handler,
@@ -251,7 +253,7 @@ def test_hostile_strings_stay_safe_in_events_labels_metrics_and_logs(
     caplog.set_level(logging.INFO)
     handler = start_handler()
     publish(agent_api, exec_failure(pod=pod, path=hostile[:4000], comm="a\nb"))
-    wait_until(drained(admin))
+    wait_until(drained(admin, handler))
     [event] = events_of(admin, namespace)
     assert "\n" not in event.note and "\x1b" not in event.note and "\u202e" not in event.note
     assert "\\x0alevel=error" in event.note and len(event.note) <= 1024
@@ -299,7 +301,7 @@ def test_a_record_seen_again_after_a_crash_is_not_counted_twice(
     assert failures_total(first, namespace=namespace) == 0
 
     second = start_handler(identity="successor")
-    wait_until(drained(admin))
+    wait_until(drained(admin, second))
     [event] = events_of(admin, namespace)
     assert event.series.count == 5
     assert failures_total(second, namespace=namespace) == 5
@@ -320,9 +322,9 @@ def test_a_record_recreated_by_an_agent_retry_is_not_counted_again(
     handler = start_handler()
     failure = exec_failure(pod=pod, count=2)
     name = publish(agent_api, failure)
-    wait_until(drained(admin))
+    wait_until(drained(admin, handler))
     publish(agent_api, failure, name=name)
-    wait_until(drained(admin))
+    wait_until(drained(admin, handler))
     wait_until(lambda: sample(handler, "execwatch_handler_records_total", result="duplicate"))
     [event] = events_of(admin, namespace)
     assert event.series.count == 2
@@ -340,7 +342,7 @@ def test_the_cardinality_guard_folds_new_series_into_other(
     handler = start_handler(max_series=2)
     for p in pods:
         publish(agent_api, exec_failure(pod=p))
-    wait_until(drained(admin))
+    wait_until(drained(admin, handler))
     assert failures_total(handler, namespace=namespace) == 2
     assert (
         failures_total(handler, namespace="_other", workload="_other", reason="ForeignArchitecture")
@@ -361,7 +363,7 @@ def test_two_replicas_one_leader_each_record_counted_once(
     wait_until(lambda: a.elector.is_leader() or b.elector.is_leader())
     for _ in range(20):
         publish(agent_api, exec_failure(pod=pod))
-    wait_until(drained(admin))
+    wait_until(drained(admin, a, b))
     assert a.elector.is_leader() != b.elector.is_leader()
     assert failures_total(a) + failures_total(b) == 20
     follower = b if a.elector.is_leader() else a
@@ -417,7 +419,7 @@ def test_records_naming_namespaces_the_handler_cannot_see_are_invalid(
         try:
             publish(agent_api, exec_failure(pod=hidden_pod))
             publish(agent_api, exec_failure(pod=admin.sanitize_for_serialization(seen_pod)))
-            wait_until(drained(admin))
+            wait_until(drained(admin, handler))
         finally:
             handler.stop()
     assert sample(handler, "execwatch_handler_invalid_records_total", type="pod_forbidden") == 1

@@ -197,6 +197,7 @@ class Handler:
         self._watch_resp: Any = None
         self._recent: OrderedDict[str, str] = OrderedDict()  # record name -> uid, handled
         self._recent_lock = threading.Lock()
+        self._busy = 0
         self.handled = 0
 
     # -- lifecycle -------------------------------------------------------------------
@@ -214,6 +215,12 @@ class Handler:
         self._interrupt_watch()
         for t in self._threads:
             t.join(timeout=10)
+
+    def idle(self) -> bool:
+        """Nothing queued and no record being handled (tests and benchmarks wait on it)."""
+        with self._recent_lock:
+            busy = self._busy
+        return busy == 0 and len(self.queue) == 0
 
     def _on_leader_change(self, leading: bool) -> None:
         self.metrics.leader.set(1 if leading else 0)
@@ -337,6 +344,8 @@ class Handler:
             if obj is None:
                 continue
             name = obj["metadata"]["name"]
+            with self._recent_lock:
+                self._busy += 1
             try:
                 self.handle(obj)
                 self.queue.done(name)
@@ -357,6 +366,9 @@ class Handler:
                     name, self.config.retry_initial, self.config.retry_max
                 )
                 self.queue.add(obj, delay=delay)
+            finally:
+                with self._recent_lock:
+                    self._busy -= 1
 
     def _fence(self) -> None:
         if not self.elector.is_leader():
