@@ -16,7 +16,7 @@ from kubernetes.client.exceptions import ApiException
 
 from execwatch.cluster import crd
 from execwatch.cluster.publisher import ApiSink
-from tests.cluster.conftest import NODE, PodFactory, list_records
+from tests.cluster.conftest import NODE, PodFactory, list_records, wait_until
 from tests.cluster.records import exec_failure
 
 
@@ -159,3 +159,40 @@ def test_handler_lease_rights_are_limited_to_its_own_lease(handler_api: client.A
     assert denied(lambda: coord.read_namespaced_lease(other_name, crd.DEFAULT_NAMESPACE)) == 403
     assert denied(lambda: coord.delete_namespaced_lease(other_name, crd.DEFAULT_NAMESPACE)) == 403
     assert denied(lambda: coord.list_namespaced_lease("kube-system")) == 403
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        {"metadata": {"labels": {"app": "changed"}}},
+        {"metadata": {"labels": {"added": "x"}}},
+        {"metadata": {"annotations": {"note": "x"}}},
+        {"spec": {"activeDeadlineSeconds": 5}},
+        {"spec": {"containers": [{"name": "app", "image": "evil.example/miner:1"}]}},
+    ],
+)
+def test_the_handler_may_patch_only_its_own_pod_label(
+    handler_api: client.ApiClient, make_pod: PodFactory, namespace: str, patch: dict[str, Any]
+) -> None:
+    """RBAC grants `patch pods`; the shipped ValidatingAdmissionPolicy narrows it to labels
+    under execwatch.io/ (the label itself is set in every handler test)."""
+    name = make_pod(labels={"app": "web"})["metadata"]["name"]
+    core = client.CoreV1Api(handler_api)
+
+    def attempt(body: dict[str, Any] = patch) -> int:
+        try:
+            core.patch_namespaced_pod(
+                name, namespace, body, _content_type="application/merge-patch+json"
+            )
+        except ApiException as exc:
+            assert "execwatch-handler-pod-patches" in str(exc.body)
+            return int(exc.status)
+        return 200
+
+    def attempt_probe() -> int:
+        return attempt({"metadata": {"labels": {"probe": uuid.uuid4().hex}}})
+
+    # The policy is enforced once the API server's policy informer has seen it: wait with
+    # a patch that changes something new each time, then judge the real one once.
+    wait_until(lambda: attempt_probe() == 422, timeout=10)
+    assert attempt() == 422
