@@ -425,3 +425,19 @@ def test_records_naming_namespaces_the_handler_cannot_see_are_invalid(
     assert sample(handler, "execwatch_handler_invalid_records_total", type="pod_forbidden") == 1
     assert failures_total(handler, namespace=visible) == 1
     assert events_of(admin, namespace) == [] and len(events_of(admin, visible)) == 1
+
+
+def test_a_backlog_found_at_start_is_listed_in_pages_and_all_handled(
+    admin: client.ApiClient,
+    agent_api: client.ApiClient,
+    start_handler: StartHandler,
+    make_pod: PodFactory,
+    namespace: str,
+) -> None:
+    pod = make_pod()
+    for i in range(7):
+        publish(agent_api, exec_failure(pod=pod, path=f"/bin/backlog-{i}"))
+    handler = start_handler(list_page=3)
+    wait_until(drained(admin, handler))
+    assert failures_total(handler, namespace=namespace) == 7
+    assert len(events_of(admin, namespace)) == 7

@@ -88,3 +88,35 @@ def test_event_notes_fit_the_api_limit_in_bytes() -> None:
 def test_label_values_are_checked() -> None:
     assert is_label_value("ExecFormatError")
     assert not is_label_value("a\nb") and not is_label_value("x" * 64)
+
+
+def test_the_pod_label_on_the_metric_is_optional_and_guarded() -> None:
+    from execwatch.cluster.metrics import HandlerMetrics
+
+    labels = {
+        "namespace": "n",
+        "workload": "w",
+        "container": "c",
+        "node": "a",
+        "node_arch": "amd64",
+        "binary_arch": "arm64",
+        "reason": "ForeignArchitecture",
+    }
+    plain = HandlerMetrics()
+    plain.count_failures({**labels, "pod": "p-1"}, 2)
+    assert plain.registry.get_sample_value("execwatch_exec_failures_total", labels) == 2
+    with_pod = HandlerMetrics(with_pod_label=True, max_series=1)
+    with_pod.count_failures({**labels, "pod": "p-1"}, 1)
+    with_pod.count_failures({**labels, "pod": "p-2"}, 1)
+    get = with_pod.registry.get_sample_value
+    assert get("execwatch_exec_failures_total", {**labels, "pod": "p-1"}) == 1
+    other = {
+        **labels,
+        "namespace": "_other",
+        "workload": "_other",
+        "container": "_other",
+        "node": "_other",
+        "pod": "_other",
+    }
+    assert get("execwatch_exec_failures_total", other) == 1
+    assert get("execwatch_handler_series_overflow_total", {}) == 1

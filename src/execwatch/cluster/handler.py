@@ -58,6 +58,7 @@ class HandlerConfig:
     retry_initial: float = 0.5
     retry_max: float = 30.0
     workers: int = 4  # records handled in parallel (API round trips dominate)
+    list_page: int = 500
 
 
 class Retry(Exception):
@@ -244,17 +245,25 @@ class Handler:
     # -- watching --------------------------------------------------------------------
 
     def _list(self) -> str:
-        """Queue every record that exists now; return the list's resourceVersion."""
-        result = self._custom.list_namespaced_custom_object(
-            crd.GROUP,
-            crd.VERSION,
-            self.config.namespace,
-            crd.PLURAL,
-            _request_timeout=self.config.request_timeout,
-        )
-        for obj in result.get("items") or []:
-            self.queue.add(obj)
-        return str(result["metadata"]["resourceVersion"])
+        """Queue every record that exists now, in pages; return the snapshot's
+        resourceVersion (the same on every page) to watch from."""
+        token: str | None = None
+        while True:
+            result = self._custom.list_namespaced_custom_object(
+                crd.GROUP,
+                crd.VERSION,
+                self.config.namespace,
+                crd.PLURAL,
+                limit=self.config.list_page,
+                _continue=token,
+                _request_timeout=self.config.request_timeout,
+            )
+            for obj in result.get("items") or []:
+                self.queue.add(obj)
+            meta = result.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                return str(meta["resourceVersion"])
 
     def _watch_loop(self, term: threading.Event) -> None:
         rv: str | None = None
