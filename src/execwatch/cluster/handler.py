@@ -77,6 +77,9 @@ class WorkQueue:
     _failures: dict[str, int] = field(default_factory=dict)
 
     def add(self, obj: dict[str, Any], delay: float = 0.0) -> None:
+        # managedFields is most of a record's size and nothing the handler reads: a queue
+        # of thousands of records (a backlog) should not carry it.
+        obj["metadata"].pop("managedFields", None)
         name = obj["metadata"]["name"]
         with self._cond:
             fresh = name not in self._items
