@@ -7,8 +7,9 @@
    attached together, a batch of successful execs, then a batch of failing ones, gives
    each program's kernel time per exec.
 2. A failure storm: failing execs at --storm-rate per second for --storm-seconds, from a
-   generator in its own cgroup, while this process runs the agent's pipeline (probe ->
-   diagnosis -> aggregation -> JSON printer to /dev/null). Reports agent user CPU per
+   generator in its own cgroup, while this process runs what `execwatch trace --json`
+   runs (probe -> diagnosis -> attribution with its cgroup inventory and CRI client ->
+   folding -> JSON printer, to /dev/null). Reports agent user CPU per
    delivered event, RSS, delivered / aggregated / dropped, and whether the kernel's
    per-cgroup count equals the number of failures the generator caused.
 """
@@ -30,6 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from benchmarks.common import build_c, require_root, rss_mb, save, sysctl
+from execwatch.attribution import Attributor
 from execwatch.attribution.mounts import cgroup_mounts
 from execwatch.diagnosis import FileDiagnoser
 from execwatch.output import Printer
@@ -46,23 +48,34 @@ ONE_LINER = (
 FOREIGN = Path(__file__).resolve().parent.parent / ".cache/foreign/arm64/root/usr/bin/hello"
 
 
+def bpftool() -> str:
+    """By absolute path: a PATH search is itself a burst of failed execs, which would land
+    in the phase being measured."""
+    path = shutil.which("bpftool") or shutil.which("bpftool", path="/usr/sbin:/sbin")
+    if path is None:
+        raise SystemExit("bpftool is missing (make setup-test)")
+    return path
+
+
 def prog_stats(prog_id: int) -> tuple[int, int]:
     out = subprocess.run(
-        ["bpftool", "prog", "show", "id", str(prog_id), "-j"], check=True, capture_output=True
+        [bpftool(), "prog", "show", "id", str(prog_id), "-j"], check=True, capture_output=True
     )
     info = json.loads(out.stdout)
     return int(info.get("run_time_ns", 0)), int(info.get("run_cnt", 0))
 
 
 def tracepoint_prog_ids() -> set[int]:
-    out = subprocess.run(["bpftool", "prog", "show", "-j"], check=True, capture_output=True)
+    out = subprocess.run([bpftool(), "prog", "show", "-j"], check=True, capture_output=True)
     return {p["id"] for p in json.loads(out.stdout) if p.get("type") == "tracepoint"}
 
 
 @contextmanager
 def bpftrace_one_liner() -> Iterator[int]:
     before = tracepoint_prog_ids()
-    proc = subprocess.Popen(["bpftrace", "-e", ONE_LINER], stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [shutil.which("bpftrace") or "bpftrace", "-e", ONE_LINER], stdout=subprocess.DEVNULL
+    )
     try:
         deadline = time.monotonic() + 60
         while not (new := tracepoint_prog_ids() - before):
@@ -109,16 +122,17 @@ def run_in(cgroup: Path, argv: list[str]) -> int:
 class Consumer:
     """The agent's node pipeline, polled on a thread like `execwatch trace` does."""
 
-    def __init__(self, probe: Probe) -> None:
+    def __init__(self, probe: Probe, attributor: Attributor) -> None:
         self.probe = probe
         self.sink = open(os.devnull, "w")  # noqa: SIM115 - closed in stop()
         self.delivered_count = 0
         self.aggregated_count = 0
         self.reasons: dict[str, int] = {}
         self.pipeline = NodePipeline(
-            FileDiagnoser(),
+            FileDiagnoser.for_host(attributor),
             Printer(self.sink, as_json=True),
             epoch_offset=boot_to_epoch_offset(),
+            attributor=attributor,
             observer=self,
         )
         probe.open_ring_buffer(self.pipeline.on_record)
@@ -257,9 +271,10 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         sysctl("kernel.bpf_stats_enabled", "1"),
         own_cgroup(f"execwatch-bench-{os.getpid()}") as cgroup,
         Probe(ProbeOptions()) as probe,
+        Attributor() as attributor,
     ):
         gen = build_c("execgen.c", Path(tmp))
-        consumer = Consumer(probe)
+        consumer = Consumer(probe, attributor)
         try:
             result: dict[str, object] = {"kernel_cost": kernel_cost(probe, gen, cgroup, args)}
             result["storm"] = storm(probe, consumer, gen, cgroup, args)

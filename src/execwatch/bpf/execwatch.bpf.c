@@ -182,9 +182,9 @@ static __always_inline void read_cgroup(struct task_struct *task, struct ew_even
 		e->cgroup_name[0] = 0;
 }
 
-static __always_inline int on_exit(struct sys_exit_ctx *ctx, enum ew_syscall sc)
+/* Not inlined: the success path then runs in a program with no stack frame to set up. */
+static __noinline int on_failure(long ret, enum ew_syscall sc)
 {
-	long ret = ctx->ret;
 	struct task_struct *task;
 	struct pt_regs *regs;
 	struct ew_event *e;
@@ -192,8 +192,6 @@ static __always_inline int on_exit(struct sys_exit_ctx *ctx, enum ew_syscall sc)
 	const char *name;
 	__u32 idx;
 
-	if (ret >= 0)
-		return 0;
 	cgroup_id = bpf_get_current_cgroup_id();
 	count(cgroup_id, (int)-ret);
 	if (!reported((int)-ret))
@@ -243,13 +241,13 @@ static __always_inline int on_exit(struct sys_exit_ctx *ctx, enum ew_syscall sc)
 SEC("tracepoint/syscalls/sys_exit_execve")
 int exit_execve(struct sys_exit_ctx *ctx)
 {
-	return on_exit(ctx, EW_EXECVE);
+	return ctx->ret < 0 ? on_failure(ctx->ret, EW_EXECVE) : 0;
 }
 
 SEC("tracepoint/syscalls/sys_exit_execveat")
 int exit_execveat(struct sys_exit_ctx *ctx)
 {
-	return on_exit(ctx, EW_EXECVEAT);
+	return ctx->ret < 0 ? on_failure(ctx->ret, EW_EXECVEAT) : 0;
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
