@@ -1,0 +1,61 @@
+"""`execwatch agent` / `execwatch handler` plug into any argparse parser (the top-level
+`execwatch` command owns its parser and calls `add_parser`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from execwatch.cluster import cli
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="execwatch")
+    cli.add_parser(p.add_subparsers(dest="command", required=True))
+    return p
+
+
+def test_handler_flags_and_defaults() -> None:
+    args = parser().parse_args(
+        [
+            "handler",
+            "--kubeconfig",
+            "/k",
+            "--lease-duration",
+            "4",
+            "--renew-deadline",
+            "3",
+            "--retry-period",
+            "0.5",
+            "--pod-label-metric",
+        ]
+    )
+    assert args.func is cli.run_handler
+    assert (args.lease_duration, args.renew_deadline, args.retry_period) == (4.0, 3.0, 0.5)
+    assert args.pod_label_metric and not args.no_label_pods
+    assert args.namespace == "execwatch" and args.identity
+    assert args.metrics_address == ":9090" and args.workers == 4
+
+
+def test_agent_flags_and_defaults() -> None:
+    args = parser().parse_args(["agent", "--node", "worker-1"])
+    assert args.func is cli.run_agent
+    assert args.node == "worker-1" and args.pod_metadata == "runtime"
+    assert (args.aggregation_window, args.rate, args.burst, args.spool_size) == (60, 20, 50, 2000)
+
+
+def test_every_replica_gets_its_own_lease_identity() -> None:
+    # Two processes built from one pod template must not share a Lease identity.
+    a = parser().parse_args(["handler"]).identity
+    b = parser().parse_args(["handler"]).identity
+    assert a and b and a != b
+
+
+def test_bad_metrics_address_is_refused() -> None:
+    try:
+        cli.parse_address("9090")
+    except ValueError as exc:
+        assert "HOST:PORT" in str(exc)
+    else:
+        raise AssertionError("accepted an address without a port separator")
+    assert cli.parse_address(":9090") == ("0.0.0.0", 9090)
+    assert cli.parse_address("[::1]:9") == ("::1", 9)
