@@ -7,7 +7,7 @@ stop and never releases the Lease (a clean shutdown then costs a full lease dura
 no leader), and it reports leadership through a callback thread only. This is the same
 algorithm (optimistic concurrency on the Lease's resourceVersion, acquire only after the
 holder's record has not changed for a whole lease duration as measured on our own
-monotonic clock) in ~150 lines, with `is_leader()` usable as a fence before each write.
+monotonic clock) in under 200 lines, with `is_leader()` usable as a fence before each write.
 
 Safety margin: a leader stops acting `renew_deadline` after its last successful renew;
 another replica can take over only `lease_duration` after it last saw a change. With
