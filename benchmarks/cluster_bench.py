@@ -129,7 +129,7 @@ class Process:
                 [
                     sys.executable,
                     "-m",
-                    "execwatch.cluster.cli",
+                    "execwatch.cli",
                     "--log-level",
                     "warning",
                     *args,

@@ -137,7 +137,9 @@ class Consumer:
         )
         probe.open_ring_buffer(self.pipeline.on_record)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread = threading.Thread(
+            target=self.pipeline.run, args=(probe, self._stop), daemon=True
+        )
         self._thread.start()
 
     def delivered(self, err: int, reason: Reason, *, aggregated: bool) -> None:
@@ -146,21 +148,12 @@ class Consumer:
             self.aggregated_count += aggregated
             self.reasons[str(reason)] = self.reasons.get(str(reason), 0) + 1
 
-    def _loop(self) -> None:
-        next_flush = time.monotonic() + 1
-        while not self._stop.is_set():
-            self.probe.poll(100)
-            if time.monotonic() >= next_flush:
-                self.pipeline.flush()
-                next_flush = time.monotonic() + 1
-
     def drain(self) -> None:
         time.sleep(0.5)
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
-        self.pipeline.flush(final=True)
         self.sink.close()
 
 

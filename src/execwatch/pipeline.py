@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -24,6 +25,8 @@ from execwatch.record import Attribution, Diagnosis, ExecFailure, KernelEvent, R
 log = logging.getLogger(__name__)
 
 Sink = Callable[[ExecFailure], None]
+# Records submitted without a wakeup wait at most this long (see wakeup_flag in the BPF C).
+POLL_TIMEOUT_MS = 50
 AggregationKey = tuple[int, int, int, bytes, bytes]
 
 
@@ -35,6 +38,12 @@ class Attributor(Protocol):
     def resolve(
         self, cgroup_id: int, pid: int | None = None, *, name: str = "", parent_id: int = 0
     ) -> Attribution: ...
+
+
+class RecordSource(Protocol):
+    """The probe, as the pipeline sees it: poll() hands records to on_record."""
+
+    def poll(self, timeout_ms: int) -> int: ...
 
 
 class PipelineObserver(Protocol):
@@ -107,6 +116,22 @@ class NodePipeline:
         while len(self._slots) > self._max_slots:
             self._emit_pending(self._slots.popitem(last=False)[1])
         self._emit(failure)
+
+    def run(
+        self, source: RecordSource, stop: threading.Event, deadline: float | None = None
+    ) -> None:
+        """Consume until `stop` is set (or the monotonic `deadline` passes), flushing folded
+        repeats once per window; then drain what the kernel still holds and flush it all."""
+        next_flush = time.monotonic() + self._window
+        try:
+            while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+                source.poll(POLL_TIMEOUT_MS)
+                if time.monotonic() >= next_flush:
+                    self.flush()
+                    next_flush = time.monotonic() + self._window
+            source.poll(0)
+        finally:
+            self.flush(final=True)
 
     def flush(self, *, final: bool = False) -> None:
         """Emit folded repeats; forget slots idle for ten windows (or all, when final)."""

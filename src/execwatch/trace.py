@@ -115,16 +115,9 @@ def trace_loop(
     probe.open_ring_buffer(pipeline.on_record)
     log.info("tracing failed execs", extra={"kv": {"metrics": args.metrics_address or "off"}})
     deadline = time.monotonic() + args.duration if args.duration else None
-    next_flush = time.monotonic() + args.window
     try:
-        while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
-            probe.poll(50)
-            if time.monotonic() >= next_flush:
-                pipeline.flush()
-                next_flush = time.monotonic() + args.window
-        probe.poll(0)  # drain what is already there
+        pipeline.run(probe, stop, deadline)
     finally:
-        pipeline.flush(final=True)
         if server:
             server.shutdown()
     return 0

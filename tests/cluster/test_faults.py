@@ -1,6 +1,6 @@
 """Faults: the handler's leader killed, the API server restarted under a live watch.
 
-Handler replicas run as separate processes (`python -m execwatch.cluster.cli handler`)
+Handler replicas run as separate processes (`python -m execwatch.cli handler`)
 with the handler ServiceAccount's token, so they can be frozen and killed like pods.
 """
 
@@ -40,7 +40,7 @@ class Replica:
                 [
                     sys.executable,
                     "-m",
-                    "execwatch.cluster.cli",
+                    "execwatch.cli",
                     "handler",
                     "--kubeconfig",
                     str(kubeconfig),

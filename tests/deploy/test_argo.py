@@ -222,7 +222,7 @@ class Handler:
                 [
                     sys.executable,
                     "-m",
-                    "execwatch.cluster.cli",
+                    "execwatch.cli",
                     "handler",
                     "--kubeconfig",
                     str(kubeconfig),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -63,13 +62,4 @@ def run(
         log.info("agent tracing", extra={"kv": {"node": publisher.config.node}})
         if ready is not None:
             ready.set()
-        next_flush = time.monotonic() + window
-        try:
-            while not stop.is_set():
-                probe.poll(50)
-                if time.monotonic() >= next_flush:
-                    pipeline.flush()
-                    next_flush = time.monotonic() + window
-            probe.poll(0)
-        finally:
-            pipeline.flush(final=True)
+        pipeline.run(probe, stop)

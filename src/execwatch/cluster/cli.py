@@ -1,8 +1,6 @@
 """`execwatch agent` and `execwatch handler`.
 
 src/execwatch/cli.py owns the top-level parser; it calls `add_parser(subparsers)` here.
-`python -m execwatch.cluster.cli {agent,handler} ...` runs the same commands on their own
-(the tests start handler replicas that way, so they can be killed like real pods).
 """
 
 from __future__ import annotations
@@ -135,12 +133,6 @@ def _serve(address: str, registry: CollectorRegistry) -> Any:
     return start_http_server(port, host, registry=registry)[0]
 
 
-def run(args: argparse.Namespace) -> int:
-    """Dispatch for callers that registered both commands with `add_parser`."""
-    code: int = args.func(args)
-    return code
-
-
 def run_handler(args: argparse.Namespace) -> int:
     from execwatch.trace import stop_on_signals
 
@@ -206,20 +198,3 @@ def run_agent(args: argparse.Namespace) -> int:  # pragma: no cover - needs root
         publisher.stop()
         server.shutdown()
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    from execwatch import logs
-
-    parser = argparse.ArgumentParser(prog="execwatch")
-    parser.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
-    )
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    logs.configure(args.log_level)
-    return run(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
