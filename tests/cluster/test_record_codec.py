@@ -10,7 +10,8 @@ import pytest
 
 from execwatch.cluster import crd
 from execwatch.cluster.events import NOTE_LIMIT, note_for
-from execwatch.cluster.safe import fit_bytes, is_label_value, printable, safe_text
+from execwatch.cluster.safe import fit_bytes, is_label_value, printable
+from execwatch.text import safe_text
 from tests.cluster.records import exec_failure
 
 

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from execwatch.cluster.safe import printable, safe_text
+from execwatch.cluster.safe import printable
 from execwatch.record import AttributionStatus, ExecFailure, Reason
+from execwatch.text import safe_text
 
 GROUP = "execwatch.io"
 VERSION = "v1alpha1"

@@ -30,8 +30,8 @@ from typing import Any, Protocol
 
 from execwatch.cluster import crd
 from execwatch.cluster.metrics import PublisherMetrics
-from execwatch.cluster.safe import safe_text
 from execwatch.record import AttributionStatus, ExecFailure
+from execwatch.text import safe_text
 
 log = logging.getLogger(__name__)
 
