@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 
 from tests.deploy.chart import (
-    BASE,
     CHART,
     KUBE_VERSION,
     Doc,
@@ -32,6 +31,8 @@ DEFAULT_KINDS = {
     "Deployment",
     "PodDisruptionBudget",
     "Service",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
 }
 EVERYTHING = (
     "serviceMonitor.enabled=true",
@@ -64,6 +65,8 @@ def test_defaults_install_the_pipeline_and_no_optional_integration() -> None:
             "CustomResourceDefinition",
             "ClusterRole",
             "ClusterRoleBinding",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
         ):
             assert doc["metadata"]["namespace"] == "execwatch", doc["metadata"]
 
@@ -118,6 +121,13 @@ def test_everything_on_adds_monitoring_dashboard_and_scc() -> None:
         (
             "handler.podDisruptionBudget.enabled=false",
             {("PodDisruptionBudget", "execwatch-handler")},
+        ),
+        (
+            "handler.podPatchPolicy=false",
+            {
+                ("ValidatingAdmissionPolicy", "execwatch-handler-pod-patches"),
+                ("ValidatingAdmissionPolicyBinding", "execwatch-handler-pod-patches"),
+            },
         ),
     ],
 )
@@ -323,18 +333,21 @@ def test_resource_quota_is_that_of_deploy_base() -> None:
 
 
 def test_agent_pod_reader_option_uses_the_optional_base_rules() -> None:
-    optional = BASE / "optional" / "agent-pod-reader.yaml"
-    if optional.exists():
-        docs = render("agent.podMetadata=api")
-        base = _rbac(base_docs())
-        assert (
-            find(docs, "ClusterRole", "execwatch-agent-pod-reader")["rules"]
-            == base[("ClusterRole", "execwatch-agent-pod-reader")]
-        )
-    else:
-        # Until deploy/base ships the optional rules, the option fails loudly.
-        with pytest.raises(RuntimeError, match="has no ClusterRole/execwatch-agent-pod-reader"):
-            render("agent.podMetadata=api")
+    docs = render("agent.podMetadata=api")
+    base = _rbac(base_docs())
+    assert (
+        find(docs, "ClusterRole", "execwatch-agent-pod-reader")["rules"]
+        == base[("ClusterRole", "execwatch-agent-pod-reader")]
+    )
+
+
+def test_pod_patch_policy_is_that_of_deploy_base() -> None:
+    """Same policy; the handler's user name comes from the release namespace."""
+    for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
+        assert find(render(), kind)["spec"] == find(base_docs(), kind)["spec"]
+    other = find(render(namespace="observability"), "ValidatingAdmissionPolicy")
+    condition = other["spec"]["matchConditions"][0]["expression"]
+    assert "system:serviceaccount:observability:execwatch-handler" in condition
 
 
 # -- monitoring pieces ---------------------------------------------------------------------
