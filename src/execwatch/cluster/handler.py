@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from execwatch.attribution.metadata import workload_from_owner
 from execwatch.cluster import crd
 from execwatch.cluster.events import DuplicateRecord, EventWriter, event_reason
 from execwatch.cluster.lease import LeaseConfig, LeaseElector
@@ -147,14 +148,10 @@ def workload_of(pod: dict[str, Any]) -> tuple[str, str]:
     """
     meta = pod.get("metadata") or {}
     owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")]
-    if not owners:
-        return "Pod", str(meta.get("name", ""))
-    owner = owners[0]
-    kind, name = str(owner.get("kind", "")), str(owner.get("name", ""))
-    tmpl = (meta.get("labels") or {}).get("pod-template-hash")
-    if kind == "ReplicaSet" and tmpl and name.endswith("-" + tmpl):
-        return "Deployment", name[: -len(tmpl) - 1]
-    return kind, name
+    owner = owners[0] if owners else {}
+    labels = meta.get("labels") or {}
+    workload = workload_from_owner(owner.get("kind"), owner.get("name"), labels)
+    return (workload.kind, workload.name) if workload else ("Pod", str(meta.get("name", "")))
 
 
 @dataclass
