@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.attribution.containerd_env import Containerd
 
 REPO = Path(__file__).resolve().parent.parent
 FOREIGN = REPO / ".cache" / "foreign"
@@ -16,3 +19,14 @@ def foreign_root() -> Path:
     if not (FOREIGN / ".complete-v1").exists():
         pytest.fail(f"{FOREIGN} is missing: run dev/fetch-foreign.sh (make test does)")
     return FOREIGN
+
+
+@pytest.fixture(scope="module")
+def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]:
+    """containerd with its CRI plugin on a private socket, images imported, no registry."""
+    runtime = Containerd(tmp_path_factory.mktemp("containerd"))
+    try:
+        runtime.start()
+        yield runtime
+    finally:
+        runtime.stop()

@@ -9,7 +9,6 @@ import pytest
 
 from execwatch.attribution import Attributor
 from execwatch.attribution.cri.client import CriContainers
-from tests.attribution.containerd_env import Containerd
 from tests.attribution.probe_recorder import ProbeRecorder
 from tests.attribution.runc_env import Runc, remove_empty_kubepods
 
@@ -42,17 +41,6 @@ def host_attributor(root: None) -> Iterator[Attributor]:
     attributor.start()
     yield attributor
     attributor.close()
-
-
-@pytest.fixture(scope="module")
-def containerd(root: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]:
-    """containerd with its CRI plugin on a private socket, images imported, no registry."""
-    runtime = Containerd(tmp_path_factory.mktemp("containerd"))
-    try:
-        runtime.start()
-        yield runtime
-    finally:
-        runtime.stop()
 
 
 @pytest.fixture(scope="module")

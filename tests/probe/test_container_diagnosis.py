@@ -21,16 +21,6 @@ def in_pod(uid: str) -> Callable[[ExecFailure], bool]:
     return lambda r: r.event.path == FOREIGN_IN_ROOTFS and r.attribution.pod_uid == uid
 
 
-@pytest.fixture(scope="module")
-def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]:
-    runtime = Containerd(tmp_path_factory.mktemp("containerd"))
-    try:
-        runtime.start()
-        yield runtime
-    finally:
-        runtime.stop()
-
-
 @pytest.fixture
 def pod_tracer(containerd: Containerd) -> Iterator[Tracer]:
     with (
