@@ -33,7 +33,6 @@ import secrets
 import signal
 import ssl
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -52,11 +51,11 @@ from tests.kube.cluster import (
     ADMIN_TOKEN,
     MANIFESTS,
     KubeCluster,
-    free_port,
     load_manifests,
     running_cluster,
 )
 from tests.kube.fixtures import AGENT_SA, HANDLER_SA
+from tests.kube.processes import ExecwatchProcess
 
 from benchmarks.common import rss_mb, save
 from execwatch.cluster import crd
@@ -118,49 +117,8 @@ def make_pod(api: client.ApiClient, namespace: str, name: str, cid: str | None =
     return pod
 
 
-class Process:
-    """An execwatch command in its own process, with its metrics endpoint."""
-
-    def __init__(self, args: list[str], log: Path) -> None:
-        self.port = free_port()
-        self.log = log
-        with log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "execwatch.cli",
-                    "--log-level",
-                    "warning",
-                    *args,
-                    "--metrics-address",
-                    f"127.0.0.1:{self.port}",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-
-    def metric(self, name: str, **labels: str) -> float:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
-            text = r.read().decode()
-        return sum(
-            s.value
-            for f in text_string_to_metric_families(text)
-            for s in f.samples
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
-        )
-
-    def rss(self) -> tuple[float, float]:
-        return rss_mb(self.proc.pid)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+def start_execwatch(args: list[str], log: Path) -> ExecwatchProcess:
+    return ExecwatchProcess(["--log-level", "warning", *args], log)
 
 
 def handler_args(kubeconfig: Path) -> list[str]:
@@ -268,8 +226,8 @@ def bench_latency(kube: KubeCluster, work: Path, failures: int) -> dict[str, Any
 
         watcher = threading.Thread(target=watch_events, daemon=True)
         watcher.start()
-        handler = Process(handler_args(handler_cfg), work / "handler-latency.log")
-        agent = Process(
+        handler = start_execwatch(handler_args(handler_cfg), work / "handler-latency.log")
+        agent = start_execwatch(
             ["agent", "--kubeconfig", str(agent_cfg), "--node", NODE, "--pod-metadata", "api"],
             work / "agent.log",
         )
@@ -291,8 +249,8 @@ def bench_latency(kube: KubeCluster, work: Path, failures: int) -> dict[str, Any
                 time.sleep(0.05)
             wait_for(lambda: all(p in seen for p in paths), 60, "all Events")
             time.sleep(2)
-            agent_rss, agent_peak = agent.rss()
-            handler_rss, handler_peak = handler.rss()
+            agent_rss, agent_peak = rss_mb(agent.proc.pid)
+            handler_rss, handler_peak = rss_mb(handler.proc.pid)
         finally:
             stop.set()
             if name:
@@ -353,19 +311,19 @@ def bench_throughput(kube: KubeCluster, work: Path, records: int) -> dict[str, A
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(create, range(records)))
         create_rate = records / (time.monotonic() - t0)
-        handler = Process(handler_args(handler_cfg), work / "handler-throughput.log")
+        handler = start_execwatch(handler_args(handler_cfg), work / "handler-throughput.log")
         peak = 0.0
         try:
             wait_for(lambda: lease_holder(admin), 30, "handler lease")
             started = time.monotonic()
             while records_left(admin):
-                peak = max(peak, handler.rss()[0])
+                peak = max(peak, rss_mb(handler.proc.pid)[0])
                 if time.monotonic() - started > 600:
                     raise TimeoutError("handler did not drain the records")
                 time.sleep(0.2)
             elapsed = time.monotonic() - started
             handled = handler.metric("execwatch_handler_records_total", result="handled")
-            rss, hwm = handler.rss()
+            rss, hwm = rss_mb(handler.proc.pid)
         finally:
             handler.stop()
     return {
@@ -394,7 +352,7 @@ def bench_crash_loop(
             admin.sanitize_for_serialization(make_pod(admin, ns, f"crash-{i}"))
             for i in range(containers)
         ]
-        handler = Process(handler_args(handler_cfg), work / "handler-crash.log")
+        handler = start_execwatch(handler_args(handler_cfg), work / "handler-crash.log")
         publisher = Publisher(
             PublisherConfig(node=NODE, aggregation_window=window),
             ApiSink(agent_api, crd.DEFAULT_NAMESPACE),

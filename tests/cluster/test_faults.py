@@ -7,16 +7,12 @@ with the handler ServiceAccount's token, so they can be frozen and killed like p
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from kubernetes import client
-from prometheus_client.parser import text_string_to_metric_families
 
 from execwatch.cluster import crd
 from execwatch.cluster.handler import Handler
@@ -24,67 +20,34 @@ from execwatch.cluster.publisher import ApiSink, Publisher, PublisherConfig
 from tests.cluster.conftest import NODE, PodFactory, list_records, wait_until
 from tests.cluster.records import exec_failure
 from tests.cluster.test_handler import events_of, failures_total, publish
-from tests.kube.cluster import KubeCluster, free_port
+from tests.kube.cluster import KubeCluster
 from tests.kube.fixtures import HANDLER_SA
+from tests.kube.processes import ExecwatchProcess
 
 LEASE_DURATION = 4.0
 
 
-class Replica:
+class Replica(ExecwatchProcess):
+    """One handler replica with a short Lease, so failover tests run in seconds."""
+
     def __init__(self, identity: str, kubeconfig: Path, log: Path) -> None:
         self.identity = identity
-        self.port = free_port()
-        self.log = log
-        with log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "execwatch.cli",
-                    "handler",
-                    "--kubeconfig",
-                    str(kubeconfig),
-                    "--identity",
-                    identity,
-                    "--lease-duration",
-                    str(LEASE_DURATION),
-                    "--renew-deadline",
-                    "3",
-                    "--retry-period",
-                    "0.5",
-                    "--metrics-address",
-                    f"127.0.0.1:{self.port}",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-
-    def metric(self, name: str, **labels: str) -> float:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
-            text = r.read().decode()
-        total = 0.0
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                    total += s.value
-        return total
-
-    def serving(self) -> bool:
-        try:
-            self.metric("execwatch_handler_leader")
-            return True
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        super().__init__(
+            [
+                "handler",
+                "--kubeconfig",
+                str(kubeconfig),
+                "--identity",
+                identity,
+                "--lease-duration",
+                str(LEASE_DURATION),
+                "--renew-deadline",
+                "3",
+                "--retry-period",
+                "0.5",
+            ],
+            log,
+        )
 
 
 @pytest.fixture

@@ -17,9 +17,7 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,8 +34,9 @@ from execwatch.probe import Probe
 from execwatch.probe.events import boot_to_epoch_offset
 from execwatch.record import Attribution, AttributionStatus, ExecFailure, Reason
 from tests.deploy.chart import REPO, Doc
-from tests.deploy.prometheus import Prometheus, free_port
+from tests.deploy.prometheus import Prometheus
 from tests.kube.cluster import KubeCluster, ensure_namespace
+from tests.kube.processes import ExecwatchProcess
 
 ARGO = REPO / "deploy" / "argo"
 HELLO_ARM64 = REPO / ".cache" / "foreign" / "arm64" / "root" / "usr" / "bin" / "hello"
@@ -209,45 +208,31 @@ def test_restart_query_counts_restarts_of_canary_pods_only(tmp_path: Path) -> No
 # -- the real chain ----------------------------------------------------------------------------
 
 
-class Handler:
+class Handler(ExecwatchProcess):
     """`execwatch handler` as its own process, with the handler ServiceAccount's token."""
 
     def __init__(self, kube: KubeCluster, workdir: Path) -> None:
         token = kube.service_account_token("execwatch", "execwatch-handler")
         kubeconfig = kube.kubeconfig(token, workdir / "handler.kubeconfig")
-        self.address = f"127.0.0.1:{free_port()}"
-        self.log = workdir / "handler.log"
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "execwatch.cli",
-                    "handler",
-                    "--kubeconfig",
-                    str(kubeconfig),
-                    "--namespace",
-                    "execwatch",
-                    "--metrics-address",
-                    self.address,
-                    "--identity",
-                    "argo-test",
-                    "--lease-duration",
-                    "4",
-                    "--renew-deadline",
-                    "3",
-                    "--retry-period",
-                    "1",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://{self.address}/metrics", timeout=2) as r:
-            text: str = r.read().decode()
-            return text
+        super().__init__(
+            [
+                "handler",
+                "--kubeconfig",
+                str(kubeconfig),
+                "--namespace",
+                "execwatch",
+                "--identity",
+                "argo-test",
+                "--lease-duration",
+                "4",
+                "--renew-deadline",
+                "3",
+                "--retry-period",
+                "1",
+            ],
+            workdir / "handler.log",
+            start_new_session=True,
+        )
 
     def wait_leading(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
@@ -255,21 +240,12 @@ class Handler:
             if self.proc.poll() is not None:
                 raise RuntimeError("handler exited:\n" + self.log.read_text())
             try:
-                if "execwatch_handler_leader 1.0" in self.metrics():
+                if "execwatch_handler_leader 1.0" in self.metrics_text():
                     return
             except OSError:
                 pass
             time.sleep(0.2)
         raise TimeoutError("handler never led:\n" + self.log.read_text())
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
 
 
 @pytest.fixture
