@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
+from execwatch.logs import KeyValueFormatter
 from execwatch.text import c_string, safe_text
 
 
@@ -32,3 +34,12 @@ def test_bidi_overrides_cannot_disguise_a_name() -> None:
 def test_escaping_twice_without_backslash_escapes_is_idempotent() -> None:
     once = safe_text("a\nb\\c")
     assert safe_text(once, escape_backslash=False) == once
+
+
+def test_log_lines_carry_every_extra_field_escaped() -> None:
+    record = logging.LogRecord("execwatch.t", logging.INFO, "", 0, "seen %s", ("x",), None)
+    record.kv = {"path": "/tmp/a b\n"}
+    record.container_id = "abc"
+    line = KeyValueFormatter().format(record)
+    assert line.endswith('msg="seen x" path="/tmp/a b\\x0a" container_id=abc')
+    assert "\n" not in line

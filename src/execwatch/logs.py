@@ -1,7 +1,7 @@
 """Structured logging: one `key=value` line per record, values escaped.
 
-Call sites pass context as `extra={"kv": {...}}` so operators can grep and parse logs
-without execwatch depending on a logging framework.
+Call sites pass context as `extra={"kv": {...}}` or as plain `extra` keys; both become
+fields, so operators can grep and parse logs without a logging framework.
 """
 
 from __future__ import annotations
@@ -10,6 +10,11 @@ import logging
 import sys
 
 from execwatch.text import safe_text
+
+# Attributes every LogRecord has: anything else on a record came from `extra`.
+STANDARD_ATTRIBUTES = frozenset(
+    [*vars(logging.LogRecord("", 0, "", 0, "", (), None)), "message", "asctime", "kv"]
+)
 
 
 class KeyValueFormatter(logging.Formatter):
@@ -21,6 +26,7 @@ class KeyValueFormatter(logging.Formatter):
             "msg": record.getMessage(),
         }
         fields.update(getattr(record, "kv", {}))
+        fields.update((k, v) for k, v in vars(record).items() if k not in STANDARD_ATTRIBUTES)
         if record.exc_info:
             fields["error"] = repr(record.exc_info[1])
         return " ".join(f"{k}={quote(str(v))}" for k, v in fields.items())
