@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import errno as errno_mod
 from collections.abc import Iterable, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, start_http_server
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -21,6 +21,20 @@ from execwatch.record import Reason
 class KernelCounters(Protocol):
     def errno_totals(self) -> dict[int, int]: ...
     def stats(self) -> dict[str, int]: ...
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """`HOST:PORT`, `:PORT` (all addresses) or `[v6]:PORT`; ValueError otherwise."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"--metrics-address wants HOST:PORT, got {text!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def serve(address: tuple[str, int], registry: CollectorRegistry) -> Any:
+    """Serve `registry` on /metrics in a background thread; call .shutdown() to stop."""
+    host, port = address
+    return start_http_server(port, host, registry=registry)[0]
 
 
 def errno_name(err: int) -> str:

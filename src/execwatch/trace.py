@@ -13,11 +13,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from execwatch.attribution import Attributor
 from execwatch.diagnosis import FileDiagnoser
-from execwatch.metrics import NodeMetrics
+from execwatch.metrics import NodeMetrics, parse_address, serve
 from execwatch.output import Printer
 from execwatch.pipeline import NodePipeline
 from execwatch.probe import Probe, ProbeError
@@ -46,13 +46,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--duration", type=float, help="stop after this many seconds")
     p.add_argument("--no-attribution", action="store_true", help="skip container/pod attribution")
     p.set_defaults(func=run)
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"--metrics-address wants HOST:PORT, got {text!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 @contextmanager
@@ -102,7 +95,7 @@ def trace_loop(
 ) -> int:
     registry = CollectorRegistry()
     metrics = NodeMetrics(registry, probe)
-    server = start_http_server(address[1], address[0], registry=registry)[0] if address else None
+    server = serve(address, registry) if address else None
     pipeline = NodePipeline(
         FileDiagnoser.for_host(attributor),
         Printer(sys.stdout, as_json=args.json),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from execwatch.cluster import cli
+from execwatch.metrics import parse_address
 
 
 def parser() -> argparse.ArgumentParser:
@@ -52,10 +53,10 @@ def test_every_replica_gets_its_own_lease_identity() -> None:
 
 def test_bad_metrics_address_is_refused() -> None:
     try:
-        cli.parse_address("9090")
+        parse_address("9090")
     except ValueError as exc:
         assert "HOST:PORT" in str(exc)
     else:
         raise AssertionError("accepted an address without a port separator")
-    assert cli.parse_address(":9090") == ("0.0.0.0", 9090)
-    assert cli.parse_address("[::1]:9") == ("::1", 9)
+    assert parse_address(":9090") == ("0.0.0.0", 9090)
+    assert parse_address("[::1]:9") == ("::1", 9)

@@ -13,12 +13,13 @@ import sys
 import uuid
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from execwatch.cluster import crd
 from execwatch.cluster.handler import Handler, HandlerConfig
 from execwatch.cluster.metrics import HandlerMetrics, PublisherMetrics
 from execwatch.cluster.publisher import ApiSink, Publisher, PublisherConfig
+from execwatch.metrics import parse_address, serve
 
 log = logging.getLogger(__name__)
 
@@ -121,18 +122,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     h.set_defaults(func=run_handler)
 
 
-def parse_address(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"--metrics-address wants HOST:PORT, got {text!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
-def _serve(address: str, registry: CollectorRegistry) -> Any:
-    host, port = parse_address(address)
-    return start_http_server(port, host, registry=registry)[0]
-
-
 def run_handler(args: argparse.Namespace) -> int:
     from execwatch.trace import stop_on_signals
 
@@ -154,7 +143,7 @@ def run_handler(args: argparse.Namespace) -> int:
         api_client(args.kubeconfig),
         metrics,
     )
-    server = _serve(args.metrics_address, registry)
+    server = serve(parse_address(args.metrics_address), registry)
     with stop_on_signals() as stop:
         handler.start()
         log.info("handler started", extra={"kv": {"identity": args.identity}})
@@ -164,7 +153,7 @@ def run_handler(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_agent(args: argparse.Namespace) -> int:  # pragma: no cover - needs root and BPF
+def run_agent(args: argparse.Namespace) -> int:
     """Probe + attribution + publisher: what the DaemonSet runs on every node."""
     from execwatch.attribution import Attributor
     from execwatch.cluster import agent
@@ -186,7 +175,7 @@ def run_agent(args: argparse.Namespace) -> int:  # pragma: no cover - needs root
         PublisherMetrics(registry=registry),
     )
     pods = agent.pod_cache(args.node, api) if args.pod_metadata == "api" else None
-    server = _serve(args.metrics_address, registry)
+    server = serve(parse_address(args.metrics_address), registry)
     try:
         with stop_on_signals() as stop, Attributor(pods=pods) as attributor:
             publisher.start()
