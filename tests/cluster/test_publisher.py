@@ -96,6 +96,27 @@ def test_the_first_failure_is_published_at_once_with_the_full_record(
     assert sample(p.metrics, "execwatch_publisher_published_total") == 1
 
 
+def test_a_record_being_sent_still_counts_as_spooled(make_publisher: Any) -> None:
+    """While its create is on the wire the record is held by nobody else: the spool (and
+    its gauge) must not read 0, or a full quota would look like an empty spool."""
+
+    class SlowSink:
+        def __init__(self) -> None:
+            self.entered, self.release = threading.Event(), threading.Event()
+
+        def create(self, body: dict[str, Any]) -> None:
+            self.entered.set()
+            self.release.wait(timeout=10)
+
+    sink = SlowSink()
+    p = make_publisher(sink)
+    p.submit(exec_failure(pod_name="web-0", namespace="shop"))
+    assert sink.entered.wait(timeout=5)
+    assert p.spooled() == 1
+    sink.release.set()
+    wait_until(lambda: p.spooled() == 0, timeout=5)
+
+
 def test_a_crash_loop_becomes_one_record_per_window_with_exact_counts(
     sink: MemorySink, make_publisher: Any
 ) -> None:

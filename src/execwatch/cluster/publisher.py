@@ -8,7 +8,7 @@ What it guarantees, and how:
 - **Rate limit.** A token bucket bounds creates per second across all keys; what waits
   keeps aggregating.
 - **API server outages lose nothing within a bound.** Records that could not be created
-  stay in the spool (pending + awaiting retry, at most `spool_size` records) and are
+  stay in the spool (pending, being sent or awaiting retry: at most `spool_size` records) and are
   retried with exponential backoff and jitter. A failure that would need a new record
   while the spool is full is dropped and counted (`dropped_total{type="spool_full"}`).
 - **A retry never makes a second record.** A record's name is fixed when it is sealed,
@@ -103,7 +103,7 @@ class PublisherConfig:
     aggregation_window: float = 60.0
     rate: float = 20.0  # creates per second
     burst: int = 50
-    spool_size: int = 2000  # records, pending + awaiting retry
+    spool_size: int = 2000  # records held: pending, being sent, awaiting retry
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
 
@@ -172,6 +172,7 @@ class Publisher:
         self._lock = threading.Condition()
         self._pending: dict[Key, _Pending] = {}
         self._retry: list[_Sealed] = []
+        self._sending: _Sealed | None = None  # taken off the lists while its create runs
         self._last_sent: dict[Key, float] = {}
         self._bucket = _TokenBucket(self.config.rate, self.config.burst, self.clock)
         self._nonce = os.urandom(6).hex()
@@ -241,7 +242,8 @@ class Publisher:
             return self._spooled()
 
     def _spooled(self) -> int:
-        return len(self._pending) + len(self._retry)
+        """Records held: pending, awaiting retry, and the one being sent."""
+        return len(self._pending) + len(self._retry) + (self._sending is not None)
 
     def _update_gauge(self) -> None:
         self.metrics.spool_size.set(self._spooled())
@@ -296,10 +298,12 @@ class Publisher:
                 if sealed is None:
                     self._lock.wait(timeout=min(wait, 1.0))
                     continue
+                self._sending = sealed
             token_wait = self._bucket.wait_time()
             if token_wait > 0:
                 with self._lock:
                     self._retry.insert(0, sealed)
+                    self._sending = None
                 time.sleep(token_wait)
                 continue
             self._bucket.take()
@@ -319,9 +323,11 @@ class Publisher:
                 self.metrics.dropped.labels("rejected").inc(sealed.count)
                 log.error("record rejected", extra={"kv": {"record": name, "status": err.status}})
                 with self._lock:
+                    self._sending = None
                     self._update_gauge()
                 return
             with self._lock:
+                self._sending = None
                 if sealed.attempts == 1:
                     self.metrics.spooled.inc()
                 if err.ambiguous:
@@ -361,6 +367,7 @@ class Publisher:
 
     def _sent(self, sealed: _Sealed, retried: bool) -> None:
         with self._lock:
+            self._sending = None
             self._backoff = 0.0
             self._retry_at = 0.0
             self._update_gauge()
