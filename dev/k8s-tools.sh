@@ -5,7 +5,10 @@
 #
 #   dev/k8s-tools.sh [DIR]     build into DIR (default: $EXECWATCH_K8S_BIN or .cache/k8s-bin)
 #
-# Builds kube-apiserver, etcd and helm; kubectl too when K8S_TOOLS_KUBECTL=1.
+# Builds kube-apiserver, etcd and helm; kubectl too when K8S_TOOLS_KUBECTL=1. With
+# K8S_TOOLS_NODE=1 (the default) also what one real node needs: kubelet,
+# kube-controller-manager and kube-scheduler at $KUBE_NODE_VERSION, and the Argo Rollouts
+# controller with its CRDs (tests/node, docs/install.md).
 # A binary already built at the pinned version is kept (a stamp file records the
 # version), so a second run costs nothing.
 #
@@ -22,6 +25,12 @@ cd "$(dirname "$0")/.."
 KUBERNETES_VERSION=${KUBERNETES_VERSION:-v1.36.3}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 HELM_VERSION=${HELM_VERSION:-v3.20.2}
+# The node's components are 1.35, not 1.36: kubelet 1.36 refuses containerd 1.x (Debian
+# ships 1.6), and 1.35.4 is the only 1.35 release the module proxy serves. A kubelet may
+# be older than its API server (version skew policy). docs/install.md says more.
+KUBE_NODE_VERSION=${KUBE_NODE_VERSION:-v1.35.4}
+# v1.10.2 needs Go >= 1.26.10; v1.10.1 builds with this machine's Go.
+ARGO_ROLLOUTS_VERSION=${ARGO_ROLLOUTS_VERSION:-v1.10.1}
 # Two cores are shared with other work: keep the compiler from taking both.
 GO_BUILD_PARALLEL=${GO_BUILD_PARALLEL:-2}
 
@@ -126,9 +135,82 @@ build_helm() {
   echo "$HELM_VERSION" >"$out/.helm.version"
 }
 
+# -- one real node: kubelet, controller-manager, scheduler (KUBE_NODE_VERSION) -------------
+
+# The same throw-away module as kubernetes_module, at the node's release, in its own
+# directory so the two releases never share a go.mod.
+kubernetes_node_module() {
+  local src minor dir=$work/kubernetes-node
+  [ -f "$dir/.ready-$KUBE_NODE_VERSION" ] && return 0
+  log "resolving k8s.io/kubernetes@$KUBE_NODE_VERSION"
+  src=$(mod_dir "k8s.io/kubernetes@$KUBE_NODE_VERSION")
+  [ -n "$src" ] || { log "cannot download k8s.io/kubernetes@$KUBE_NODE_VERSION"; exit 1; }
+  minor=${KUBE_NODE_VERSION#v1.}
+  new_module kubernetes-node
+  {
+    echo "require k8s.io/kubernetes $KUBE_NODE_VERSION"
+    echo "replace ("
+    sed -n 's#^[[:space:]]*\(k8s\.io/[^ ]*\) => \./staging/src/.*#\t\1 => \1 v0.'"$minor"'#p' "$src/go.mod"
+    echo ")"
+  } >>"$dir/go.mod"
+  printf 'package tools\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kubelet/app"\n\t_ "k8s.io/kubernetes/cmd/kube-controller-manager/app"\n\t_ "k8s.io/kubernetes/cmd/kube-scheduler/app"\n)\n' \
+    >"$dir/tools.go"
+  (cd "$dir" && go mod tidy >/dev/null)
+  touch "$dir/.ready-$KUBE_NODE_VERSION"
+}
+
+build_node_component() { # name
+  up_to_date "$1" "$KUBE_NODE_VERSION" && return 0
+  kubernetes_node_module
+  build "$1" "$work/kubernetes-node" \
+    "k8s.io/kubernetes/cmd/$1" "$(KUBERNETES_VERSION=$KUBE_NODE_VERSION k8s_ldflags)"
+  echo "$KUBE_NODE_VERSION" >"$out/.$1.version"
+}
+
+build_node() {
+  build_node_component kubelet
+  build_node_component kube-controller-manager
+  build_node_component kube-scheduler
+}
+
+# -- Argo Rollouts: the controller and its CRDs ----------------------------------------------
+
+# Its go.mod pins Kubernetes modules with replace directives, which `go install pkg@v`
+# refuses: the throw-away module copies them.
+build_argo_rollouts() {
+  local src dir=$work/argo-rollouts
+  up_to_date rollouts-controller "$ARGO_ROLLOUTS_VERSION" && return 0
+  log "resolving github.com/argoproj/argo-rollouts@$ARGO_ROLLOUTS_VERSION"
+  src=$(mod_dir "github.com/argoproj/argo-rollouts@$ARGO_ROLLOUTS_VERSION")
+  [ -n "$src" ] || { log "cannot download argo-rollouts@$ARGO_ROLLOUTS_VERSION"; exit 1; }
+  new_module argo-rollouts
+  {
+    echo "require github.com/argoproj/argo-rollouts $ARGO_ROLLOUTS_VERSION"
+    # Both forms: `replace a => b v` lines and the lines of a `replace (...)` block.
+    echo "replace ("
+    awk '/^replace \(/{b=1; next} b && /^\)/{b=0} b && /=>/{print} /^replace [^(]/{sub(/^replace /,""); print}' \
+      "$src/go.mod" | grep -v '=> \.' | sed 's/^[[:space:]]*/\t/'
+    echo ")"
+  } >>"$dir/go.mod"
+  printf 'package tools\n\nimport (\n\t_ "github.com/argoproj/argo-rollouts/cmd/rollouts-controller"\n)\n' \
+    >"$dir/tools.go"
+  (cd "$dir" && go mod tidy >/dev/null)
+  build rollouts-controller "$dir" github.com/argoproj/argo-rollouts/cmd/rollouts-controller \
+    "-X github.com/argoproj/argo-rollouts/utils/version.version=$ARGO_ROLLOUTS_VERSION"
+  rm -rf "$out/argo-rollouts-crds"
+  mkdir -p "$out/argo-rollouts-crds"
+  cp "$src"/manifests/crds/*-crd.yaml "$out/argo-rollouts-crds/"
+  chmod -R u+w "$out/argo-rollouts-crds"
+  echo "$ARGO_ROLLOUTS_VERSION" >"$out/.rollouts-controller.version"
+}
+
 t_start=$(date +%s)
 build_etcd
 build_kube_apiserver
 build_helm
 [ "${K8S_TOOLS_KUBECTL:-0}" = 1 ] && build_kubectl
+if [ "${K8S_TOOLS_NODE:-1}" = 1 ]; then
+  build_node
+  build_argo_rollouts
+fi
 log "all tools ready in $out ($(( $(date +%s) - t_start ))s)"
