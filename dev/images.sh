@@ -93,6 +93,9 @@ base_image() {
   log "committed $tag"
 }
 
+# Clones share .cache: one build at a time.
+exec 9>"$out/.lock"
+flock 9
 t0=$(date +%s)
 rootfs debian
 # python-is-python3: `python`, as in the official image.
@@ -109,7 +112,8 @@ log "buildah build -f Containerfile -t $IMAGE"
 t1=$(date +%s)
 nice -n 10 buildah build --quiet --pull=never --layers "${BUILDAH_FLAGS[@]}" \
   -f Containerfile -t "$IMAGE" . >/dev/null
-rm -f "$out/execwatch.tar"
-buildah push --quiet "$IMAGE" "docker-archive:$out/execwatch.tar:$IMAGE" >/dev/null
+rm -f "$out/execwatch.tar.tmp"
+buildah push --quiet "$IMAGE" "docker-archive:$out/execwatch.tar.tmp:$IMAGE" >/dev/null
+mv "$out/execwatch.tar.tmp" "$out/execwatch.tar"
 echo "$key" >"$out/execwatch.key"
 log "built $IMAGE in $(( $(date +%s) - t1 ))s ($(( $(date +%s) - t0 ))s with base images)"
