@@ -146,8 +146,12 @@ def _descriptor(media_type: str, data: bytes) -> dict[str, object]:
     return {"mediaType": media_type, "digest": _digest(data), "size": len(data)}
 
 
-def containerd_config(root: Path, state: Path, socket: Path) -> str:
+def containerd_config(
+    root: Path, state: Path, socket: Path, cni: tuple[str, str] | None = None
+) -> str:
+    """`cni`: (bin_dir, conf_dir); by default empty directories under `root` (no pod network)."""
     cri = '[plugins."io.containerd.grpc.v1.cri"'
+    cni_bin, cni_conf = cni or (f"{root}/cni/bin", f"{root}/cni/conf")
     return f"""version = 2
 root = "{root}"
 state = "{state}"
@@ -177,8 +181,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 {cri}.containerd.runtimes.runc.options]
   SystemdCgroup = false
 {cri}.cni]
-  bin_dir = "{root}/cni/bin"
-  conf_dir = "{root}/cni/conf"
+  bin_dir = "{cni_bin}"
+  conf_dir = "{cni_conf}"
 [plugins."io.containerd.internal.v1.opt"]
   path = "{root}/opt"
 """
@@ -208,12 +212,13 @@ def _cgroup_parent(qos: str, uid: str) -> str:
 class Containerd:
     """A private containerd process; ``cri`` is a client for its CRI socket."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, cni: tuple[str, str] | None = None) -> None:
         require_tools()
         for tool in ("containerd", "ctr", "containerd-shim-runc-v2"):
             if shutil.which(tool) is None:
                 raise RuntimeError(f"{tool} is missing: run `dev/setup.sh --test` (containerd)")
         self.workdir = workdir
+        self.cni = cni
         self.root = workdir / "root"
         self.run_dir = Path(f"/run/ew-ctd-{secrets.token_hex(4)}")  # short: sun_path is small
         self.state = self.run_dir / "state"
@@ -228,7 +233,7 @@ class Containerd:
         self.root.mkdir(parents=True, exist_ok=True)
         self.state.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "config.toml"
-        config.write_text(containerd_config(self.root, self.state, self.socket))
+        config.write_text(containerd_config(self.root, self.state, self.socket, self.cni))
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
                 ["containerd", "--config", str(config)],
@@ -473,16 +478,19 @@ class Containerd:
                 except subprocess.TimeoutExpired:
                     self.process.kill()
                     self.process.wait(timeout=10)
-            for pid in self._our_shims():
+            for pid, sock in self._our_shims():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+                sock.unlink(missing_ok=True)
             self._unmount_below(self.workdir)
             self._unmount_below(self.run_dir)
             shutil.rmtree(self.run_dir, ignore_errors=True)
             shutil.rmtree(self.root, ignore_errors=True)
 
-    def _our_shims(self) -> Iterator[int]:
-        """Shims this containerd started: they name its socket on their command line."""
+    def _our_shims(self) -> Iterator[tuple[int, Path]]:
+        """Shims this containerd started (they name its socket on their command line), and
+        the socket each listens on: containerd 1.6 puts it in /run/containerd/s, named by
+        the sha256 of `<address>/<namespace>/<id>` (runtime/v2/shim's SocketAddress)."""
         needle = str(self.socket).encode()
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
@@ -492,7 +500,7 @@ class Containerd:
             except OSError:
                 continue
             if b"containerd-shim" in cmdline and needle in cmdline:
-                yield int(entry.name)
+                yield int(entry.name), _shim_socket(cmdline.split(b"\0"))
 
     @staticmethod
     def _unmount_below(top: Path) -> None:
@@ -504,6 +512,14 @@ class Containerd:
         ]
         for mountpoint in sorted(mounts, key=len, reverse=True):
             subprocess.run(["umount", "-l", mountpoint], capture_output=True, check=False)
+
+
+def _shim_socket(argv: list[bytes]) -> Path:
+    args = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith(b"-")}
+    key = b"/".join(
+        (args.get(b"-address", b""), args.get(b"-namespace", b""), args.get(b"-id", b""))
+    )
+    return Path("/run/containerd/s") / hashlib.sha256(key).hexdigest()
 
 
 def main() -> None:

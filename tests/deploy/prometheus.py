@@ -23,20 +23,27 @@ def free_port() -> int:
 
 
 class Prometheus:
-    """Scrapes `targets` ({job: [host:port]}) every second; stop() ends the process."""
+    """Scrapes `targets` ({job: [host:port]}) every second; stop() ends the process.
 
-    def __init__(self, workdir: Path, targets: dict[str, list[str]]) -> None:
+    `config` replaces the generated configuration (scrape_configs, rule_files, ...)."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        targets: dict[str, list[str]] | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> None:
         binary = shutil.which("prometheus")
         if binary is None:
             raise FileNotFoundError(
                 "prometheus missing: apt-get install prometheus (dev/setup.sh --test)"
             )
         workdir.mkdir(parents=True, exist_ok=True)
-        config = {
+        config = config or {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "scrape_configs": [
                 {"job_name": job, "static_configs": [{"targets": addrs}]}
-                for job, addrs in targets.items()
+                for job, addrs in (targets or {}).items()
             ],
         }
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
@@ -98,6 +105,13 @@ class Prometheus:
                 return got
             time.sleep(0.5)
         raise AssertionError(f"{promql!r} never matched; last {got}")
+
+    def get(self, path: str) -> Any:
+        """GET an API path (/api/v1/alerts, /api/v1/targets); the answer's `data`."""
+        with urllib.request.urlopen(self.url + path, timeout=10) as r:
+            body = json.load(r)
+        assert body["status"] == "success", body
+        return body["data"]
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -68,8 +68,8 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
-def make_pki(d: Path) -> None:
-    """A CA, a serving cert for 127.0.0.1/localhost, and the ServiceAccount signing key."""
+def make_pki(d: Path, sans: str = "IP:127.0.0.1,DNS:localhost") -> None:
+    """A CA, a serving cert for `sans` (127.0.0.1/localhost), and the ServiceAccount key."""
     d.mkdir(parents=True, exist_ok=True)
     _openssl(
         "req",
@@ -100,7 +100,7 @@ def make_pki(d: Path) -> None:
         "/CN=kube-apiserver",
         cwd=d,
     )
-    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    (d / "san.ext").write_text(f"subjectAltName={sans}\n")
     _openssl(
         "x509",
         "-req",
@@ -123,6 +123,19 @@ def make_pki(d: Path) -> None:
         "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", "sa.key", cwd=d
     )
     _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
+
+
+def client_cert(d: Path, name: str, subject: str) -> tuple[Path, Path]:
+    """A client certificate signed by make_pki's CA: `subject` like /O=group/CN=user."""
+    _openssl(
+        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+        "-subj", subject, cwd=d,
+    )  # fmt: skip
+    _openssl(
+        "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+        "-CAcreateserial", "-out", f"{name}.crt", "-days", "2", cwd=d,
+    )  # fmt: skip
+    return d / f"{name}.crt", d / f"{name}.key"
 
 
 @dataclass
@@ -321,30 +334,36 @@ class KubeCluster:
     def apply(self, docs: list[dict[str, Any]]) -> None:
         """Server-side apply each document, then wait for CRDs to be established."""
         with self.client() as api:
-            dyn = dynamic.DynamicClient(api)
-            for doc in docs:
-                res = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
-                dyn.server_side_apply(
-                    res,
-                    body=doc,
-                    namespace=doc["metadata"].get("namespace"),
-                    field_manager="execwatch-tests",
-                    force_conflicts=True,
-                )
-            ext = client.ApiextensionsV1Api(api)
-            for doc in docs:
-                if doc["kind"] == "CustomResourceDefinition":
-                    self._wait_established(ext, doc["metadata"]["name"])
+            apply(api, docs)
 
-    def _wait_established(self, ext: Any, name: str) -> None:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            crd = ext.read_custom_resource_definition(name)
-            for cond in crd.status.conditions or []:
-                if cond.type == "Established" and cond.status == "True":
-                    return
-            time.sleep(0.1)
-        raise TimeoutError(f"CRD {name} not established")
+
+def apply(api: client.ApiClient, docs: list[dict[str, Any]]) -> None:
+    """Server-side apply each document, then wait for CRDs to be established."""
+    dyn = dynamic.DynamicClient(api)
+    for doc in docs:
+        res = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+        dyn.server_side_apply(
+            res,
+            body=doc,
+            namespace=doc["metadata"].get("namespace"),
+            field_manager="execwatch-tests",
+            force_conflicts=True,
+        )
+    ext = client.ApiextensionsV1Api(api)
+    for doc in docs:
+        if doc["kind"] == "CustomResourceDefinition":
+            _wait_established(ext, doc["metadata"]["name"])
+
+
+def _wait_established(ext: Any, name: str) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        crd = ext.read_custom_resource_definition(name)
+        for cond in crd.status.conditions or []:
+            if cond.type == "Established" and cond.status == "True":
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"CRD {name} not established")
 
 
 def load_manifests(directory: Path = MANIFESTS) -> list[dict[str, Any]]:

@@ -1,0 +1,117 @@
+"""`helm install` of the chart on the test node, exactly as docs/install.md tells users."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+
+from tests.deploy.chart import CHART, helm
+from tests.node.node import Node, pod_ready, wait_for
+
+NAMESPACE = "execwatch"
+RELEASE = "execwatch"
+
+
+@dataclass
+class Release:
+    values: list[str]  # the --set flags, all of them
+    seconds_to_ready: float  # `helm install` started -> every agent and handler pod Ready
+    notes: str
+
+
+def node_values(node: Node) -> list[str]:
+    """What this node needs beyond the chart's defaults: its containerd's CRI socket."""
+    assert node.containerd is not None
+    return [f"agent.criSocket={node.containerd.socket}"]
+
+
+def run_helm(node: Node, *args: str, timeout: float = 300) -> str:
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(node.kubeconfig),
+        "HELM_CACHE_HOME": str(node.workdir / "helm" / "cache"),
+        "HELM_CONFIG_HOME": str(node.workdir / "helm" / "config"),
+        "HELM_DATA_HOME": str(node.workdir / "helm" / "data"),
+    }
+    out = subprocess.run(
+        [str(helm()), *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    if out.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
+    return out.stdout
+
+
+def helm_install(node: Node) -> Release:
+    values = node_values(node)
+    t0 = time.monotonic()
+    argv = ["install", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    for v in values:
+        argv += ["--set", v]
+    notes = run_helm(node, *argv)
+    wait_workloads_ready(node)
+    return Release(values, time.monotonic() - t0, notes)
+
+
+def wait_workloads_ready(node: Node, timeout: float = 240) -> None:
+    """The DaemonSet's pod on the node and both handler replicas Ready, rollouts done."""
+    api = node.client()
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+
+    def done() -> bool:
+        ds = apps.read_namespaced_daemon_set("execwatch-agent", NAMESPACE)
+        dep = apps.read_namespaced_deployment("execwatch-handler", NAMESPACE)
+        ds_ok = (
+            ds.status.observed_generation == ds.metadata.generation
+            and ds.status.desired_number_scheduled == 1
+            and ds.status.number_ready == 1
+            and (ds.status.updated_number_scheduled or 0) == 1
+        )
+        dep_ok = (
+            dep.status.observed_generation == dep.metadata.generation
+            and (dep.status.ready_replicas or 0) == 2
+            and (dep.status.updated_replicas or 0) == 2
+            and (dep.status.replicas or 0) == 2
+        )
+        return ds_ok and dep_ok
+
+    try:
+        wait_for("execwatch agent and handler Ready", done, timeout, every=0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{describe_pods(core, NAMESPACE)}") from None
+
+
+def describe_pods(core: client.CoreV1Api, namespace: str) -> str:
+    """Pod phases, container states and the namespace's Warning events, for failures."""
+    lines = []
+    for pod in core.list_namespaced_pod(namespace).items:
+        states = [
+            f"{s.name}: {_state(s.state)} restarts={s.restart_count}"
+            for s in pod.status.container_statuses or []
+        ]
+        lines.append(f"{pod.metadata.name} {pod.status.phase} ready={pod_ready(pod)} {states}")
+    for ev in core.list_namespaced_event(namespace).items:
+        if ev.type == "Warning":
+            lines.append(f"event {ev.involved_object.name}: {ev.reason} {ev.message}")
+    return "\n".join(lines)
+
+
+def _state(state: Any) -> str:
+    if state.waiting:
+        return f"waiting {state.waiting.reason} {state.waiting.message or ''}"
+    if state.terminated:
+        t = state.terminated
+        return f"terminated {t.reason} exit={t.exit_code} {t.message or ''}"
+    return "running"
+
+
+def agent_pod(node: Node) -> client.V1Pod:
+    pods = node.core().list_namespaced_pod(
+        NAMESPACE, label_selector="app.kubernetes.io/component=agent"
+    )
+    (pod,) = pods.items
+    return pod

@@ -1,0 +1,74 @@
+"""Workloads of the second seed's story, and how tests look at them."""
+
+from __future__ import annotations
+
+import contextlib
+import urllib.request
+from typing import Any
+
+from kubernetes import client
+
+from tests.node.images import WEB_PORT
+from tests.node.node import Node, wait_for
+
+
+def container(name: str, image: str, **extra: Any) -> client.V1Container:
+    return client.V1Container(name=name, image=image, image_pull_policy="Never", **extra)
+
+
+def deployment(name: str, namespace: str, image: str, replicas: int = 1) -> client.V1Deployment:
+    labels = {"app": name}
+    return client.V1Deployment(
+        metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+        spec=client.V1DeploymentSpec(
+            replicas=replicas,
+            selector=client.V1LabelSelector(match_labels=labels),
+            template=client.V1PodTemplateSpec(
+                metadata=client.V1ObjectMeta(labels=labels),
+                spec=client.V1PodSpec(
+                    containers=[container(name, image)], termination_grace_period_seconds=1
+                ),
+            ),
+        ),
+    )
+
+
+def ensure_namespace(node: Node, name: str) -> None:
+    with contextlib.suppress(client.ApiException):
+        node.core().create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    wait_for(
+        f"ServiceAccount {name}/default",
+        lambda: node.core().list_namespaced_service_account(name).items,
+        60,
+    )
+
+
+def pods(node: Node, namespace: str, selector: str) -> list[client.V1Pod]:
+    items: list[client.V1Pod] = (
+        node.core().list_namespaced_pod(namespace, label_selector=selector).items
+    )
+    return items
+
+
+def restarts(pod: client.V1Pod) -> int:
+    return sum(s.restart_count for s in pod.status.container_statuses or [])
+
+
+def http_get(pod: client.V1Pod) -> str:
+    """What the pod's web server answers on its pod IP (the host reaches the bridge)."""
+    url = f"http://{pod.status.pod_ip}:{WEB_PORT}/index.html"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        body: bytes = r.read()
+    return body.decode().strip()
+
+
+def warning_events(node: Node, namespace: str, pod: str) -> list[Any]:
+    """events.k8s.io Warning Events regarding `pod` posted by execwatch's handler."""
+    events = client.EventsV1Api(node.client()).list_namespaced_event(
+        namespace, field_selector=f"regarding.name={pod}"
+    )
+    return [
+        e
+        for e in events.items
+        if e.type == "Warning" and e.reporting_controller == "execwatch.io/handler"
+    ]
