@@ -161,7 +161,7 @@ def test_agent_needs_the_privileged_level_baseline_refuses_it(admin: client.ApiC
 
 
 def test_the_chart_namespace_admits_the_agent(admin: client.ApiClient) -> None:
-    docs = render()
+    docs = render("namespace.create=true")
     labels = find(docs, "Namespace")["metadata"]["labels"]
     assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
     create_pod_dry_run(

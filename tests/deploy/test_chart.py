@@ -19,7 +19,6 @@ from tests.deploy.chart import (
 )
 
 DEFAULT_KINDS = {
-    "Namespace",
     "CustomResourceDefinition",
     "ResourceQuota",
     "ServiceAccount",
@@ -104,7 +103,6 @@ def test_everything_on_adds_monitoring_dashboard_and_scc() -> None:
             },
         ),
         ("crd.install=false", {("CustomResourceDefinition", "execfailures.execwatch.io")}),
-        ("namespace.create=false", {("Namespace", "execwatch")}),
         ("resourceQuota.enabled=false", {("ResourceQuota", "execwatch-records")}),
         (
             "rbac.create=false",
@@ -138,6 +136,14 @@ def test_each_piece_can_be_turned_off(off: str, gone: set[tuple[str, str]]) -> N
     assert not gone & after, f"{off} left {gone & after}"
 
 
+def test_the_namespace_is_rendered_only_on_request_and_for_plain_manifests() -> None:
+    """`helm install` needs its namespace before it creates anything (docs/install.md)."""
+    assert "Namespace" not in kinds(render())
+    for on in ("namespace.create=true", "plainManifests=true"):
+        labels = find(render(on), "Namespace", "execwatch")["metadata"]["labels"]
+        assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+
+
 def test_values_are_checked_against_the_schema() -> None:
     with pytest.raises(RuntimeError, match="podMetadata"):
         render("agent.podMetadata=cri")
@@ -147,7 +153,8 @@ def test_values_are_checked_against_the_schema() -> None:
 
 # -- the agent: root with a few capabilities, never privileged ---------------------------
 
-AGENT_CAPS = ["BPF", "PERFMON", "SYS_RESOURCE", "SYS_PTRACE", "DAC_READ_SEARCH"]
+AGENT_CAPS = ["BPF", "PERFMON", "SYS_PTRACE", "DAC_READ_SEARCH"]  # the defaults
+OPTIONAL_CAPS = ["SYS_RESOURCE"]  # kernels before 5.11 only
 
 
 def agent_container(docs: list[Doc]) -> Doc:
@@ -173,7 +180,7 @@ def test_agent_is_not_privileged_and_adds_only_the_justified_capabilities() -> N
 
 def test_every_added_capability_is_justified_in_a_comment_next_to_it() -> None:
     text = (CHART / "templates" / "agent-daemonset.yaml").read_text()
-    for cap in AGENT_CAPS:
+    for cap in AGENT_CAPS + OPTIONAL_CAPS:
         line = text.index(f"- {cap}\n")
         comment = text.rfind(f"# {cap}:", 0, line)
         assert comment != -1 and line - comment < 600, f"{cap} has no justification above it"
@@ -183,12 +190,12 @@ def test_every_added_capability_is_justified_in_a_comment_next_to_it() -> None:
     ("sets", "caps"),
     [
         (
-            ("agent.capabilities.sysResource=false",),
-            ["BPF", "PERFMON", "SYS_PTRACE", "DAC_READ_SEARCH"],
+            ("agent.capabilities.sysResource=true",),
+            ["BPF", "PERFMON", "SYS_RESOURCE", "SYS_PTRACE", "DAC_READ_SEARCH"],
         ),
         (
             ("agent.capabilities.dacReadSearch=false", "agent.capabilities.sysPtrace=false"),
-            ["BPF", "PERFMON", "SYS_RESOURCE"],
+            ["BPF", "PERFMON"],
         ),
     ],
 )

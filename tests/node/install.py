@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
 from kubernetes import client
 
 from tests.deploy.chart import CHART, helm
@@ -46,9 +47,22 @@ def run_helm(node: Node, *args: str, timeout: float = 300) -> str:
     return out.stdout
 
 
+def pod_security_labels() -> dict[str, str]:
+    """The labels docs/install.md puts on the namespace: the chart's namespace.podSecurity."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    levels = values["namespace"]["podSecurity"]
+    return {f"pod-security.kubernetes.io/{mode}": lvl for mode, lvl in levels.items() if lvl}
+
+
 def helm_install(node: Node) -> Release:
+    """kubectl create namespace + label, then helm install: docs/install.md's commands."""
     values = node_values(node)
     t0 = time.monotonic()
+    node.core().create_namespace(
+        client.V1Namespace(
+            metadata=client.V1ObjectMeta(name=NAMESPACE, labels=pod_security_labels())
+        )
+    )
     argv = ["install", RELEASE, str(CHART), "--namespace", NAMESPACE]
     for v in values:
         argv += ["--set", v]

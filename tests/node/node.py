@@ -444,8 +444,10 @@ class Node:
                 return False
             conds = {c.type: c.status for c in node.status.conditions or []}
             # The node lifecycle controller lifts the not-ready taint a little after Ready.
-            return conds.get("Ready") == "True" and not node.spec.unschedulable and not (
-                node.spec.taints
+            return (
+                conds.get("Ready") == "True"
+                and not node.spec.unschedulable
+                and not (node.spec.taints)
             )
 
         wait_for(f"node {NODE_NAME} Ready", ready, timeout)
@@ -488,12 +490,10 @@ class Node:
         core = client.CoreV1Api(api)
         for ns in core.list_namespace().items:
             name = ns.metadata.name
-            for ds in apps.list_namespaced_daemon_set(name).items:
-                apps.delete_namespaced_daemon_set(ds.metadata.name, name)
-            for dep in apps.list_namespaced_deployment(name).items:
-                apps.delete_namespaced_deployment(dep.metadata.name, name)
-            for rs in apps.list_namespaced_replica_set(name).items:
-                apps.delete_namespaced_replica_set(rs.metadata.name, name)
+            for kind in ("daemon_set", "deployment", "replica_set"):
+                for obj in getattr(apps, f"list_namespaced_{kind}")(name).items:
+                    with contextlib.suppress(client.ApiException):  # gone with its owner
+                        getattr(apps, f"delete_namespaced_{kind}")(obj.metadata.name, name)
         self._delete_custom("argoproj.io", "v1alpha1", "rollouts")
         for pod in core.list_pod_for_all_namespaces().items:
             with contextlib.suppress(client.ApiException):

@@ -43,7 +43,7 @@ def caps(mask: str) -> set[str]:
 
 def test_install_needs_only_the_cri_socket_and_prints_notes(node: Node, release: Release) -> None:
     assert release.values == node_values(node)
-    assert "kubectl -n execwatch get pods" in release.notes
+    assert "kubectl -n execwatch get daemonset,deployment,pods" in release.notes
     assert "execwatch.io/exec-failure" in release.notes
 
 
