@@ -8,7 +8,7 @@
 # Builds kube-apiserver, etcd and helm; kubectl too when K8S_TOOLS_KUBECTL=1. With
 # K8S_TOOLS_NODE=1 (the default) also what one real node needs: kubelet,
 # kube-controller-manager and kube-scheduler at $KUBE_NODE_VERSION, and the Argo Rollouts
-# controller with its CRDs (tests/node, docs/install.md).
+# controller with its CRDs and a Prometheus with kubernetes_sd (tests/node, docs/cluster.md).
 # A binary already built at the pinned version is kept (a stamp file records the
 # version), so a second run costs nothing.
 #
@@ -31,6 +31,9 @@ HELM_VERSION=${HELM_VERSION:-v3.20.2}
 KUBE_NODE_VERSION=${KUBE_NODE_VERSION:-v1.35.4}
 # v1.10.2 needs Go >= 1.26.10; v1.10.1 builds with this machine's Go.
 ARGO_ROLLOUTS_VERSION=${ARGO_ROLLOUTS_VERSION:-v1.10.1}
+# Prometheus 3.16 (its Go module is tagged v0.316.0). Debian's prometheus is built
+# without kubernetes_sd, which scraping the chart's Services needs.
+PROMETHEUS_VERSION=${PROMETHEUS_VERSION:-v0.316.0}
 # Two cores are shared with other work: keep the compiler from taking both.
 GO_BUILD_PARALLEL=${GO_BUILD_PARALLEL:-2}
 
@@ -204,6 +207,21 @@ build_argo_rollouts() {
   echo "$ARGO_ROLLOUTS_VERSION" >"$out/.rollouts-controller.version"
 }
 
+# -- Prometheus with service discovery for Kubernetes -------------------------------------
+
+build_prometheus() {
+  up_to_date prometheus "$PROMETHEUS_VERSION" && return 0
+  log "resolving github.com/prometheus/prometheus@$PROMETHEUS_VERSION"
+  new_module prometheus
+  printf 'package tools\n\nimport (\n\t_ "github.com/prometheus/prometheus/discovery/kubernetes"\n)\n' \
+    >"$work/prometheus/tools.go"
+  (cd "$work/prometheus" && go get "github.com/prometheus/prometheus@$PROMETHEUS_VERSION" >/dev/null 2>&1 &&
+    go mod tidy >/dev/null)
+  build prometheus "$work/prometheus" github.com/prometheus/prometheus/cmd/prometheus \
+    "-X github.com/prometheus/common/version.Version=${PROMETHEUS_VERSION#v0.}"
+  echo "$PROMETHEUS_VERSION" >"$out/.prometheus.version"
+}
+
 t_start=$(date +%s)
 build_etcd
 build_kube_apiserver
@@ -212,5 +230,6 @@ build_helm
 if [ "${K8S_TOOLS_NODE:-1}" = 1 ]; then
   build_node
   build_argo_rollouts
+  build_prometheus
 fi
 log "all tools ready in $out ($(( $(date +%s) - t_start ))s)"

@@ -25,15 +25,17 @@ def free_port() -> int:
 class Prometheus:
     """Scrapes `targets` ({job: [host:port]}) every second; stop() ends the process.
 
-    `config` replaces the generated configuration (scrape_configs, rule_files, ...)."""
+    `config` replaces the generated configuration (scrape_configs, rule_files, ...);
+    `binary` replaces Debian's prometheus (built without kubernetes_sd)."""
 
     def __init__(
         self,
         workdir: Path,
         targets: dict[str, list[str]] | None = None,
         config: dict[str, Any] | None = None,
+        binary: str | None = None,
     ) -> None:
-        binary = shutil.which("prometheus")
+        binary = binary or shutil.which("prometheus")
         if binary is None:
             raise FileNotFoundError(
                 "prometheus missing: apt-get install prometheus (dev/setup.sh --test)"

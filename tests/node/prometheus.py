@@ -1,5 +1,7 @@
 """A real Prometheus for the node: docs/install.md's scrape configuration, verbatim, plus
-what a Prometheus outside the cluster needs to reach the API server, and the shipped rules."""
+what a Prometheus outside the cluster needs to reach the API server, and the shipped rules.
+
+Prometheus itself is built by dev/k8s-tools.sh: Debian's is built without kubernetes_sd."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import yaml
 
 from tests.deploy.chart import REPO
 from tests.deploy.prometheus import Prometheus
+from tests.kube.cluster import binary_dir
 from tests.node.node import Node
 
 INSTALL_DOC = REPO / "docs" / "install.md"
@@ -42,4 +45,9 @@ def start_prometheus(node: Node, workdir: Path) -> Prometheus:
                 "cert_file": str(node.pki / "admin.crt"),
                 "key_file": str(node.pki / "admin.key"),
             }
-    return Prometheus(workdir, config=config)
+    binary = binary_dir() / "prometheus"
+    if not binary.exists():
+        raise FileNotFoundError(
+            f"{binary} missing: run dev/k8s-tools.sh (Debian's lacks kubernetes_sd)"
+        )
+    return Prometheus(workdir, config=config, binary=str(binary))
