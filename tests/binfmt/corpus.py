@@ -150,8 +150,8 @@ def overlapping_tables() -> bytes:
 
 
 def long_unterminated_string() -> bytes:
-    """A 16 MiB string table of 'a' with no NUL: the string cap stops the read."""
-    return raw_elf64([(DT["NEEDED"], 0)], b"a" * (16 << 20))
+    """A string table of 16 MiB of 'a' with no NUL: the string cap stops the read."""
+    return raw_elf64([(DT["NEEDED"], 0)], b"a" * ((16 << 20) - 512))
 
 
 CORPUS: dict[str, Callable[[], bytes]] = {

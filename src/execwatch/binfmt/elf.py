@@ -221,6 +221,7 @@ class _StringTable:
         self.reader = reader
         self.limits = reader.limits
         self.offset = offset
+        self.declared = size
         self.size = min(size, reader.size - offset) if offset < reader.size else 0
         self.windows: dict[int, bytes] = {}
         self.strings: dict[int, str] = {}
@@ -240,6 +241,8 @@ class _StringTable:
         return found
 
     def _decode(self, index: int) -> str:
+        if 0 <= index < self.declared and index >= self.size:
+            raise TruncatedFile("dynamic string outside the file")
         if index < 0 or index >= self.size:
             raise BinfmtError("string index outside the dynamic string table")
         out = bytearray()
