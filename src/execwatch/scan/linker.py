@@ -17,9 +17,12 @@ import posixpath
 from dataclasses import dataclass, field
 
 from execwatch.binfmt import ElfInfo, LibcFlavor, musl_arch
+from execwatch.scan.errors import LimitExceeded
 from execwatch.scan.fs import FileSystem, Node, resolve
 
 MUSL_RESERVED = ("c", "pthread", "rt", "m", "dl", "util", "xnet")
+MAX_CONF_FILES = 256  # ld.so.conf and everything it includes, each file read once
+MAX_CONF_DIRS = 4096  # distinct directories: each one is a candidate for every library
 MUSL_DEFAULT_PATH = "/lib:/usr/local/lib:/usr/lib"
 
 # OCI architecture (or label) -> Debian multiarch tuple, for the default search directories.
@@ -231,15 +234,17 @@ class Linker:
 
     def _ld_so_conf(self) -> list[str]:
         if self._conf_dirs is None:
-            dirs: list[str] = []
+            dirs: dict[str, None] = {}  # ordered, each directory once, as ldconfig keeps them
             self._read_conf("/etc/ld.so.conf", dirs, set())
-            self._conf_dirs = dirs
+            self._conf_dirs = list(dirs)
         return self._conf_dirs
 
-    def _read_conf(self, path: str, dirs: list[str], visited: set[str]) -> None:
+    def _read_conf(self, path: str, dirs: dict[str, None], visited: set[str]) -> None:
         real = resolve(self.fs, path)
-        if real is None or real in visited or len(visited) > 256:
+        if real is None or real in visited:
             return
+        if len(visited) >= MAX_CONF_FILES:
+            raise LimitExceeded(f"/etc/ld.so.conf includes more than {MAX_CONF_FILES} files")
         visited.add(real)
         node = self.fs.node(real)
         if node is None or node.text is None:
@@ -255,9 +260,11 @@ class Linker:
                     for match in self._glob(pattern):
                         self._read_conf(match, dirs, visited)
                 continue
-            dirs += [
-                d for d in line.replace(",", " ").replace(":", " ").split() if d.startswith("/")
-            ]
+            for d in line.replace(",", " ").replace(":", " ").split():
+                if d.startswith("/"):
+                    dirs[d] = None
+            if len(dirs) > MAX_CONF_DIRS:
+                raise LimitExceeded(f"/etc/ld.so.conf names more than {MAX_CONF_DIRS} directories")
 
     def _glob(self, pattern: str) -> list[str]:
         directory, base = posixpath.split(pattern)
