@@ -59,12 +59,15 @@ def needed_loop(root: Path) -> Path:
     return oci_layout(root, [Image([_glibc_base() + libs], entrypoint=["/bin/app"])])
 
 
-def symlink_chain(root: Path, links: int = 40) -> Path:
-    """The entrypoint reached through `links` symlinks, each a 4 KiB target of `x/../` steps."""
-    steps = "x/../" * 800
+def symlink_chain(root: Path, links: int = 40, steps: int = 800) -> Path:
+    """The entrypoint reached through `links` symlinks, each a target of `steps` x `x/../`.
+
+    The default, 4 KiB targets, walks 64,000 path components.
+    """
+    steps_text = "x/../" * steps
     entries = [file("x/.keep", b"", 0o644), file("bin/real", b"#!/bin/real\n")]
     for i in range(links):
-        target = f"/{steps}l{i + 1}" if i + 1 < links else f"/{steps}bin/real"
+        target = f"/{steps_text}l{i + 1}" if i + 1 < links else f"/{steps_text}bin/real"
         entries.append(symlink(f"l{i}", target))
     return oci_layout(root, [Image([entries], entrypoint=["/l0"])])
 

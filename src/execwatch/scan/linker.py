@@ -234,18 +234,21 @@ class Linker:
 
     def _ld_so_conf(self) -> list[str]:
         if self._conf_dirs is None:
-            dirs: dict[str, None] = {}  # ordered, each directory once, as ldconfig keeps them
-            self._read_conf("/etc/ld.so.conf", dirs, set())
-            self._conf_dirs = list(dirs)
+            conf = _ConfWalk()
+            self._read_conf("/etc/ld.so.conf", conf)
+            self._conf_dirs = list(conf.dirs)
         return self._conf_dirs
 
-    def _read_conf(self, path: str, dirs: dict[str, None], visited: set[str]) -> None:
-        real = resolve(self.fs, path)
-        if real is None or real in visited:
+    def _read_conf(self, path: str, conf: _ConfWalk) -> None:
+        if path in conf.named:  # every file of a .d directory may include the directory
             return
-        if len(visited) >= MAX_CONF_FILES:
+        conf.named.add(path)
+        real = resolve(self.fs, path)
+        if real is None or real in conf.read:
+            return
+        if len(conf.read) >= MAX_CONF_FILES:
             raise LimitExceeded(f"/etc/ld.so.conf includes more than {MAX_CONF_FILES} files")
-        visited.add(real)
+        conf.read.add(real)
         node = self.fs.node(real)
         if node is None or node.text is None:
             return
@@ -257,13 +260,15 @@ class Linker:
                 for pattern in line.split()[1:]:
                     if not pattern.startswith("/"):
                         pattern = posixpath.join(posixpath.dirname(path), pattern)
-                    for match in self._glob(pattern):
-                        self._read_conf(match, dirs, visited)
+                    if pattern not in conf.named:
+                        conf.named.add(pattern)
+                        for match in self._glob(pattern):
+                            self._read_conf(match, conf)
                 continue
             for d in line.replace(",", " ").replace(":", " ").split():
                 if d.startswith("/"):
-                    dirs[d] = None
-            if len(dirs) > MAX_CONF_DIRS:
+                    conf.dirs[d] = None
+            if len(conf.dirs) > MAX_CONF_DIRS:
                 raise LimitExceeded(f"/etc/ld.so.conf names more than {MAX_CONF_DIRS} directories")
 
     def _glob(self, pattern: str) -> list[str]:
@@ -306,6 +311,15 @@ class Linker:
                     if not req.weak and req.name not in lib.info.version_defs:
                         out.append(MissingVersion(req.name, lib.path, obj.path))
         return out
+
+
+@dataclass
+class _ConfWalk:
+    """One reading of ld.so.conf and its includes: each file and each pattern once."""
+
+    dirs: dict[str, None] = field(default_factory=dict)  # ordered, each directory once
+    read: set[str] = field(default_factory=set)  # resolved files read
+    named: set[str] = field(default_factory=set)  # include names and patterns followed
 
 
 def _musl_expandable(entry: str) -> bool:

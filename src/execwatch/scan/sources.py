@@ -273,8 +273,10 @@ def _manifest_image(
     label = f"{store.label}{'#' + ref if ref else ''}@{short}"
     if not isinstance(config, dict):
         raise ScanInputError(f"{store.label}: config {config_digest} is not an object")
-    digest = desc.get("digest") if isinstance(desc.get("digest"), str) else None
-    return ImageSource(label, _descriptor_platform(desc), config, layers, digest)
+    manifest_digest = desc.get("digest")
+    if not isinstance(manifest_digest, str):
+        manifest_digest = None
+    return ImageSource(label, _descriptor_platform(desc), config, layers, manifest_digest)
 
 
 def _opener(store: BlobStore, path: str) -> Callable[[], IO[bytes]]:
