@@ -1,13 +1,14 @@
 """Coverage-guided fuzzing (atheris/libFuzzer) of the ELF, `#!`, OCI JSON and ld.so.conf parsers.
 
 The harness (tests/binfmt/fuzz_target.py) fails an input that raises anything but the
-parser's own error, peaks above 16 MiB of traced memory or takes longer than 250 ms.
+parser's own error, peaks above 16 MiB of traced memory or takes over 2 s instrumented.
 Seeds are real binaries of five architectures, built binaries and the hostile corpus;
 libFuzzer mutates them guided by the coverage of execwatch.binfmt and execwatch.scan.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,7 +46,10 @@ def test_coverage_guided_fuzzing_finds_no_crash_slow_or_large_input(
          f"-artifact_prefix={tmp_path}/", str(corpus)],
         cwd=REPO, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
-    log = result.stderr[-4000:]
+    output = result.stdout + result.stderr  # atheris prints a Python traceback on stdout
+    lines = [line for line in output.splitlines() if not line.startswith("INFO: Instr")]
+    log = "\n".join(lines)[-6000:]
     assert result.returncode == 0, log
-    assert "Done" in result.stderr, log
+    done = re.search(r"Done (\d+) runs", result.stderr)
+    assert done is not None and int(done[1]) >= 1000, log  # a starved run proves nothing
     assert not list(tmp_path.glob("crash-*")), log
