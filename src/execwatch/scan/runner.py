@@ -169,7 +169,9 @@ def _scan_image(image: ImageSource, options: ScanOptions, progress: Progress | N
         if progress is not None:
             progress(f"layer {i + 1}/{len(image.layers)}", None)(0)
         with layer_stream(layer, options.limits, counter) as stream:
-            apply_layer(fs, stream, layer.name, options.limits, entries)
+            apply_layer(
+                fs, stream, layer.name, options.limits, entries, require_end=layer.digest is None
+            )
     config_platform = image.config_platform()
     platform = image.platform or config_platform or options.platform or node_platform()
     cfg = image.config.get("config") if isinstance(image.config.get("config"), dict) else {}
