@@ -2,7 +2,7 @@
 and layer tar parsers.
 
 The harness (tests/binfmt/fuzz_target.py) fails an input that raises anything but the
-parser's own error, peaks above 16 MiB of traced memory or takes over 2 s instrumented.
+parser's own error, peaks above 16 MiB of traced memory or takes over 5 s instrumented.
 Seeds are real binaries of five architectures, built binaries and the hostile corpus;
 libFuzzer mutates them guided by the coverage of execwatch.binfmt and execwatch.scan.
 """
