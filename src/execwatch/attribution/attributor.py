@@ -128,6 +128,14 @@ class Attributor:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def cgroup_alive(self, cgroup_id: int) -> bool:
+        """False once the inventory knows the cgroup is removed (or cannot find it at all),
+        so the kernel's per-cgroup counts of it can go; True when there is no inventory."""
+        if self.inventory is None:
+            return True
+        entry = self.inventory.lookup(cgroup_id)
+        return entry is not None and entry.alive
+
     def container_id(
         self, cgroup_id: int, pid: int | None = None, *, name: str = "", parent_id: int = 0
     ) -> str | None:

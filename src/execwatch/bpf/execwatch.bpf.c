@@ -150,8 +150,13 @@ static __always_inline void count(__u64 cgroup_id, int err)
 	if (v) {
 		*v += 1;
 	} else if (bpf_map_update_elem(&counts, &key, &one, BPF_NOEXIST)) {
-		idx = EW_STAT_COUNTER_FULL;
-		bump(&stats, &idx);
+		v = bpf_map_lookup_elem(&counts, &key); /* another CPU added it first (EEXIST) */
+		if (v) {
+			*v += 1;
+		} else { /* really full: counted in errno_totals only */
+			idx = EW_STAT_COUNTER_FULL;
+			bump(&stats, &idx);
+		}
 	}
 }
 
