@@ -52,6 +52,7 @@ class AttributorConfig:
     prefetch_queue: int = 1024
     rescan_interval: float = 60.0
     recent_cgroups: int = 16384  # deleted cgroups remembered for late lookups
+    kubelet_cgroup_root: str | None = None  # the kubelet's --cgroup-root; None: from the path
 
 
 class Attributor:
@@ -177,7 +178,9 @@ class Attributor:
     ) -> CgroupLayout | None:
         entry = self.inventory.lookup(cgroup_id) if self.inventory is not None else None
         path = entry.path if entry is not None else self._path_under_parent(parent_id, name)
-        layout = parse_cgroup_path(path) if path is not None else None
+        layout = (
+            parse_cgroup_path(path, self.config.kubelet_cgroup_root) if path is not None else None
+        )
         informative = layout is not None and layout.kind in (
             CgroupKind.KUBERNETES,
             CgroupKind.CONTAINER,
@@ -209,7 +212,7 @@ class Attributor:
             )
             return None
         for path in cgroups.v1_paths():
-            layout = parse_cgroup_path(path)
+            layout = parse_cgroup_path(path, self.config.kubelet_cgroup_root)
             if layout.kind in (CgroupKind.KUBERNETES, CgroupKind.CONTAINER):
                 return layout
         return None
@@ -319,7 +322,7 @@ class Attributor:
 
     def _on_new_cgroup(self, _cgroup_id: int, path: str) -> None:
         """Runs on the inventory thread: never block it, just queue the id."""
-        layout = parse_cgroup_path(path)
+        layout = parse_cgroup_path(path, self.config.kubelet_cgroup_root)
         cid = layout.container_id
         if layout.kind is CgroupKind.KUBERNETES and cid and not self._prefetch.put(cid):
             log.debug("prefetch queue full", extra={"container_id": cid})
