@@ -210,6 +210,7 @@ build_argo_rollouts() {
 # -- Prometheus with service discovery for Kubernetes -------------------------------------
 
 build_prometheus() {
+  local v=${PROMETHEUS_VERSION#v0.}  # v0.316.0 is Prometheus 3.16.0
   up_to_date prometheus "$PROMETHEUS_VERSION" && return 0
   log "resolving github.com/prometheus/prometheus@$PROMETHEUS_VERSION"
   new_module prometheus
@@ -218,7 +219,7 @@ build_prometheus() {
   (cd "$work/prometheus" && go get "github.com/prometheus/prometheus@$PROMETHEUS_VERSION" >/dev/null 2>&1 &&
     go mod tidy >/dev/null)
   build prometheus "$work/prometheus" github.com/prometheus/prometheus/cmd/prometheus \
-    "-X github.com/prometheus/common/version.Version=${PROMETHEUS_VERSION#v0.}"
+    "-X github.com/prometheus/common/version.Version=$((${v%%.*} / 100)).$((${v%%.*} % 100)).${v#*.}"
   echo "$PROMETHEUS_VERSION" >"$out/.prometheus.version"
 }
 

@@ -290,6 +290,7 @@ class Node:
                 f"--kubelet-client-certificate={pki / 'admin.crt'}",
                 f"--kubelet-client-key={pki / 'admin.key'}",
                 "--authorization-mode=Node,RBAC",
+                "--kubelet-preferred-address-types=InternalIP",
                 "--enable-admission-plugins=NodeRestriction",
                 f"--service-account-key-file={pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
@@ -334,6 +335,10 @@ class Node:
                 f"--cert-dir={self.workdir / 'kcm-certs'}",
                 "--leader-elect=false",
                 "--use-service-account-credentials=false",
+                # Usage of a quota on a resource whose CRD came with it (the chart's
+                # count/execfailures) is computed at the next full resync, 5 minutes by
+                # default; until then the quota refuses every create (docs/install.md).
+                "--resource-quota-sync-period=15s",
                 "--v=1",
             ],
         )

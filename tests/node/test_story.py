@@ -74,10 +74,10 @@ def test_an_arm64_entrypoint_crash_loops_and_execwatch_says_why(
         60,
     )
     (event,) = events
-    assert event.regarding.field_path == "spec.containers{web}"
-    assert event.regarding.uid == new.metadata.uid
-    assert 'container "web" could not exec /bin/server (ENOEXEC)' in event.note
-    assert "a arm64 binary on a amd64 node" in event.note
+    assert event.involved_object.field_path == "spec.containers{web}"
+    assert event.involved_object.uid == new.metadata.uid
+    assert 'container "web" could not exec /bin/server (ENOEXEC)' in event.message
+    assert "a arm64 binary on a amd64 node" in event.message
 
     labelled = node.core().read_namespaced_pod(name, NS)
     assert labelled.metadata.labels[LABEL] == "ExecFormatError"
@@ -158,7 +158,7 @@ def test_a_healthy_pod_whose_side_process_fails_to_exec_is_reported_and_keeps_ru
         60,
     )
     (event,) = events
-    assert f"could not exec {SIDE_FOREIGN} (ENOEXEC)" in event.note
+    assert f"could not exec {SIDE_FOREIGN} (ENOEXEC)" in event.message
     time.sleep(7)  # two more failures of the side process
     running = core.read_namespaced_pod("reporter", NS)
     assert running.status.phase == "Running" and pod_ready(running)

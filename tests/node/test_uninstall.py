@@ -5,9 +5,11 @@ Runs last (file order): it ends the release and then the node itself."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
+from pathlib import Path
 
 from kubernetes import client
 
@@ -36,12 +38,15 @@ def bpf_objects(kind: str) -> list[dict[str, object]]:
 
 
 def held_by(kind: str, pid: int) -> set[int]:
+    """Ids of the BPF programs or maps the process holds, from its fds' fdinfo
+    (`prog_id:` / `map_id:`); this bpftool cannot name holder pids."""
     ids = set()
-    for obj in bpf_objects(kind):
-        pids = obj.get("pids") or []
-        assert isinstance(pids, list)
-        if any(p.get("pid") == pid for p in pids):
-            ids.add(int(str(obj["id"])))
+    for info in Path(f"/proc/{pid}/fdinfo").iterdir():
+        with contextlib.suppress(OSError):
+            for line in info.read_text().splitlines():
+                key, _, value = line.partition(":")
+                if key == f"{kind}_id":
+                    ids.add(int(value))
     return ids
 
 

@@ -11,6 +11,8 @@ from kubernetes import client
 from tests.node.images import WEB_PORT
 from tests.node.node import Node, wait_for
 
+HANDLER_COMPONENT = "execwatch.io/handler"
+
 
 def container(name: str, image: str, **extra: Any) -> client.V1Container:
     return client.V1Container(name=name, image=image, image_pull_policy="Never", **extra)
@@ -63,12 +65,12 @@ def http_get(pod: client.V1Pod) -> str:
 
 
 def warning_events(node: Node, namespace: str, pod: str) -> list[Any]:
-    """events.k8s.io Warning Events regarding `pod` posted by execwatch's handler."""
-    events = client.EventsV1Api(node.client()).list_namespaced_event(
-        namespace, field_selector=f"regarding.name={pod}"
+    """Warning Events regarding `pod` posted by execwatch's handler, read through core/v1
+    (the client's events.k8s.io models refuse the kubelet's Events, which lack eventTime)."""
+    events = node.core().list_namespaced_event(
+        namespace,
+        field_selector=(
+            f"involvedObject.name={pod},type=Warning,reportingComponent={HANDLER_COMPONENT}"
+        ),
     )
-    return [
-        e
-        for e in events.items
-        if e.type == "Warning" and e.reporting_controller == "execwatch.io/handler"
-    ]
+    return list(events.items)
