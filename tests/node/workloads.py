@@ -7,6 +7,7 @@ import urllib.request
 from typing import Any
 
 from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.node.images import WEB_PORT
 from tests.node.node import Node, wait_for
@@ -74,3 +75,21 @@ def warning_events(node: Node, namespace: str, pod: str) -> list[Any]:
         ),
     )
     return list(events.items)
+
+
+def handler_samples(node: Node, metric: str) -> list[tuple[dict[str, str], float]]:
+    """Samples of `metric` on the leading handler's /metrics (pod IP, metrics port)."""
+    lease = client.CoordinationV1Api(node.client()).read_namespaced_lease(
+        "execwatch-handler", "execwatch"
+    )
+    holder = str(lease.spec.holder_identity).split("_")[0]
+    pod = node.core().read_namespaced_pod(holder, "execwatch")
+    port = pod.spec.containers[0].ports[0].container_port
+    with urllib.request.urlopen(f"http://{pod.status.pod_ip}:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return [
+        (dict(s.labels), s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == metric
+    ]
