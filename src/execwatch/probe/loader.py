@@ -6,6 +6,7 @@ import ctypes
 import errno
 import logging
 import os
+import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -32,6 +33,8 @@ class ProbeOptions:
     all_errnos: bool = False
     wakeup_interval_ms: float = 10.0
     object_path: Path | None = None
+    death_window_ms: float = 2000.0  # a process dying this soon after it started is reported
+    death_ringbuf_bytes: int = 1 << 20
 
 
 def default_object_path() -> Path:
@@ -69,6 +72,7 @@ class Probe:
         self._links: list[int] = []
         self._ringbuf: int | None = None
         self._callback: object = None
+        self._death_callback: object = None
         self._callback_error: BaseException | None = None
         try:
             self._lib = load_libbpf(LIBBPF_NAME)
@@ -101,6 +105,7 @@ class Probe:
 
     def _configure(self) -> None:
         self._lib.bpf_map__set_max_entries(self._map("events"), self.options.ringbuf_bytes)
+        self._lib.bpf_map__set_max_entries(self._map("deaths"), self.options.death_ringbuf_bytes)
         rodata = self._map_by_suffix(".rodata")
         size = ctypes.c_size_t()
         self._lib.bpf_map__initial_value(rodata, ctypes.byref(size))
@@ -109,6 +114,7 @@ class Probe:
         cfg = layout.Config(
             wakeup_interval_ns=int(self.options.wakeup_interval_ms * 1e6),
             all_errnos=int(self.options.all_errnos),
+            death_window_ns=int(self.options.death_window_ms * 1e6),
         )
         self._lib.bpf_map__set_initial_value(rodata, ctypes.byref(cfg), ctypes.sizeof(cfg))
 
@@ -149,23 +155,35 @@ class Probe:
             prog = self._lib.bpf_object__next_program(self._obj, prog)
         return out
 
-    def open_ring_buffer(self, on_record: Callable[[bytes], None]) -> None:
-        """Deliver each raw ring-buffer record to on_record during poll()."""
-
-        def trampoline(_ctx: int, data: int, size: int) -> int:
-            try:
-                on_record(ctypes.string_at(data, size))
-            except BaseException as exc:  # ctypes would print and forget it: poll() re-raises
-                self._callback_error = exc
-                return -1  # libbpf stops consuming and poll() returns
-            return 0
-
-        self._callback = RingBufferCallback(trampoline)  # kept alive while libbpf holds it
+    def open_ring_buffer(
+        self,
+        on_record: Callable[[bytes], None],
+        on_death: Callable[[bytes], None] | None = None,
+    ) -> None:
+        """Deliver each raw failed-exec record to on_record, and each early-death record to
+        on_death, during poll(). Without on_death the deaths ring buffer is not read."""
+        self._callback = self._trampoline(on_record)  # kept alive while libbpf holds it
         fd = self._lib.bpf_map__fd(self._map("events"))
         rb = self._lib.ring_buffer__new(fd, self._callback, None, None)
         if not rb:
             raise ProbeError(f"cannot open the ring buffer: {os.strerror(ctypes.get_errno())}")
         self._ringbuf = rb
+        if on_death is not None:
+            self._death_callback = self._trampoline(on_death)
+            fd = self._lib.bpf_map__fd(self._map("deaths"))
+            if self._lib.ring_buffer__add(rb, fd, self._death_callback, None) < 0:
+                raise ProbeError("cannot open the early-death ring buffer")
+
+    def _trampoline(self, deliver: Callable[[bytes], None]) -> object:
+        def trampoline(_ctx: int, data: int, size: int) -> int:
+            try:
+                deliver(ctypes.string_at(data, size))
+            except BaseException as exc:  # ctypes would print and forget it: poll() re-raises
+                self._callback_error = exc
+                return -1  # libbpf stops consuming and poll() returns
+            return 0
+
+        return RingBufferCallback(trampoline)
 
     def poll(self, timeout_ms: int) -> int:
         """Wait up to timeout_ms for a wakeup, then consume every record present.
@@ -199,6 +217,16 @@ class Probe:
             n = self._percpu_sum(fd, ctypes.c_uint32(err))
             if n:
                 totals[err] = n
+        return totals
+
+    def death_totals(self) -> dict[str, int]:
+        """Exact count of early deaths since load, by "SIGSEGV"-style signal or "EXIT127"."""
+        fd = self._lib.bpf_map__fd(self._map("death_totals"))
+        totals = {}
+        for idx in range(1, layout.DEATH_TOTALS):
+            n = self._percpu_sum(fd, ctypes.c_uint32(idx))
+            if n:
+                totals[death_label(idx)] = n
         return totals
 
     def stats(self) -> dict[str, int]:
@@ -236,6 +264,15 @@ class Probe:
         if self._obj:
             self._lib.bpf_object__close(self._obj)
             self._obj = None
+
+
+def death_label(index: int) -> str:
+    if index >= layout.TOTAL_EXIT:
+        return f"EXIT{index - layout.TOTAL_EXIT}"
+    try:
+        return signal.Signals(index).name
+    except ValueError:
+        return f"SIG{index}"
 
 
 def describe_errno(err: int) -> str:
