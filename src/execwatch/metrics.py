@@ -20,6 +20,7 @@ from execwatch.record import Reason
 
 class KernelCounters(Protocol):
     def errno_totals(self) -> dict[int, int]: ...
+    def death_totals(self) -> dict[str, int]: ...
     def stats(self) -> dict[str, int]: ...
 
 
@@ -60,8 +61,17 @@ class KernelCollector(Collector):
         )
         for kind, n in self._probe.stats().items():
             drops.add_metric([kind], n)
+        deaths = CounterMetricFamily(
+            "execwatch_kernel_early_deaths",
+            "Processes that died within the window after their exec, counted in the kernel"
+            " (exact): a fatal signal (SIGSEGV) or an exit from the ELF loader (EXIT127).",
+            labels=["status"],
+        )
+        for status, n in sorted(self._probe.death_totals().items()):
+            deaths.add_metric([status], n)
         yield failures
         yield drops
+        yield deaths
 
     def describe(self) -> Iterator[Metric]:
         return iter(())

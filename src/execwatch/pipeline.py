@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from execwatch.probe import layout
-from execwatch.probe.events import decode
-from execwatch.record import Attribution, Diagnosis, ExecFailure, KernelEvent, Reason
+from execwatch.probe.events import decode_record as decode
+from execwatch.record import QUIET_REASONS, Attribution, Diagnosis, ExecFailure, KernelEvent, Reason
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,10 @@ class _Slot:
 def aggregation_key(raw: bytes) -> AggregationKey:
     """(cgroup, mntns, errno, filename, fd name) straight from the record's bytes.
 
-    Strings are cut at their NUL: the ring buffer does not zero what follows it."""
+    Strings are cut at their NUL: the ring buffer does not zero what follows it. An early
+    death's key is (cgroup, mntns, -signal or -256 - exit code, exe device, exe inode)."""
+    if len(raw) == layout.DEATH_STRUCT.size:
+        return death_key(raw)
     f, order = layout.EVENT_FIELDS, sys.byteorder
     return (
         int.from_bytes(raw[f.cgroup], order),
@@ -71,6 +74,19 @@ def aggregation_key(raw: bytes) -> AggregationKey:
         int.from_bytes(raw[f.err], order),
         raw[f.filename].split(b"\0", 1)[0],
         raw[f.fd_name].split(b"\0", 1)[0],
+    )
+
+
+def death_key(raw: bytes) -> AggregationKey:
+    d, order = layout.DEATH_FIELDS, sys.byteorder
+    sig = int.from_bytes(raw[d.signal], order, signed=True)
+    code = int.from_bytes(raw[d.exit_code], order, signed=True)
+    return (
+        int.from_bytes(raw[d.cgroup], order),
+        int.from_bytes(raw[d.mntns], order),
+        -sig if sig else -256 - code,
+        raw[d.exe_dev],
+        raw[d.exe_ino],
     )
 
 
@@ -84,6 +100,7 @@ class NodePipeline:
         attributor: Attributor | None = None,
         observer: PipelineObserver | None = None,
         show_not_found: bool = False,
+        show_crashes: bool = False,
         window: float = 1.0,
         max_slots: int = 8192,
     ) -> None:
@@ -92,7 +109,7 @@ class NodePipeline:
         self._epoch_offset = epoch_offset
         self._attributor = attributor
         self._observer = observer
-        self._show_not_found = show_not_found
+        self._show = {Reason.NOT_FOUND: show_not_found, Reason.STARTUP_CRASH: show_crashes}
         self._window = window
         self._max_slots = max_slots
         self._slots: OrderedDict[AggregationKey, _Slot] = OrderedDict()
@@ -175,6 +192,7 @@ class NodePipeline:
             slot.pending = 0
 
     def _emit(self, failure: ExecFailure) -> None:
-        if failure.diagnosis.reason is Reason.NOT_FOUND and not self._show_not_found:
-            return
+        reason = failure.diagnosis.reason
+        if reason in QUIET_REASONS and not self._show.get(reason, False):
+            return  # counted by _report, not printed nor published
         self._sink(failure)

@@ -92,3 +92,10 @@ def decode_death(raw: bytes, epoch_offset: float) -> KernelEvent:
         exe_ino=exe_ino,
         exe_dev=kernel_dev(exe_dev),
     )
+
+
+def decode_record(raw: bytes, epoch_offset: float) -> KernelEvent:
+    """Either ring buffer's record: the two structs differ in size (tests/probe/test_layout)."""
+    if len(raw) == layout.DEATH_STRUCT.size:
+        return decode_death(raw, epoch_offset)
+    return decode(raw, epoch_offset)

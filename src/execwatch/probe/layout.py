@@ -114,3 +114,17 @@ DEATH_STRUCT = struct.Struct(
     f"=QQQQQQQQQQiiIIIIII{TASK_COMM_LEN}s{TASK_COMM_LEN}s{EXE_DEPTH * EXE_NAME_LEN}s"
     f"{CGROUP_NAME_LEN}s"
 )
+
+
+class DeathFields:
+    """Byte slices of Death fields, for the pipeline's repeat key."""
+
+    cgroup = slice(Death.cgroup_id.offset, Death.cgroup_id.offset + 8)
+    mntns = slice(Death.mntns.offset, Death.mntns.offset + 8)
+    exe_ino = slice(Death.exe_ino.offset, Death.exe_ino.offset + 8)
+    exe_dev = slice(Death.exe_dev.offset, Death.exe_dev.offset + 8)
+    exit_code = slice(Death.exit_code.offset, Death.exit_code.offset + 4)
+    signal = slice(Death.signal.offset, Death.signal.offset + 4)
+
+
+DEATH_FIELDS = DeathFields()

@@ -72,7 +72,6 @@ class Probe:
         self._links: list[int] = []
         self._ringbuf: int | None = None
         self._callback: object = None
-        self._death_callback: object = None
         self._callback_error: BaseException | None = None
         try:
             self._lib = load_libbpf(LIBBPF_NAME)
@@ -155,35 +154,27 @@ class Probe:
             prog = self._lib.bpf_object__next_program(self._obj, prog)
         return out
 
-    def open_ring_buffer(
-        self,
-        on_record: Callable[[bytes], None],
-        on_death: Callable[[bytes], None] | None = None,
-    ) -> None:
-        """Deliver each raw failed-exec record to on_record, and each early-death record to
-        on_death, during poll(). Without on_death the deaths ring buffer is not read."""
-        self._callback = self._trampoline(on_record)  # kept alive while libbpf holds it
-        fd = self._lib.bpf_map__fd(self._map("events"))
-        rb = self._lib.ring_buffer__new(fd, self._callback, None, None)
-        if not rb:
-            raise ProbeError(f"cannot open the ring buffer: {os.strerror(ctypes.get_errno())}")
-        self._ringbuf = rb
-        if on_death is not None:
-            self._death_callback = self._trampoline(on_death)
-            fd = self._lib.bpf_map__fd(self._map("deaths"))
-            if self._lib.ring_buffer__add(rb, fd, self._death_callback, None) < 0:
-                raise ProbeError("cannot open the early-death ring buffer")
+    def open_ring_buffer(self, on_record: Callable[[bytes], None]) -> None:
+        """Deliver each raw record of both ring buffers (failed execs, early deaths) to
+        on_record during poll(); events.decode_record tells them apart by size."""
 
-    def _trampoline(self, deliver: Callable[[bytes], None]) -> object:
         def trampoline(_ctx: int, data: int, size: int) -> int:
             try:
-                deliver(ctypes.string_at(data, size))
+                on_record(ctypes.string_at(data, size))
             except BaseException as exc:  # ctypes would print and forget it: poll() re-raises
                 self._callback_error = exc
                 return -1  # libbpf stops consuming and poll() returns
             return 0
 
-        return RingBufferCallback(trampoline)
+        self._callback = RingBufferCallback(trampoline)  # kept alive while libbpf holds it
+        fd = self._lib.bpf_map__fd(self._map("events"))
+        rb = self._lib.ring_buffer__new(fd, self._callback, None, None)
+        if not rb:
+            raise ProbeError(f"cannot open the ring buffer: {os.strerror(ctypes.get_errno())}")
+        self._ringbuf = rb
+        fd = self._lib.bpf_map__fd(self._map("deaths"))
+        if self._lib.ring_buffer__add(rb, fd, self._callback, None) < 0:
+            raise ProbeError(f"cannot open the deaths ring buffer: {os.strerror(ctypes.get_errno())}")
 
     def poll(self, timeout_ms: int) -> int:
         """Wait up to timeout_ms for a wakeup, then consume every record present.
