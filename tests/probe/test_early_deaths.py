@@ -29,6 +29,7 @@ from tests.probe.roots import (
     copy_into,
     glibc_root,
     keepers,
+    needed_libraries,
     newer_package,
 )
 
@@ -230,3 +231,29 @@ int main(int argc, char **argv) {
     return 2;
 }
 """
+
+
+def test_binary_linked_against_a_newer_libcurl(
+    tracer: DeathTracer, keepers: Keepers, tmp_path: Path
+) -> None:
+    """trixie's curl imports curl_global_trace@CURL_OPENSSL_4, which bookworm's libcurl
+    (the version node exists, the symbol does not) lacks: the version check passes."""
+    curl = newer_package("curl") / "usr/bin/curl"
+    host_libcurl = {"libcurl.so.4": Path("/usr/lib/x86_64-linux-gnu/libcurl.so.4")}
+    root = glibc_root(
+        tmp_path,
+        {"/usr/bin/curl": curl},
+        extra_libraries=host_libcurl | needed_libraries(host_libcurl["libcurl.so.4"]),
+    )
+
+    ran = keepers.run(["/usr/bin/curl", "--version"], root=root)
+
+    assert ran.exit_code == 127  # "symbol lookup error: undefined symbol"
+    record = tracer.for_pid(ran.pid)
+    assert record.diagnosis.reason is Reason.MISSING_SYMBOL
+    d = record.diagnosis
+    assert (d.symbol, d.version, d.library) == (
+        "curl_global_trace",
+        "CURL_OPENSSL_4",
+        "libcurl.so.4",
+    )

@@ -22,7 +22,9 @@ from execwatch.diagnosis.confined import (
     SYS_OPENAT2,
     OpenHow,
     Root,
+    reopen_regular,
 )
+from execwatch.binfmt.symbols import DynamicSymbols, read_dynamic_symbols
 from execwatch.scan.fs import Node, describe_file
 
 MAX_NODES = 4096
@@ -95,6 +97,17 @@ class RootView:
             return None
         finally:
             os.close(fd)
+
+    def dynamic_symbols(self, path: str) -> DynamicSymbols | None:
+        node = self.node(path)
+        if node is None or node.elf is None:
+            return None
+        try:
+            rfd = reopen_regular(self._lookup(path), path)
+        except OSError:
+            return None
+        with io.open(rfd, "rb") as f:
+            return read_dynamic_symbols(f, node.elf)
 
     def listdir(self, path: str) -> list[str]:
         try:

@@ -67,7 +67,8 @@ def explain(fs: FileSystem, path: str, info: ElfInfo) -> Finding | None:
             " as gcompat installs it: symbols resolve against the wrong C library",
             interpreter=info.interpreter,
         )
-    result = Linker(fs, {}).resolve(path, info, actual or wanted or "glibc")
+    linker = Linker(fs, {})
+    result = linker.resolve(path, info, actual or wanted or "glibc")
     if result.missing:
         miss = result.missing[0]
         by = "" if miss.needed_by == path else f" (needed by {miss.needed_by})"
@@ -85,6 +86,17 @@ def explain(fs: FileSystem, path: str, info: ElfInfo) -> Finding | None:
             interpreter=info.interpreter,
             library=v.library,
             version=v.version,
+        )
+    for sym in linker.missing_symbols(result):
+        version = f", version {sym.version}" if sym.version else ""
+        return Finding(
+            Reason.MISSING_SYMBOL,
+            f"undefined symbol: {sym.symbol}{version}"
+            + (f" (not in {sym.library})" if sym.library else ""),
+            interpreter=info.interpreter,
+            library=sym.library,
+            symbol=sym.symbol,
+            version=sym.version,
         )
     return None
 
