@@ -39,6 +39,9 @@ class Reason(enum.StrEnum):
 
 # Counted in metrics but not reported unless asked for: noise or the program's own bug.
 QUIET_REASONS = frozenset({Reason.NOT_FOUND, Reason.BENIGN_EXIT, Reason.STARTUP_CRASH})
+# Not a platform problem: alerts and the Argo analysis leave these out (their selectors are
+# tested against this set).
+NOT_ALERTED = frozenset({*QUIET_REASONS, Reason.NO_SHEBANG})
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,13 @@ EVENT_REASONS: dict[Reason, str] = {
     Reason.PERMISSION_DENIED: "ExecPermissionDenied",
     Reason.NOT_FOUND: "ExecNotFound",
     Reason.UNDIAGNOSED: "ExecFailed",
+    Reason.MISSING_LIBRARY: "MissingLibrary",
+    Reason.MISSING_SYMBOL_VERSION: "MissingSymbolVersion",
+    Reason.MISSING_SYMBOL: "MissingSymbol",
+    Reason.LIBC_MISMATCH: "LibcMismatch",
+    Reason.UNSUPPORTED_CPU: "UnsupportedCPU",
+    Reason.STARTUP_CRASH: "StartupCrash",
+    Reason.BENIGN_EXIT: "BenignExit",
 }
 
 
