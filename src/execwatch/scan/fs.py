@@ -16,12 +16,8 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol
 
 from execwatch.binfmt import BinfmtError, ElfInfo, read_elf, sniff
-<<<<<<< HEAD
 from execwatch.binfmt.symbols import DynamicSymbols, read_dynamic_symbols
-from execwatch.scan.errors import ScanInputError
-=======
 from execwatch.scan.errors import LimitExceeded, ScanInputError
->>>>>>> main
 
 HEAD_BYTES = 256  # what the kernel's binfmt handlers look at (BINPRM_BUF_SIZE)
 SMALL_TEXT_BYTES = 64 << 10  # ld.so.conf, ld-musl-*.path and friends
