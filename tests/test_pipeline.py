@@ -82,10 +82,10 @@ def test_evicting_a_slot_emits_its_pending_count(emitted: list[ExecFailure]) -> 
 
 
 def test_path_search_noise_is_counted_but_not_emitted(emitted: list[ExecFailure]) -> None:
-    seen: list[tuple[int, Reason, bool]] = []
+    seen: list[tuple[int | str, Reason, bool]] = []
 
     class Observer:
-        def delivered(self, errno: int, reason: Reason, *, aggregated: bool) -> None:
+        def delivered(self, errno: int | str, reason: Reason, *, aggregated: bool) -> None:
             seen.append((errno, reason, aggregated))
 
     p = pipeline(CountingDiagnoser(Reason.NOT_FOUND), emitted, observer=Observer())
@@ -93,7 +93,7 @@ def test_path_search_noise_is_counted_but_not_emitted(emitted: list[ExecFailure]
     p.on_record(raw_event(b"/usr/local/bin/git", err=2))
     p.flush()
     assert emitted == []
-    assert seen == [(2, Reason.NOT_FOUND, False), (2, Reason.NOT_FOUND, True)]
+    assert seen == [("ENOENT", Reason.NOT_FOUND, False), ("ENOENT", Reason.NOT_FOUND, True)]
 
 
 def test_not_found_is_emitted_when_asked(emitted: list[ExecFailure], tmp_path: Path) -> None:

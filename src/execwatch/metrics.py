@@ -96,7 +96,8 @@ class NodeMetrics:
         if probe is not None:
             registry.register(KernelCollector(probe))
 
-    def delivered(self, errno: int, reason: Reason, *, aggregated: bool) -> None:
-        self.events.labels(errno_name(errno), str(reason)).inc()
+    def delivered(self, errno: int | str, reason: Reason, *, aggregated: bool) -> None:
+        name = errno if isinstance(errno, str) else errno_name(errno)
+        self.events.labels(name, str(reason)).inc()
         if aggregated:
             self.aggregated_events.inc()

@@ -49,7 +49,8 @@ class RecordSource(Protocol):
 class PipelineObserver(Protocol):
     """What the pipeline reports about itself (metrics); see execwatch.metrics."""
 
-    def delivered(self, errno: int, reason: Reason, *, aggregated: bool) -> None: ...
+    def delivered(self, errno: int | str, reason: Reason, *, aggregated: bool) -> None:
+        """errno: the number, or a name (EXIT127, SIGSEGV for an early death)."""
 
 
 @dataclass
@@ -122,12 +123,12 @@ class NodePipeline:
             slot.pending += 1
             slot.latest = raw
             slot.last_seen = now
-            self._report(key[2], slot.failure.diagnosis.reason, aggregated=True)
+            self._report(slot.failure.event.status, slot.failure.diagnosis.reason, aggregated=True)
             return
         if slot is not None:
             self._emit_pending(slot)  # stale slot: diagnose afresh, keep its count
         failure = self._build(decode(raw, self._epoch_offset))
-        self._report(key[2], failure.diagnosis.reason, aggregated=False)
+        self._report(failure.event.status, failure.diagnosis.reason, aggregated=False)
         self._slots[key] = _Slot(failure, raw, 0, now)
         self._slots.move_to_end(key)
         while len(self._slots) > self._max_slots:
@@ -181,7 +182,7 @@ class NodePipeline:
             attribution = Attribution()
         return ExecFailure(event=event, diagnosis=diagnosis, attribution=attribution)
 
-    def _report(self, errno: int, reason: Reason, *, aggregated: bool) -> None:
+    def _report(self, errno: int | str, reason: Reason, *, aggregated: bool) -> None:
         if self._observer:
             self._observer.delivered(errno, reason, aggregated=aggregated)
 

@@ -41,9 +41,9 @@ class Observed:
     """Every record the pipeline delivered (counted), and the ones it emitted (shown)."""
 
     def __init__(self) -> None:
-        self.counted: list[tuple[int, Reason]] = []
+        self.counted: list[tuple[int | str, Reason]] = []
 
-    def delivered(self, errno: int, reason: Reason, *, aggregated: bool, **_: object) -> None:
+    def delivered(self, errno: int | str, reason: Reason, *, aggregated: bool, **_: object) -> None:
         self.counted.append((errno, reason))
 
     def reasons(self) -> set[Reason]:

@@ -11,11 +11,11 @@ MAX_NODES entries are described and MAX_DIR_ENTRIES names listed per directory.
 from __future__ import annotations
 
 import ctypes
-import io
 import os
 import stat
 from collections.abc import Iterator
 
+from execwatch.binfmt.symbols import DynamicSymbols, read_dynamic_symbols
 from execwatch.diagnosis.confined import (
     RESOLVE_IN_ROOT,
     RESOLVE_NO_MAGICLINKS,
@@ -24,7 +24,6 @@ from execwatch.diagnosis.confined import (
     Root,
     reopen_regular,
 )
-from execwatch.binfmt.symbols import DynamicSymbols, read_dynamic_symbols
 from execwatch.scan.fs import Node, describe_file
 
 MAX_NODES = 4096
@@ -91,7 +90,7 @@ class RootView:
                 rfd = os.open(f"/proc/self/fd/{fd}", READ_FLAGS)
             except OSError:
                 return Node("file", mode, st.st_size)
-            with io.open(rfd, "rb", buffering=4096) as f:
+            with open(rfd, "rb", buffering=4096) as f:
                 return describe_file(path, f, st.st_size, mode)
         except OSError:
             return None
@@ -106,7 +105,7 @@ class RootView:
             rfd = reopen_regular(self._lookup(path), path)
         except OSError:
             return None
-        with io.open(rfd, "rb") as f:
+        with open(rfd, "rb") as f:
             return read_dynamic_symbols(f, node.elf)
 
     def listdir(self, path: str) -> list[str]:

@@ -174,7 +174,9 @@ class Probe:
         self._ringbuf = rb
         fd = self._lib.bpf_map__fd(self._map("deaths"))
         if self._lib.ring_buffer__add(rb, fd, self._callback, None) < 0:
-            raise ProbeError(f"cannot open the deaths ring buffer: {os.strerror(ctypes.get_errno())}")
+            raise ProbeError(
+                f"cannot open the deaths ring buffer: {os.strerror(ctypes.get_errno())}"
+            )
 
     def poll(self, timeout_ms: int) -> int:
         """Wait up to timeout_ms for a wakeup, then consume every record present.

@@ -18,9 +18,9 @@ from execwatch.binfmt import Platform, node_platform
 from execwatch.scan.checks import Checker, Target
 from execwatch.scan.errors import CorruptInput, NothingToCheck, ScanInputError
 from execwatch.scan.fs import DirectoryFS, FileSystem, MemoryFS, describe_file
-from execwatch.scan.linker import SymbolSource
 from execwatch.scan.layers import apply_layer
 from execwatch.scan.limits import Limits, decompressed
+from execwatch.scan.linker import SymbolSource
 from execwatch.scan.model import ImageResult, ScanReport
 from execwatch.scan.sources import (
     ImageSource,
