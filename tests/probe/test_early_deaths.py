@@ -8,10 +8,11 @@ crash or exit. The loader's own exit code is recorded and asserted, as users see
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -32,8 +33,9 @@ from tests.probe.roots import (
     needed_libraries,
     newer_package,
 )
+from tests.probe.test_trace_cli import TraceProcess, start_trace
 
-__all__ = ["keepers"]
+__all__ = ["keepers", "start_trace"]
 WINDOW_S = 1.0
 
 
@@ -158,17 +160,24 @@ def test_newer_debian_binary_against_the_hosts_older_glibc(
     assert record.event.exit_code == 1
 
 
+def gcompat_root(root: Path, *, loader_link: bool) -> Path:
+    """A musl root holding a glibc C++ program; with loader_link, gcompat's
+    /lib64/ld-linux-x86-64.so.2 -> musl's loader."""
+    glibc_root(root, {"/usr/bin/tbl": Path("/usr/bin/tbl")})
+    os.remove(root / "lib64/ld-linux-x86-64.so.2")
+    copy_into(root, Path(MUSL_LOADER).resolve(), MUSL_LOADER)
+    if loader_link:
+        os.symlink(MUSL_LOADER, root / "lib64/ld-linux-x86-64.so.2")
+    (root / "etc").mkdir()
+    (root / "etc/ld-musl-x86_64.path").write_text("/usr/lib/x86_64-linux-gnu\n")
+    return root
+
+
 def test_glibc_cxx_binary_under_musls_loader_named_like_glibcs(
     tracer: DeathTracer, keepers: Keepers, tmp_path: Path
 ) -> None:
     """gcompat's layout: /lib64/ld-linux-x86-64.so.2 is musl's loader."""
-    musl = Path(MUSL_LOADER).resolve()
-    root = glibc_root(tmp_path, {"/usr/bin/tbl": Path("/usr/bin/tbl")})
-    os.remove(root / "lib64/ld-linux-x86-64.so.2")
-    copy_into(root, musl, MUSL_LOADER)
-    os.symlink(MUSL_LOADER, root / "lib64/ld-linux-x86-64.so.2")
-    (root / "etc").mkdir()
-    (root / "etc/ld-musl-x86_64.path").write_text("/usr/lib/x86_64-linux-gnu\n")
+    root = gcompat_root(tmp_path, loader_link=True)
 
     ran = keepers.run(["/usr/bin/tbl"], root=root)
 
@@ -177,6 +186,32 @@ def test_glibc_cxx_binary_under_musls_loader_named_like_glibcs(
     assert record.diagnosis.reason is Reason.LIBC_MISMATCH
     assert record.diagnosis.interpreter == "/lib64/ld-linux-x86-64.so.2"
     assert "musl" in record.diagnosis.detail
+
+
+def test_trace_tells_the_seeds_two_symptoms_apart(
+    start_trace: Callable[..., TraceProcess], keepers: Keepers, tmp_path: Path
+) -> None:
+    """The second seed: the glibc image variant without its loader (exec fails, 127) and
+    the glibc-compat variant (the exec succeeds, the loader gives up)."""
+    plain = gcompat_root(tmp_path / "alpine", loader_link=False)
+    compat = gcompat_root(tmp_path / "alpine-gcompat", loader_link=True)
+    trace = start_trace("--json", "--no-attribution")
+
+    missing = keepers.run(["/usr/bin/tbl"], root=plain)
+    mismatch = keepers.run(["/usr/bin/tbl"], root=compat)
+    time.sleep(1.0)
+    code, out = trace.stop()
+
+    assert (missing.exit_code, mismatch.exit_code) == (255, 127)  # 255: our execv raised
+    lines = [json.loads(line) for line in out.splitlines()]
+    by_reason = {line["reason"]: line for line in lines if line["path"] == "/usr/bin/tbl"}
+    assert by_reason["MissingInterpreter"]["errno"] == "ENOENT"
+    assert by_reason["MissingInterpreter"]["pid"] == missing.pid
+    assert by_reason["LibcMismatch"]["errno"] == "EXIT127"
+    assert by_reason["LibcMismatch"]["pid"] == mismatch.pid
+    assert by_reason["LibcMismatch"]["exit_code"] == 127
+    assert by_reason["LibcMismatch"]["age_ms"] < 2000
+    assert code == 0
 
 
 def test_unrelated_startup_crash_is_shown_only_when_asked(
