@@ -23,6 +23,7 @@
 struct pt_regs { long di, si, dx, r10, r8, ip; } __attribute__((preserve_access_index));
 #elif defined(__TARGET_ARCH_arm64)
 struct user_pt_regs { __u64 regs[31]; __u64 sp; __u64 pc; } __attribute__((preserve_access_index));
+struct pt_regs { struct user_pt_regs user_regs; } __attribute__((preserve_access_index));
 #endif
 
 struct qstr { const unsigned char *name; } __attribute__((preserve_access_index));
@@ -61,6 +62,7 @@ struct kernfs_node___old { struct kernfs_node *parent; } __attribute__((preserve
 struct cgroup { struct kernfs_node *kn; } __attribute__((preserve_access_index));
 struct css_set { struct cgroup *dfl_cgrp; } __attribute__((preserve_access_index));
 struct task_struct {
+	void *stack;
 	int tgid;
 	char comm[EW_TASK_COMM_LEN];
 	struct task_struct *real_parent;
@@ -73,6 +75,8 @@ struct task_struct {
 	__u64 self_exec_id;
 	__u64 parent_exec_id;
 } __attribute__((preserve_access_index));
+
+#include "compat.bpf.h"
 
 /* Syscall exit tracepoint context: see events/syscalls/sys_exit_execve/format. */
 struct sys_exit_ctx {
@@ -227,8 +231,8 @@ static __noinline int on_failure(long ret, enum ew_syscall sc)
 		bump(&stats, &idx);
 		return 0;
 	}
-	task = bpf_get_current_task_btf();
-	regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	task = current_task();
+	regs = syscall_regs(task);
 	__u64 id = bpf_get_current_pid_tgid();
 
 	e->ktime_ns = bpf_ktime_get_boot_ns();
@@ -450,7 +454,7 @@ static __noinline int on_loader_exit(int code)
 	}
 	if (!base) /* static: no loader */
 		return 0;
-	regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	regs = syscall_regs(current_task());
 	ip = PT_REGS_IP_CORE(regs);
 	if (ip < base || ip - base >= LOADER_SPAN)
 		return 0;

@@ -16,6 +16,7 @@ import stat
 from collections.abc import Iterator
 
 from execwatch.binfmt.symbols import DynamicSymbols, read_dynamic_symbols
+from execwatch.diagnosis.budget import SlowMounts
 from execwatch.diagnosis.confined import (
     RESOLVE_IN_ROOT,
     RESOLVE_NO_MAGICLINKS,
@@ -34,13 +35,26 @@ READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 class RootView:
     """execwatch.scan.fs.FileSystem over an O_PATH fd on a task's root."""
 
-    def __init__(self, root: Root) -> None:
+    def __init__(self, root: Root, slow: SlowMounts | None = None) -> None:
         self._root = root
+        self._slow = slow
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._libc.syscall.restype = ctypes.c_long
         self._cache: dict[str, Node | None] = {}
 
     def _lookup(self, path: str) -> int:
+        """An O_PATH fd, after `slow` (see budget.py) has seen its mount: a hung file
+        system is refused instead of blocking fstat and reads."""
+        fd = self._openat2(path)
+        if self._slow is not None:
+            try:
+                self._slow.enter(fd)
+            except BaseException:
+                os.close(fd)
+                raise
+        return fd
+
+    def _openat2(self, path: str) -> int:
         how = OpenHow(
             flags=os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC,
             mode=0,

@@ -23,6 +23,7 @@ from execwatch.binfmt import (
     loader_flavor,
     node_platform,
 )
+from execwatch.diagnosis.budget import SlowFileSystem, SlowMounts
 from execwatch.diagnosis.roots import RootLocator
 from execwatch.diagnosis.rootview import RootView
 from execwatch.record import Diagnosis, KernelEvent, Reason
@@ -104,9 +105,15 @@ def explain(fs: FileSystem, path: str, info: ElfInfo) -> Finding | None:
 class StartupDiagnoser:
     """Diagnoses early deaths; results are cached per executable and root."""
 
-    def __init__(self, locator: RootLocator | None = None, node: Platform | None = None) -> None:
+    def __init__(
+        self,
+        locator: RootLocator | None = None,
+        node: Platform | None = None,
+        slow: SlowMounts | None = None,
+    ) -> None:
         self._locator = locator or RootLocator()
         self._node = node or node_platform()
+        self._slow = slow
         self._cache: OrderedDict[tuple[int, int, int, int, int | None, int | None], Diagnosis] = (
             OrderedDict()
         )
@@ -131,11 +138,18 @@ class StartupDiagnoser:
         return diagnosis
 
     def _diagnose(self, event: KernelEvent) -> Diagnosis:
+        try:
+            return self._diagnose_in_root(event)
+        except SlowFileSystem as exc:
+            detail = f"not read: {exc}"
+            return Diagnosis(Reason.UNDIAGNOSED, self._node.architecture, detail=detail)
+
+    def _diagnose_in_root(self, event: KernelEvent) -> Diagnosis:
         root = self._locator.open(event)
         if root is None:
             return self._unexplained(event, "the task is gone and no live task has its root")
         try:
-            fs = RootView(root)
+            fs = RootView(root, self._slow)
             st = fs.stat(event.path)
             if st is None or (
                 event.exe_ino and (st.st_ino, st.st_dev) != (event.exe_ino, event.exe_dev)
