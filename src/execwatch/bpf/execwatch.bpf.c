@@ -433,7 +433,7 @@ static __noinline int report_death(const struct death *d)
 static __noinline int on_loader_exit(int code)
 {
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-	unsigned long auxv[2 * AUXV_PAIRS];
+	unsigned long pair[2];
 	struct mm_struct *mm = BPF_CORE_READ(task, mm);
 	struct death d = { .now = bpf_ktime_get_boot_ns(), .kind = EW_DEATH_LOADER_EXIT, .value = code };
 	__u64 age = early_age(task, d.now);
@@ -442,14 +442,17 @@ static __noinline int on_loader_exit(int code)
 
 	if (!age || !mm)
 		return 0;
-	if (bpf_probe_read_kernel(auxv, sizeof(auxv), __builtin_preserve_access_index(&mm->saved_auxv)))
-		return 0;
+	/* Pair by pair: a whole auxv on the stack would exceed 5.10's 512-byte limit for the
+	 * call chain. AT_BASE is about the ninth pair, so this is a few reads. */
 	for (int i = 0; i < AUXV_PAIRS; i++) {
-		if (auxv[2 * i] == AT_BASE) {
-			base = auxv[2 * i + 1];
+		if (bpf_probe_read_kernel(pair, sizeof(pair),
+					  __builtin_preserve_access_index(&mm->saved_auxv[2 * i])))
+			return 0;
+		if (pair[0] == AT_BASE) {
+			base = pair[1];
 			break;
 		}
-		if (auxv[2 * i] == AT_NULL)
+		if (pair[0] == AT_NULL)
 			break;
 	}
 	if (!base) /* static: no loader */
