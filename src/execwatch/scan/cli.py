@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from execwatch.binfmt import Platform
+from execwatch.scan import registry
 from execwatch.scan.errors import ScanInputError
 from execwatch.scan.model import ScanReport, Severity
 from execwatch.scan.report import FORMATS, TEXT_FORMATS
@@ -38,7 +39,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description="Check that every executable of a file, directory (root filesystem), OCI"
         " layout, docker-save/OCI tarball or rootfs tarball would start on its platform.",
     )
-    p.add_argument("target", help="file, directory, OCI layout or image archive")
+    p.add_argument(
+        "target", help="file, directory, OCI layout, image archive or registry reference"
+    )
     p.add_argument(
         "--platform",
         type=_platform,
@@ -60,12 +63,17 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument("--all", action="store_true", help="table: show every finding")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    registry.add_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
-    options = ScanOptions(platform=args.platform, require_static=args.require_static)
+    options = ScanOptions(
+        platform=args.platform,
+        require_static=args.require_static,
+        registry=registry.options_from(args),
+    )
     show_progress = not args.no_progress and err.is_terminal
     try:
         if show_progress:

@@ -17,6 +17,7 @@ from execwatch.scan.fs import DirectoryFS, FileSystem, MemoryFS, describe_file
 from execwatch.scan.layers import apply_layer
 from execwatch.scan.limits import Limits, decompressed
 from execwatch.scan.model import ImageResult, ScanReport
+from execwatch.scan.registry import RegistryOptions, looks_like_reference, registry_images
 from execwatch.scan.sources import (
     ImageSource,
     archive_store,
@@ -35,11 +36,17 @@ class ScanOptions:
     platform: Platform | None = None
     require_static: bool = False
     limits: Limits = field(default_factory=Limits)
+    registry: RegistryOptions = field(default_factory=RegistryOptions)
 
 
 def scan(target: str, options: ScanOptions, progress: Progress | None = None) -> ScanReport:
     """Scan a file, a root filesystem directory, an OCI layout or an image/rootfs archive."""
     report = ScanReport(target)
+    if not os.path.lexists(target) and looks_like_reference(target):
+        pulled = registry_images(target, options.registry, options.limits)
+        report.results += _scan_images(pulled.images, options, progress)
+        pulled.annotate(report.results)
+        return report
     try:
         st = os.stat(target)
     except OSError as exc:
