@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from tests.registry.fixtures import pushed, registry
-from tests.scan.conftest import built, host_musl
+from tests.scan.conftest import built, host_glibc, host_musl
 
-__all__ = ["built", "host_musl", "pushed", "registry"]
+__all__ = ["built", "host_glibc", "host_musl", "pushed", "registry"]
 
 
 @pytest.fixture(autouse=True)
