@@ -139,12 +139,12 @@ def run_scanelf(root: Path) -> int:
 
 
 def run_lddtree(root: Path, executables: list[Path]) -> int:
-    """`find ROOT -type f -perm /111 -print0 | xargs -0 lddtree -R ROOT`: few processes.
+    """`… | xargs -0 lddtree -R ROOT --skip-non-elfs`, paths inside ROOT: few processes.
 
     Debian's lddtree is Python with python3-pyelftools; it is run with the system Python
     so a virtualenv or pyenv `python3` on PATH cannot hide that module.
     """
-    names = b"\0".join(str(p).encode() for p in executables)
+    names = b"\0".join(b"/" + str(p.relative_to(root)).encode() for p in executables)
     argv = [
         "xargs",
         "-0",

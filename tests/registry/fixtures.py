@@ -49,10 +49,11 @@ def pushed(
     shared = [file("etc/app/config.txt", b"shared across platforms\n", 0o644)]
     armhf = foreign_root / "armhf" / "root"
     entry = ["/usr/bin/hello"]
+    zstd = {"entrypoint": entry, "compression": "zstd"}  # reproducible: no gzip timestamp
     multi = [
-        Image([arm64_root(foreign_root), shared], "arm64", entrypoint=entry),
-        Image([tree(armhf) + usrmerge(armhf), shared], "arm", variant="v7", entrypoint=entry),
-        Image([arm64_root(foreign_root), shared], "riscv64", entrypoint=entry),
+        Image([arm64_root(foreign_root), shared], "arm64", **zstd),  # type: ignore[arg-type]
+        Image([tree(armhf) + usrmerge(armhf), shared], "arm", variant="v7", **zstd),  # type: ignore[arg-type]
+        Image([arm64_root(foreign_root), shared], "riscv64", **zstd),  # type: ignore[arg-type]
     ]
     glibc_on_musl = Image(
         [musl_base(host_musl), [file("app", built["glibc"].read_bytes())]], entrypoint=["/app"]

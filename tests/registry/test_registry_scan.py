@@ -69,8 +69,9 @@ def test_layers_are_fetched_once_and_a_repeat_scan_comes_from_the_cache(
     args = registry_args(registry, tmp_path)
     _, first = scan_json(capsys, pushed["multi"], *args)
     network, cache = fetched(first)
-    # arm64 root + armhf root + the shared layer: the riscv64 entry reuses arm64's blobs
-    assert cache > 0.5 * network
+    # over the network: the arm64 root, the armhf root and the shared layer, once each;
+    # from the cache: the riscv64 entry's layers (the arm64 root) and the shared layer again
+    assert cache > 0.3 * network
     _, second = scan_json(capsys, pushed["multi"], *args)
     network2, cache2 = fetched(second)
     assert network2 < 0.01 and cache2 == pytest.approx(network + cache, rel=0.01)

@@ -377,7 +377,7 @@ class RegistryClient:
             raise ScanInputError(f"{self.ref}: only sha256 blob digests are supported: {digest}")
         cached = self.cache.open(digest) if self.cache else None
         if cached is not None:
-            self.stats.cached += size
+            self.stats.cached += os.fstat(cached.fileno()).st_size
             return cached
         with self._errors(f"blob {digest[:19]}"):
             chunks = self.dxf.pull_blob(digest, chunk_size=CHUNK)
@@ -406,11 +406,11 @@ class _Translate:
 
 
 def describe_error(exc: BaseException, ref: Reference, creds: Credentials | None) -> str | None:
+    if isinstance(exc, dxf_errors.DXFUnauthorizedError):  # dxf's name for HTTP 401
+        who = f"as {creds.username} (from {creds.source})" if creds else "anonymously"
+        return f"authentication failed {who}"
     if isinstance(exc, requests.HTTPError) and exc.response is not None:
         status = exc.response.status_code
-        if status == 401:
-            who = f"as {creds.username} (from {creds.source})" if creds else "anonymously"
-            return f"authentication failed {who}"
         if status == 403:
             return "access denied (HTTP 403)"
         if status == 404:
