@@ -504,7 +504,7 @@ class RegistryImages:
         if results:
             results[-1].notes.append(
                 f"registry: fetched {_human(stats.fetched)} over the network and"
-                f" {_human(stats.cached)} from the cache; all platforms' layers:"
+                f" {_human(stats.cached)} from the cache; the image's distinct layers:"
                 f" {_human(size)} compressed"
             )
 
