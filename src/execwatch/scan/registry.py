@@ -39,6 +39,10 @@ from execwatch.scan.sources import (
 )
 from execwatch.scan.sources import _descriptor_platform as descriptor_platform
 
+class RegistryError(ScanInputError):
+    """The registry could not be read: authentication, TLS, network, HTTP status, digest."""
+
+
 DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "registry-1.docker.io"
 ACCEPT = ", ".join(sorted(INDEX_TYPES | MANIFEST_TYPES))
@@ -402,7 +406,7 @@ class _Translate:
             return
         message = describe_error(exc, self.ref, self.creds)
         if message is not None:
-            raise ScanInputError(f"{self.ref}: {self.what}: {message}") from exc
+            raise RegistryError(f"{self.ref}: {self.what}: {message}") from exc
 
 
 def describe_error(exc: BaseException, ref: Reference, creds: Credentials | None) -> str | None:
@@ -590,7 +594,7 @@ def _image(
             Layer(ld["digest"], ld["mediaType"], ld["digest"], _opener(client, ld["digest"], size))
         )
     label = f"{ref.registry}/{ref.repository}@{digest}"
-    return ImageSource(label, descriptor_platform(desc or {}), config, layers)
+    return ImageSource(label, descriptor_platform(desc or {}), config, layers, digest)
 
 
 def _opener(client: RegistryClient, digest: str, size: int) -> Callable[[], IO[bytes]]:
