@@ -39,6 +39,7 @@ from execwatch.scan.sources import (
 )
 from execwatch.scan.sources import _descriptor_platform as descriptor_platform
 
+
 class RegistryError(ScanInputError):
     """The registry could not be read: authentication, TLS, network, HTTP status, digest."""
 
