@@ -103,7 +103,8 @@ def looks_like_reference(target: str) -> bool:
     if target.startswith("docker://"):
         return True
     first, _, rest = target.partition("/")
-    return bool(rest) and ("." in first or ":" in first or first == "localhost")
+    names_host = "." in first or ":" in first or first == "localhost"
+    return bool(rest) and names_host and re.fullmatch(_DOMAIN, first) is not None
 
 
 @dataclass
