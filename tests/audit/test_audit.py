@@ -186,6 +186,12 @@ def cluster(kube: KubeCluster, registry: Registry, pushed: dict[str, str]) -> di
     return {"hello": digest}
 
 
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache the tests that do not count scans share: each image is scanned once."""
+    return tmp_path_factory.mktemp("audit-cache")
+
+
 def audit(
     capsys: pytest.CaptureFixture[str],
     kube: KubeCluster,
@@ -232,8 +238,20 @@ def test_migration_readiness_of_a_mixed_cluster(
     registry: Registry,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
+    warm: Path,
 ) -> None:
-    code, out, _ = audit(capsys, kube, registry, tmp_path, "--arch", "arm64", "--format", "json")
+    code, out, _ = audit(
+        capsys,
+        kube,
+        registry,
+        tmp_path,
+        "--cache-dir",
+        str(warm),
+        "--arch",
+        "arm64",
+        "--format",
+        "json",
+    )
     doc = json.loads(out)
     assert code == 1
     assert doc["architectures"] == {"amd64": "1 node", "arm64": "planned"}
@@ -289,12 +307,42 @@ def test_sarif_and_table(
     registry: Registry,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
+    warm: Path,
 ) -> None:
-    code, out, _ = audit(capsys, kube, registry, tmp_path, "--arch", "arm64", "--format", "sarif")
+    code, out, _ = audit(
+        capsys,
+        kube,
+        registry,
+        tmp_path,
+        "--cache-dir",
+        str(warm),
+        "--arch",
+        "arm64",
+        "--format",
+        "sarif",
+    )
     rules = {r["ruleId"] for r in json.loads(out)["runs"][0]["results"]}
     assert code == 1 and rules == {"audit/would-fail", "audit/missing-platform"}
-    code, out, _ = audit(capsys, kube, registry, tmp_path, "--arch", "arm64")
-    assert "Migration readiness" in out and "/usr/bin/hello ★ missing-interpreter" in out
+    table = tmp_path / "report.txt"
+    code, out, _ = audit(
+        capsys,
+        kube,
+        registry,
+        tmp_path,
+        "--cache-dir",
+        str(warm),
+        "--arch",
+        "arm64",
+        "-o",
+        str(table),
+    )
+    text = table.read_text()
+    assert code == 1 and out == ""
+    assert "Migration readiness" in text and "main: /usr/bin/hello ★ missing-interpreter" in text
+    assert (
+        "6 workloads; per workload and architecture: 5 ready, 3 missing-platform, 2 would-fail"
+        in text
+    )
 
 
 def test_read_only_service_account_and_a_denied_one(
@@ -304,6 +352,7 @@ def test_read_only_service_account_and_a_denied_one(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     admin: client.ApiClient,
+    warm: Path,
 ) -> None:
     core, rbac = client.CoreV1Api(admin), client.RbacAuthorizationV1Api(admin)
     for name in ("auditor", "nobody"):
@@ -331,7 +380,13 @@ def test_read_only_service_account_and_a_denied_one(
     )
     assert code == 1 and len(json.loads(out)["workloads"]) == 6
     code, out, err = audit(
-        capsys, kube, registry, tmp_path, token=kube.service_account_token(NS, "nobody")
+        capsys,
+        kube,
+        registry,
+        tmp_path,
+        "--cache-dir",
+        str(warm),
+        token=kube.service_account_token(NS, "nobody"),
     )
     assert (code, out) == (2, "")
     assert err.startswith("execwatch audit: error: cluster: Forbidden") and err.count("\n") == 1

@@ -101,8 +101,8 @@ def _write(report: AuditReport, args: argparse.Namespace) -> None:
         if args.output:
             with open(args.output, "w", encoding="utf-8") as f:
                 print_table(report, Console(file=f, width=200))
-        else:
-            print_table(report, Console())
+        else:  # a pipe or a CI log gets the whole table, not 80 columns
+            print_table(report, Console() if sys.stdout.isatty() else Console(width=200))
         return
     text = to_json(report) if args.format == "json" else to_sarif(report)
     if not args.output:
