@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from collections.abc import Callable
 
 from kubernetes import client, config
@@ -23,6 +22,7 @@ from execwatch.audit.engine import AuditReport, ImageAuditor, Status, Tick, audi
 from execwatch.audit.inventory import read_cluster
 from execwatch.audit.report import print_table, to_json, to_sarif
 from execwatch.scan import registry
+from execwatch.scan.cli import write_report
 from execwatch.scan.limits import Limits
 
 EXIT_CLEAN, EXIT_FAILING, EXIT_BAD_INPUT = 0, 1, 2
@@ -104,12 +104,4 @@ def _write(report: AuditReport, args: argparse.Namespace) -> None:
         else:  # a pipe or a CI log gets the whole table, not 80 columns
             print_table(report, Console() if sys.stdout.isatty() else Console(width=200))
         return
-    text = to_json(report) if args.format == "json" else to_sarif(report)
-    if not args.output:
-        sys.stdout.write(text)
-        return
-    directory = os.path.dirname(os.path.abspath(args.output))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".execwatch-audit-")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, args.output)
+    write_report(to_json(report) if args.format == "json" else to_sarif(report), args.output)

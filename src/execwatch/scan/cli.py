@@ -122,13 +122,16 @@ def _write(report: ScanReport, args: argparse.Namespace) -> None:
         else:
             print_table(report, Console(), None if args.all else 50)
         return
-    text = TEXT_FORMATS[args.format](report)
-    if not args.output:
+    write_report(TEXT_FORMATS[args.format](report), args.output)
+
+
+def write_report(text: str, output: str | None) -> None:
+    """To stdout, or next to `output` then renamed: a failed run never leaves half a report."""
+    if not output:
         sys.stdout.write(text)
         return
-    # Write next to the destination, then rename: a failed scan never leaves half a report.
-    directory = os.path.dirname(os.path.abspath(args.output))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".execwatch-scan-")
+    directory = os.path.dirname(os.path.abspath(output))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".execwatch-report-")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
-    os.replace(tmp, args.output)
+    os.replace(tmp, output)
