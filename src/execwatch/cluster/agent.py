@@ -49,7 +49,7 @@ def run(
     from execwatch.diagnosis import FileDiagnoser
     from execwatch.diagnosis.budget import SlowMounts
     from execwatch.metrics import NodeMetrics
-    from execwatch.pipeline import NodePipeline
+    from execwatch.pipeline import CountsPruner, NodePipeline
     from execwatch.probe import Probe
     from execwatch.probe.events import boot_to_epoch_offset
 
@@ -70,4 +70,5 @@ def run(
         log.info("agent tracing", extra={"kv": {"node": publisher.config.node}})
         if ready is not None:
             ready.set()
-        pipeline.run(probe, stop)
+        with CountsPruner(probe, attributor.cgroup_alive):
+            pipeline.run(probe, stop)
