@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from execwatch.cluster import errors
 from execwatch.cluster.crd import Record
 from execwatch.cluster.safe import fit_bytes, printable
 from execwatch.record import Reason
@@ -111,8 +112,6 @@ class EventWriter:
 
     def record(self, rec: Record, pod: dict[str, Any], container_index: str | None) -> bool:
         """Fold `rec` into its pod's series Event. True if written, False if already there."""
-        from kubernetes.client.exceptions import ApiException
-
         meta = pod["metadata"]
         ns, pod_name, pod_uid = meta["namespace"], meta["name"], meta["uid"]
         name = series_name(rec, pod_name, pod_uid)
@@ -121,11 +120,10 @@ class EventWriter:
             state = self._get(ns, name)
             if state is None:
                 try:
-                    self._create(rec, ns, name, pod_name, pod_uid, marker, container_index)
+                    with errors.translate():
+                        self._create(rec, ns, name, pod_name, pod_uid, marker, container_index)
                     return True
-                except ApiException as exc:
-                    if exc.status != 409:
-                        raise
+                except errors.ConflictError:
                     self._forget(name)
                     continue
             if any(m == marker for m in state.records):
@@ -135,17 +133,14 @@ class EventWriter:
                 # already folded in and deleted (its create's answer was lost). Not new.
                 raise DuplicateRecord(rec.name)
             try:
-                self._patch(rec, ns, name, state, marker)
+                with errors.translate():
+                    self._patch(rec, ns, name, state, marker)
                 return True
-            except ApiException as exc:
-                if exc.status not in (404, 409):
-                    raise
+            except (errors.ConflictError, errors.NotFoundError):
                 self._forget(name)
         raise EventConflict(name)
 
     def _get(self, ns: str, name: str) -> _Series | None:
-        from kubernetes.client.exceptions import ApiException
-
         key = f"{ns}/{name}"
         with self._lock:
             cached = self._cache.get(key)
@@ -153,13 +148,12 @@ class EventWriter:
                 self._cache.move_to_end(key)
                 return cached
         try:
-            resp = self._api.read_namespaced_event(
-                name, ns, _request_timeout=self.timeout, _preload_content=False
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+            with errors.translate():
+                resp = self._api.read_namespaced_event(
+                    name, ns, _request_timeout=self.timeout, _preload_content=False
+                )
+        except errors.NotFoundError:
+            return None
         ev = json.loads(resp.data)
         meta = ev.get("metadata") or {}
         series = int((ev.get("series") or {}).get("count") or 1)

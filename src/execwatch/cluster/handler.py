@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from execwatch.attribution.metadata import workload_from_owner
-from execwatch.cluster import crd
+from execwatch.cluster import crd, errors
 from execwatch.cluster.events import DuplicateRecord, EventWriter, event_reason
 from execwatch.cluster.lease import LeaseConfig, LeaseElector
 from execwatch.cluster.metrics import HandlerMetrics
@@ -64,6 +64,10 @@ class HandlerConfig:
 
 class Retry(Exception):
     """The record could not be handled now (API trouble, lost leadership); try later."""
+
+    def __init__(self, why: str, error: errors.ApiError | None = None) -> None:
+        super().__init__(why)
+        self.error = error
 
 
 @dataclass
@@ -132,11 +136,6 @@ class WorkQueue:
     def __len__(self) -> int:
         with self._cond:
             return len(self._items)
-
-
-def _status(exc: BaseException) -> int:
-    status = getattr(exc, "status", 0)
-    return int(status) if isinstance(status, int) else 0
 
 
 def workload_of(pod: dict[str, Any]) -> tuple[str, str]:
@@ -279,15 +278,12 @@ class Handler:
             except Exception as exc:
                 if term.is_set():
                     return
-                status = _status(exc)
-                if status == 410:
+                err = errors.classify(exc)
+                if isinstance(err, errors.ExpiredError):
                     rv = None
-                self.metrics.api_errors.labels("watch", str(status)).inc()
-                log.warning(
-                    "watch interrupted",
-                    extra={"kv": {"status": status, "error": type(exc).__name__}},
-                )
-                term.wait(backoff * random.uniform(0.8, 1.2))
+                self.metrics.api_errors.labels("watch", errors.code(err)).inc()
+                log.warning("watch interrupted", extra={"kv": errors.as_dict(err)})
+                term.wait(errors.delay(err, backoff * random.uniform(0.8, 1.2)))
                 backoff = min(self.config.retry_max, backoff * 2)
 
     def _watch_once(self, rv: str, term: threading.Event) -> str | None:
@@ -298,18 +294,8 @@ class Handler:
         split with the client's own `iter_resp_lines`."""
         from kubernetes.watch.watch import iter_resp_lines
 
-        resp = self._custom.list_namespaced_custom_object(
-            crd.GROUP,
-            crd.VERSION,
-            self.config.namespace,
-            crd.PLURAL,
-            watch=True,
-            resource_version=rv,
-            allow_watch_bookmarks=True,
-            timeout_seconds=self.config.watch_timeout,
-            _preload_content=False,
-            _request_timeout=(self.config.request_timeout, self.config.watch_timeout + 30),
-        )
+        with errors.translate():
+            resp = self._watch_request(rv)
         with self._watch_lock:
             self._watch_resp = resp
         try:
@@ -323,10 +309,11 @@ class Handler:
                 event = json.loads(line)
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
-                    if obj.get("code") == 410:
+                    err = errors.from_status(int(obj.get("code") or 0), str(obj.get("reason")))
+                    if isinstance(err, errors.ExpiredError):
                         log.info("watch expired, re-listing")
                         return None
-                    raise RuntimeError(f"watch error {obj.get('code')}")
+                    raise err
                 rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
                 if kind in ("ADDED", "MODIFIED"):
                     self.queue.add(obj)
@@ -337,6 +324,20 @@ class Handler:
             with self._watch_lock:
                 self._watch_resp = None
             resp.release_conn()
+
+    def _watch_request(self, rv: str) -> Any:
+        return self._custom.list_namespaced_custom_object(
+            crd.GROUP,
+            crd.VERSION,
+            self.config.namespace,
+            crd.PLURAL,
+            watch=True,
+            resource_version=rv,
+            allow_watch_bookmarks=True,
+            timeout_seconds=self.config.watch_timeout,
+            _preload_content=False,
+            _request_timeout=(self.config.request_timeout, self.config.watch_timeout + 30),
+        )
 
     def _interrupt_watch(self) -> None:
         with self._watch_lock:
@@ -364,6 +365,8 @@ class Handler:
                 delay = self.queue.retry_delay(
                     name, self.config.retry_initial, self.config.retry_max
                 )
+                if exc.error is not None:
+                    delay = errors.delay(exc.error, delay)
                 log.info(
                     "will retry record",
                     extra={"kv": {"record": name, "why": str(exc), "delay": round(delay, 2)}},
@@ -457,14 +460,14 @@ class Handler:
         except DuplicateRecord:
             self._finish_duplicate(rec)
             return
-        except Exception as exc:
-            status = _status(exc)
-            self.metrics.api_errors.labels("event", str(status)).inc()
-            if status not in (400, 422):
-                raise Retry(f"event: {type(exc).__name__} {status}") from None
-            # The API server judged the Event itself invalid: retrying cannot fix it, and
-            # the failure must still be labelled and counted.
-            log.error("event refused", extra={"kv": {"record": rec.name, "status": status}})
+        except errors.PermanentError as err:
+            # The API server (or an admission webhook) refused the Event itself: retrying
+            # cannot fix it, and the failure must still be labelled and counted.
+            self.metrics.api_errors.labels("event", errors.code(err)).inc()
+            log.error("event refused", extra={"kv": {"record": rec.name, **errors.as_dict(err)}})
+        except errors.ApiError as err:
+            self.metrics.api_errors.labels("event", errors.code(err)).inc()
+            raise Retry(f"event: {err}", err) from None
         if self.config.label_pods:
             self._label(rec, pod)
         if self._delete(rec.name, rec.uid):
@@ -500,27 +503,24 @@ class Handler:
             )
 
     def _get_pod(self, rec: crd.Record) -> dict[str, Any] | None:
-        from kubernetes.client.exceptions import ApiException
-
         self._fence()
         try:
-            # Raw JSON, not a V1Pod: model deserialisation costs more than the request.
-            resp = self._core.read_namespaced_pod(
-                rec.pod,
-                rec.namespace,
-                _request_timeout=self.config.request_timeout,
-                _preload_content=False,
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            self.metrics.api_errors.labels("get_pod", str(exc.status)).inc()
-            if exc.status in (400, 403, 422):
-                raise crd.InvalidRecord("pod_forbidden", f"cannot read pod: {exc.status}") from None
-            raise Retry(f"get pod: {exc.status}") from None
-        except Exception as exc:
-            self.metrics.api_errors.labels("get_pod", "0").inc()
-            raise Retry(f"get pod: {type(exc).__name__}") from None
+            with errors.translate():
+                # Raw JSON, not a V1Pod: model deserialisation costs more than the request.
+                resp = self._core.read_namespaced_pod(
+                    rec.pod,
+                    rec.namespace,
+                    _request_timeout=self.config.request_timeout,
+                    _preload_content=False,
+                )
+        except errors.NotFoundError:
+            return None
+        except errors.PermanentError as err:
+            self.metrics.api_errors.labels("get_pod", errors.code(err)).inc()
+            raise crd.InvalidRecord("pod_forbidden", f"cannot read pod: {err.status}") from None
+        except errors.ApiError as err:
+            self.metrics.api_errors.labels("get_pod", errors.code(err)).inc()
+            raise Retry(f"get pod: {err}", err) from None
         data: dict[str, Any] = json.loads(resp.data)
         if rec.pod_uid and data["metadata"].get("uid") != rec.pod_uid:
             return None
@@ -533,44 +533,45 @@ class Handler:
         self._fence()
         body = {"metadata": {"labels": {LABEL: value}}}
         try:
-            self._core.patch_namespaced_pod(
-                rec.pod,
-                rec.namespace,
-                body,
-                _request_timeout=self.config.request_timeout,
-                _content_type="application/merge-patch+json",
-                _preload_content=False,
-            )
-        except Exception as exc:
-            status = _status(exc)
-            self.metrics.api_errors.labels("label_pod", str(status)).inc()
-            if status == 404:
-                return  # the pod went away between get and patch: the Event is enough
-            raise Retry(f"label pod: {status}") from None
+            with errors.translate():
+                self._core.patch_namespaced_pod(
+                    rec.pod,
+                    rec.namespace,
+                    body,
+                    _request_timeout=self.config.request_timeout,
+                    _content_type="application/merge-patch+json",
+                    _preload_content=False,
+                )
+        except errors.NotFoundError:
+            return  # the pod went away between get and patch: the Event is enough
+        except errors.PermanentError as err:
+            # Refused (RBAC, another admission webhook): the label is skipped, the
+            # failure still counted; retrying would only be refused again.
+            self.metrics.api_errors.labels("label_pod", errors.code(err)).inc()
+            log.warning("label refused", extra={"kv": {"record": rec.name, **errors.as_dict(err)}})
+        except errors.ApiError as err:
+            self.metrics.api_errors.labels("label_pod", errors.code(err)).inc()
+            raise Retry(f"label pod: {err}", err) from None
 
     def _delete(self, name: str, uid: str) -> bool:
         """Delete the record if it is still this UID. True only for the call that did it."""
-        from kubernetes.client.exceptions import ApiException
-
         self._fence()
         try:
-            self._custom.delete_namespaced_custom_object(
-                crd.GROUP,
-                crd.VERSION,
-                self.config.namespace,
-                crd.PLURAL,
-                name,
-                body=self._client.V1DeleteOptions(
-                    preconditions=self._client.V1Preconditions(uid=uid)
-                ),
-                _request_timeout=self.config.request_timeout,
-            )
+            with errors.translate():
+                self._custom.delete_namespaced_custom_object(
+                    crd.GROUP,
+                    crd.VERSION,
+                    self.config.namespace,
+                    crd.PLURAL,
+                    name,
+                    body=self._client.V1DeleteOptions(
+                        preconditions=self._client.V1Preconditions(uid=uid)
+                    ),
+                    _request_timeout=self.config.request_timeout,
+                )
             return True
-        except ApiException as exc:
-            if exc.status in (404, 409):
-                return False  # already deleted (by us before a crash, or by the other replica)
-            self.metrics.api_errors.labels("delete", str(exc.status)).inc()
-            raise Retry(f"delete: {exc.status}") from None
-        except Exception as exc:
-            self.metrics.api_errors.labels("delete", "0").inc()
-            raise Retry(f"delete: {type(exc).__name__}") from None
+        except (errors.NotFoundError, errors.ConflictError):
+            return False  # already deleted (by us before a crash, or by the other replica)
+        except errors.ApiError as err:
+            self.metrics.api_errors.labels("delete", errors.code(err)).inc()
+            raise Retry(f"delete: {err}", err) from None

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from execwatch.cluster import errors
+
 log = logging.getLogger(__name__)
 
 
@@ -82,7 +84,11 @@ class LeaseElector:
         cfg = self.config
         try:
             while not stop.is_set():
-                ok = self._try_acquire_or_renew()
+                try:
+                    ok = self._try_acquire_or_renew()
+                except Exception:  # a bug or an unparseable answer must not end the campaign
+                    log.exception("lease round failed")
+                    ok = False
                 now = self.clock()
                 if ok:
                     self._renewed_at = now
@@ -105,17 +111,13 @@ class LeaseElector:
         self.on_change(False)
 
     def _try_acquire_or_renew(self) -> bool:
-        from kubernetes.client.exceptions import ApiException
-
         cfg, c = self.config, self._client
         try:
-            lease = self._api.read_namespaced_lease(
-                cfg.name, cfg.namespace, _request_timeout=cfg.request_timeout
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                log.info("cannot read lease", extra={"kv": {"status": exc.status}})
-                return False
+            with errors.translate():
+                lease = self._api.read_namespaced_lease(
+                    cfg.name, cfg.namespace, _request_timeout=cfg.request_timeout
+                )
+        except errors.NotFoundError:
             body = c.V1Lease(
                 metadata=c.V1ObjectMeta(name=cfg.name, namespace=cfg.namespace),
                 spec=c.V1LeaseSpec(
@@ -131,10 +133,8 @@ class LeaseElector:
                     cfg.namespace, body, _request_timeout=cfg.request_timeout
                 )
             )
-        except Exception as exc:  # connection refused, timeout: not an answer
-            log.info(
-                "cannot reach API server for lease", extra={"kv": {"error": type(exc).__name__}}
-            )
+        except errors.ApiError as err:  # refused, no answer, timeout
+            log.info("cannot read lease", extra={"kv": errors.as_dict(err)})
             return False
 
         spec = lease.spec or c.V1LeaseSpec()
@@ -162,10 +162,10 @@ class LeaseElector:
     def _write(self, call: Callable[[], Any]) -> bool:
         """Create/replace the Lease; a 409 means another replica got there first."""
         try:
-            written = call()
-        except Exception as exc:
-            status = getattr(exc, "status", 0)
-            log.info("lease write failed", extra={"kv": {"status": status}})
+            with errors.translate():
+                written = call()
+        except errors.ApiError as err:
+            log.info("lease write failed", extra={"kv": errors.as_dict(err)})
             return False
         spec = written.spec
         self._observed = (spec.holder_identity or "", str(spec.renew_time))
