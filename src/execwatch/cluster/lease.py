@@ -79,6 +79,11 @@ class LeaseElector:
             self.clock() - self._renewed_at < self.config.renew_deadline
         )
 
+    def sole_actor(self) -> bool:
+        """True while no other replica can have taken the Lease since our last renew
+        (it must first see the Lease unchanged for a whole lease duration)."""
+        return self.clock() - self._renewed_at < self.config.lease_duration
+
     def run(self, stop: threading.Event) -> None:
         """Campaign and renew until `stop`; then release the Lease if we hold it."""
         cfg = self.config
