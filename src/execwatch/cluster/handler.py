@@ -137,6 +137,7 @@ class Handler:
         self._lock = threading.Lock()
         self._recent: OrderedDict[str, str] = OrderedDict()  # record name -> uid, handled
         self._unsure: dict[str, _Unsure] = {}
+        self._term_threads: list[threading.Thread] = []
         self._busy = 0
         self.handled = 0
 
@@ -168,24 +169,27 @@ class Handler:
         if leading:
             self._term = threading.Event()
             self.queue.clear()
-            loops: list[tuple[Callable[[threading.Event], None], str]] = [(self._lead, "watch")]
+            loops: list[tuple[Callable[[threading.Event], None], str]] = [
+                (self.watcher.run, "watch")
+            ]
             loops += [(self._work_loop, f"work-{i}") for i in range(self.config.workers)]
+            self._term_threads = []
             for target, name in loops:
                 t = threading.Thread(
                     target=target, args=(self._term,), name=f"execwatch-{name}", daemon=True
                 )
                 t.start()
+                self._term_threads.append(t)
                 self._threads.append(t)
         else:
             self._term.set()
             self.watcher.interrupt()
             self.queue.clear()
-            # Still before anyone else may take the Lease: settle what we may have deleted.
-            threading.Thread(target=self._resolve_unsure, name="execwatch-resolve").start()
-
-    def _lead(self, term: threading.Event) -> None:
-        self._resolve_unsure()  # left from an earlier term
-        self.watcher.run(term)
+            # Before the Lease is released or can expire: let the in-flight calls end,
+            # then settle the deletes whose answers were lost.
+            for t in self._term_threads:
+                t.join(timeout=max(0.0, self.elector.sole_time_left()))
+            self._resolve_unsure()
 
     # -- working ---------------------------------------------------------------------
 
@@ -439,24 +443,25 @@ class Handler:
     def _resolve_unsure(self) -> None:
         """List each unsure record by name: gone means our delete removed it. Only while
         no other replica can have taken the Lease; after that, it is reported unresolved."""
+        while self.elector.sole_actor():
+            with self._lock:
+                pending = dict(self._unsure)
+            if not pending:
+                return
+            for name, unsure in pending.items():
+                try:
+                    uids = self.watcher.uids_named(name)
+                except errors.ApiError:
+                    continue  # try again while the window lasts
+                if unsure.uid in uids:
+                    with self._lock:
+                        self._unsure.pop(name, None)  # still there: whoever leads handles it
+                else:
+                    self._settle(name, unsure.uid)
+            time.sleep(0.05)
         with self._lock:
-            pending = dict(self._unsure)
-        for name, unsure in pending.items():
-            if not self.elector.sole_actor():
-                break
-            try:
-                uids = self.watcher.uids_named(name)
-            except errors.ApiError:
-                continue
-            if unsure.uid in uids:
-                with self._lock:
-                    self._unsure.pop(name, None)  # still there: whoever leads handles it
-            else:
-                self._settle(name, unsure.uid)
-        with self._lock:
-            left = len(self._unsure) if not self.elector.is_leader() else 0
-            if left:
-                self._unsure.clear()
+            left = len(self._unsure)
+            self._unsure.clear()
         if left:
             self.metrics.records.labels("unresolved").inc(left)
             log.error("records left unresolved at failover", extra={"kv": {"count": left}})
