@@ -184,11 +184,11 @@ class Handler:
         else:
             self._term.set()
             self.watcher.interrupt()
-            self.queue.clear()
             # Before the Lease is released or can expire: let the in-flight calls end,
             # then settle the deletes whose answers were lost.
             for t in self._term_threads:
                 t.join(timeout=max(0.0, self.elector.sole_time_left()))
+            self.queue.clear()
             self._resolve_unsure()
 
     # -- working ---------------------------------------------------------------------
@@ -255,8 +255,10 @@ class Handler:
             self._finish(name, uid, lambda: self._invalid(kind, None))
             return
         with self._lock:
-            seen_uid = self._recent.get(rec.name, rec.uid)
-        if seen_uid != rec.uid:
+            seen_uid = self._recent.get(rec.name, "")
+        if seen_uid == rec.uid:
+            return  # a stale retry of a record already removed and counted
+        if seen_uid:
             # An agent re-created a record we already handled (its create answer was lost).
             self._finish_duplicate(rec)
             return
@@ -319,11 +321,11 @@ class Handler:
         self.metrics.invalid.labels(kind).inc()
         self.metrics.records.labels("invalid").inc()
         if rec is not None:
-            self._remember(rec)
+            self._remember()
 
     def _done(self, rec: crd.Record, result: str) -> None:
         self.metrics.records.labels(result).inc()
-        self._remember(rec)
+        self._remember()
         log.info(
             "record handled",
             extra={
@@ -337,12 +339,17 @@ class Handler:
             },
         )
 
-    def _remember(self, rec: crd.Record) -> None:
+    def _remember(self) -> None:
         with self._lock:
             self.handled += 1
-            self._recent[rec.name] = rec.uid
-            while len(self._recent) > 8192:
-                self._recent.popitem(last=False)
+
+    def _mark_removed(self, name: str, uid: str) -> None:
+        """Called with the lock held, by whoever is about to count a record: later
+        sightings of this name/uid are stale, another uid is an agent's re-creation."""
+        self._unsure.pop(name, None)
+        self._recent[name] = uid
+        while len(self._recent) > 8192:
+            self._recent.popitem(last=False)
 
     def _finish_duplicate(self, rec: crd.Record) -> None:
         def duplicate() -> None:
@@ -378,14 +385,8 @@ class Handler:
             return False
         except EventConflict as exc:
             raise Retry(f"event: {exc}") from None
-        except errors.PermanentError as err:
-            # The API server (or an admission webhook) refused the Event itself: retrying
-            # cannot fix it, and the failure must still be labelled and counted.
-            self.metrics.api_errors.labels("event", errors.code(err)).inc()
-            log.error("event refused", extra={"kv": {"record": rec.name, **errors.as_dict(err)}})
         except errors.ApiError as err:
-            self.metrics.api_errors.labels("event", errors.code(err)).inc()
-            raise Retry(f"event: {err}", err) from None
+            self._skip_if_refused("event", rec, err)
         return True
 
     def _label(self, rec: crd.Record, pod: Pod) -> None:
@@ -394,19 +395,30 @@ class Handler:
             self.pods.label(pod, event_reason(rec.reason))
         except (errors.NotFoundError, errors.ConflictError):
             self.pods.forget(pod)  # gone or replaced since it was read: the Event is enough
-        except errors.PermanentError as err:
-            # Refused (RBAC, another admission webhook): the label is skipped, the
-            # failure still counted; retrying would only be refused again.
-            self.metrics.api_errors.labels("label_pod", errors.code(err)).inc()
-            log.warning("label refused", extra={"kv": {"record": rec.name, **errors.as_dict(err)}})
         except errors.ApiError as err:
-            self.metrics.api_errors.labels("label_pod", errors.code(err)).inc()
-            raise Retry(f"label pod: {err}", err) from None
+            self._skip_if_refused("label_pod", rec, err)
+
+    def _skip_if_refused(self, verb: str, rec: crd.Record, err: errors.ApiError) -> None:
+        """The Event and the label are extras: a permanent refusal (400/403/422 from
+        validation, RBAC or another admission webhook) skips the step and the failure is
+        still counted, since retrying would only be refused again. Anything else: retry."""
+        self.metrics.api_errors.labels(verb, errors.code(err)).inc()
+        if not isinstance(err, errors.PermanentError):
+            raise Retry(f"{verb}: {err}", err) from None
+        log.warning(f"{verb} refused", extra={"kv": {"record": rec.name, **errors.as_dict(err)}})
 
     def _finish(self, name: str, uid: str, outcome: Callable[[], None]) -> None:
-        """Delete the record (UID precondition) and run `outcome` exactly once: now if
-        this delete removed it, later if its answer was lost (see `_settle`)."""
+        """Delete the record (UID precondition) and run `outcome` exactly once, for the
+        delete that removed it, whoever learns of the removal first.
+
+        The record is "unsure" from before the request is sent until a definite answer:
+        the watch's DELETED for this delete may arrive before the delete's own answer, or
+        instead of it when that answer is lost; `_settle` then counts it."""
         self._fence()
+        with self._lock:
+            if self._recent.get(name) == uid:
+                return  # counted already: a stale retry
+            self._unsure[name] = _Unsure(uid, outcome)
         try:
             self.rest.call(
                 "DELETE",
@@ -420,13 +432,12 @@ class Handler:
             return
         except errors.ApiError as err:
             self.metrics.api_errors.labels("delete", errors.code(err)).inc()
-            if err.may_have_acted:
+            if not err.may_have_acted:  # a definite "not done"
                 with self._lock:
-                    self._unsure[name] = _Unsure(uid, outcome)
+                    if (unsure := self._unsure.get(name)) is not None and unsure.uid == uid:
+                        del self._unsure[name]
             raise Retry(f"delete: {err}", err) from None
-        with self._lock:
-            self._unsure.pop(name, None)
-        outcome()
+        self._settle(name, uid)
 
     def _settle(self, name: str, uid: str) -> None:
         """The record `name`/`uid` is gone: count it if our delete may have removed it."""
@@ -434,7 +445,7 @@ class Handler:
             unsure = self._unsure.get(name)
             if unsure is None or unsure.uid != uid:
                 return
-            del self._unsure[name]
+            self._mark_removed(name, uid)
         unsure.count()
 
     def _deleted(self, name: str, uid: str) -> None:

@@ -123,6 +123,7 @@ class _Sealed:
     count: int
     source: _Pending
     attempts: int = 0
+    maybe_created: bool = False  # an earlier attempt may have created it
 
 
 def aggregation_key(failure: ExecFailure) -> Key:
@@ -329,7 +330,10 @@ class Publisher:
                 self._sending = None
                 if sealed.attempts == 1:
                     self.metrics.spooled.inc()
-                if err.ambiguous:
+                # Once an attempt may have created the record, only its own name may carry
+                # these failures: a later definite refusal does not undo that creation.
+                sealed.maybe_created |= err.ambiguous
+                if sealed.maybe_created:
                     self._retry.append(sealed)
                 else:
                     self._unseal(sealed)
