@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
 from execwatch.cluster.publisher import Publisher
+
+if TYPE_CHECKING:
+    from execwatch.pipeline import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -40,26 +43,32 @@ def run(
     registry: CollectorRegistry,
     window: float = 1.0,
     ready: threading.Event | None = None,
+    heartbeat: Heartbeat | None = None,
 ) -> None:
     """Trace failed execs and publish them until `stop`; needs root and BPF."""
     from execwatch.diagnosis import FileDiagnoser
+    from execwatch.diagnosis.budget import SlowMounts
     from execwatch.metrics import NodeMetrics
-    from execwatch.pipeline import NodePipeline
+    from execwatch.pipeline import CountsPruner, NodePipeline
     from execwatch.probe import Probe
     from execwatch.probe.events import boot_to_epoch_offset
 
     with Probe() as probe:
         node_metrics = NodeMetrics(registry, probe)
+        slow = SlowMounts()
         pipeline = NodePipeline(
-            FileDiagnoser.for_host(attributor),
+            FileDiagnoser.for_host(attributor, slow),
             publisher.submit,
             epoch_offset=boot_to_epoch_offset(),
             attributor=attributor,
             observer=node_metrics,
             window=window,
+            slow=slow,
+            heartbeat=heartbeat,
         )
         probe.open_ring_buffer(pipeline.on_record)
         log.info("agent tracing", extra={"kv": {"node": publisher.config.node}})
         if ready is not None:
             ready.set()
-        pipeline.run(probe, stop)
+        with CountsPruner(probe, attributor.cgroup_alive):
+            pipeline.run(probe, stop)

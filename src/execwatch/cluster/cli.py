@@ -157,6 +157,7 @@ def run_agent(args: argparse.Namespace) -> int:
     """Probe + attribution + publisher: what the DaemonSet runs on every node."""
     from execwatch.attribution import Attributor
     from execwatch.cluster import agent
+    from execwatch.pipeline import Heartbeat
     from execwatch.probe import ProbeError
     from execwatch.trace import stop_on_signals
 
@@ -175,11 +176,19 @@ def run_agent(args: argparse.Namespace) -> int:
         PublisherMetrics(registry=registry),
     )
     pods = agent.pod_cache(args.node, api) if args.pod_metadata == "api" else None
-    server = serve(parse_address(args.metrics_address), registry)
+    heartbeat = Heartbeat()  # /healthz: the consume loop goes round
+    server = serve(parse_address(args.metrics_address), registry, heartbeat.problem)
     try:
         with stop_on_signals() as stop, Attributor(pods=pods) as attributor:
             publisher.start()
-            agent.run(publisher, attributor, stop, registry=registry, window=args.window)
+            agent.run(
+                publisher,
+                attributor,
+                stop,
+                registry=registry,
+                window=args.window,
+                heartbeat=heartbeat,
+            )
     except (ProbeError, OSError, ValueError) as exc:
         print(f"execwatch: {exc}", file=sys.stderr)
         return 2

@@ -13,6 +13,7 @@ import re
 
 from execwatch.text import safe_text
 
+# Matched with fullmatch: `$` alone would accept a trailing newline ("x\n").
 _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 
 
@@ -31,8 +32,7 @@ def fit_bytes(text: str, limit: int) -> str:
 
 
 def is_label_value(value: str) -> bool:
-    """True if `value` is a valid Kubernetes label value (63 chars, alnum ends). A full
-    match: `$` would also accept a trailing newline."""
+    """True if `value` is a valid Kubernetes label value (63 chars, alnum ends)."""
     return len(value) <= 63 and _LABEL_VALUE.fullmatch(value) is not None
 
 

@@ -8,21 +8,29 @@ name taken from the input (digests, archive paths) is validated before it is use
 from __future__ import annotations
 
 import hashlib
-import json
+import io
 import os
 import posixpath
 import re
 import stat
 import tarfile
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 from execwatch.binfmt import Platform
-from execwatch.scan.errors import ScanInputError
-from execwatch.scan.limits import Limits, Readable, decompressed
+from execwatch.scan.errors import CorruptInput, LimitExceeded, ScanInputError
+from execwatch.scan.limits import (
+    GZIP_MAGIC,
+    ZSTD_MAGIC,
+    Limits,
+    Readable,
+    Tally,
+    check_tar_end,
+    decompressed,
+    parse_json,
+)
 
 INDEX_TYPES = {
     "application/vnd.oci.image.index.v1+json",
@@ -43,7 +51,7 @@ LAYER_TYPES = {
     "application/vnd.docker.image.rootfs.diff.tar.gzip",
     "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip",
 }
-_DIGEST = re.compile(r"^(sha256:[a-f0-9]{64}|sha512:[a-f0-9]{128})$")
+_DIGEST = re.compile(r"sha256:[a-f0-9]{64}|sha512:[a-f0-9]{128}")
 ATTESTATION = "attestation-manifest"
 
 
@@ -63,6 +71,7 @@ class ImageSource:
     platform: Platform | None
     config: dict[str, Any]
     layers: list[Layer] = field(default_factory=list)
+    digest: str | None = None  # the manifest's digest; for a legacy docker save, the image ID
 
     def config_platform(self) -> Platform | None:
         arch = self.config.get("architecture")
@@ -97,7 +106,7 @@ class BlobStore:
         return True
 
     def blob_path(self, digest: str) -> str:
-        if not isinstance(digest, str) or not _DIGEST.match(digest):
+        if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
             raise ScanInputError(f"{self.label}: invalid digest {digest!r}")
         algorithm, hexdigest = digest.split(":", 1)
         return f"blobs/{algorithm}/{hexdigest}"
@@ -105,14 +114,9 @@ class BlobStore:
     def json(self, path: str, limits: Limits, digest: str | None = None) -> Any:
         with self.open(path) as f:
             raw = f.read(limits.max_json_bytes + 1)
-        if len(raw) > limits.max_json_bytes:
-            raise ScanInputError(f"{self.label}: {path} is larger than {limits.max_json_bytes}")
-        if digest is not None:
+        if digest is not None and len(raw) <= limits.max_json_bytes:
             check_digest(raw, digest, f"{self.label}: {path}")
-        try:
-            return json.loads(raw)
-        except (ValueError, RecursionError) as exc:
-            raise ScanInputError(f"{self.label}: {path} is not valid JSON") from exc
+        return parse_json(raw, f"{self.label}: {path}", limits)
 
 
 def check_digest(raw: bytes, digest: str, what: str) -> None:
@@ -151,27 +155,44 @@ def directory_store(root: str) -> BlobStore:
     return BlobStore(opener, root)
 
 
+@dataclass(frozen=True, slots=True)
+class _Member:
+    """What locating and following one archive member needs (a TarInfo weighs ~10x more)."""
+
+    offset: int
+    type: bytes
+    linkname: str
+
+
+def _member_name(name: str) -> str:
+    return "/".join(p for p in name.split("/") if p not in ("", "."))
+
+
+def _follow(members: dict[str, _Member], rel: str, label: str) -> str | None:
+    """The regular member `rel` names, through links; None when it does not exist."""
+    name = rel
+    for _ in range(16):  # old docker save links duplicate layers: <id>/layer.tar -> ../x/...
+        member = members.get(name)
+        if member is None:
+            return None
+        if member.type in (tarfile.SYMTYPE, tarfile.LNKTYPE):
+            base = posixpath.dirname(name) if member.type == tarfile.SYMTYPE else ""
+            name = posixpath.normpath(safe_relative(posixpath.join(base, member.linkname), label))
+            continue
+        if member.type not in tarfile.REGULAR_TYPES:
+            raise ScanInputError(f"{label}: {rel} is not a regular file")
+        return name
+    raise ScanInputError(f"{label}: link loop at {rel}")
+
+
 def archive_store(tar: tarfile.TarFile, label: str) -> BlobStore:
-    members: dict[str, tarfile.TarInfo] = {}
-    for m in tar.getmembers():
-        parts = [p for p in m.name.split("/") if p not in ("", ".")]
-        members["/".join(parts)] = m
+    """An uncompressed image archive, read at random (members are seeked to)."""
+    infos = {_member_name(m.name): m for m in tar.getmembers()}
+    members = {name: _Member(m.offset, m.type, m.linkname) for name, m in infos.items()}
 
     def opener(rel: str) -> IO[bytes] | None:
-        name = rel
-        for _ in range(16):  # old docker save links duplicate layers: <id>/layer.tar -> ../x/...
-            member = members.get(name)
-            if member is None:
-                return None
-            if member.issym() or member.islnk():
-                base = posixpath.dirname(name) if member.issym() else ""
-                name = safe_relative(posixpath.join(base, member.linkname), label)
-                name = posixpath.normpath(name)
-                continue
-            if not member.isreg():
-                raise ScanInputError(f"{label}: {rel} is not a regular file")
-            return tar.extractfile(member)
-        raise ScanInputError(f"{label}: link loop at {rel}")
+        name = _follow(members, rel, label)
+        return None if name is None else tar.extractfile(infos[name])
 
     return BlobStore(opener, label)
 
@@ -271,7 +292,10 @@ def _manifest_image(
     label = f"{store.label}{'#' + ref if ref else ''}@{short}"
     if not isinstance(config, dict):
         raise ScanInputError(f"{store.label}: config {config_digest} is not an object")
-    return ImageSource(label, _descriptor_platform(desc), config, layers)
+    manifest_digest = desc.get("digest")
+    if not isinstance(manifest_digest, str):
+        manifest_digest = None
+    return ImageSource(label, _descriptor_platform(desc), config, layers, manifest_digest)
 
 
 def _opener(store: BlobStore, path: str) -> Callable[[], IO[bytes]]:
@@ -287,13 +311,16 @@ def docker_images(store: BlobStore, limits: Limits) -> list[ImageSource]:
     for entry in manifest:
         if not isinstance(entry, dict) or not isinstance(entry.get("Layers"), list):
             raise ScanInputError(f"{store.label}: malformed manifest.json entry")
-        config = store.json(str(entry.get("Config")), limits)
+        config_path = str(entry.get("Config"))
+        config = store.json(config_path, limits)
         if not isinstance(config, dict):
             raise ScanInputError(f"{store.label}: config is not an object")
         tags = entry.get("RepoTags") or []
         label = f"{store.label}#{tags[0]}" if tags and isinstance(tags[0], str) else store.label
         layers = [Layer(str(p), None, None, _opener(store, str(p))) for p in entry["Layers"]]
-        out.append(ImageSource(label, None, config, layers))
+        image_id = "sha256:" + posixpath.basename(config_path).removesuffix(".json")
+        digest = image_id if _DIGEST.fullmatch(image_id) else None
+        out.append(ImageSource(label, None, config, layers, digest))
     return out
 
 
@@ -306,30 +333,172 @@ def images_in_store(store: BlobStore, limits: Limits) -> list[ImageSource]:
     raise ScanInputError(f"{store.label}: neither an OCI layout nor a docker-save archive")
 
 
-def open_archive(path: str, stack: ExitStack, limits: Limits) -> tarfile.TarFile:
-    """Open an image archive for random access; a compressed one is first inflated, bounded."""
+ArchiveKind = Literal["image", "rootfs"]
+_IMAGE_MARKERS = ("oci-layout", "index.json", "manifest.json")
+_SMALL_MEMBER = 1 << 20  # JSON members kept from the survey: manifests, configs, oci-layout
+
+
+@dataclass
+class ArchiveSurvey:
+    """What one streaming pass over an archive's members learnt."""
+
+    kind: ArchiveKind
+    members: dict[str, _Member] = field(default_factory=dict)  # image archives only
+    small: dict[str, bytes] = field(default_factory=dict)  # metadata, read once
+
+
+def survey_archive(path: str, limits: Limits) -> ArchiveSurvey:
+    """Read an archive once, streaming: an image archive or a rootfs, and where is what?
+
+    Keeps the member table (up to max_archive_members) and the small metadata members
+    (manifests, indexes, configs: at most max_json_bytes in all). A truncated or corrupt
+    archive fails here, before anything is reported.
+    """
+    markers: set[str] = set()
+    members: dict[str, _Member] = {}
+    small: dict[str, bytes] = {}
+    small_bytes = count = 0
+    with open(path, "rb") as f:
+        stream = Tally(decompressed(f, path, limits, [0, 0]))
+        tar = tarfile.open(fileobj=stream, mode="r|")  # type: ignore[call-overload]  # noqa: SIM115
+        with tar:
+            while (member := tar.next()) is not None:
+                count += 1
+                if count > limits.max_entries:
+                    raise LimitExceeded(f"{path}: more than {limits.max_entries} tar entries")
+                _forget(tar)
+                name = _member_name(member.name)
+                if name in _IMAGE_MARKERS:
+                    markers.add(name)
+                if count > limits.max_archive_members:
+                    members.clear()  # a rootfs, or an image archive refused below
+                    continue
+                members[name] = _Member(member.offset, member.type, member.linkname)
+                if (
+                    member.isreg()
+                    and member.size <= _SMALL_MEMBER
+                    and _is_metadata(name)
+                    and small_bytes + member.size <= limits.max_json_bytes
+                    and (data := _read_json_member(tar, member)) is not None
+                ):
+                    small_bytes += member.size
+                    small[name] = data
+            check_tar_end(tar.offset, stream, path)
+    if {"oci-layout", "index.json"} <= markers or "manifest.json" in markers:
+        if count > limits.max_archive_members:
+            raise LimitExceeded(f"{path}: more than {limits.max_archive_members} archive members")
+        return ArchiveSurvey("image", members, small)
+    return ArchiveSurvey("rootfs")
+
+
+def _forget(tar: tarfile.TarFile) -> None:
+    """tarfile keeps every TarInfo it has read, even in stream mode: drop them."""
+    tar.members.clear()  # type: ignore[attr-defined]
+
+
+def _is_metadata(name: str) -> bool:
+    """Top-level files (index.json, manifest.json, <config>.json) and small blobs."""
+    return "/" not in name or name.startswith("blobs/")
+
+
+def _read_json_member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes | None:
+    """The member's bytes if it is JSON (manifests, indexes, configs); layers are not kept."""
+    data = tar.extractfile(member)
+    if data is None:
+        return None
+    first = data.read(1)
+    return first + data.read() if first in (b"{", b"[") else None
+
+
+def open_archive(path: str, stack: ExitStack, limits: Limits, survey: ArchiveSurvey) -> BlobStore:
+    """The blobs of an image archive. An uncompressed one is read at random; a compressed
+    one is streamed, never inflated to disk: metadata comes from the survey, and layers
+    from a decompression that restarts only when a layer lies before the last one read."""
     f: IO[bytes] = stack.enter_context(open(path, "rb"))  # noqa: SIM115
     magic = f.read(4)
     f.seek(0)
-    if magic[:2] == b"\x1f\x8b" or magic == b"\x28\xb5\x2f\xfd":
-        spool = stack.enter_context(tempfile.TemporaryFile())  # noqa: SIM115
-        stream = decompressed(f, path, limits, [0, 0])
-        while chunk := stream.read(1 << 20):
-            spool.write(chunk)
-        spool.seek(0)
-        f = spool
+    if magic[:2] == GZIP_MAGIC or magic == ZSTD_MAGIC:
+        rewinding = stack.enter_context(_Rewinding(path, limits))
+        return BlobStore(_streamed_opener(survey, rewinding, path), path)
     try:
-        return stack.enter_context(tarfile.open(fileobj=f, mode="r:"))
+        tar = stack.enter_context(tarfile.open(fileobj=f, mode="r:"))  # noqa: SIM115
     except tarfile.TarError as exc:
-        raise ScanInputError(f"{path}: not a tar archive: {exc}") from exc
+        raise CorruptInput(f"{path}: not a tar archive: {exc}") from exc
+    return archive_store(tar, path)
+
+
+def _streamed_opener(
+    survey: ArchiveSurvey, rewinding: _Rewinding, label: str
+) -> Callable[[str], IO[bytes] | None]:
+    def opener(rel: str) -> IO[bytes] | None:
+        name = _follow(survey.members, rel, label)
+        if name is None:
+            return None
+        if name in survey.small:
+            return io.BytesIO(survey.small[name])
+        return rewinding.open_at(survey.members[name].offset, name)
+
+    return opener
+
+
+class _Rewinding:
+    """One forward decompression of an archive, started again from its first byte when a
+    member before the current position is asked for. All passes share one inflation
+    budget (max_uncompressed_bytes), so out-of-order layers cannot multiply the work."""
+
+    def __init__(self, path: str, limits: Limits) -> None:
+        self.path = path
+        self.limits = limits
+        self.counter = [0, 0]
+        self.file: IO[bytes] | None = None
+        self.tar: tarfile.TarFile | None = None
+        self.position = -1
+
+    def __enter__(self) -> _Rewinding:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self.tar is not None:
+            self.tar.close()
+        if self.file is not None:
+            self.file.close()
+        self.tar = self.file = None
+
+    def open_at(self, offset: int, name: str) -> IO[bytes]:
+        if self.tar is None or offset <= self.position:
+            self._close()
+            self.file = open(self.path, "rb")  # noqa: SIM115
+            stream = decompressed(self.file, self.path, self.limits, self.counter)
+            self.tar = tarfile.open(fileobj=stream, mode="r|")  # type: ignore[call-overload]  # noqa: SIM115
+        assert self.tar is not None
+        while (member := self.tar.next()) is not None:
+            _forget(self.tar)
+            if member.offset == offset:
+                self.position = offset
+                data = self.tar.extractfile(member)
+                if data is None:
+                    break
+                return data
+        raise CorruptInput(f"{self.path}: {name} is no longer where the archive said it was")
+
+
+ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tzst", ".tar.zstd", ".oci")
 
 
 def is_archive(path: str) -> bool:
+    """Sniffed from the bytes; a file only named like an archive is CorruptInput."""
     with open(path, "rb") as f:
         head = f.read(512)
     if head[:2] == b"\x1f\x8b" or head[:4] == b"\x28\xb5\x2f\xfd":
         return True
-    return len(head) == 512 and head[257:262] == b"ustar"
+    if len(head) == 512 and head[257:262] == b"ustar":
+        return True
+    if path.lower().endswith(ARCHIVE_SUFFIXES):
+        raise CorruptInput(f"{path}: named like an archive but is not a tar, gzip or zstd file")
+    return False
 
 
 @contextmanager
