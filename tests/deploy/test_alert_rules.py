@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from execwatch.cluster.events import EVENT_REASONS
+from execwatch.cluster.events import event_reason
 from execwatch.record import NOT_ALERTED, Reason
 from tests.deploy.chart import REPO, find, render
 
@@ -117,8 +117,10 @@ def test_every_reason_selector_leaves_out_exactly_the_reasons_not_alerted() -> N
         assert set(selector.split("|")) == {str(r) for r in NOT_ALERTED}, selector
 
 
-def test_every_reason_has_an_event_reason() -> None:
-    assert set(EVENT_REASONS) == set(Reason)
+def test_every_reason_has_its_own_event_reason() -> None:
+    names = [event_reason(r) for r in Reason]
+    assert len(set(names)) == len(names), names
+    assert event_reason(Reason.MISSING_LIBRARY) == "MissingLibrary"
 
 
 def test_runbooks_link_only_to_files_that_exist() -> None:
