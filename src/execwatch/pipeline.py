@@ -24,8 +24,8 @@ from typing import Protocol, TypeVar
 
 from execwatch.diagnosis.budget import Attempt, SlowMounts
 from execwatch.probe import layout
-from execwatch.probe.events import decode
-from execwatch.record import Attribution, Diagnosis, ExecFailure, KernelEvent, Reason
+from execwatch.probe.events import decode_record as decode
+from execwatch.record import QUIET_REASONS, Attribution, Diagnosis, ExecFailure, KernelEvent, Reason
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +58,9 @@ class PipelineObserver(Protocol):
     """What the pipeline reports about itself (metrics); see execwatch.metrics."""
 
     def delivered(
-        self, errno: int, reason: Reason, *, aggregated: bool, count: int = 1
-    ) -> None: ...
+        self, errno: int | str, reason: Reason, *, aggregated: bool, count: int = 1
+    ) -> None:
+        """errno: the number, or a name (EXIT127, SIGSEGV for an early death)."""
 
     def dropped(self, kind: str, count: int = 1) -> None: ...
 
@@ -162,7 +163,10 @@ class _Slot:
 def aggregation_key(raw: bytes) -> AggregationKey:
     """(cgroup, mntns, errno, filename, fd name) straight from the record's bytes.
 
-    Strings are cut at their NUL: the ring buffer does not zero what follows it."""
+    Strings are cut at their NUL: the ring buffer does not zero what follows it. An early
+    death's key is (cgroup, mntns, -signal or -256 - exit code, exe device, exe inode)."""
+    if len(raw) == layout.DEATH_STRUCT.size:
+        return death_key(raw)
     f, order = layout.EVENT_FIELDS, sys.byteorder
     return (
         int.from_bytes(raw[f.cgroup], order),
@@ -170,6 +174,19 @@ def aggregation_key(raw: bytes) -> AggregationKey:
         int.from_bytes(raw[f.err], order),
         raw[f.filename].split(b"\0", 1)[0],
         raw[f.fd_name].split(b"\0", 1)[0],
+    )
+
+
+def death_key(raw: bytes) -> AggregationKey:
+    d, order = layout.DEATH_FIELDS, sys.byteorder
+    sig = int.from_bytes(raw[d.signal], order, signed=True)
+    code = int.from_bytes(raw[d.exit_code], order, signed=True)
+    return (
+        int.from_bytes(raw[d.cgroup], order),
+        int.from_bytes(raw[d.mntns], order),
+        -sig if sig else -256 - code,
+        raw[d.exe_dev],
+        raw[d.exe_ino],
     )
 
 
@@ -189,6 +206,7 @@ class NodePipeline:
         attributor: Attributor | None = None,
         observer: PipelineObserver | None = None,
         show_not_found: bool = False,
+        show_crashes: bool = False,
         window: float = 1.0,
         max_slots: int = 8192,
         budget: float = DIAGNOSIS_BUDGET_S,
@@ -203,7 +221,7 @@ class NodePipeline:
         self._epoch_offset = epoch_offset
         self._attributor = attributor
         self._observer = observer
-        self._show_not_found = show_not_found
+        self._show = {Reason.NOT_FOUND: show_not_found, Reason.STARTUP_CRASH: show_crashes}
         self._window = window
         self._max_slots = max_slots
         self.slow = slow if slow is not None else SlowMounts()
@@ -477,7 +495,7 @@ class NodePipeline:
     def _report(self, failure: ExecFailure, *, aggregated: bool, count: int) -> None:
         if self._observer:
             self._observer.delivered(
-                failure.event.errno, failure.diagnosis.reason, aggregated=aggregated, count=count
+                failure.event.status, failure.diagnosis.reason, aggregated=aggregated, count=count
             )
 
     def _report_drop(self, kind: str) -> None:
@@ -495,7 +513,8 @@ class NodePipeline:
         )
 
     def _emit(self, failure: ExecFailure) -> None:
-        if failure.diagnosis.reason is Reason.NOT_FOUND and not self._show_not_found:
-            return
+        reason = failure.diagnosis.reason
+        if reason in QUIET_REASONS and not self._show.get(reason, False):
+            return  # counted by _report, not printed nor published
         with self._sink_lock:
             self._sink(failure)
