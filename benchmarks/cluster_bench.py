@@ -59,7 +59,8 @@ from tests.kube.processes import ExecwatchProcess
 
 from benchmarks.common import rss_mb, save
 from execwatch.cluster import crd
-from execwatch.cluster.publisher import ApiSink, Publisher, PublisherConfig
+from execwatch.cluster.kubeapi import RecordApi
+from execwatch.cluster.publisher import Publisher, PublisherConfig
 
 NODE = "bench-node"
 WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE")
@@ -285,7 +286,9 @@ def bench_throughput(kube: KubeCluster, work: Path, records: int) -> dict[str, A
     handler_cfg = kube.kubeconfig(kube.service_account_token(*HANDLER_SA), work / "handler.kcfg")
     with fresh_namespace(admin) as ns:
         pods = [make_pod(admin, ns, f"app-5f6d7c8b9-{i:05d}") for i in range(50)]
-        sink = ApiSink(agent_api, crd.DEFAULT_NAMESPACE)
+        sink = RecordApi(
+            kube.lightkube(kube.service_account_token(*AGENT_SA)), crd.DEFAULT_NAMESPACE
+        )
 
         def create(i: int) -> None:
             p = pods[i % len(pods)]
@@ -344,7 +347,6 @@ def bench_crash_loop(
     kube: KubeCluster, work: Path, seconds: float, window: float
 ) -> dict[str, Any]:
     admin = kube.client()
-    agent_api = kube.client(kube.service_account_token(*AGENT_SA))
     handler_cfg = kube.kubeconfig(kube.service_account_token(*HANDLER_SA), work / "handler.kcfg")
     containers, per_second = 3, 10
     with fresh_namespace(admin) as ns:
@@ -355,7 +357,7 @@ def bench_crash_loop(
         handler = start_execwatch(handler_args(handler_cfg), work / "handler-crash.log")
         publisher = Publisher(
             PublisherConfig(node=NODE, aggregation_window=window),
-            ApiSink(agent_api, crd.DEFAULT_NAMESPACE),
+            RecordApi(kube.lightkube(kube.service_account_token(*AGENT_SA)), crd.DEFAULT_NAMESPACE),
         )
         try:
             wait_for(lambda: lease_holder(admin), 30, "handler lease")

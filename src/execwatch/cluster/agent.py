@@ -14,21 +14,18 @@ from execwatch.cluster.publisher import Publisher
 log = logging.getLogger(__name__)
 
 
-def pod_cache(node: str, api_client: Any) -> Any:
-    """A node-scoped pod watch for attribution (`--pod-metadata=api`).
+def pod_cache(node: str, api: Any) -> Any:
+    """A node-scoped pod watch for attribution (`--pod-metadata=api`), over the agent's
+    lightkube client (`cluster.kubeapi`).
 
     Needs deploy/base/optional/agent-pod-reader.yaml: it fills pod and container names
     when the container runtime cannot (containers it does not know, already gone)."""
-    from kubernetes import client, watch
-
     from execwatch.attribution.kube import KubernetesPodCache
+    from execwatch.cluster.kubeapi import PodApi
 
+    pods = PodApi(api)
     return KubernetesPodCache(
-        node,
-        core_api=client.CoreV1Api(api_client),
-        apps_api=client.AppsV1Api(api_client),
-        batch_api=client.BatchV1Api(api_client),
-        watch_stream=watch.Watch().stream,
+        node, core_api=pods, apps_api=pods, batch_api=pods, watch_stream=pods.watch_stream
     )
 
 
