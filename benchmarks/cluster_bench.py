@@ -229,7 +229,17 @@ def bench_latency(kube: KubeCluster, work: Path, failures: int) -> dict[str, Any
         watcher.start()
         handler = start_execwatch(handler_args(handler_cfg), work / "handler-latency.log")
         agent = start_execwatch(
-            ["agent", "--kubeconfig", str(agent_cfg), "--node", NODE, "--pod-metadata", "api"],
+            [
+                "agent",
+                "--kubeconfig",
+                str(agent_cfg),
+                "--node",
+                NODE,
+                "--pod-metadata",
+                "api",
+                "--spool-dir",
+                str(work / "spool"),
+            ],
             work / "agent.log",
         )
         name = None

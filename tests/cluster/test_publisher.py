@@ -349,6 +349,43 @@ def test_the_byte_bound_of_the_spool_is_kept(sink: MemorySink, make_publisher: A
     assert sample(p.metrics, "execwatch_publisher_spool_bytes") <= 4000
 
 
+def test_two_agents_on_one_node_publish_each_failure_once(
+    sink: MemorySink, make_publisher: Any, tmp_path: Path
+) -> None:
+    """An upgrade's surge: both agents' probes see every failure; the new one stands by
+    until the old one hands over, then publishes only what came after."""
+    offset = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    old = make_publisher(sink, spool=Spool(tmp_path, "pod-old"))
+    new = make_publisher(sink, spool=Spool(tmp_path, "pod-new"))
+    t0 = time.time() - 60  # kernel times of failures, all in the past
+
+    def both(i: int) -> None:  # one failure, seen by both probes
+        for p in (old, new):
+            p.submit(exec_failure(pod_name=f"p{i}", namespace="n", when=t0 + i, count=i + 1))
+
+    for i in range(5):
+        both(i)
+    wait_until(lambda: len(sink.objects) == 5, timeout=3)
+    assert new.spooled() == 0  # standing by: nothing of its own
+    old.stop(handover_at=t0 + 4.5 - offset)  # consumed everything up to failure 4
+    for i in range(5, 8):
+        both(i)
+    wait_until(lambda: len(sink.objects) == 8, timeout=5)
+    assert sink.counts() == sum(range(1, 9))
+    assert sample(new.metrics, "execwatch_publisher_handed_over_total") == sum(range(1, 6))
+
+
+def test_without_a_handover_the_next_agent_publishes_all_it_saw(
+    sink: MemorySink, make_publisher: Any, tmp_path: Path
+) -> None:
+    """The old agent was killed and said nothing: publishing twice beats losing."""
+    old = make_publisher(sink, spool=Spool(tmp_path, "pod-old"))
+    new = make_publisher(sink, spool=Spool(tmp_path, "pod-new"))
+    new.submit(exec_failure(pod_name="p", namespace="n", count=3))
+    old.stop(flush_timeout=0)
+    wait_until(lambda: sink.counts() == 3, timeout=5)
+
+
 # -- against the real API server -------------------------------------------------------
 
 

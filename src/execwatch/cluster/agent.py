@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -37,8 +38,11 @@ def run(
     registry: CollectorRegistry,
     window: float = 1.0,
     ready: threading.Event | None = None,
-) -> None:
-    """Trace failed execs and publish them until `stop`; needs root and BPF."""
+) -> float:
+    """Trace failed execs and publish them until `stop`; needs root and BPF.
+
+    Returns the CLOCK_BOOTTIME before which every event of the probe was consumed and
+    submitted: what this agent hands over to the next one on the node."""
     from execwatch.diagnosis import FileDiagnoser
     from execwatch.metrics import NodeMetrics
     from execwatch.pipeline import NodePipeline
@@ -59,4 +63,25 @@ def run(
         log.info("agent tracing", extra={"kv": {"node": publisher.config.node}})
         if ready is not None:
             ready.set()
-        pipeline.run(probe, stop)
+        source = _PollClock(probe)
+        pipeline.run(source, stop)
+        return source.consumed_until
+
+
+class _PollClock:
+    """The probe as the pipeline polls it, remembering when the last poll began: every
+    event the kernel committed before that was consumed by that poll. The margin keeps an
+    event whose timestamp was taken just before, but committed just after, on the side of
+    being published twice rather than never."""
+
+    MARGIN = 0.01
+
+    def __init__(self, probe: Any) -> None:
+        self._probe = probe
+        self.consumed_until = 0.0
+
+    def poll(self, timeout_ms: int) -> int:
+        started = time.clock_gettime(time.CLOCK_BOOTTIME) - self.MARGIN
+        n: int = self._probe.poll(timeout_ms)
+        self.consumed_until = started
+        return n

@@ -207,13 +207,14 @@ def run_agent(args: argparse.Namespace) -> int:
     pods = agent.pod_cache(args.node, api) if args.pod_metadata == "api" else None
     server = serve(parse_address(args.metrics_address), registry)
     publisher.start()  # replays the spool before the probe starts
+    handover = None
     try:
         with stop_on_signals() as stop, Attributor(pods=pods) as attributor:
-            agent.run(publisher, attributor, stop, registry=registry, window=args.window)
+            handover = agent.run(publisher, attributor, stop, registry=registry, window=args.window)
     except (ProbeError, OSError, ValueError) as exc:
         print(f"execwatch: {exc}", file=sys.stderr)
         return 2
     finally:
-        publisher.stop()
+        publisher.stop(handover_at=handover)
         server.shutdown()
     return 0

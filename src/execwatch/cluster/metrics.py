@@ -80,6 +80,12 @@ class PublisherMetrics:
             "agent that is gone.",
             registry=r,
         )
+        self.handed_over = Counter(
+            "execwatch_publisher_handed_over",
+            "Failed execs seen while another agent published for this node (an upgrade's "
+            "surge) and left to it: not published twice.",
+            registry=r,
+        )
         self.spool_errors = Counter(
             "execwatch_publisher_spool_errors",
             "Failed writes or adoptions of the on-disk spool (records stay in memory).",
@@ -88,7 +94,8 @@ class PublisherMetrics:
         self.dropped = Counter(
             "execwatch_publisher_dropped",
             "Failed execs lost, by type: spool_full (bound reached), rejected (the API "
-            "refused the record for good), corrupt (a damaged spool entry; at least 1 each).",
+            "refused the record for good), corrupt (a damaged spool entry; at least 1 each), "
+            "standby_full (buffer of a standing-by agent full).",
             ["type"],
             registry=r,
         )
@@ -103,7 +110,7 @@ class PublisherMetrics:
             ["code"],
             registry=r,
         )
-        for kind in ("spool_full", "rejected", "corrupt"):
+        for kind in ("spool_full", "rejected", "corrupt", "standby_full"):
             self.dropped.labels(kind)
 
 

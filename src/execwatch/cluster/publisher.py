@@ -15,6 +15,9 @@ What it guarantees, and how:
 - **A retry never makes a second record.** A record's name is fixed when it is created,
   so re-sending it after a lost answer (or after a restart) gets 409 AlreadyExists,
   which counts as success.
+- **Two agents on a node (an upgrade's surge) publish each failure once.** Only the agent
+  holding the node's active lock publishes; a new one buffers what its probe sees until
+  the old one hands over, then publishes only what came after (`cluster/spool.py`).
 - **One bad record never blocks the rest.** Each record backs off on its own
   (exponential, with jitter); the worker always sends the record that has been ready
   longest, so a record refused forever waits its turn instead of going first. Only
@@ -69,6 +72,7 @@ class PublisherConfig:
     backoff_max: float = 30.0
     flush_interval: float = 0.2  # how long a change may wait before it is on disk
     adopt_interval: float = 10.0  # how often to look for spool files of gone agents
+    standby_buffer: int = 10000  # failures held while another agent on the node publishes
 
 
 @dataclass
@@ -195,6 +199,7 @@ class Publisher:
         self._server_retry_at = 0.0
         self._next_flush = 0.0
         self._next_adopt = 0.0
+        self._standby: list[ExecFailure] | None = None  # None: this agent publishes
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -202,6 +207,16 @@ class Publisher:
 
     def submit(self, failure: ExecFailure) -> None:
         """Take one failure (or a pre-folded run of them); never blocks on I/O."""
+        with self._lock:
+            if self._standby is not None:
+                if len(self._standby) < self.config.standby_buffer:
+                    self._standby.append(failure)
+                else:
+                    self.metrics.dropped.labels("standby_full").inc(max(1, failure.count))
+                return
+        self._accept(failure)
+
+    def _accept(self, failure: ExecFailure) -> None:
         now, wall = self.clock(), failure.event.time or self.wall()
         n = max(1, failure.count)
         key = aggregation_key(failure)
@@ -263,12 +278,47 @@ class Publisher:
         is gone), then start the worker."""
         if self.spool is not None:
             self._replay(self.spool)
+            if not self.spool.try_activate():
+                self._standby = []
+                log.info("another agent publishes on this node: standing by")
+                threading.Thread(
+                    target=self._await_turn,
+                    args=(self.spool,),
+                    name="execwatch-standby",
+                    daemon=True,
+                ).start()
         self._thread = threading.Thread(target=self._run, name="execwatch-publisher", daemon=True)
         self._thread.start()
 
-    def stop(self, flush_timeout: float = 5.0) -> None:
+    def _await_turn(self, spool: Spool) -> None:
+        while not self._stop.wait(0.2):
+            if spool.try_activate():
+                self._activate(spool.take_handover())
+                return
+
+    def _activate(self, handed_over_at: float | None) -> None:
+        """Publish what was seen while standing by, except what the agent before had
+        consumed (kernel times up to `handed_over_at`, CLOCK_BOOTTIME)."""
+        with self._lock:
+            seen, self._standby = self._standby or [], None
+        offset = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+        skipped = 0
+        for failure in seen:
+            if handed_over_at is not None and failure.event.time - offset <= handed_over_at:
+                skipped += max(1, failure.count)
+            else:
+                self._accept(failure)
+        self.metrics.handed_over.inc(skipped)
+        log.info(
+            "publishing for this node",
+            extra={"kv": {"buffered": len(seen), "skipped": skipped, "handover": handed_over_at}},
+        )
+
+    def stop(self, flush_timeout: float = 5.0, handover_at: float | None = None) -> None:
         """Try for `flush_timeout` to send what is held, then stop; what is left stays in
-        the spool for the next start. Idempotent."""
+        the spool for the next start. `handover_at`: the CLOCK_BOOTTIME up to which the
+        probe's events were all submitted, for the agent that publishes next on this
+        node. Idempotent."""
         if self._stop.is_set():
             return
         deadline = self.clock() + flush_timeout
@@ -283,11 +333,16 @@ class Publisher:
             time.sleep(0.05)
         self._stop.set()
         with self._lock:
+            left, self._standby = self._standby, None
             self._lock.notify()
+        if left:  # never published: the active agent saw all of it
+            self.metrics.handed_over.inc(sum(max(1, f.count) for f in left))
         if self._thread is not None:
             self._thread.join(timeout=15)
         if self.spool is not None:
             self._flush()
+            if handover_at is not None:
+                self.spool.hand_over(handover_at)
             self.spool.close()
 
     def spooled(self) -> int:

@@ -11,7 +11,14 @@ runs. Two agents on one node (a DaemonSet surge, `maxSurge: 1`) therefore never 
 file: each writes its own, and a file whose lock is free belongs to an agent that is gone;
 the next agent to look *adopts* it (moves its rows into its own file, then deletes it).
 The owner name is the pod name, so a container restarted in the same pod reopens its own
-file. Records are idempotent by their fixed names, so a replay never makes a second one
+file.
+
+Both agents of a surge run the probe, so both see every failure. Only the one holding
+the node's `active.lock` publishes them; the other stands by, buffering, until the lock is
+free. The active one, when it stops, writes the CLOCK_BOOTTIME up to which it consumed
+the probe's events (`handover`) before it lets the lock go, and the next one publishes
+only what it saw after that: a node is never unwatched, and a failure is not published
+by both. Records are idempotent by their fixed names, so a replay never makes a second one
 (a create that did reach the server answers 409).
 
 All I/O happens on the publisher's worker thread, never on the probe's hot path.
@@ -27,6 +34,7 @@ import logging
 import os
 import re
 import sqlite3
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -218,6 +226,7 @@ class Spool:
                 self._lock.acquire(blocking=True)
             self.path = directory / f"spool-{self.owner}.db"
             self._db = self._open_own()
+            self._active = _FileLock(directory / "active.lock")
         except (OSError, sqlite3.Error) as exc:
             raise SpoolError(f"spool {directory}: {exc}") from None
 
@@ -310,9 +319,35 @@ class Spool:
             raise
         db.execute("COMMIT")
 
+    def try_activate(self) -> bool:
+        """Take the node's active lock (no wait): True if this agent publishes what its
+        probe sees, False while another agent on the node does."""
+        return self._active.fd >= 0 or self._active.acquire(blocking=False)
+
+    def take_handover(self) -> float | None:
+        """The CLOCK_BOOTTIME up to which the previous active agent consumed the probe's
+        events, once (the file is removed); None if it left none (it was killed) or the
+        stamp is from before this boot."""
+        path = self.directory / "handover"
+        try:
+            stamp = float(path.read_text())
+            path.unlink()
+        except (OSError, ValueError):
+            return None
+        return stamp if stamp <= time.clock_gettime(time.CLOCK_BOOTTIME) else None
+
+    def hand_over(self, boottime: float) -> None:
+        """Tell the next active agent that every event up to `boottime` is this one's."""
+        if self._active.fd < 0:
+            return
+        tmp = self.directory / f"handover.{self.owner}"
+        tmp.write_text(repr(boottime))
+        os.replace(tmp, self.directory / "handover")
+
     def close(self) -> None:
-        """Checkpoint, close and release the lock (the file stays for the next owner)."""
+        """Checkpoint, close and release the locks (the file stays for the next owner)."""
         with contextlib.suppress(sqlite3.Error):
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         self._db.close()
+        self._active.release()
         self._lock.release()
