@@ -151,3 +151,33 @@ def test_an_agent_killed_during_an_api_outage_loses_nothing(
     assert spooled_on_disk(tmp_path / "spool", set(caused)) == 0
     time.sleep(2)  # nothing arrives twice, later
     assert counts_by_path(admin, set(caused)) == caused
+
+
+def test_two_agents_on_one_node_during_a_surge_publish_each_failure_once(
+    admin: client.ApiClient,
+    start_agent: Callable[[str], Agent],
+    binaries: Callable[[int], list[Path]],
+) -> None:
+    """The DaemonSet's surge: the new pod's probe runs next to the old one's, both see
+    every failure; the old one publishes until it stops, the new one after."""
+    before, during, after = binaries(3)
+    old = start_agent("agent-old")
+    fail(before, 3)
+    wait_until(lambda: counts_by_path(admin, {str(before)})[str(before)] == 3, timeout=30)
+
+    new = start_agent("agent-new")  # the surge pod, same node, same spool directory
+    assert old.metric("execwatch_publisher_active") == 1
+    assert new.metric("execwatch_publisher_active") == 0
+    fail(during, 4)  # both probes see these
+    wait_until(lambda: counts_by_path(admin, {str(during)})[str(during)] == 4, timeout=30)
+
+    old.stop()  # SIGTERM, as the DaemonSet controller does once the new pod is ready
+    assert old.proc.returncode == 0
+    wait_until(lambda: new.metric("execwatch_publisher_active") == 1, timeout=10)
+    fail(after, 5)
+    paths = {str(before), str(during), str(after)}
+    expected = {str(before): 3, str(during): 4, str(after): 5}
+    wait_until(lambda: counts_by_path(admin, paths) == expected, timeout=30)
+    assert new.metric("execwatch_publisher_handed_over_total") >= 4
+    time.sleep(3)  # the new agent's folded repeats of `during` would arrive by now
+    assert counts_by_path(admin, paths) == expected

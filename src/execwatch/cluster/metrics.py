@@ -80,6 +80,12 @@ class PublisherMetrics:
             "agent that is gone.",
             registry=r,
         )
+        self.active = Gauge(
+            "execwatch_publisher_active",
+            "1 while this agent publishes for its node; 0 while another agent on the node "
+            "does (the new pod of an upgrade's surge stands by until the old one hands over).",
+            registry=r,
+        )
         self.handed_over = Counter(
             "execwatch_publisher_handed_over",
             "Failed execs seen while another agent published for this node (an upgrade's "

@@ -200,6 +200,7 @@ class Publisher:
         self._next_flush = 0.0
         self._next_adopt = 0.0
         self._standby: list[ExecFailure] | None = None  # None: this agent publishes
+        self._handed_over_until = 0.0  # epoch: failures up to then were the previous agent's
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -214,6 +215,11 @@ class Publisher:
                 else:
                     self.metrics.dropped.labels("standby_full").inc(max(1, failure.count))
                 return
+        if failure.event.time and failure.event.time <= self._handed_over_until:
+            # Seen by this probe, but consumed by the agent before (its folded repeats
+            # may reach us only now, after the handover).
+            self.metrics.handed_over.inc(max(1, failure.count))
+            return
         self._accept(failure)
 
     def _accept(self, failure: ExecFailure) -> None:
@@ -278,15 +284,17 @@ class Publisher:
         is gone), then start the worker."""
         if self.spool is not None:
             self._replay(self.spool)
-            if not self.spool.try_activate():
-                self._standby = []
-                log.info("another agent publishes on this node: standing by")
-                threading.Thread(
-                    target=self._await_turn,
-                    args=(self.spool,),
-                    name="execwatch-standby",
-                    daemon=True,
-                ).start()
+        if self.spool is None or self.spool.try_activate():
+            self.metrics.active.set(1)
+        else:
+            self._standby = []
+            log.info("another agent publishes on this node: standing by")
+            threading.Thread(
+                target=self._await_turn,
+                args=(self.spool,),
+                name="execwatch-standby",
+                daemon=True,
+            ).start()
         self._thread = threading.Thread(target=self._run, name="execwatch-publisher", daemon=True)
         self._thread.start()
 
@@ -299,19 +307,17 @@ class Publisher:
     def _activate(self, handed_over_at: float | None) -> None:
         """Publish what was seen while standing by, except what the agent before had
         consumed (kernel times up to `handed_over_at`, CLOCK_BOOTTIME)."""
+        if handed_over_at is not None:
+            offset = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+            self._handed_over_until = handed_over_at + offset
         with self._lock:
             seen, self._standby = self._standby or [], None
-        offset = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
-        skipped = 0
+        self.metrics.active.set(1)
         for failure in seen:
-            if handed_over_at is not None and failure.event.time - offset <= handed_over_at:
-                skipped += max(1, failure.count)
-            else:
-                self._accept(failure)
-        self.metrics.handed_over.inc(skipped)
+            self.submit(failure)
         log.info(
             "publishing for this node",
-            extra={"kv": {"buffered": len(seen), "skipped": skipped, "handover": handed_over_at}},
+            extra={"kv": {"buffered": len(seen), "handover": handed_over_at}},
         )
 
     def stop(self, flush_timeout: float = 5.0, handover_at: float | None = None) -> None:
