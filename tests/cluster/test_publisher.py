@@ -375,6 +375,21 @@ def test_two_agents_on_one_node_publish_each_failure_once(
     assert sample(new.metrics, "execwatch_publisher_handed_over_total") == sum(range(1, 6))
 
 
+def test_the_new_agent_adopts_what_the_old_one_left_in_its_spool(
+    sink: MemorySink, make_publisher: Any, tmp_path: Path
+) -> None:
+    sink.fail_with = 503
+    old = make_publisher(sink, spool=Spool(tmp_path, "pod-old"))
+    new = make_publisher(sink, spool=Spool(tmp_path, "pod-new"), adopt_interval=0.2)
+    old.submit(exec_failure(pod_name="a", namespace="n", count=7))
+    wait_until(lambda: sink.attempts >= 1, timeout=2)
+    old.stop(flush_timeout=0)  # the API server is back only after the old pod is gone
+    sink.fail_with = None
+    wait_until(lambda: sink.counts() == 7, timeout=5)
+    assert sample(new.metrics, "execwatch_publisher_replayed_total") == 1
+    assert not (tmp_path / "spool-pod-old.db").exists()
+
+
 def test_without_a_handover_the_next_agent_publishes_all_it_saw(
     sink: MemorySink, make_publisher: Any, tmp_path: Path
 ) -> None:

@@ -43,7 +43,7 @@ from typing import Any, Protocol
 
 from execwatch.cluster import crd, errors
 from execwatch.cluster.metrics import PublisherMetrics
-from execwatch.cluster.spool import MAX_COUNT, Spool, StoredRecord
+from execwatch.cluster.spool import MAX_COUNT, Loaded, Spool, StoredRecord
 from execwatch.record import AttributionStatus, ExecFailure
 from execwatch.text import safe_text
 
@@ -371,6 +371,21 @@ class Publisher:
 
     def _replay(self, spool: Spool) -> None:
         loaded = spool.load()
+        self._take_over(loaded)
+        if loaded.records or loaded.corrupt:
+            log.info(
+                "spool replayed",
+                extra={
+                    "kv": {
+                        "records": len(loaded.records),
+                        "corrupt": loaded.corrupt,
+                        "adopted_files": loaded.files,
+                    }
+                },
+            )
+
+    def _take_over(self, loaded: Loaded) -> None:
+        """Hold records read from disk (this agent's, or adopted) as if just submitted."""
         if loaded.corrupt:
             self.metrics.dropped.labels("corrupt").inc(loaded.corrupt)
         now = self.clock()
@@ -387,17 +402,7 @@ class Publisher:
                 self.metrics.replayed.inc()
                 if not entry.sealed and entry.key not in self._open:
                     self._open[entry.key] = entry.name
-        if loaded.records or loaded.corrupt:
-            log.info(
-                "spool replayed",
-                extra={
-                    "kv": {
-                        "records": len(loaded.records),
-                        "corrupt": loaded.corrupt,
-                        "adopted_files": loaded.files,
-                    }
-                },
-            )
+            self._lock.notify()
 
     def _flush(self) -> None:
         """Write what changed since the last flush, in one transaction."""
@@ -427,23 +432,8 @@ class Publisher:
             self.metrics.spool_errors.inc()
             log.error("spool adoption failed", extra={"kv": {"error": str(exc)}})
             return
-        if not loaded.files:
-            return
-        if loaded.corrupt:
-            self.metrics.dropped.labels("corrupt").inc(loaded.corrupt)
-        now = self.clock()
-        with self._lock:
-            for record in loaded.records:
-                entry = _entry(record, now)
-                if entry.name in self._entries:
-                    continue
-                if self._admit(entry):
-                    self._dirty.discard(entry.name)
-                    self.metrics.replayed.inc()
-                else:
-                    self.metrics.dropped.labels("spool_full").inc(entry.count)
-                    self._gone.add(entry.name)
-            self._lock.notify()
+        if loaded.files:
+            self._take_over(loaded)
 
     # -- worker ----------------------------------------------------------------------
 
