@@ -174,13 +174,25 @@ def run_handler(args: argparse.Namespace) -> int:
 
 def run_agent(args: argparse.Namespace) -> int:
     """Probe + attribution + publisher: what the DaemonSet runs on every node."""
+    registry = CollectorRegistry()
+    try:
+        server = serve(parse_address(args.metrics_address), registry)
+    except (OSError, ValueError) as exc:
+        print(f"execwatch: --metrics-address {args.metrics_address}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _agent(args, registry)
+    finally:
+        server.shutdown()
+
+
+def _agent(args: argparse.Namespace, registry: CollectorRegistry) -> int:
     from execwatch.attribution import Attributor
     from execwatch.cluster import agent, kubeapi
     from execwatch.cluster.spool import Spool, SpoolError
     from execwatch.probe import ProbeError
     from execwatch.trace import stop_on_signals
 
-    registry = CollectorRegistry()
     try:
         api = kubeapi.client(args.kubeconfig)
         spool = Spool(Path(args.spool_dir), args.spool_owner) if args.spool_dir else None
@@ -205,7 +217,6 @@ def run_agent(args: argparse.Namespace) -> int:
         spool=spool,
     )
     pods = agent.pod_cache(args.node, api) if args.pod_metadata == "api" else None
-    server = serve(parse_address(args.metrics_address), registry)
     publisher.start()  # replays the spool before the probe starts
     handover = None
     try:
@@ -216,5 +227,4 @@ def run_agent(args: argparse.Namespace) -> int:
         return 2
     finally:
         publisher.stop(handover_at=handover)
-        server.shutdown()
     return 0
