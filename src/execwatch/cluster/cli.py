@@ -17,7 +17,6 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from execwatch.cluster import crd
-from execwatch.cluster.handler import Handler, HandlerConfig
 from execwatch.cluster.metrics import HandlerMetrics, PublisherMetrics
 from execwatch.cluster.publisher import Publisher, PublisherConfig
 from execwatch.metrics import parse_address, serve
@@ -142,6 +141,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run_handler(args: argparse.Namespace) -> int:
+    from execwatch.cluster.handler import Handler, HandlerConfig  # not loaded by the agent
     from execwatch.trace import stop_on_signals
 
     registry = CollectorRegistry()
