@@ -126,6 +126,29 @@ def test_a_record_being_sent_still_counts_as_spooled(make_publisher: Any) -> Non
     wait_until(lambda: p.spooled() == 0, timeout=5)
 
 
+def test_a_record_is_sealed_on_disk_before_its_create_is_sent(
+    make_publisher: Any, tmp_path: Path
+) -> None:
+    """Killed while the create is on the wire, the next agent must re-send it unchanged
+    (it may exist): folding more failures into it would lose them behind a 409."""
+
+    class HangingSink:
+        def __init__(self) -> None:
+            self.entered, self.release = threading.Event(), threading.Event()
+
+        def create(self, body: dict[str, Any]) -> None:
+            self.entered.set()
+            self.release.wait(timeout=10)
+
+    sink = HangingSink()
+    p = make_publisher(sink, spool=Spool(tmp_path, "agent"))
+    p.submit(exec_failure(pod_name="a", namespace="n", count=2))
+    assert sink.entered.wait(timeout=5)
+    with sqlite3.connect(f"file:{tmp_path / 'spool-agent.db'}?mode=ro", uri=True) as db:
+        assert db.execute("SELECT count, sealed FROM records").fetchall() == [(2, 1)]
+    sink.release.set()
+
+
 def test_a_crash_loop_becomes_one_record_per_window_with_exact_counts(
     sink: MemorySink, make_publisher: Any
 ) -> None:

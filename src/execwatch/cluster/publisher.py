@@ -78,7 +78,9 @@ class PublisherConfig:
 @dataclass
 class _Entry:
     """One record held by the publisher. Until `sealed` its body may still change (repeats
-    fold into it); once a create may have reached the server it is only re-sent as is."""
+    fold into it). It is sealed, on disk first, before each create; a definite refusal
+    unseals it again unless an earlier create may have reached the server
+    (`maybe_created`): from then on it is only ever re-sent as it is."""
 
     name: str
     key: Key
@@ -90,6 +92,7 @@ class _Entry:
     size: int
     attempts: int = 0
     sealed: bool = False
+    maybe_created: bool = False
 
     def render(self) -> dict[str, Any]:
         spec = self.body["spec"]
@@ -127,6 +130,7 @@ def _entry(record: StoredRecord, now: float) -> _Entry:
         ready_at=now,
         size=len(record.body),
         sealed=record.sealed,
+        maybe_created=record.sealed,
     )
 
 
@@ -484,6 +488,8 @@ class Publisher:
                 self._sending = entry.name
                 self._close_window(entry)
                 entry.render()
+                entry.sealed = True
+                self._dirty.add(entry.name)
             self._flush()  # the record is on disk, under its name, before it is sent
             self._send(entry)
 
@@ -492,7 +498,6 @@ class Publisher:
         first sent (not after a retry). Lock held."""
         if self._open.get(entry.key) == entry.name:
             del self._open[entry.key]
-            self._dirty.add(entry.name)
             if entry.attempts == 0:
                 self._last_sent[entry.key] = self.clock()
                 if len(self._last_sent) > 4 * self.config.spool_size:
@@ -540,10 +545,9 @@ class Publisher:
             self._sending = None
             if entry.attempts == 1:
                 self.metrics.spooled.inc()
-            if err.may_have_acted:
-                entry.sealed = True  # it may exist under this name: never change it now
-            else:
-                self._reopen(entry)
+            entry.maybe_created = entry.maybe_created or err.may_have_acted
+            entry.sealed = entry.maybe_created
+            self._reopen(entry)
             delay = errors.delay(
                 err, _backoff(entry.attempts, cfg.backoff_initial, cfg.backoff_max)
             )
