@@ -15,7 +15,7 @@ setup-test:
 
 bpf: $(BPF_OBJ)
 
-$(BPF_OBJ): $(BPF_DIR)/execwatch.bpf.c $(BPF_DIR)/execwatch.h
+$(BPF_OBJ): $(BPF_DIR)/execwatch.bpf.c $(BPF_DIR)/execwatch.h $(BPF_DIR)/compat.bpf.h
 	clang -g -O2 -Wall -Werror -target bpf -D__TARGET_ARCH_$(ARCH) \
 		-I/usr/include/$(MULTIARCH) -I$(BPF_DIR) -c $< -o $@
 

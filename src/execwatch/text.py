@@ -15,37 +15,32 @@ def _escape(ch: str) -> str:
         return f"\\x{code - 0xDC00:02x}"
     if code < 0x100:
         return f"\\x{code:02x}"
+    if code > 0xFFFF:
+        return f"\\U{code:08x}"
     return f"\\u{code:04x}"
 
 
-# Bidirectional overrides and line separators reorder or break what a reader sees.
-INVISIBLE_CONTROLS = frozenset(
-    (0x2028, 0x2029, 0x200E, 0x200F, 0x202A, 0x202B, 0x202C, 0x202D, 0x202E)
-)
+def _safe_char(ch: str, escape_backslash: bool) -> str:
+    if ch == "\\":
+        return "\\\\" if escape_backslash else ch
+    return ch if ch.isprintable() else _escape(ch)
 
 
 def safe_text(value: str, limit: int = 1024, *, escape_backslash: bool = True) -> str:
-    """Escape control characters, backslashes and undecodable bytes; cut to `limit`.
+    """Escape what a reader cannot see, backslashes and undecodable bytes; cut to `limit`.
 
-    The result is printable, single-line and valid UTF-8, fit for a terminal, a JSON
-    document, an Event note or a log line. With escape_backslash=False it is idempotent:
-    text that was escaped once (by an agent) is not escaped again (by the handler)."""
-    out = []
-    for ch in value:
-        code = ord(ch)
-        if (
-            code < 0x20
-            or code == 0x7F
-            or 0x80 <= code < 0xA0
-            or 0xD800 <= code <= 0xDFFF
-            or code in INVISIBLE_CONTROLS
-        ):
-            out.append(_escape(ch))
-        elif ch == "\\" and escape_backslash:
-            out.append("\\\\")
-        else:
-            out.append(ch)
-    text = "".join(out)
+    Escaped is every character Python does not call printable: controls (C0, C1), format
+    characters (bidi embeddings, overrides and isolates U+202A-202E, U+2066-2069, marks
+    U+200E/200F/061C, zero-width U+200B-200D/U+2060, BOM U+FEFF, tag characters), line and
+    paragraph separators, surrogates, private-use and unassigned code points, and spaces
+    other than ASCII space. They reorder, hide or split what a person reads in a terminal,
+    an Event note or a log line. The result is printable, single-line, valid UTF-8. With
+    escape_backslash=False it is idempotent: text escaped once (by an agent) is not escaped
+    again (by the handler)."""
+    if value.isprintable() and not (escape_backslash and "\\" in value):
+        text = value
+    else:
+        text = "".join(_safe_char(ch, escape_backslash) for ch in value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from execwatch.scan.model import CHECK_DESCRIPTIONS, Check
+from tests.binfmt.elfbuild import ElfSpec, build_elf
 from tests.scan.helpers import run
 from tests.scan.imagebuild import Image, file, oci_layout
 
@@ -35,11 +36,15 @@ def test_json_findings_have_the_documented_fields(
     doc = json.loads(out)
     assert code == 1
     first = doc["findings"][0]
+    (image,) = doc["images"]
     assert first == {
         "check": "arch-mismatch", "path": "/app/server", "platform": "linux/amd64",
         "severity": "error", "entrypoint": True,
         "message": "ELF for linux/arm64 cannot run on linux/amd64 (exec format error)",
+        "image": {"source": image["source"], "platform": "linux/amd64",
+                  "digest": image["digest"]},
     }  # fmt: skip
+    assert image["digest"].startswith("sha256:")
     assert all("entrypoint" not in f for f in doc["findings"][1:])
     assert {f["check"] for f in doc["findings"]} == {
         "arch-mismatch", "shebang-crlf", "missing-shebang-interpreter",
@@ -61,7 +66,9 @@ def test_sarif(capsys: pytest.CaptureFixture[str], broken_layout: Path) -> None:
         assert r["level"] == "error"
         uri = r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]
         assert not uri.startswith("/")
-    assert results[0]["properties"] == {"platform": "linux/amd64", "entrypoint": True}
+    properties = results[0]["properties"]
+    assert properties["platform"] == "linux/amd64" and properties["entrypoint"] is True
+    assert properties["image"]["digest"].startswith("sha256:")
 
 
 def test_junit(capsys: pytest.CaptureFixture[str], broken_layout: Path) -> None:
@@ -87,7 +94,8 @@ def test_table_marks_the_entrypoint_and_summarises(
 
 
 def test_fail_on_threshold(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    clean = oci_layout(tmp_path / "clean", [Image([[file("README", b"hi", 0o644)]])])
+    static = build_elf(ElfSpec(elf_type=2, interpreter=None, dynamic=False)).data
+    clean = oci_layout(tmp_path / "clean", [Image([[file("bin/app", static)]])])
     assert output(capsys, str(clean), "--format", "json")[0] == 0
     assert output(capsys, str(clean), "--fail-on", "note")[0] == 0
 

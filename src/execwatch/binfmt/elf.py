@@ -1,27 +1,34 @@
 """Read what exec and the dynamic loader look at in an ELF file, and nothing more.
 
-The reader uses pyelftools' struct definitions but drives them itself: it reads the ELF
-header, the program header table, PT_INTERP, PT_DYNAMIC and the dynamic string and
-version tables through the PT_LOAD mapping, as ld.so does. It never loads whole sections
-of unknown size, so a 2 GB file costs a few reads, and every size and count taken from the
-file is checked against the file size and a fixed cap before it is used: hostile headers
-give a BinfmtError, never a huge allocation, a hang or another exception.
+The reader uses pyelftools for the ELF header and its enums, and `struct` for the tables
+(program headers, dynamic entries, version records), which a hostile file can make
+thousands of entries long. It reads the ELF header, the program header table, PT_INTERP,
+PT_DYNAMIC and the dynamic string and version tables through the PT_LOAD mapping, as ld.so
+does, never whole sections of unknown size, so a 2 GB file costs a few reads.
+
+Every parse runs on a budget (`ElfLimits`): bytes read, dynamic entries, distinct needed
+libraries and search directories, decoded string bytes, version records and wall time.
+Each string is decoded once per offset, however many entries point at it. A file that
+points past its end raises TruncatedFile, one that exceeds the budget LimitExceeded (both
+BinfmtError): never a huge allocation, a hang or another exception.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping
+import struct
+import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from elftools.construct import ConstructError
-from elftools.elf.enums import ENUM_E_MACHINE, ENUM_E_TYPE
+from elftools.elf.enums import ENUM_D_TAG_COMMON, ENUM_E_MACHINE, ENUM_E_TYPE, ENUM_P_TYPE_BASE
 from elftools.elf.structs import ELFStructs
 
 from execwatch.binfmt import machines
-from execwatch.binfmt.errors import BinfmtError
+from execwatch.binfmt.errors import BinfmtError, LimitExceeded, TruncatedFile
 from execwatch.binfmt.platform import Platform
 
 ELF_MAGIC = b"\x7fELF"
@@ -30,17 +37,38 @@ ET_DYN = 3
 
 MAX_PHDR_BYTES = 65536  # fs/binfmt_elf.c refuses larger program header tables
 MAX_INTERP_BYTES = 4096  # PATH_MAX, the kernel's limit for PT_INTERP
-MAX_DYNAMIC_ENTRIES = 8192
-MAX_STRING_BYTES = 4096
-MAX_VERSION_RECORDS = 8192
 MAX_ARM_ATTRIBUTES_BYTES = 65536
-MAX_SECTION_HEADERS_BYTES = 1 << 22
+MAX_SECTION_HEADERS_BYTES = 256 << 10  # .ARM.attributes is optional: past this, no variant
 
+PT_LOAD, PT_DYNAMIC, PT_INTERP = (
+    ENUM_P_TYPE_BASE[k] for k in ("PT_LOAD", "PT_DYNAMIC", "PT_INTERP")
+)
+DT = {k[3:]: v for k, v in ENUM_D_TAG_COMMON.items() if isinstance(v, int)}
 DF_1_PIE = 0x08000000
-VER_FLG_BASE = 0x1
 VER_FLG_WEAK = 0x2
 SHT_ARM_ATTRIBUTES = 0x70000003
 TAG_CPU_ARCH = 6
+
+
+@dataclass(frozen=True)
+class ElfLimits:
+    """The budget of one parse. The largest real files use a small fraction of it.
+
+    For scale: the host's libc.so.6 (1.9 MB) needs 28 KiB of reads, 45 version definitions
+    and under 1 KiB of strings; big C++ programs need a few hundred libraries and versions.
+    """
+
+    max_read_bytes: int = 2 << 20  # everything read from the file
+    max_dynamic_entries: int = 8192  # entries of PT_DYNAMIC scanned before DT_NULL
+    max_needed: int = 1024  # distinct DT_NEEDED names
+    max_search_dirs: int = 1024  # distinct DT_RPATH + DT_RUNPATH directories
+    max_string_bytes: int = 4096  # one dynamic string (PATH_MAX)
+    max_total_string_bytes: int = 256 << 10  # all distinct strings decoded
+    max_version_records: int = 8192  # Verneed + Vernaux + Verdef records
+    max_seconds: float = 0.5  # wall time, checked at every read
+
+
+DEFAULT_LIMITS = ElfLimits()
 
 
 @dataclass(frozen=True)
@@ -103,13 +131,13 @@ class ElfInfo:
         )
 
 
-@functools.lru_cache(maxsize=32)
-def _structs(little_endian: bool, elf_class: int, machine: str | None) -> ELFStructs:
+@functools.lru_cache(maxsize=4)
+def _ehdr_struct(little_endian: bool, elf_class: int) -> Any:
     """pyelftools builds its construct definitions per file; build them once per ABI."""
     structs = ELFStructs(little_endian=little_endian, elfclass=elf_class)
     structs.create_basic_structs()
-    structs.create_advanced_structs(None, machine, None)
-    return structs
+    structs.create_advanced_structs(None, None, None)
+    return structs.Elf_Ehdr
 
 
 def _number(value: Any, table: Mapping[str, int]) -> int:
@@ -117,27 +145,63 @@ def _number(value: Any, table: Mapping[str, int]) -> int:
     return value if isinstance(value, int) else table[value]
 
 
-class _Reader:
-    """Bounded random access to one file."""
+@dataclass(frozen=True)
+class _Layout:
+    """struct formats of the tables this reader walks, for one class and byte order."""
 
-    def __init__(self, f: BinaryIO) -> None:
+    order: str
+    phdr: struct.Struct
+    dyn: struct.Struct
+    verneed: struct.Struct  # vn_version, vn_cnt, vn_file, vn_aux, vn_next
+    vernaux: struct.Struct  # vna_hash, vna_flags, vna_other, vna_name, vna_next
+    verdef: struct.Struct  # vd_version, vd_flags, vd_ndx, vd_cnt, vd_hash, vd_aux, vd_next
+    verdaux: struct.Struct  # vda_name, vda_next
+
+    @classmethod
+    @functools.lru_cache(maxsize=4)
+    def get(cls, little: bool, bits: int) -> _Layout:
+        o = "<" if little else ">"
+        phdr = "IIQQQQQQ" if bits == 64 else "IIIIIIII"
+        return cls(
+            o,
+            struct.Struct(o + phdr),
+            struct.Struct(o + ("qQ" if bits == 64 else "iI")),
+            struct.Struct(o + "HHIII"),
+            struct.Struct(o + "IHHII"),
+            struct.Struct(o + "HHHHIII"),
+            struct.Struct(o + "II"),
+        )
+
+
+class _Reader:
+    """Bounded random access to one file, on the budget of one parse."""
+
+    def __init__(self, f: BinaryIO, limits: ElfLimits) -> None:
         self.f = f
+        self.limits = limits
         f.seek(0, os.SEEK_END)
         self.size = f.tell()
+        self.read_bytes = 0
+        self.deadline = time.monotonic() + limits.max_seconds
 
     def read(self, offset: int, length: int, what: str) -> bytes:
         if offset < 0 or length < 0 or offset + length > self.size:
-            raise BinfmtError(f"{what} outside the file")
+            raise TruncatedFile(f"{what} outside the file")
+        self.read_bytes += length
+        if self.read_bytes > self.limits.max_read_bytes:
+            raise LimitExceeded(f"more than {self.limits.max_read_bytes} bytes of headers")
+        if time.monotonic() > self.deadline:
+            raise LimitExceeded(f"parsing took more than {self.limits.max_seconds}s")
         self.f.seek(offset)
         data = self.f.read(length)
         if len(data) != length:
-            raise BinfmtError(f"{what} truncated")
+            raise TruncatedFile(f"{what} truncated")
         return data
 
 
 @dataclass
 class _Segment:
-    kind: Any
+    kind: int
     offset: int
     vaddr: int
     filesz: int
@@ -148,15 +212,20 @@ class _StringTable:
 
     Needed names and version names sit together near the end of .dynstr, so a few windows
     serve a whole file without reading the table (megabytes in big C++ libraries) at once.
+    Each offset is decoded once: a thousand entries naming one string cost one string.
     """
 
     WINDOW = 1024
 
     def __init__(self, reader: _Reader, offset: int, size: int) -> None:
         self.reader = reader
+        self.limits = reader.limits
         self.offset = offset
+        self.declared = size
         self.size = min(size, reader.size - offset) if offset < reader.size else 0
         self.windows: dict[int, bytes] = {}
+        self.strings: dict[int, str] = {}
+        self.decoded = 0
 
     def _window(self, n: int) -> bytes:
         if n not in self.windows:
@@ -166,38 +235,53 @@ class _StringTable:
         return self.windows[n]
 
     def get(self, index: int) -> str:
+        found = self.strings.get(index)
+        if found is None:
+            found = self.strings[index] = self._decode(index)
+        return found
+
+    def _decode(self, index: int) -> str:
+        if 0 <= index < self.declared and index >= self.size:
+            raise TruncatedFile("dynamic string outside the file")
         if index < 0 or index >= self.size:
             raise BinfmtError("string index outside the dynamic string table")
         out = bytearray()
         pos = index
-        while pos < self.size and len(out) < MAX_STRING_BYTES:
+        while pos < self.size and len(out) < self.limits.max_string_bytes:
             window = self._window(pos // self.WINDOW)
             chunk = window[pos % self.WINDOW :]
             end = chunk.find(b"\0")
             if end >= 0:
                 out += chunk[:end]
+                self.decoded += len(out) + 1
+                if self.decoded > self.limits.max_total_string_bytes:
+                    raise LimitExceeded(
+                        f"more than {self.limits.max_total_string_bytes} bytes of dynamic strings"
+                    )
                 return os.fsdecode(bytes(out))
             out += chunk
             pos += len(chunk)
         raise BinfmtError("unterminated dynamic string")
 
 
-def read_elf(f: BinaryIO) -> ElfInfo:
+def read_elf(f: BinaryIO, limits: ElfLimits = DEFAULT_LIMITS) -> ElfInfo:
     """Parse the ELF file open in `f` (seekable, binary). Raises BinfmtError when malformed."""
     try:
-        return _read(_Reader(f))
+        return _read(_Reader(f, limits))
     except ConstructError as exc:
         raise BinfmtError(f"malformed ELF structure ({type(exc).__name__})") from exc
-    except (OverflowError, ValueError) as exc:
+    except (OverflowError, ValueError, struct.error) as exc:
         raise BinfmtError(f"malformed ELF ({exc})") from exc
 
 
 def _read(reader: _Reader) -> ElfInfo:
     ident = reader.f.read(16) if reader.f.seek(0) == 0 else b""
     if len(ident) < 4 or ident[:4] != ELF_MAGIC:
-        raise BinfmtError("not an ELF file" if len(ident) >= 4 else "truncated ELF header")
+        if len(ident) >= 4:
+            raise BinfmtError("not an ELF file")
+        raise TruncatedFile("truncated ELF header")
     if len(ident) < 16:
-        raise BinfmtError("truncated ELF header")
+        raise TruncatedFile("truncated ELF header")
     elf_class, data = ident[4], ident[5]
     if elf_class not in (machines.ELFCLASS32, machines.ELFCLASS64):
         raise BinfmtError(f"invalid ELF class {elf_class}")
@@ -205,20 +289,19 @@ def _read(reader: _Reader) -> ElfInfo:
         raise BinfmtError(f"invalid ELF data encoding {data}")
     little = data == 1
     bits = 32 if elf_class == machines.ELFCLASS32 else 64
-    base = _structs(little, bits, None)
-    ehdr_size = base.Elf_Ehdr.sizeof()
+    ehdr_struct = _ehdr_struct(little, bits)
+    ehdr_size = ehdr_struct.sizeof()
     if reader.size < ehdr_size:
-        raise BinfmtError("truncated ELF header")
-    ehdr = base.Elf_Ehdr.parse(reader.read(0, ehdr_size, "ELF header"))
+        raise TruncatedFile("truncated ELF header")
+    ehdr = ehdr_struct.parse(reader.read(0, ehdr_size, "ELF header"))
     machine = _number(ehdr["e_machine"], ENUM_E_MACHINE)
     elf_type = _number(ehdr["e_type"], ENUM_E_TYPE)
     flags = int(ehdr["e_flags"])
-    machine_name = "EM_ARM" if machine == machines.EM_ARM else None
-    structs = _structs(little, bits, machine_name)
+    layout = _Layout.get(little, bits)
 
-    segments = _program_headers(reader, structs, ehdr)
+    segments = _program_headers(reader, layout, ehdr)
     interpreter = _interpreter(reader, segments)
-    dyn = _Dynamic.read(reader, structs, segments)
+    dyn = _Dynamic.read(reader, layout, segments)
 
     arch = machines.classify(machine, elf_class, little, flags)
     platform: Platform | None = None
@@ -228,7 +311,7 @@ def _read(reader: _Reader) -> ElfInfo:
         variant = None
         if machine == machines.EM_ARM:
             float_abi = machines.arm_float_abi(flags)
-            cpu_arch = _arm_cpu_arch(reader, structs, ehdr, little)
+            cpu_arch = _arm_cpu_arch(reader, ehdr, little, bits)
             variant = None if cpu_arch is None else machines.arm_variant_from_cpu_arch(cpu_arch)
         platform = Platform(os_name, arch.oci, variant)
     return ElfInfo(
@@ -254,28 +337,31 @@ def _read(reader: _Reader) -> ElfInfo:
     )
 
 
-def _program_headers(reader: _Reader, structs: ELFStructs, ehdr: Any) -> list[_Segment]:
+def _program_headers(reader: _Reader, layout: _Layout, ehdr: Any) -> list[_Segment]:
     count = int(ehdr["e_phnum"])
     if count == 0:
         return []
-    entry = structs.Elf_Phdr.sizeof()
+    entry = layout.phdr.size
     if int(ehdr["e_phentsize"]) != entry:
         raise BinfmtError(f"program header entry size {ehdr['e_phentsize']}, expected {entry}")
     if count * entry > MAX_PHDR_BYTES:
-        raise BinfmtError("program header table too large")
+        raise LimitExceeded("program header table too large")
     table = reader.read(int(ehdr["e_phoff"]), count * entry, "program header table")
     segments = []
-    for i in range(count):
-        phdr = structs.Elf_Phdr.parse(table[i * entry : (i + 1) * entry])
-        segments.append(
-            _Segment(phdr["p_type"], phdr["p_offset"], phdr["p_vaddr"], phdr["p_filesz"])
-        )
+    for fields in layout.phdr.iter_unpack(table):
+        kind = fields[0]
+        if kind in (PT_LOAD, PT_DYNAMIC, PT_INTERP):
+            # Elf64_Phdr: type, flags, offset, vaddr, paddr, filesz; Elf32 puts flags later.
+            offset, vaddr, filesz = (
+                fields[2:4] + fields[5:6] if entry == 56 else fields[1:3] + fields[4:5]
+            )
+            segments.append(_Segment(kind, offset, vaddr, filesz))
     return segments
 
 
 def _interpreter(reader: _Reader, segments: list[_Segment]) -> str | None:
     for seg in segments:
-        if seg.kind == "PT_INTERP":
+        if seg.kind == PT_INTERP:
             if not 2 <= seg.filesz <= MAX_INTERP_BYTES:
                 raise BinfmtError(f"PT_INTERP of {seg.filesz} bytes")
             raw = reader.read(seg.offset, seg.filesz, "PT_INTERP")
@@ -289,9 +375,15 @@ def _interpreter(reader: _Reader, segments: list[_Segment]) -> str | None:
 def _file_offset(segments: list[_Segment], vaddr: int) -> int:
     """Translate a virtual address from the dynamic section through the PT_LOAD mapping."""
     for seg in segments:
-        if seg.kind == "PT_LOAD" and seg.vaddr <= vaddr < seg.vaddr + seg.filesz:
+        if seg.kind == PT_LOAD and seg.vaddr <= vaddr < seg.vaddr + seg.filesz:
             return seg.offset + (vaddr - seg.vaddr)
     raise BinfmtError(f"address {vaddr:#x} is not in any PT_LOAD segment")
+
+
+_STRING_TAGS = (DT["NEEDED"], DT["RPATH"], DT["RUNPATH"], DT["SONAME"])
+_WANTED_TAGS = frozenset(
+    DT[t] for t in ("STRTAB", "STRSZ", "FLAGS_1", "VERNEED", "VERNEEDNUM", "VERDEF", "VERDEFNUM")
+) | frozenset(_STRING_TAGS)
 
 
 @dataclass
@@ -306,139 +398,169 @@ class _Dynamic:
     version_defs: frozenset[str] = frozenset()
 
     @classmethod
-    def read(cls, reader: _Reader, structs: ELFStructs, segments: list[_Segment]) -> _Dynamic:
-        seg = next((s for s in segments if s.kind == "PT_DYNAMIC"), None)
+    def read(cls, reader: _Reader, layout: _Layout, segments: list[_Segment]) -> _Dynamic:
+        seg = next((s for s in segments if s.kind == PT_DYNAMIC), None)
         if seg is None:
             return cls()
-        entry = structs.Elf_Dyn.sizeof()
+        limits = reader.limits
+        entry = layout.dyn.size
         # ld.so stops at DT_NULL, not at p_filesz; a lying p_filesz is clamped to the file.
         count = min(seg.filesz, max(reader.size - seg.offset, 0)) // entry
-        count = min(count, MAX_DYNAMIC_ENTRIES)
+        count = min(count, limits.max_dynamic_entries)
         raw = reader.read(seg.offset, count * entry, "dynamic segment")
-        tags: dict[str, list[int]] = {}
-        for i in range(count):
-            dyn = structs.Elf_Dyn.parse(raw[i * entry : (i + 1) * entry])
-            if dyn["d_tag"] == "DT_NULL":
+        # Values of one tag in file order, each value once: 8192 DT_NEEDED entries naming
+        # the same string are one library, as they are to ld.so.
+        tags: dict[int, dict[int, None]] = {}
+        for tag, value in layout.dyn.iter_unpack(raw):
+            if tag == DT["NULL"]:
                 break
-            if isinstance(dyn["d_tag"], str):
-                tags.setdefault(dyn["d_tag"], []).append(int(dyn["d_val"]))
+            if tag in _WANTED_TAGS:
+                tags.setdefault(tag, {})[value] = None
 
         def first(tag: str) -> int | None:
-            values = tags.get(tag)
-            return values[0] if values else None
+            values = tags.get(DT[tag])
+            return next(iter(values)) if values else None
 
-        result = cls(present=True, pie=bool((first("DT_FLAGS_1") or 0) & DF_1_PIE))
-        strtab_addr = first("DT_STRTAB")
-        string_tags = ("DT_NEEDED", "DT_RPATH", "DT_RUNPATH", "DT_SONAME")
+        def all_of(tag: str) -> list[int]:
+            return list(tags.get(DT[tag], ()))
+
+        result = cls(present=True, pie=bool((first("FLAGS_1") or 0) & DF_1_PIE))
+        strtab_addr = first("STRTAB")
         if strtab_addr is None:
-            if any(t in tags for t in string_tags):
+            if any(t in tags for t in _STRING_TAGS):
                 raise BinfmtError("dynamic section has strings but no DT_STRTAB")
             return result
         strings = _StringTable(
-            reader, _file_offset(segments, strtab_addr), first("DT_STRSZ") or reader.size
+            reader, _file_offset(segments, strtab_addr), first("STRSZ") or reader.size
         )
-        result.needed = tuple(strings.get(i) for i in tags.get("DT_NEEDED", []))
-        result.rpath = _search_path(strings, tags.get("DT_RPATH", []))
-        result.runpath = _search_path(strings, tags.get("DT_RUNPATH", []))
-        soname = first("DT_SONAME")
+        result.needed = _distinct(
+            (strings.get(i) for i in all_of("NEEDED")), limits.max_needed, "DT_NEEDED libraries"
+        )
+        result.rpath = _search_path(strings, all_of("RPATH"), limits)
+        result.runpath = _search_path(strings, all_of("RUNPATH"), limits)
+        soname = first("SONAME")
         result.soname = None if soname is None else strings.get(soname)
-        budget = [MAX_VERSION_RECORDS]
-        verneed = first("DT_VERNEED")
+        budget = _Budget(limits.max_version_records)
+        verneed = first("VERNEED")
         if verneed is not None:
             result.version_needs = _version_needs(
-                reader, structs, strings, _file_offset(segments, verneed),
-                first("DT_VERNEEDNUM") or 0, budget,
+                reader, layout, strings, _file_offset(segments, verneed),
+                first("VERNEEDNUM") or 0, budget,
             )  # fmt: skip
-        verdef = first("DT_VERDEF")
+        verdef = first("VERDEF")
         if verdef is not None:
             result.version_defs = _version_defs(
-                reader, structs, strings, _file_offset(segments, verdef),
-                first("DT_VERDEFNUM") or 0, budget,
+                reader, layout, strings, _file_offset(segments, verdef),
+                first("VERDEFNUM") or 0, budget,
             )  # fmt: skip
         return result
 
 
-def _search_path(strings: _StringTable, indexes: list[int]) -> tuple[str, ...]:
-    return tuple(d for i in indexes for d in strings.get(i).split(":") if d)
+def _distinct(items: Iterable[str], limit: int, what: str) -> tuple[str, ...]:
+    """Items in first-seen order, each once; more than `limit` distinct ones is hostile."""
+    out: dict[str, None] = {}
+    for item in items:
+        out[item] = None
+        if len(out) > limit:
+            raise LimitExceeded(f"more than {limit} {what}")
+    return tuple(out)
 
 
-def _spend(budget: list[int]) -> None:
-    budget[0] -= 1
-    if budget[0] < 0:
-        raise BinfmtError("too many symbol version records")
+def _search_path(strings: _StringTable, indexes: list[int], limits: ElfLimits) -> tuple[str, ...]:
+    """DT_RPATH/DT_RUNPATH directories; a repeated directory adds no candidate to ld.so."""
+    dirs = (d for i in indexes for d in strings.get(i).split(":") if d)
+    return _distinct(dirs, limits.max_search_dirs, "search path directories")
+
+
+class _Budget:
+    """Version records left to read, shared by Verneed and Verdef walks (which may loop)."""
+
+    def __init__(self, records: int) -> None:
+        self.left = records
+        self.limit = records
+
+    def spend(self) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise LimitExceeded(f"more than {self.limit} symbol version records")
 
 
 def _version_needs(
     reader: _Reader,
-    structs: ELFStructs,
+    layout: _Layout,
     strings: _StringTable,
     offset: int,
     count: int,
-    budget: list[int],
+    budget: _Budget,
 ) -> tuple[VersionNeed, ...]:
     needs = []
-    need_size, aux_size = structs.Elf_Verneed.sizeof(), structs.Elf_Vernaux.sizeof()
     for _ in range(count):
-        _spend(budget)
-        vn = structs.Elf_Verneed.parse(reader.read(offset, need_size, "version need"))
+        budget.spend()
+        raw = reader.read(offset, layout.verneed.size, "version need")
+        _, vn_cnt, vn_file, vn_aux, vn_next = layout.verneed.unpack(raw)
         versions = []
-        aux = offset + vn["vn_aux"]
-        for _ in range(vn["vn_cnt"]):
-            _spend(budget)
-            vna = structs.Elf_Vernaux.parse(reader.read(aux, aux_size, "version need aux"))
-            weak = bool(vna["vna_flags"] & VER_FLG_WEAK)
-            versions.append(VersionRequirement(strings.get(vna["vna_name"]), weak))
-            if vna["vna_next"] == 0:
+        aux = offset + vn_aux
+        for _ in range(vn_cnt):
+            budget.spend()
+            raw = reader.read(aux, layout.vernaux.size, "version need aux")
+            _, vna_flags, _, vna_name, vna_next = layout.vernaux.unpack(raw)
+            versions.append(
+                VersionRequirement(strings.get(vna_name), bool(vna_flags & VER_FLG_WEAK))
+            )
+            if vna_next == 0:
                 break
-            aux += vna["vna_next"]
-        needs.append(VersionNeed(strings.get(vn["vn_file"]), tuple(versions)))
-        if vn["vn_next"] == 0:
+            aux += vna_next
+        needs.append(VersionNeed(strings.get(vn_file), tuple(versions)))
+        if vn_next == 0:
             break
-        offset += vn["vn_next"]
+        offset += vn_next
     return tuple(needs)
 
 
 def _version_defs(
     reader: _Reader,
-    structs: ELFStructs,
+    layout: _Layout,
     strings: _StringTable,
     offset: int,
     count: int,
-    budget: list[int],
+    budget: _Budget,
 ) -> frozenset[str]:
     names = set()
-    def_size, aux_size = structs.Elf_Verdef.sizeof(), structs.Elf_Verdaux.sizeof()
     for _ in range(count):
-        _spend(budget)
-        vd = structs.Elf_Verdef.parse(reader.read(offset, def_size, "version definition"))
-        if vd["vd_cnt"] > 0:
-            aux = offset + vd["vd_aux"]
-            vda = structs.Elf_Verdaux.parse(reader.read(aux, aux_size, "version def aux"))
-            names.add(strings.get(vda["vda_name"]))
-        if vd["vd_next"] == 0:
+        budget.spend()
+        raw = reader.read(offset, layout.verdef.size, "version definition")
+        _, _, _, vd_cnt, _, vd_aux, vd_next = layout.verdef.unpack(raw)
+        if vd_cnt > 0:
+            raw = reader.read(offset + vd_aux, layout.verdaux.size, "version def aux")
+            names.add(strings.get(layout.verdaux.unpack(raw)[0]))
+        if vd_next == 0:
             break
-        offset += vd["vd_next"]
+        offset += vd_next
     return frozenset(names)
 
 
-def _arm_cpu_arch(reader: _Reader, structs: ELFStructs, ehdr: Any, little: bool) -> int | None:
+def _arm_cpu_arch(reader: _Reader, ehdr: Any, little: bool, bits: int) -> int | None:
     """Tag_CPU_arch from `.ARM.attributes`, or None when absent or unreadable.
 
     The attributes are optional (Go omits them), so a damaged section only loses the variant.
+    Only sh_type, sh_offset and sh_size of each section header are looked at.
     """
-    count, entry = int(ehdr["e_shnum"]), structs.Elf_Shdr.sizeof()
-    if count == 0 or int(ehdr["e_shentsize"]) != entry or count * entry > MAX_SECTION_HEADERS_BYTES:
+    count, entry = int(ehdr["e_shnum"]), int(ehdr["e_shentsize"])
+    shdr = struct.Struct(("<" if little else ">") + ("4xI16xQQ" if bits == 64 else "4xI8xII"))
+    if (
+        count == 0
+        or entry != (64 if bits == 64 else 40)
+        or count * entry > MAX_SECTION_HEADERS_BYTES
+    ):
         return None
     try:
         table = reader.read(int(ehdr["e_shoff"]), count * entry, "section header table")
         for i in range(count):
-            shdr = structs.Elf_Shdr.parse(table[i * entry : (i + 1) * entry])
-            kind = shdr["sh_type"]
-            if kind == "SHT_ARM_ATTRIBUTES" or kind == SHT_ARM_ATTRIBUTES:
-                size = min(int(shdr["sh_size"]), MAX_ARM_ATTRIBUTES_BYTES)
-                data = reader.read(int(shdr["sh_offset"]), size, ".ARM.attributes")
-                return parse_arm_cpu_arch(data, little)
-    except (BinfmtError, ValueError):
+            kind, offset, size = shdr.unpack_from(table, i * entry)
+            if kind == SHT_ARM_ATTRIBUTES:
+                size = min(size, MAX_ARM_ATTRIBUTES_BYTES)
+                return parse_arm_cpu_arch(reader.read(offset, size, ".ARM.attributes"), little)
+    except (TruncatedFile, ValueError):
         return None
     return None
 

@@ -75,7 +75,7 @@ class Platform:
         Raises ValueError with a one-line message on anything else.
         """
         parts = text.strip().lower().split("/")
-        if not all(parts) or not all(_NAME.match(p) for p in parts) or len(parts) > 3:
+        if not all(parts) or not all(_NAME.fullmatch(p) for p in parts) or len(parts) > 3:
             raise ValueError(f"invalid platform {text!r}: expected os/arch[/variant]")
         if len(parts) == 1:
             os_name, arch, variant = "linux", parts[0], None

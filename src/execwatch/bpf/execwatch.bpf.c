@@ -23,6 +23,7 @@
 struct pt_regs { long di, si, dx, r10, r8; } __attribute__((preserve_access_index));
 #elif defined(__TARGET_ARCH_arm64)
 struct user_pt_regs { __u64 regs[31]; } __attribute__((preserve_access_index));
+struct pt_regs { struct user_pt_regs user_regs; } __attribute__((preserve_access_index));
 #endif
 
 struct qstr { const unsigned char *name; } __attribute__((preserve_access_index));
@@ -46,6 +47,7 @@ struct kernfs_node___old { struct kernfs_node *parent; } __attribute__((preserve
 struct cgroup { struct kernfs_node *kn; } __attribute__((preserve_access_index));
 struct css_set { struct cgroup *dfl_cgrp; } __attribute__((preserve_access_index));
 struct task_struct {
+	void *stack;
 	int tgid;
 	char comm[EW_TASK_COMM_LEN];
 	struct task_struct *real_parent;
@@ -54,6 +56,8 @@ struct task_struct {
 	struct fs_struct *fs;
 	struct css_set *cgroups;
 } __attribute__((preserve_access_index));
+
+#include "compat.bpf.h"
 
 /* Syscall exit tracepoint context: see events/syscalls/sys_exit_execve/format. */
 struct sys_exit_ctx {
@@ -203,8 +207,8 @@ static __noinline int on_failure(long ret, enum ew_syscall sc)
 		bump(&stats, &idx);
 		return 0;
 	}
-	task = bpf_get_current_task_btf();
-	regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	task = current_task();
+	regs = syscall_regs(task);
 	__u64 id = bpf_get_current_pid_tgid();
 
 	e->ktime_ns = bpf_ktime_get_boot_ns();

@@ -13,7 +13,8 @@ import re
 
 from execwatch.text import safe_text
 
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+# Matched with fullmatch: `$` alone would accept a trailing newline ("x\n").
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 
 
 def printable(value: str, limit: int = 1024) -> str:
@@ -32,7 +33,7 @@ def fit_bytes(text: str, limit: int) -> str:
 
 def is_label_value(value: str) -> bool:
     """True if `value` is a valid Kubernetes label value (63 chars, alnum ends)."""
-    return len(value) <= 63 and bool(_LABEL_VALUE.match(value))
+    return len(value) <= 63 and _LABEL_VALUE.fullmatch(value) is not None
 
 
 def metric_label(value: str | None, limit: int = 128) -> str:

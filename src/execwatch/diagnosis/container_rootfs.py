@@ -36,7 +36,7 @@ class ContainerRootfs:
         self._mountinfo = mountinfo or Path("/proc/self/mountinfo")
 
     def candidates(self, container_id: str | None) -> Iterator[Path]:
-        if not container_id or not CONTAINER_ID.match(container_id):
+        if not container_id or not CONTAINER_ID.fullmatch(container_id):
             return
         yield from self._from_mounts(container_id)
         yield from self._from_crio(container_id)

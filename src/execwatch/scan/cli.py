@@ -58,6 +58,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         action="store_true",
         help="report every dynamically linked executable (static-pie is static)",
     )
+    p.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="a target with nothing executable in it is a warning, not an error (exit 2)",
+    )
     p.add_argument("--all", action="store_true", help="table: show every finding")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     p.set_defaults(func=run)
@@ -65,7 +70,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
-    options = ScanOptions(platform=args.platform, require_static=args.require_static)
+    options = ScanOptions(
+        platform=args.platform, require_static=args.require_static, allow_empty=args.allow_empty
+    )
     show_progress = not args.no_progress and err.is_terminal
     try:
         if show_progress:
@@ -83,6 +90,10 @@ def run(args: argparse.Namespace) -> int:
     except ScanInputError as exc:
         err.print(f"execwatch scan: error: {exc}", markup=False, highlight=False, soft_wrap=True)
         return EXIT_BAD_INPUT
+    for warning in report.warnings:
+        err.print(
+            f"execwatch scan: warning: {warning}", markup=False, highlight=False, soft_wrap=True
+        )
     _write(report, args)
     worst = report.worst()
     return EXIT_FINDINGS if worst is not None and worst >= Severity.parse(args.fail_on) else 0

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol
 
 from execwatch.binfmt import BinfmtError, ElfInfo, read_elf, sniff
-from execwatch.scan.errors import ScanInputError
+from execwatch.scan.errors import LimitExceeded, ScanInputError
 
 HEAD_BYTES = 256  # what the kernel's binfmt handlers look at (BINPRM_BUF_SIZE)
 SMALL_TEXT_BYTES = 64 << 10  # ld.so.conf, ld-musl-*.path and friends
 MAX_SYMLINKS = 40  # Linux's MAXSYMLINKS
+MAX_WALK_STEPS = 8192  # path components walked by one resolution, links included
 
 
 @dataclass
@@ -34,7 +35,7 @@ class Node:
     head: bytes = b""
     elf: ElfInfo | None = None
     elf_error: str | None = None
-    text: bytes | None = None  # kept for small files under an etc/ directory
+    text: bytes | None = None  # kept for small loader configuration files (wants_text)
 
     @property
     def executable(self) -> bool:
@@ -60,40 +61,71 @@ class SymlinkLoop(ScanInputError):
     pass
 
 
+_Resolved = tuple[str | None, int]  # (canonical path or None, symlinks followed)
+_IN_PROGRESS: _Resolved = (None, -1)
+
+
 def resolve(fs: FileSystem, path: str) -> str | None:
     """Follow symlinks in every component of `path` inside the image root.
 
     Returns the resolved path of an existing entry, or None when something is missing.
-    Raises SymlinkLoop (an input error) after MAX_SYMLINKS links, as the kernel gives ELOOP.
+    Raises SymlinkLoop (an input error) after MAX_SYMLINKS links, as the kernel gives ELOOP,
+    and LimitExceeded after MAX_WALK_STEPS components (40 links of 4 KiB of `x/../` would
+    otherwise cost 64k lookups). Each symlink is resolved once per file system (kept in
+    `fs.link_cache` where the view has one), not once per path through it.
     """
-    todo = [p for p in normalise(path).split("/") if p]
-    todo.reverse()
-    current = "/"
-    hops = 0
-    while todo:
-        part = todo.pop()
-        if part == ".":
-            continue
-        if part == "..":
-            current = posixpath.dirname(current) or "/"
-            continue
-        candidate = posixpath.join(current, part)
-        node = fs.node(candidate)
-        if node is None:
-            return None
-        if node.kind == "symlink":
-            hops += 1
-            if hops > MAX_SYMLINKS:
-                raise SymlinkLoop(f"symlink loop at {candidate}")
-            target = node.target or ""
-            rest = [p for p in target.split("/") if p]
-            todo.extend(reversed(rest))
-            current = "/" if target.startswith("/") else current
-            continue
-        if todo and node.kind != "dir":
-            return None
-        current = candidate
-    return current
+    cache: dict[str, _Resolved] | None = getattr(fs, "link_cache", None)
+    return _Walk(fs, {} if cache is None else cache).path("/", normalise(path))[0]
+
+
+class _Walk:
+    def __init__(self, fs: FileSystem, cache: dict[str, _Resolved]) -> None:
+        self.fs = fs
+        self.cache = cache
+        self.steps = 0
+
+    def path(self, start: str, path: str) -> _Resolved:
+        current = "/" if path.startswith("/") else start
+        parts = [p for p in path.split("/") if p and p != "."]
+        self.steps += len(parts)
+        if self.steps > MAX_WALK_STEPS:
+            raise LimitExceeded(f"resolving {path[:64]!r} takes more than {MAX_WALK_STEPS} steps")
+        hops = 0
+        for i, part in enumerate(parts):
+            if part == "..":
+                current = current.rpartition("/")[0] or "/"
+                continue
+            candidate = current + part if current == "/" else current + "/" + part
+            node = self.fs.node(candidate)
+            if node is None:
+                return None, hops
+            if node.kind == "symlink":
+                target, taken = self.link(candidate, node.target or "")
+                hops += taken
+                if hops > MAX_SYMLINKS:
+                    raise SymlinkLoop(f"symlink loop at {candidate}")
+                if target is None:
+                    return None, hops
+                current = target
+                continue
+            if i + 1 < len(parts) and node.kind != "dir":
+                return None, hops
+            current = candidate
+        return current, hops
+
+    def link(self, path: str, target: str) -> _Resolved:
+        found = self.cache.get(path)
+        if found is _IN_PROGRESS:
+            raise SymlinkLoop(f"symlink loop at {path}")
+        if found is None:
+            self.cache[path] = _IN_PROGRESS
+            try:
+                real, hops = self.path(path.rpartition("/")[0] or "/", target)
+            except ScanInputError:
+                del self.cache[path]
+                raise
+            found = self.cache[path] = (real, hops + 1)
+        return found
 
 
 class MemoryFS:
@@ -102,6 +134,8 @@ class MemoryFS:
     def __init__(self) -> None:
         self.nodes: dict[str, Node] = {"/": Node("dir", 0o755)}
         self.children: dict[str, set[str]] = {"/": set()}
+        self.text_bytes = 0  # configuration text kept, over all layers (Limits.max_text_bytes)
+        self.link_cache: dict[str, _Resolved] = {}  # resolve(): cleared on every change
 
     def node(self, path: str) -> Node | None:
         return self.nodes.get(path)
@@ -116,6 +150,7 @@ class MemoryFS:
                 yield path, node.mode
 
     def put(self, path: str, node: Node) -> None:
+        self.link_cache.clear()
         parent = posixpath.dirname(path)
         self._ensure_dir(parent)
         if node.kind != "dir" or self.nodes.get(path, Node("file")).kind != "dir":
@@ -135,6 +170,7 @@ class MemoryFS:
     def remove(self, path: str) -> None:
         if path == "/" or path not in self.nodes:
             return
+        self.link_cache.clear()
         for child in list(self.children.get(path, ())):
             self.remove(posixpath.join(path, child))
         self.children.pop(path, None)
@@ -147,7 +183,8 @@ class MemoryFS:
 
 
 def wants_text(path: str, size: int) -> bool:
-    return size <= SMALL_TEXT_BYTES and "/etc/" in path
+    """ld.so.conf, its includes and ld-musl-*.path: small *.conf / *.path files under etc/."""
+    return size <= SMALL_TEXT_BYTES and "/etc/" in path and path.endswith((".conf", ".path"))
 
 
 def describe_file(path: str, data: BinaryIO, size: int, mode: int) -> Node:
@@ -182,6 +219,7 @@ class DirectoryFS:
     def __init__(self, root: str) -> None:
         self.root = os.path.realpath(root)
         self.cache: dict[str, Node | None] = {}
+        self.link_cache: dict[str, _Resolved] = {}
         self.bytes_read = 0
 
     def _host(self, path: str) -> str:

@@ -17,9 +17,9 @@ from typing import Any
 import zstandard
 
 from execwatch.binfmt import sniff
-from execwatch.scan.errors import ScanInputError
-from execwatch.scan.fs import HEAD_BYTES, MemoryFS, Node, describe_file
-from execwatch.scan.limits import Limits, Readable
+from execwatch.scan.errors import CorruptInput, LimitExceeded, ScanInputError
+from execwatch.scan.fs import HEAD_BYTES, MemoryFS, Node, describe_file, wants_text
+from execwatch.scan.limits import Limits, Readable, Tally, check_tar_end
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
@@ -68,22 +68,36 @@ def apply_layer(
     tarinfo = type(
         "_TarInfo", (_BoundedTarInfo,), {"max_header_bytes": limits.max_tar_header_bytes}
     )
+    tally = Tally(stream)
     try:
-        tar = tarfile.open(fileobj=stream, mode="r|", tarinfo=tarinfo)  # type: ignore[call-overload]  # noqa: SIM115
+        tar = tarfile.open(fileobj=tally, mode="r|", tarinfo=tarinfo)  # type: ignore[call-overload]  # noqa: SIM115
         with tar:
             for member in tar:
                 entries[0] += 1
                 if entries[0] > limits.max_entries:
-                    raise ScanInputError(f"{layer}: more than {limits.max_entries} tar entries")
-                _apply_member(fs, tar, member, layer, added)
+                    raise LimitExceeded(f"{layer}: more than {limits.max_entries} tar entries")
+                if len(member.linkname) > limits.max_link_target_bytes:
+                    raise LimitExceeded(
+                        f"{layer}: link {member.name!r} has a target longer than"
+                        f" {limits.max_link_target_bytes} bytes"
+                    )
+                _apply_member(fs, tar, member, layer, added, limits)
+            check_tar_end(tar.offset, tally, layer)
+    except _HeaderTooBig as exc:
+        raise LimitExceeded(f"{layer}: corrupt layer: {exc}") from exc
     except (tarfile.TarError, EOFError, zlib.error, zstandard.ZstdError) as exc:
-        raise ScanInputError(f"{layer}: corrupt layer: {exc or type(exc).__name__}") from exc
+        raise CorruptInput(f"{layer}: corrupt layer: {exc or type(exc).__name__}") from exc
     except OSError as exc:  # gzip.BadGzipFile and friends
-        raise ScanInputError(f"{layer}: unreadable layer: {exc}") from exc
+        raise CorruptInput(f"{layer}: unreadable layer: {exc}") from exc
 
 
 def _apply_member(
-    fs: MemoryFS, tar: tarfile.TarFile, member: tarfile.TarInfo, layer: str, added: set[str]
+    fs: MemoryFS,
+    tar: tarfile.TarFile,
+    member: tarfile.TarInfo,
+    layer: str,
+    added: set[str],
+    limits: Limits,
 ) -> None:
     path = member_path(member.name, layer)
     if path is None:
@@ -111,7 +125,11 @@ def _apply_member(
             raise ScanInputError(f"{layer}: hardlink {path} -> {member.linkname}: no such file")
         fs.put(path, replace(target))
     elif member.isreg():
-        fs.put(path, _file_node(tar, member, path))
+        node = _file_node(tar, member, path)
+        fs.text_bytes += len(node.text or b"")
+        if fs.text_bytes > limits.max_text_bytes:
+            raise LimitExceeded(f"{layer}: more than {limits.max_text_bytes} bytes of *.conf")
+        fs.put(path, node)
     else:
         fs.put(path, Node("other", mode))
     _mark_added(path, added)
@@ -141,7 +159,7 @@ def _file_node(tar: tarfile.TarFile, member: tarfile.TarInfo, path: str) -> Node
     head = data.read(HEAD_BYTES)
     if sniff(head) != "elf":
         node = Node("file", mode, member.size, head=head)
-        if "/etc/" in path and member.size <= 64 << 10:
+        if wants_text(path, member.size):
             node.text = head + data.read(member.size)
         return node
     with tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY) as spool:

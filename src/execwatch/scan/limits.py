@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import gzip
+import json
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import zstandard
 
-from execwatch.scan.errors import ScanInputError
+from execwatch.scan.errors import CorruptInput, LimitExceeded
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -28,10 +29,15 @@ class Limits:
     ratio_floor: int = 256 << 20
     max_entries: int = 2_000_000  # tar members over all layers
     max_tar_header_bytes: int = 1 << 20  # pax and GNU long-name headers are read into memory
-    max_json_bytes: int = 8 << 20  # manifests, indexes, configs
+    max_text_bytes: int = 16 << 20  # loader configuration text kept in memory (fs.wants_text)
+    max_link_target_bytes: int = 4095  # symlink targets: a page, as Linux file systems store them
+    max_json_bytes: int = 4 << 20  # manifests, indexes, configs (containerd's manifest limit)
+    max_json_tokens: int = 100_000  # `{ [ , :` in one document: bounds the objects json builds
     max_index_depth: int = 8
     max_manifests: int = 512
     max_layers: int = 1024
+    max_archive_members: int = 100_000  # members of an image archive (blobs, not files)
+    max_spool_bytes: int = 16 << 30  # a compressed image archive, inflated for random access
 
 
 class BoundedStream:
@@ -51,15 +57,54 @@ class BoundedStream:
         self.counter[0] += len(data)
         total, packed = self.counter
         if total > self.limits.max_uncompressed_bytes:
-            raise ScanInputError(
+            raise LimitExceeded(
                 f"{self.name}: more than {self.limits.max_uncompressed_bytes} bytes"
                 " uncompressed (decompression bomb?)"
             )
         if total > self.limits.ratio_floor and total > packed * self.limits.max_ratio:
-            raise ScanInputError(
+            raise LimitExceeded(
                 f"{self.name}: expands more than {self.limits.max_ratio}x (decompression bomb?)"
             )
         return data
+
+
+class Tally:
+    """Counts the bytes a reader (tarfile) actually got from a stream."""
+
+    def __init__(self, inner: Readable) -> None:
+        self.inner = inner
+        self.bytes = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.inner.read(size)
+        self.bytes += len(data)
+        return data
+
+
+def check_tar_end(end_offset: int, tally: Tally, name: str) -> None:
+    """A streamed tar that stops without its end-of-archive block was cut short.
+
+    tarfile's stream mode takes a short read, inside member data or at a header, for the
+    end of the archive; every tar writer ends an archive with zero blocks after the last
+    member, so fewer bytes than that means truncation.
+    """
+    if tally.bytes < end_offset + 512:
+        raise CorruptInput(f"{name}: truncated or corrupt archive: it ends inside a member")
+
+
+def parse_json(raw: bytes, what: str, limits: Limits) -> Any:
+    """json.loads, bounded: in bytes, in tokens (each builds an object) and in nesting."""
+    if len(raw) > limits.max_json_bytes:
+        raise LimitExceeded(f"{what} is larger than {limits.max_json_bytes} bytes")
+    tokens = sum(raw.count(c) for c in (b"{", b"[", b",", b":"))
+    if tokens > limits.max_json_tokens:
+        raise LimitExceeded(f"{what} has more than {limits.max_json_tokens} JSON values")
+    try:
+        return json.loads(raw)
+    except RecursionError as exc:
+        raise LimitExceeded(f"{what} is nested too deeply") from exc
+    except ValueError as exc:
+        raise CorruptInput(f"{what} is not valid JSON") from exc
 
 
 class CountingReader:

@@ -17,9 +17,12 @@ import posixpath
 from dataclasses import dataclass, field
 
 from execwatch.binfmt import ElfInfo, LibcFlavor, musl_arch
+from execwatch.scan.errors import LimitExceeded
 from execwatch.scan.fs import FileSystem, Node, resolve
 
 MUSL_RESERVED = ("c", "pthread", "rt", "m", "dl", "util", "xnet")
+MAX_CONF_FILES = 256  # ld.so.conf and everything it includes, each file read once
+MAX_CONF_DIRS = 4096  # distinct directories: each one is a candidate for every library
 MUSL_DEFAULT_PATH = "/lib:/usr/local/lib:/usr/lib"
 
 # OCI architecture (or label) -> Debian multiarch tuple, for the default search directories.
@@ -231,16 +234,21 @@ class Linker:
 
     def _ld_so_conf(self) -> list[str]:
         if self._conf_dirs is None:
-            dirs: list[str] = []
-            self._read_conf("/etc/ld.so.conf", dirs, set())
-            self._conf_dirs = dirs
+            conf = _ConfWalk()
+            self._read_conf("/etc/ld.so.conf", conf)
+            self._conf_dirs = list(conf.dirs)
         return self._conf_dirs
 
-    def _read_conf(self, path: str, dirs: list[str], visited: set[str]) -> None:
-        real = resolve(self.fs, path)
-        if real is None or real in visited or len(visited) > 256:
+    def _read_conf(self, path: str, conf: _ConfWalk) -> None:
+        if path in conf.named:  # every file of a .d directory may include the directory
             return
-        visited.add(real)
+        conf.named.add(path)
+        real = resolve(self.fs, path)
+        if real is None or real in conf.read:
+            return
+        if len(conf.read) >= MAX_CONF_FILES:
+            raise LimitExceeded(f"/etc/ld.so.conf includes more than {MAX_CONF_FILES} files")
+        conf.read.add(real)
         node = self.fs.node(real)
         if node is None or node.text is None:
             return
@@ -252,12 +260,16 @@ class Linker:
                 for pattern in line.split()[1:]:
                     if not pattern.startswith("/"):
                         pattern = posixpath.join(posixpath.dirname(path), pattern)
-                    for match in self._glob(pattern):
-                        self._read_conf(match, dirs, visited)
+                    if pattern not in conf.named:
+                        conf.named.add(pattern)
+                        for match in self._glob(pattern):
+                            self._read_conf(match, conf)
                 continue
-            dirs += [
-                d for d in line.replace(",", " ").replace(":", " ").split() if d.startswith("/")
-            ]
+            for d in line.replace(",", " ").replace(":", " ").split():
+                if d.startswith("/"):
+                    conf.dirs[d] = None
+            if len(conf.dirs) > MAX_CONF_DIRS:
+                raise LimitExceeded(f"/etc/ld.so.conf names more than {MAX_CONF_DIRS} directories")
 
     def _glob(self, pattern: str) -> list[str]:
         directory, base = posixpath.split(pattern)
@@ -299,6 +311,15 @@ class Linker:
                     if not req.weak and req.name not in lib.info.version_defs:
                         out.append(MissingVersion(req.name, lib.path, obj.path))
         return out
+
+
+@dataclass
+class _ConfWalk:
+    """One reading of ld.so.conf and its includes: each file and each pattern once."""
+
+    dirs: dict[str, None] = field(default_factory=dict)  # ordered, each directory once
+    read: set[str] = field(default_factory=set)  # resolved files read
+    named: set[str] = field(default_factory=set)  # include names and patterns followed
 
 
 def _musl_expandable(entry: str) -> bool:

@@ -83,12 +83,18 @@ class ImageResult:
     findings: list[Finding] = field(default_factory=list)
     stats: Stats = field(default_factory=Stats)
     notes: list[str] = field(default_factory=list)
+    digest: str | None = None  # the image's manifest digest, when it has one
+
+    def identity(self) -> dict[str, str | None]:
+        """What names this image among several in one input."""
+        return {"source": self.source, "platform": self.platform, "digest": self.digest}
 
 
 @dataclass
 class ScanReport:
     target: str
     results: list[ImageResult] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # e.g. nothing to check, when allowed
 
     @property
     def findings(self) -> list[Finding]:

@@ -5,20 +5,25 @@ from __future__ import annotations
 import os
 import posixpath
 import stat
+import tarfile
 import time
-from collections.abc import Callable
-from contextlib import ExitStack
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+
+import zstandard
 
 from execwatch.binfmt import Platform, node_platform
 from execwatch.scan.checks import Checker, Target
-from execwatch.scan.errors import ScanInputError
+from execwatch.scan.errors import CorruptInput, NothingToCheck, ScanInputError
 from execwatch.scan.fs import DirectoryFS, FileSystem, MemoryFS, describe_file
 from execwatch.scan.layers import apply_layer
 from execwatch.scan.limits import Limits, decompressed
 from execwatch.scan.model import ImageResult, ScanReport
 from execwatch.scan.sources import (
     ImageSource,
+    archive_kind,
     archive_store,
     directory_store,
     images_in_store,
@@ -34,11 +39,40 @@ Progress = Callable[[str, int | None], Callable[[int], None]]
 class ScanOptions:
     platform: Platform | None = None
     require_static: bool = False
+    allow_empty: bool = False  # nothing executable in a target: a warning, not an error
     limits: Limits = field(default_factory=Limits)
 
 
 def scan(target: str, options: ScanOptions, progress: Progress | None = None) -> ScanReport:
-    """Scan a file, a root filesystem directory, an OCI layout or an image/rootfs archive."""
+    """Scan a file, a root filesystem directory, an OCI layout or an image/rootfs archive.
+
+    Raises ScanInputError (one line) for input that cannot be scanned, including a target
+    with nothing executable in it unless options.allow_empty.
+    """
+    with _input_errors(target):
+        report = _scan(target, options, progress)
+    for result in report.results:
+        if result.stats.executables == 0 and not result.findings:
+            message = f"nothing to check: no executable in {result.source}"
+            if not options.allow_empty:
+                raise NothingToCheck(f"{message} (--allow-empty to accept)")
+            report.warnings.append(message)
+    return report
+
+
+@contextmanager
+def _input_errors(target: str) -> Iterator[None]:
+    """Whatever a truncated or corrupt archive makes tarfile, gzip, zlib or zstd raise."""
+    try:
+        yield
+    except (tarfile.TarError, EOFError, zlib.error, zstandard.ZstdError) as exc:
+        detail = str(exc) or type(exc).__name__
+        raise CorruptInput(f"{target}: truncated or corrupt archive: {detail}") from exc
+    except OSError as exc:  # gzip.BadGzipFile, EIO, EACCES ...
+        raise CorruptInput(f"{target}: unreadable: {exc.strerror or exc}") from exc
+
+
+def _scan(target: str, options: ScanOptions, progress: Progress | None) -> ScanReport:
     report = ScanReport(target)
     try:
         st = os.stat(target)
@@ -56,14 +90,13 @@ def scan(target: str, options: ScanOptions, progress: Progress | None = None) ->
     if not stat.S_ISREG(st.st_mode):
         raise ScanInputError(f"{target}: not a regular file or directory")
     if is_archive(target):
+        if archive_kind(target, options.limits) == "rootfs":
+            report.results.append(_scan_rootfs_archive(target, options, progress))
+            return report
         with ExitStack() as stack:
             tar = open_archive(target, stack, options.limits)
-            names = {m.name.strip("./") for m in tar.getmembers()[:10000]}
-            if {"oci-layout", "index.json"} <= names or "manifest.json" in names:
-                images = images_in_store(archive_store(tar, target), options.limits)
-                report.results += _scan_images(images, options, progress)
-            else:
-                report.results.append(_scan_rootfs_archive(target, options, progress))
+            images = images_in_store(archive_store(tar, target), options.limits)
+            report.results += _scan_images(images, options, progress)
         return report
     report.results.append(_scan_file(target, options))
     return report
@@ -152,6 +185,7 @@ def _scan_image(image: ImageSource, options: ScanOptions, progress: Progress | N
         require_static=options.require_static,
     )
     result = _check(image.label, fs, target, progress)
+    result.digest = image.digest
     result.stats.bytes_read = counter[1]
     result.stats.seconds = time.perf_counter() - started
     return result

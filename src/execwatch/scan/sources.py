@@ -8,7 +8,6 @@ name taken from the input (digests, archive paths) is validated before it is use
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import posixpath
 import re
@@ -18,11 +17,18 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 from execwatch.binfmt import Platform
-from execwatch.scan.errors import ScanInputError
-from execwatch.scan.limits import Limits, Readable, decompressed
+from execwatch.scan.errors import CorruptInput, LimitExceeded, ScanInputError
+from execwatch.scan.limits import (
+    Limits,
+    Readable,
+    Tally,
+    check_tar_end,
+    decompressed,
+    parse_json,
+)
 
 INDEX_TYPES = {
     "application/vnd.oci.image.index.v1+json",
@@ -43,7 +49,7 @@ LAYER_TYPES = {
     "application/vnd.docker.image.rootfs.diff.tar.gzip",
     "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip",
 }
-_DIGEST = re.compile(r"^(sha256:[a-f0-9]{64}|sha512:[a-f0-9]{128})$")
+_DIGEST = re.compile(r"sha256:[a-f0-9]{64}|sha512:[a-f0-9]{128}")
 ATTESTATION = "attestation-manifest"
 
 
@@ -63,6 +69,7 @@ class ImageSource:
     platform: Platform | None
     config: dict[str, Any]
     layers: list[Layer] = field(default_factory=list)
+    digest: str | None = None  # the manifest's digest; for a legacy docker save, the image ID
 
     def config_platform(self) -> Platform | None:
         arch = self.config.get("architecture")
@@ -97,7 +104,7 @@ class BlobStore:
         return True
 
     def blob_path(self, digest: str) -> str:
-        if not isinstance(digest, str) or not _DIGEST.match(digest):
+        if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
             raise ScanInputError(f"{self.label}: invalid digest {digest!r}")
         algorithm, hexdigest = digest.split(":", 1)
         return f"blobs/{algorithm}/{hexdigest}"
@@ -105,14 +112,9 @@ class BlobStore:
     def json(self, path: str, limits: Limits, digest: str | None = None) -> Any:
         with self.open(path) as f:
             raw = f.read(limits.max_json_bytes + 1)
-        if len(raw) > limits.max_json_bytes:
-            raise ScanInputError(f"{self.label}: {path} is larger than {limits.max_json_bytes}")
-        if digest is not None:
+        if digest is not None and len(raw) <= limits.max_json_bytes:
             check_digest(raw, digest, f"{self.label}: {path}")
-        try:
-            return json.loads(raw)
-        except (ValueError, RecursionError) as exc:
-            raise ScanInputError(f"{self.label}: {path} is not valid JSON") from exc
+        return parse_json(raw, f"{self.label}: {path}", limits)
 
 
 def check_digest(raw: bytes, digest: str, what: str) -> None:
@@ -271,7 +273,10 @@ def _manifest_image(
     label = f"{store.label}{'#' + ref if ref else ''}@{short}"
     if not isinstance(config, dict):
         raise ScanInputError(f"{store.label}: config {config_digest} is not an object")
-    return ImageSource(label, _descriptor_platform(desc), config, layers)
+    manifest_digest = desc.get("digest")
+    if not isinstance(manifest_digest, str):
+        manifest_digest = None
+    return ImageSource(label, _descriptor_platform(desc), config, layers, manifest_digest)
 
 
 def _opener(store: BlobStore, path: str) -> Callable[[], IO[bytes]]:
@@ -287,13 +292,16 @@ def docker_images(store: BlobStore, limits: Limits) -> list[ImageSource]:
     for entry in manifest:
         if not isinstance(entry, dict) or not isinstance(entry.get("Layers"), list):
             raise ScanInputError(f"{store.label}: malformed manifest.json entry")
-        config = store.json(str(entry.get("Config")), limits)
+        config_path = str(entry.get("Config"))
+        config = store.json(config_path, limits)
         if not isinstance(config, dict):
             raise ScanInputError(f"{store.label}: config is not an object")
         tags = entry.get("RepoTags") or []
         label = f"{store.label}#{tags[0]}" if tags and isinstance(tags[0], str) else store.label
         layers = [Layer(str(p), None, None, _opener(store, str(p))) for p in entry["Layers"]]
-        out.append(ImageSource(label, None, config, layers))
+        image_id = "sha256:" + posixpath.basename(config_path).removesuffix(".json")
+        digest = image_id if _DIGEST.fullmatch(image_id) else None
+        out.append(ImageSource(label, None, config, layers, digest))
     return out
 
 
@@ -306,8 +314,43 @@ def images_in_store(store: BlobStore, limits: Limits) -> list[ImageSource]:
     raise ScanInputError(f"{store.label}: neither an OCI layout nor a docker-save archive")
 
 
+ArchiveKind = Literal["image", "rootfs"]
+_IMAGE_MARKERS = ("oci-layout", "index.json", "manifest.json")
+
+
+def archive_kind(path: str, limits: Limits) -> ArchiveKind:
+    """Read an archive's member headers once, streaming: an image archive or a rootfs?
+
+    Nothing is kept but the marker names and a count; a truncated or corrupt archive fails
+    here, before anything is reported.
+    """
+    markers: set[str] = set()
+    members = 0
+    with open(path, "rb") as f:
+        stream = Tally(decompressed(f, path, limits, [0, 0]))
+        tar = tarfile.open(fileobj=stream, mode="r|")  # type: ignore[call-overload]  # noqa: SIM115
+        with tar:
+            for member in tar:
+                members += 1
+                if members > limits.max_entries:
+                    raise LimitExceeded(f"{path}: more than {limits.max_entries} tar entries")
+                name = posixpath.normpath(member.name).lstrip("/")
+                if name in _IMAGE_MARKERS:
+                    markers.add(name)
+            check_tar_end(tar.offset, stream, path)
+    if {"oci-layout", "index.json"} <= markers or "manifest.json" in markers:
+        if members > limits.max_archive_members:
+            raise LimitExceeded(f"{path}: more than {limits.max_archive_members} archive members")
+        return "image"
+    return "rootfs"
+
+
 def open_archive(path: str, stack: ExitStack, limits: Limits) -> tarfile.TarFile:
-    """Open an image archive for random access; a compressed one is first inflated, bounded."""
+    """Open an image archive for random access (blobs are read in manifest order).
+
+    A compressed one is inflated once into an unlinked temporary file, at most
+    max_spool_bytes: the only thing a scan writes to disk (docs/scan.md).
+    """
     f: IO[bytes] = stack.enter_context(open(path, "rb"))  # noqa: SIM115
     magic = f.read(4)
     f.seek(0)
@@ -316,20 +359,32 @@ def open_archive(path: str, stack: ExitStack, limits: Limits) -> tarfile.TarFile
         stream = decompressed(f, path, limits, [0, 0])
         while chunk := stream.read(1 << 20):
             spool.write(chunk)
+            if spool.tell() > limits.max_spool_bytes:
+                raise LimitExceeded(
+                    f"{path}: inflates past {limits.max_spool_bytes} bytes; scan it uncompressed"
+                )
         spool.seek(0)
         f = spool
     try:
         return stack.enter_context(tarfile.open(fileobj=f, mode="r:"))
     except tarfile.TarError as exc:
-        raise ScanInputError(f"{path}: not a tar archive: {exc}") from exc
+        raise CorruptInput(f"{path}: not a tar archive: {exc}") from exc
+
+
+ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tzst", ".tar.zstd", ".oci")
 
 
 def is_archive(path: str) -> bool:
+    """Sniffed from the bytes; a file only named like an archive is CorruptInput."""
     with open(path, "rb") as f:
         head = f.read(512)
     if head[:2] == b"\x1f\x8b" or head[:4] == b"\x28\xb5\x2f\xfd":
         return True
-    return len(head) == 512 and head[257:262] == b"ustar"
+    if len(head) == 512 and head[257:262] == b"ustar":
+        return True
+    if path.lower().endswith(ARCHIVE_SUFFIXES):
+        raise CorruptInput(f"{path}: named like an archive but is not a tar, gzip or zstd file")
+    return False
 
 
 @contextmanager

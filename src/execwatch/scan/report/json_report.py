@@ -9,7 +9,7 @@ from execwatch import __version__
 from execwatch.scan.model import Finding, ScanReport
 
 
-def finding_dict(f: Finding) -> dict[str, Any]:
+def finding_dict(f: Finding, image: dict[str, str | None] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "check": str(f.check),
         "path": f.path,
@@ -19,6 +19,8 @@ def finding_dict(f: Finding) -> dict[str, Any]:
     }
     if f.entrypoint:
         out["entrypoint"] = True
+    if image is not None:
+        out["image"] = image
     return out
 
 
@@ -30,6 +32,7 @@ def render_json(report: ScanReport) -> str:
             {
                 "source": r.source,
                 "platform": r.platform,
+                "digest": r.digest,
                 "entrypoint": r.entrypoint,
                 "notes": r.notes,
                 "stats": {
@@ -43,6 +46,7 @@ def render_json(report: ScanReport) -> str:
             }
             for r in report.results
         ],
-        "findings": [finding_dict(f) for f in report.findings],
+        "findings": [finding_dict(f, r.identity()) for r in report.results for f in r.findings],
+        "warnings": report.warnings,
     }
     return json.dumps(doc, indent=2) + "\n"

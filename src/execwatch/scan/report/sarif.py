@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections import Counter
 from typing import Any
 
 from execwatch import __version__
-from execwatch.scan.model import CHECK_DESCRIPTIONS, Check, ScanReport, Severity
+from execwatch.scan.model import CHECK_DESCRIPTIONS, Check, Finding, ScanReport, Severity
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.NOTE: "note"}
@@ -24,19 +26,28 @@ def render_sarif(report: ScanReport) -> str:
     ]
     index = {str(check): i for i, check in enumerate(Check)}
     results: list[dict[str, Any]] = []
-    for f in report.findings:
-        uri = f.path.lstrip("/") or f.path
-        results.append(
-            {
-                "ruleId": str(f.check),
-                "ruleIndex": index[str(f.check)],
-                "level": LEVEL[f.severity],
-                "message": {"text": f"{f.message} [{f.platform}]"},
-                "locations": [{"physicalLocation": {"artifactLocation": {"uri": uri}}}],
-                "partialFingerprints": {"execwatch/v1": f"{f.check}:{f.platform}:{f.path}"},
-                "properties": {"platform": f.platform, "entrypoint": f.entrypoint},
-            }
-        )
+    seen: Counter[str] = Counter()
+    several = len(report.results) > 1
+    for r in report.results:
+        image = r.digest or r.source
+        for f in r.findings:
+            uri = f.path.lstrip("/") or f.path
+            where = f"{r.source} [{f.platform}]" if several else f"[{f.platform}]"
+            results.append(
+                {
+                    "ruleId": str(f.check),
+                    "ruleIndex": index[str(f.check)],
+                    "level": LEVEL[f.severity],
+                    "message": {"text": f"{f.message} {where}"},
+                    "locations": [{"physicalLocation": {"artifactLocation": {"uri": uri}}}],
+                    "partialFingerprints": {"execwatch/v2": _fingerprint(f, image, seen)},
+                    "properties": {
+                        "platform": f.platform,
+                        "entrypoint": f.entrypoint,
+                        "image": r.identity(),
+                    },
+                }
+            )
     doc = {
         "$schema": SCHEMA,
         "version": "2.1.0",
@@ -55,3 +66,15 @@ def render_sarif(report: ScanReport) -> str:
         ],
     }
     return json.dumps(doc, indent=2) + "\n"
+
+
+def _fingerprint(f: Finding, image: str, seen: Counter[str]) -> str:
+    """Stable across runs (no line numbers to anchor on), unique within one report.
+
+    The message is part of it: two missing libraries of one binary are two results. An
+    exact repeat (same image, check, path and message) gets an occurrence number.
+    """
+    key = "\0".join((str(f.check), image, f.platform, f.path, f.message))
+    digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    seen[digest] += 1
+    return digest if seen[digest] == 1 else f"{digest}:{seen[digest]}"

@@ -20,6 +20,7 @@ def print_table(report: ScanReport, console: Console, limit: int | None = 50) ->
             f"[bold]{escape(result.source)}[/bold] {escape('[' + result.platform + ']')}:"
             f" {s.files} files,"
             f" {s.executables} executables ({s.elf} ELF, {s.scripts} scripts)"
+            + (f" {escape(result.digest)}" if result.digest else "")
         )
         if result.entrypoint:
             console.print(f"  entrypoint: {escape(' '.join(result.entrypoint))}")

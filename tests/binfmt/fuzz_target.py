@@ -1,0 +1,85 @@
+"""Coverage-guided fuzzing of the binfmt and scan parsers with atheris (libFuzzer).
+
+    python -m tests.binfmt.fuzz_target -runs=N -max_total_time=S CORPUS_DIR...
+
+Run by tests/binfmt/test_coverage_fuzz.py in a subprocess, because libFuzzer owns the
+process and exits it. Each input is given to one parser, chosen by its first byte: ELF,
+`#!`, OCI JSON, ld.so.conf. Besides "only the parser's own error", every input must stay
+within PEAK_BYTES of traced Python memory and SECONDS of time: either failing is a crash,
+which atheris reports with the input that caused it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+import time
+import tracemalloc
+
+import atheris
+
+with atheris.instrument_imports():
+    from execwatch.binfmt import BinfmtError, parse_shebang, read_elf
+    from execwatch.scan.errors import ScanInputError
+    from execwatch.scan.limits import Limits, parse_json
+
+PEAK_BYTES = 16 << 20
+SECONDS = 2.0  # coverage instrumentation slows Python 10-20x; uninstrumented: parser_bench
+
+
+def _ld_so_conf(data: bytes) -> None:
+    from tests.scan.corpus import ld_so_conf_dirs  # the linker's reader on a one-file image
+
+    ld_so_conf_dirs({"/etc/ld.so.conf": data})
+
+
+def one_input(data: bytes) -> None:
+    if not data:
+        return
+    selector, body = data[0] % 4, data[1:]
+    tracemalloc.reset_peak()
+    before = tracemalloc.get_traced_memory()[0]
+    start = time.perf_counter()
+    try:
+        if selector == 0:
+            read_elf(io.BytesIO(b"\x7fELF" + body))
+        elif selector == 1:
+            parse_shebang(b"#!" + body)
+        elif selector == 2:
+            parse_json(body, "fuzz.json", Limits())
+        else:
+            _ld_so_conf(body)
+    except (BinfmtError, ScanInputError):
+        pass
+    elapsed = time.perf_counter() - start
+    peak = tracemalloc.get_traced_memory()[1] - before
+    if peak > PEAK_BYTES:
+        raise AssertionError(f"parser {selector} peaked at {peak} bytes")
+    if elapsed > SECONDS:
+        raise AssertionError(f"parser {selector} took {elapsed:.3f}s")
+
+
+def warm_up() -> None:
+    """First calls build pyelftools' structs and import lazily: not the parsers' cost."""
+    from tests.binfmt.corpus import max_phnum
+
+    for little in (True, False):
+        for cls in (b"\x01", b"\x02"):
+            head = b"\x7fELF" + cls + (b"\x01" if little else b"\x02") + bytes(58)
+            with contextlib.suppress(BinfmtError):
+                read_elf(io.BytesIO(head))
+    read_elf(io.BytesIO(max_phnum()))
+    parse_json(b"{}", "warm-up", Limits())
+    _ld_so_conf(b"/usr/lib\n")
+
+
+def main() -> None:
+    tracemalloc.start()
+    warm_up()
+    atheris.Setup(sys.argv, one_input)
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""The hostile ELF corpus: each file is refused or parsed within a bounded time and memory.
+
+Bounds here are generous (the machine is shared): 250 ms and 16 MiB of traced Python
+memory per file, against a target of 50 ms; benchmarks/parser_bench.py gives exact figures.
+A subprocess checks the same corpus against its peak RSS, which tracemalloc cannot see.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from execwatch.binfmt import BinfmtError, ElfInfo, read_elf
+from execwatch.binfmt.errors import LimitExceeded, TruncatedFile
+from tests.binfmt.corpus import CORPUS, measure, sparse_elf
+
+SECONDS = 0.25
+PEAK_BYTES = 16 << 20
+
+EXPECTED: dict[str, type[BaseException] | type[ElfInfo]] = {
+    "string-reuse-bomb": ElfInfo,
+    "string-offsets-bomb": LimitExceeded,
+    "8189-distinct-needed": LimitExceeded,
+    "huge-e_phnum": LimitExceeded,
+    "max-e_phnum": ElfInfo,
+    "huge-e_shnum-arm": ElfInfo,
+    "verneed-chain": LimitExceeded,
+    "verdef-chain": LimitExceeded,
+    "overlapping-tables": BinfmtError,
+    "16MiB-unterminated-string": BinfmtError,
+}
+
+
+def test_the_corpus_is_the_one_specified() -> None:
+    assert set(EXPECTED) == set(CORPUS)
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_hostile_elf_is_bounded(name: str) -> None:
+    data = CORPUS[name]()
+    assert len(data) <= 16 << 20
+    outcome, cost = measure(lambda: read_elf(io.BytesIO(data)))
+    assert isinstance(outcome, EXPECTED[name]), repr(outcome)
+    assert cost.seconds < SECONDS, f"{name}: {cost.seconds:.3f}s"
+    assert cost.peak_bytes < PEAK_BYTES, f"{name}: peak {cost.peak_bytes} bytes"
+
+
+def test_the_string_reuse_bomb_keeps_each_directory_once() -> None:
+    """8188 entries naming one "ab:ab:…" string: one directory, as ld.so would search it."""
+    info = read_elf(io.BytesIO(CORPUS["string-reuse-bomb"]()))
+    assert info.rpath == ("ab",) and info.runpath == ("ab",)
+    assert len(info.needed) == 1
+
+
+def test_a_2gb_sparse_file_costs_a_few_reads(tmp_path: Path) -> None:
+    path = sparse_elf(tmp_path / "sparse")
+    assert path.stat().st_size == 2 << 30
+
+    def parse() -> ElfInfo:
+        with open(path, "rb") as f:
+            return read_elf(f)
+
+    outcome, cost = measure(parse)
+    assert isinstance(outcome, ElfInfo) and outcome.needed == ("libc.so.6",)
+    assert cost.seconds < SECONDS and cost.peak_bytes < 1 << 20
+
+
+def test_truncation_and_hostility_are_told_apart() -> None:
+    data = CORPUS["string-reuse-bomb"]()
+    with pytest.raises(TruncatedFile):
+        read_elf(io.BytesIO(data[:1000]))
+    with pytest.raises(LimitExceeded, match="more than 1024 DT_NEEDED libraries"):
+        read_elf(io.BytesIO(CORPUS["8189-distinct-needed"]()))
+
+
+RSS_PROBE = """
+import io, json, resource, sys
+from execwatch.binfmt import BinfmtError, read_elf
+from tests.binfmt.corpus import CORPUS
+blobs = {name: make() for name, make in CORPUS.items()}
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+for name, data in blobs.items():
+    try:
+        read_elf(io.BytesIO(data))
+    except BinfmtError:
+        pass
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"growth_kib": peak - base}))
+"""
+
+
+def test_peak_rss_over_the_whole_corpus() -> None:
+    """RSS sees what tracemalloc does not (C allocations, arenas); 32 MiB of growth at most."""
+    out = subprocess.run(
+        [sys.executable, "-c", RSS_PROBE], capture_output=True, text=True, check=True,
+        cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    growth = json.loads(out.stdout)["growth_kib"]
+    assert growth < 32 << 10, f"RSS grew by {growth} KiB"
