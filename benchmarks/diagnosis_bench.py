@@ -50,17 +50,17 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         containerd = Containerd(Path(tmp))
         containerd.start()
         try:
+            records: list[ExecFailure] = []
             with (
                 Attributor(containers=CriContainers(sockets=[containerd.socket])) as attributor,
                 Probe() as probe,
-            ):
-                records: list[ExecFailure] = []
-                pipeline = NodePipeline(
+                NodePipeline(
                     FileDiagnoser.for_host(attributor),
                     records.append,
                     epoch_offset=boot_to_epoch_offset(),
                     attributor=attributor,
-                )
+                ) as pipeline,
+            ):
                 probe.open_ring_buffer(pipeline.on_record)
                 for i in range(args.tries):
                     pod = containerd.run_pod(f"bench-{i}", namespace="bench", labels={})

@@ -127,6 +127,8 @@ class Consumer:
         self.sink = open(os.devnull, "w")  # noqa: SIM115 - closed in stop()
         self.delivered_count = 0
         self.aggregated_count = 0
+        self.dropped_count = 0
+        self.overrun_count = 0
         self.reasons: dict[str, int] = {}
         self.pipeline = NodePipeline(
             FileDiagnoser.for_host(attributor),
@@ -142,11 +144,17 @@ class Consumer:
         )
         self._thread.start()
 
-    def delivered(self, err: int, reason: Reason, *, aggregated: bool) -> None:
+    def delivered(self, err: int, reason: Reason, *, aggregated: bool, count: int = 1) -> None:
         if err == errno.ENOEXEC:
-            self.delivered_count += 1
-            self.aggregated_count += aggregated
-            self.reasons[str(reason)] = self.reasons.get(str(reason), 0) + 1
+            self.delivered_count += count
+            self.aggregated_count += count if aggregated else 0
+            self.reasons[str(reason)] = self.reasons.get(str(reason), 0) + count
+
+    def dropped(self, kind: str, count: int = 1) -> None:
+        self.dropped_count += count
+
+    def overran(self, stage: str) -> None:
+        self.overrun_count += 1
 
     def drain(self) -> None:
         time.sleep(0.5)

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 runtime_pkgs=(clang llvm libbpf-dev libbpf1 linux-libc-dev make python3-venv)
-test_pkgs=(bpftool bpftrace runc containerd musl musl-tools prometheus file pax-utils binutils busybox-static gcc libc6-dev qemu-system-x86)
+test_pkgs=(bpftool bpftrace runc containerd musl musl-tools prometheus file pax-utils binutils busybox-static gcc libc6-dev qemu-system-x86 libfuse3-3)
 
 want=("${runtime_pkgs[@]}")
 [ "${1:-}" = "--test" ] && want+=("${test_pkgs[@]}")

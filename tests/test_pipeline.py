@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import threading
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
-from execwatch.pipeline import NodePipeline
+from execwatch.pipeline import Heartbeat, NodePipeline
 from execwatch.probe import layout
 from execwatch.record import Diagnosis, ExecFailure, KernelEvent, Reason
 
@@ -35,17 +37,39 @@ def emitted() -> list[ExecFailure]:
     return []
 
 
-def pipeline(diagnoser: CountingDiagnoser, sink: list[ExecFailure], **kw: object) -> NodePipeline:
-    return NodePipeline(diagnoser, sink.append, epoch_offset=0.0, **kw)  # type: ignore[arg-type]
+@pytest.fixture
+def pipelines() -> Iterator[list[NodePipeline]]:
+    made: list[NodePipeline] = []
+    yield made
+    for p in made:
+        p.close()
+
+
+@pytest.fixture
+def pipeline(
+    pipelines: list[NodePipeline],
+) -> Callable[..., NodePipeline]:
+    def make(diagnoser: object, sink: list[ExecFailure], **kw: object) -> NodePipeline:
+        p = NodePipeline(diagnoser, sink.append, epoch_offset=0.0, **kw)  # type: ignore[arg-type]
+        pipelines.append(p)
+        return p
+
+    return make
+
+
+def settled(p: NodePipeline) -> NodePipeline:
+    assert p.drain(5.0), "the workers did not finish"
+    return p
 
 
 def test_first_failure_is_emitted_at_once_and_repeats_fold_into_one_record(
-    emitted: list[ExecFailure],
+    emitted: list[ExecFailure], pipeline: Callable[..., NodePipeline]
 ) -> None:
     diagnoser = CountingDiagnoser()
     p = pipeline(diagnoser, emitted)
     for _ in range(1000):
         p.on_record(raw_event(b"/app/server"))
+    settled(p)
     assert [f.count for f in emitted] == [1]
 
     p.flush()
@@ -54,63 +78,151 @@ def test_first_failure_is_emitted_at_once_and_repeats_fold_into_one_record(
     assert emitted[1].diagnosis == emitted[0].diagnosis
 
 
-def test_stale_bytes_after_the_path_do_not_split_a_burst(emitted: list[ExecFailure]) -> None:
+def test_stale_bytes_after_the_path_do_not_split_a_burst(
+    emitted: list[ExecFailure], pipeline: Callable[..., NodePipeline]
+) -> None:
     p = pipeline(CountingDiagnoser(), emitted)
     p.on_record(raw_event(b"/app/server", stale=b"garbage-from-an-older-record"))
     p.on_record(raw_event(b"/app/server", stale=b"other"))
-    p.flush()
+    settled(p).flush()
     assert [(f.event.path, f.count) for f in emitted] == [("/app/server", 1), ("/app/server", 1)]
 
 
-def test_different_containers_and_errnos_are_kept_apart(emitted: list[ExecFailure]) -> None:
+def test_different_containers_and_errnos_are_kept_apart(
+    emitted: list[ExecFailure], pipeline: Callable[..., NodePipeline]
+) -> None:
     p = pipeline(CountingDiagnoser(), emitted)
     p.on_record(raw_event(b"/bin/x", cgroup=1))
     p.on_record(raw_event(b"/bin/x", cgroup=2))
     p.on_record(raw_event(b"/bin/x", cgroup=2, err=2))
-    assert [(f.event.cgroup_id, f.event.errno) for f in emitted] == [(1, 8), (2, 8), (2, 2)]
+    settled(p)
+    assert sorted((f.event.cgroup_id, f.event.errno) for f in emitted) == [(1, 8), (2, 2), (2, 8)]
 
 
-def test_evicting_a_slot_emits_its_pending_count(emitted: list[ExecFailure]) -> None:
+def test_evicting_a_slot_emits_its_pending_count(
+    emitted: list[ExecFailure], pipeline: Callable[..., NodePipeline]
+) -> None:
     p = pipeline(CountingDiagnoser(), emitted, max_slots=2)
     for path in (b"/a", b"/a", b"/a", b"/b", b"/c"):
         p.on_record(raw_event(path))
-    p.flush(final=True)
+    settled(p).flush(final=True)
     counts: dict[str, int] = {}
     for f in emitted:
         counts[f.event.path] = counts.get(f.event.path, 0) + f.count
     assert counts == {"/a": 3, "/b": 1, "/c": 1}
 
 
-def test_path_search_noise_is_counted_but_not_emitted(emitted: list[ExecFailure]) -> None:
-    seen: list[tuple[int, Reason, bool]] = []
+class Observer:
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, Reason, bool, int]] = []
+        self.drops: dict[str, int] = {}
+        self.overruns: list[str] = []
 
-    class Observer:
-        def delivered(self, errno: int, reason: Reason, *, aggregated: bool) -> None:
-            seen.append((errno, reason, aggregated))
+    def delivered(self, errno: int, reason: Reason, *, aggregated: bool, count: int = 1) -> None:
+        self.seen.append((errno, reason, aggregated, count))
 
-    p = pipeline(CountingDiagnoser(Reason.NOT_FOUND), emitted, observer=Observer())
+    def dropped(self, kind: str, count: int = 1) -> None:
+        self.drops[kind] = self.drops.get(kind, 0) + count
+
+    def overran(self, stage: str) -> None:
+        self.overruns.append(stage)
+
+
+def test_path_search_noise_is_counted_but_not_emitted(
+    emitted: list[ExecFailure], pipeline: Callable[..., NodePipeline]
+) -> None:
+    observer = Observer()
+    p = pipeline(CountingDiagnoser(Reason.NOT_FOUND), emitted, observer=observer)
     p.on_record(raw_event(b"/usr/local/bin/git", err=2))
     p.on_record(raw_event(b"/usr/local/bin/git", err=2))
-    p.flush()
+    settled(p).flush()
     assert emitted == []
-    assert seen == [(2, Reason.NOT_FOUND, False), (2, Reason.NOT_FOUND, True)]
+    assert observer.seen == [(2, Reason.NOT_FOUND, False, 1), (2, Reason.NOT_FOUND, True, 1)]
 
 
-def test_not_found_is_emitted_when_asked(emitted: list[ExecFailure], tmp_path: Path) -> None:
+def test_not_found_is_emitted_when_asked(
+    emitted: list[ExecFailure], pipeline: Callable[..., NodePipeline]
+) -> None:
     p = pipeline(CountingDiagnoser(Reason.NOT_FOUND), emitted, show_not_found=True)
     p.on_record(raw_event(b"/usr/local/bin/git", err=2))
+    settled(p)
     assert len(emitted) == 1
 
 
 def test_a_crashing_diagnosis_degrades_the_record_instead_of_losing_it(
-    emitted: list[ExecFailure],
+    emitted: list[ExecFailure], pipeline: Callable[..., NodePipeline]
 ) -> None:
     class Broken:
         def diagnose(self, event: KernelEvent) -> Diagnosis:
             raise RuntimeError("bug")
 
-    p = NodePipeline(Broken(), emitted.append, epoch_offset=0.0)
+    p = pipeline(Broken(), emitted)
     p.on_record(raw_event(b"/app/server"))
+    settled(p)
     assert len(emitted) == 1
     assert emitted[0].diagnosis.reason is Reason.UNDIAGNOSED
     assert "diagnosis failed: RuntimeError('bug')" in emitted[0].diagnosis.detail
+
+
+class Blocking:
+    """A diagnosis that hangs for one path, like a read on a file system that never answers."""
+
+    def __init__(self, hang_on: str) -> None:
+        self.hang_on = hang_on
+        self.release = threading.Event()
+
+    def diagnose(self, event: KernelEvent) -> Diagnosis:
+        if event.path == self.hang_on:
+            self.release.wait()
+        return Diagnosis(Reason.FOREIGN_ARCHITECTURE, "amd64", "arm64")
+
+
+def test_a_hung_diagnosis_times_out_and_others_keep_flowing(
+    emitted: list[ExecFailure], pipeline: Callable[..., NodePipeline]
+) -> None:
+    diagnoser = Blocking("/fuse/app")
+    observer = Observer()
+    p = pipeline(diagnoser, emitted, budget=0.3, observer=observer)
+    started = time.monotonic()
+    p.on_record(raw_event(b"/fuse/app"))
+    assert time.monotonic() - started < 0.05, "the consume loop waited for diagnosis"
+    for i in range(20):
+        p.on_record(raw_event(b"/bin/x%d" % i))
+    settled(p)
+    diagnoser.release.set()
+    by_path = {f.event.path: f.diagnosis for f in emitted}
+    assert len(by_path) == 21
+    assert by_path["/fuse/app"].reason is Reason.UNDIAGNOSED
+    assert "overran its 0.3 s budget" in by_path["/fuse/app"].detail
+    assert {d.reason for p_, d in by_path.items() if p_ != "/fuse/app"} == {
+        Reason.FOREIGN_ARCHITECTURE
+    }
+    assert observer.overruns == ["diagnosis"]
+
+
+def test_a_full_queue_reports_undiagnosed_and_counts_the_drop(
+    emitted: list[ExecFailure], pipeline: Callable[..., NodePipeline]
+) -> None:
+    diagnoser = Blocking("/hang")
+    observer = Observer()
+    p = pipeline(diagnoser, emitted, budget=5.0, workers=1, queue_size=1, observer=observer)
+    p.on_record(raw_event(b"/hang"))
+    time.sleep(0.1)  # the only worker is now blocked; one record fits in the queue
+    p.on_record(raw_event(b"/queued"))
+    p.on_record(raw_event(b"/dropped"))
+    assert [(f.event.path, f.diagnosis.detail) for f in emitted] == [
+        ("/dropped", "not diagnosed: the diagnosis queue was full")
+    ]
+    assert observer.drops == {"diagnosis_queue_full": 1}
+    diagnoser.release.set()
+    settled(p)
+    assert sorted(f.event.path for f in emitted) == ["/dropped", "/hang", "/queued"]
+
+
+def test_the_heartbeat_fails_only_when_the_loop_stops() -> None:
+    beat = Heartbeat(stall_after=0.2)
+    assert beat.problem() is None
+    time.sleep(0.3)
+    assert "has not run for" in (beat.problem() or "")
+    beat.beat()
+    assert beat.problem() is None

@@ -8,11 +8,15 @@ Everything lives in one registry object: nothing global.
 from __future__ import annotations
 
 import errno as errno_mod
-from collections.abc import Iterable, Iterator
+import socket
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, start_http_server
+from prometheus_client import CollectorRegistry, Counter, make_wsgi_app, start_http_server
 from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from execwatch.record import Reason
@@ -31,10 +35,42 @@ def parse_address(text: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-def serve(address: tuple[str, int], registry: CollectorRegistry) -> Any:
-    """Serve `registry` on /metrics in a background thread; call .shutdown() to stop."""
+# None when healthy, else a one-line reason: see pipeline.Heartbeat.problem.
+HealthCheck = Callable[[], "str | None"]
+
+
+def serve(
+    address: tuple[str, int], registry: CollectorRegistry, health: HealthCheck | None = None
+) -> Any:
+    """Serve `registry` on /metrics in a background thread; call .shutdown() to stop.
+
+    With `health`, /healthz answers 200 or 503 with its reason (the liveness probe)."""
     host, port = address
-    return start_http_server(port, host, registry=registry)[0]
+    if health is None:
+        return start_http_server(port, host, registry=registry)[0]
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != "/healthz":
+            return metrics_app(environ, start_response)  # type: ignore[no-any-return]
+        problem = health()
+        status = "503 Service Unavailable" if problem else "200 OK"
+        start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+        return [f"{problem or 'ok'}\n".encode()]
+
+    server_class = _ServerV6 if ":" in host else ThreadingWSGIServer
+    server = make_server(host, port, app, server_class, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server
+
+
+class _ServerV6(ThreadingWSGIServer):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # scrapes are not news
+        pass
 
 
 def errno_name(err: int) -> str:
@@ -83,10 +119,30 @@ class NodeMetrics:
             "Delivered failures folded into an earlier identical record instead of printed again.",
             registry=registry,
         )
+        self.dropped_events = Counter(
+            "execwatch_pipeline_dropped",
+            "Failed execs user space could not diagnose because it was overloaded, by type "
+            "(they are still reported, as Undiagnosed).",
+            ["type"],
+            registry=registry,
+        )
+        self.overruns = Counter(
+            "execwatch_pipeline_overruns",
+            "Diagnosis or attribution calls that overran their time budget (a slow or hung "
+            "file system), by stage.",
+            ["stage"],
+            registry=registry,
+        )
         if probe is not None:
             registry.register(KernelCollector(probe))
 
-    def delivered(self, errno: int, reason: Reason, *, aggregated: bool) -> None:
-        self.events.labels(errno_name(errno), str(reason)).inc()
+    def delivered(self, errno: int, reason: Reason, *, aggregated: bool, count: int = 1) -> None:
+        self.events.labels(errno_name(errno), str(reason)).inc(count)
         if aggregated:
-            self.aggregated_events.inc()
+            self.aggregated_events.inc(count)
+
+    def dropped(self, kind: str, count: int = 1) -> None:
+        self.dropped_events.labels(kind).inc(count)
+
+    def overran(self, stage: str) -> None:
+        self.overruns.labels(stage).inc()

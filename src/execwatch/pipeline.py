@@ -1,15 +1,19 @@
 """The node pipeline: ring-buffer record -> KernelEvent -> diagnosis -> attribution -> record.
 
-Shared by `execwatch trace` and the cluster agent. A burst of identical failures (one
-container retrying one binary) is diagnosed once and folded: the first occurrence is
-emitted at once, the repeats as one record with their exact count per window. Repeats
-are recognised on the raw record, before decoding, so a failure storm stays cheap.
+Shared by `execwatch trace` and the cluster agent. The consume loop (the ring-buffer
+thread) only counts, folds and queues: diagnosis and attribution read tenant file
+systems, so they run on worker threads, each call within a time budget (see
+execwatch.diagnosis.budget). A burst of identical failures (one container retrying one
+binary) is diagnosed once and folded: the first occurrence is emitted when diagnosed,
+the repeats as one record with their exact count per window. Repeats are recognised on
+the raw record, before decoding, so a failure storm stays cheap.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import queue
 import sys
 import threading
 import time
@@ -18,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from execwatch.diagnosis.budget import Budget, Overrun, SlowMounts
 from execwatch.probe import layout
 from execwatch.probe.events import decode
 from execwatch.record import Attribution, Diagnosis, ExecFailure, KernelEvent, Reason
@@ -28,6 +33,8 @@ Sink = Callable[[ExecFailure], None]
 # Records submitted without a wakeup wait at most this long (see wakeup_flag in the BPF C).
 POLL_TIMEOUT_MS = 50
 AggregationKey = tuple[int, int, int, bytes, bytes]
+DIAGNOSIS_BUDGET_S = 1.0  # a local diagnosis takes about a millisecond
+STALL_AFTER_S = 20.0  # the consume loop goes round every POLL_TIMEOUT_MS
 
 
 class Diagnoser(Protocol):
@@ -49,15 +56,46 @@ class RecordSource(Protocol):
 class PipelineObserver(Protocol):
     """What the pipeline reports about itself (metrics); see execwatch.metrics."""
 
-    def delivered(self, errno: int, reason: Reason, *, aggregated: bool) -> None: ...
+    def delivered(
+        self, errno: int, reason: Reason, *, aggregated: bool, count: int = 1
+    ) -> None: ...
+
+    def dropped(self, kind: str, count: int = 1) -> None: ...
+
+    def overran(self, stage: str) -> None: ...
+
+
+class Heartbeat:
+    """When the consume loop last went round. Liveness fails only when it stalls: slow
+    diagnosis is the workers' business and never makes the agent look dead."""
+
+    def __init__(self, stall_after: float = STALL_AFTER_S) -> None:
+        self.stall_after = stall_after
+        self._last = time.monotonic()
+
+    def beat(self, now: float | None = None) -> None:
+        self._last = time.monotonic() if now is None else now
+
+    def age(self) -> float:
+        return time.monotonic() - self._last
+
+    def problem(self) -> str | None:
+        """None when healthy, else why not (for the /healthz answer)."""
+        age = self.age()
+        if age > self.stall_after:
+            return f"the ring-buffer consume loop has not run for {age:.1f} s"
+        return None
 
 
 @dataclass
 class _Slot:
-    failure: ExecFailure  # the diagnosed first occurrence
+    key: AggregationKey
+    failure: ExecFailure | None  # the diagnosed first occurrence; None while diagnosing
     latest: bytes  # raw record of the newest repeat
     pending: int  # repeats not emitted yet
     last_seen: float
+    unreported: int = 0  # repeats that arrived before the diagnosis: counted once it is known
+    closed: bool = False  # emitted without waiting for its diagnosis (shutdown)
 
 
 def aggregation_key(raw: bytes) -> AggregationKey:
@@ -74,7 +112,13 @@ def aggregation_key(raw: bytes) -> AggregationKey:
     )
 
 
+def _undiagnosed(detail: str) -> Diagnosis:
+    return Diagnosis(Reason.UNDIAGNOSED, "", detail=detail)
+
+
 class NodePipeline:
+    """Use as a context manager (or call close()): it owns its worker threads."""
+
     def __init__(
         self,
         diagnoser: Diagnoser,
@@ -86,6 +130,11 @@ class NodePipeline:
         show_not_found: bool = False,
         window: float = 1.0,
         max_slots: int = 8192,
+        budget: float = DIAGNOSIS_BUDGET_S,
+        slow: SlowMounts | None = None,
+        workers: int = 2,
+        queue_size: int = 1024,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         self._diagnoser = diagnoser
         self._sink = sink
@@ -95,27 +144,63 @@ class NodePipeline:
         self._show_not_found = show_not_found
         self._window = window
         self._max_slots = max_slots
+        self.slow = slow if slow is not None else SlowMounts()
+        self._budget = Budget(budget, self.slow)
+        self.heartbeat = heartbeat if heartbeat is not None else Heartbeat()
         self._slots: OrderedDict[AggregationKey, _Slot] = OrderedDict()
+        self._lock = threading.Lock()  # slots; never held while calling out
+        self._sink_lock = threading.Lock()  # one record at a time into the sink
+        self._queue: queue.Queue[_Slot | None] = queue.Queue(queue_size)
+        self._idle = threading.Condition(self._lock)
+        self._unsettled = 0
+        self._error: BaseException | None = None  # a worker's sink failed (a closed pipe)
+        self._workers = [
+            threading.Thread(target=self._work, name=f"diagnosis-{i}", daemon=True)
+            for i in range(workers)
+        ]
+        for worker in self._workers:
+            worker.start()
+
+    def __enter__(self) -> NodePipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def on_record(self, raw: bytes) -> None:
+        """The consume loop's whole job per record: fold it, or queue it for diagnosis."""
         key = aggregation_key(raw)
         now = time.monotonic()
-        slot = self._slots.get(key)
-        if slot is not None and now - slot.last_seen < self._window * 10:
-            slot.pending += 1
-            slot.latest = raw
-            slot.last_seen = now
-            self._report(key[2], slot.failure.diagnosis.reason, aggregated=True)
+        self.heartbeat.beat(now)
+        with self._lock:
+            slot = self._slots.get(key)
+            fresh = slot is not None and now - slot.last_seen < self._window * 10
+            if slot is not None and fresh:
+                slot.pending += 1
+                slot.latest = raw
+                slot.last_seen = now
+                known = slot.failure
+                slot.unreported += known is None
+            else:
+                stale = [self._slots.pop(key)] if slot is not None else []
+                slot = _Slot(key, None, raw, 0, now)
+                self._slots[key] = slot
+                while len(self._slots) > self._max_slots:
+                    stale.append(self._slots.popitem(last=False)[1])
+                self._unsettled += 1
+        if fresh:
+            if known is not None:
+                self._report(known, aggregated=True, count=1)
             return
-        if slot is not None:
-            self._emit_pending(slot)  # stale slot: diagnose afresh, keep its count
-        failure = self._build(decode(raw, self._epoch_offset))
-        self._report(key[2], failure.diagnosis.reason, aggregated=False)
-        self._slots[key] = _Slot(failure, raw, 0, now)
-        self._slots.move_to_end(key)
-        while len(self._slots) > self._max_slots:
-            self._emit_pending(self._slots.popitem(last=False)[1])
-        self._emit(failure)
+        for old in stale:  # diagnosed afresh, keeping their counts
+            self._emit_pending(old)
+        try:
+            self._queue.put_nowait(slot)
+        except queue.Full:
+            self._report_drop("diagnosis_queue_full")
+            event = decode(raw, self._epoch_offset)
+            detail = "not diagnosed: the diagnosis queue was full"
+            self._settle(slot, ExecFailure(event, _undiagnosed(detail), Attribution()))
 
     def run(
         self, source: RecordSource, stop: threading.Event, deadline: float | None = None
@@ -125,56 +210,167 @@ class NodePipeline:
         next_flush = time.monotonic() + self._window
         try:
             while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+                self.heartbeat.beat()
+                if self._error is not None:
+                    raise self._error
                 source.poll(POLL_TIMEOUT_MS)
                 if time.monotonic() >= next_flush:
                     self.flush()
                     next_flush = time.monotonic() + self._window
             source.poll(0)
         finally:
-            self.flush(final=True)
+            self.close()
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until every queued record is diagnosed and emitted; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._unsettled:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._idle.wait(remaining)
+        return True
+
+    def close(self) -> None:
+        """Drain (within two budgets per worker), stop the workers, flush everything."""
+        if self._error is None:
+            self.drain(2 * self._budget.seconds * max(1, self._queue.qsize()) + 1.0)
+        for _ in self._workers:
+            try:
+                self._queue.put(None, timeout=1.0)
+            except queue.Full:
+                break
+        for worker in self._workers:
+            worker.join(timeout=1.0)
+        self._budget.close()
+        self.flush(final=True)
 
     def flush(self, *, final: bool = False) -> None:
         """Emit folded repeats; forget slots idle for ten windows (or all, when final)."""
         now = time.monotonic()
-        for key, slot in list(self._slots.items()):
+        with self._lock:
+            slots = list(self._slots.items())
+        for key, slot in slots:
+            if final and slot.failure is None:
+                self._close_unsettled(slot)
             self._emit_pending(slot)
             if final or now - slot.last_seen >= self._window * 10:
-                del self._slots[key]
+                with self._lock:
+                    if self._slots.get(key) is slot:
+                        del self._slots[key]
+
+    def _work(self) -> None:
+        while (slot := self._queue.get()) is not None:
+            try:
+                failure = self._build(decode(slot.latest, self._epoch_offset))
+            except Exception as exc:  # never lose a record, whatever broke
+                log.exception("building a record failed")
+                event = decode(slot.latest, self._epoch_offset)
+                failure = ExecFailure(event, _undiagnosed(f"failed: {exc!r}"), Attribution())
+            try:
+                self._settle(slot, failure)
+            except BaseException as exc:  # the sink's: raised again by the consume loop
+                self._error = exc
+                return
+
+    def _settle(self, slot: _Slot, failure: ExecFailure) -> None:
+        with self._lock:
+            if slot.failure is not None or slot.closed:
+                return
+            slot.failure = failure
+            unreported, slot.unreported = slot.unreported, 0
+        self._report(failure, aggregated=False, count=1)
+        if unreported:
+            self._report(failure, aggregated=True, count=unreported)
+        self._emit(failure)
+        with self._lock:
+            orphan = self._slots.get(slot.key) is not slot
+        if orphan:  # evicted while being diagnosed: its repeats are not flushed by anyone else
+            self._emit_pending(slot)
+        with self._idle:
+            self._unsettled -= 1
+            self._idle.notify_all()
+
+    def _close_unsettled(self, slot: _Slot) -> None:
+        with self._lock:
+            if slot.failure is not None or slot.closed:
+                return
+            slot.closed = True
+            self._unsettled -= 1
+            self._idle.notify_all()
+        event = decode(slot.latest, self._epoch_offset)
+        failure = ExecFailure(
+            event, _undiagnosed("not diagnosed: stopping"), Attribution(), count=1 + slot.pending
+        )
+        slot.pending = 0
+        self._report(failure, aggregated=False, count=1)
+        if failure.count > 1:
+            self._report(failure, aggregated=True, count=failure.count - 1)
+        self._emit(failure)
 
     def _build(self, event: KernelEvent) -> ExecFailure:
-        """A bug in diagnosis or attribution degrades the record; it never loses it."""
+        """A bug or a stall in diagnosis or attribution degrades the record; never loses it."""
         try:
-            diagnosis = self._diagnoser.diagnose(event)
+            diagnosis = self._budget.call(lambda: self._diagnoser.diagnose(event))
+        except Overrun as exc:
+            diagnosis = _undiagnosed(f"diagnosis {exc}" + self._overran("diagnosis", exc))
         except Exception as exc:
             log.exception("diagnosis failed", extra={"kv": {"path": event.path}})
-            diagnosis = Diagnosis(Reason.UNDIAGNOSED, "", detail=f"diagnosis failed: {exc!r}")
+            diagnosis = _undiagnosed(f"diagnosis failed: {exc!r}")
+        attributor = self._attributor
         try:
             attribution = (
-                self._attributor.resolve(
-                    event.cgroup_id,
-                    event.tgid,
-                    name=event.cgroup_name,
-                    parent_id=event.cgroup_parent_id,
+                self._budget.call(
+                    lambda: attributor.resolve(
+                        event.cgroup_id,
+                        event.tgid,
+                        name=event.cgroup_name,
+                        parent_id=event.cgroup_parent_id,
+                    )
                 )
-                if self._attributor
+                if attributor
                 else Attribution()
             )
+        except Overrun as exc:
+            self._overran("attribution", exc)
+            attribution = Attribution()
         except Exception:
             log.exception("attribution failed", extra={"kv": {"cgroup_id": event.cgroup_id}})
             attribution = Attribution()
         return ExecFailure(event=event, diagnosis=diagnosis, attribution=attribution)
 
-    def _report(self, errno: int, reason: Reason, *, aggregated: bool) -> None:
+    def _overran(self, stage: str, exc: Overrun) -> str:
         if self._observer:
-            self._observer.delivered(errno, reason, aggregated=aggregated)
+            self._observer.overran(stage)
+        log.warning("budget overran", extra={"kv": {"stage": stage, "cause": str(exc)}})
+        if exc.mount is None:
+            return ""
+        self.slow.mark(exc.mount)
+        return "; later events there are not waited for"
+
+    def _report(self, failure: ExecFailure, *, aggregated: bool, count: int) -> None:
+        if self._observer:
+            self._observer.delivered(
+                failure.event.errno, failure.diagnosis.reason, aggregated=aggregated, count=count
+            )
+
+    def _report_drop(self, kind: str) -> None:
+        if self._observer:
+            self._observer.dropped(kind)
 
     def _emit_pending(self, slot: _Slot) -> None:
-        if slot.pending:
-            latest = decode(slot.latest, self._epoch_offset)
-            self._emit(dataclasses.replace(slot.failure, event=latest, count=slot.pending))
+        with self._lock:
+            if slot.failure is None or not slot.pending:
+                return
+            first, latest, count = slot.failure, slot.latest, slot.pending
             slot.pending = 0
+        self._emit(
+            dataclasses.replace(first, event=decode(latest, self._epoch_offset), count=count)
+        )
 
     def _emit(self, failure: ExecFailure) -> None:
         if failure.diagnosis.reason is Reason.NOT_FOUND and not self._show_not_found:
             return
-        self._sink(failure)
+        with self._sink_lock:
+            self._sink(failure)

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from execwatch.attribution import Attributor
 from execwatch.diagnosis import FileDiagnoser
+from execwatch.diagnosis.budget import SlowMounts
 from execwatch.metrics import NodeMetrics, parse_address, serve
 from execwatch.output import Printer
 from execwatch.pipeline import NodePipeline
@@ -95,16 +96,18 @@ def trace_loop(
 ) -> int:
     registry = CollectorRegistry()
     metrics = NodeMetrics(registry, probe)
-    server = serve(address, registry) if address else None
+    slow = SlowMounts()
     pipeline = NodePipeline(
-        FileDiagnoser.for_host(attributor),
+        FileDiagnoser.for_host(attributor, slow),
         Printer(sys.stdout, as_json=args.json),
         epoch_offset=boot_to_epoch_offset(),
         attributor=attributor,
         observer=metrics,
         show_not_found=args.show_not_found,
         window=args.window,
+        slow=slow,
     )
+    server = serve(address, registry, pipeline.heartbeat.problem) if address else None
     probe.open_ring_buffer(pipeline.on_record)
     log.info("tracing failed execs", extra={"kv": {"metrics": args.metrics_address or "off"}})
     deadline = time.monotonic() + args.duration if args.duration else None

@@ -303,10 +303,12 @@ def real_foreign_exec_failure() -> ExecFailure:
     if not HELLO_ARM64.exists():
         pytest.fail(f"{HELLO_ARM64} missing: run dev/fetch-foreign.sh", pytrace=False)
     records: list[ExecFailure] = []
-    with Probe() as probe:
-        pipeline = NodePipeline(
+    with (
+        Probe() as probe,
+        NodePipeline(
             FileDiagnoser(), records.append, epoch_offset=boot_to_epoch_offset(), window=0.05
-        )
+        ) as pipeline,
+    ):
         probe.open_ring_buffer(pipeline.on_record)
         err = _exec_in_child(str(HELLO_ARM64))
         assert err == 8, f"expected ENOEXEC from the arm64 binary, got errno {err}"

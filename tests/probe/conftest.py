@@ -33,6 +33,9 @@ class Tracer:
         )
         probe.open_ring_buffer(self.pipeline.on_record)
 
+    def close(self) -> None:
+        self.pipeline.close()
+
     def wait_for(self, match: Callable[[ExecFailure], bool], timeout: float = 5.0) -> ExecFailure:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -50,7 +53,9 @@ class Tracer:
 @pytest.fixture
 def tracer() -> Iterator[Tracer]:
     with Probe() as probe:
-        yield Tracer(probe)
+        tracer = Tracer(probe)
+        yield tracer
+        tracer.close()
 
 
 class Children:

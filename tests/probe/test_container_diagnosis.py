@@ -27,7 +27,9 @@ def pod_tracer(containerd: Containerd) -> Iterator[Tracer]:
         Attributor(containers=CriContainers(sockets=[containerd.socket])) as attributor,
         Probe() as probe,
     ):
-        yield Tracer(probe, attributor)
+        tracer = Tracer(probe, attributor)
+        yield tracer
+        tracer.close()
 
 
 def test_foreign_entrypoint_of_a_dying_container(

@@ -4,17 +4,19 @@ never a traceback and never "no findings"; findings say which image they belong 
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 import random
+import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+import zstandard
 
-from execwatch.scan.errors import CorruptInput, LimitExceeded, NothingToCheck
-from execwatch.scan.limits import Limits
+from execwatch.scan.errors import CorruptInput, NothingToCheck
 from execwatch.scan.runner import ScanOptions, scan
 from tests.scan.helpers import run, scan_error, scan_json
 from tests.scan.imagebuild import (
@@ -169,10 +171,49 @@ def test_a_compressed_rootfs_is_streamed_not_spooled(
     assert {f["path"] for f in doc["findings"]} == {"/bin/sh"}  # "#!x": no interpreter x
 
 
-def test_a_compressed_image_archive_spools_at_most_its_bound(tmp_path: Path) -> None:
-    archive = docker25_archive(tmp_path / "w", image(compression="none"), tmp_path / "i.tar")
-    packed = tmp_path / "i.tar.gz"
-    packed.write_bytes(gzip.compress(archive.read_bytes()))
-    with pytest.raises(LimitExceeded, match="inflates past 4096 bytes"):
-        scan(str(packed), ScanOptions(limits=Limits(max_spool_bytes=4096)))
-    assert scan(str(packed), ScanOptions()).findings
+def reverse_layers(archive: Path) -> None:
+    """Rewrite a docker-save archive with its layer blobs first, last layer first."""
+    with tarfile.open(archive) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
+    manifest = json.loads(next(d for m, d in members if m.name == "manifest.json"))
+    rank = {name: i for i, name in enumerate(reversed(manifest[0]["Layers"]))}
+    members.sort(key=lambda md: rank.get(md[0].name, len(rank)))
+    assert [m.name for m, _ in members[:3]] == manifest[0]["Layers"][::-1]
+    with tarfile.open(archive, "w") as tar:
+        for m, data in members:
+            tar.addfile(m, io.BytesIO(data))
+
+
+@pytest.mark.parametrize("compression", ["gzip", "zstd"])
+def test_a_compressed_image_archive_is_streamed_in_layer_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    compression: str,
+) -> None:  # fmt: skip
+    """Three layers whose blobs lie last-first in the tar: the
+    second deletes a file of the first and the third adds it back broken. Same findings as
+    the uncompressed archive, and no temporary file."""
+    layers = [
+        [file("bin/a", b"#!/bin/missing-a\n"), file("bin/b", b"#!/bin/missing-b\n")],
+        [file("bin/.wh.a", b"", 0o644)],
+        [file("bin/a", b"#!/bin/missing-again\n")]
+        + [file(f"x/{i}", b"#!/bin/b\n") for i in range(3)],
+    ]
+    image = Image(layers, compression="none")
+    archive = docker25_archive(tmp_path / "w", image, tmp_path / "i.tar")
+    reverse_layers(archive)
+    expected = scan_json(capsys, str(archive))[1]["findings"]
+    assert {(f["path"], f["message"].split()[2]) for f in expected} == {
+        ("/bin/a", "/bin/missing-again"), ("/bin/b", "/bin/missing-b"),
+    }  # fmt: skip
+    packed = tmp_path / "i.tar.packed"
+    raw = archive.read_bytes()
+    packed.write_bytes(gzip.compress(raw) if compression == "gzip" else zstandard.compress(raw))
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a temporary file was opened")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+    code, doc = scan_json(capsys, str(packed))
+    assert code == 1
+    strip = [{k: v for k, v in f.items() if k != "image"} for f in doc["findings"]]
+    assert strip == [{k: v for k, v in f.items() if k != "image"} for f in expected]

@@ -6,11 +6,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
 from execwatch.cluster.publisher import Publisher
+
+if TYPE_CHECKING:
+    from execwatch.pipeline import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +41,14 @@ def run(
     registry: CollectorRegistry,
     window: float = 1.0,
     ready: threading.Event | None = None,
+    heartbeat: Heartbeat | None = None,
 ) -> float:
     """Trace failed execs and publish them until `stop`; needs root and BPF.
 
     Returns the CLOCK_BOOTTIME before which every event of the probe was consumed and
     submitted: what this agent hands over to the next one on the node."""
     from execwatch.diagnosis import FileDiagnoser
+    from execwatch.diagnosis.budget import SlowMounts
     from execwatch.metrics import NodeMetrics
     from execwatch.pipeline import NodePipeline
     from execwatch.probe import Probe
@@ -51,13 +56,16 @@ def run(
 
     with Probe() as probe:
         node_metrics = NodeMetrics(registry, probe)
+        slow = SlowMounts()
         pipeline = NodePipeline(
-            FileDiagnoser.for_host(attributor),
+            FileDiagnoser.for_host(attributor, slow),
             publisher.submit,
             epoch_offset=boot_to_epoch_offset(),
             attributor=attributor,
             observer=node_metrics,
             window=window,
+            slow=slow,
+            heartbeat=heartbeat,
         )
         probe.open_ring_buffer(pipeline.on_record)
         log.info("agent tracing", extra={"kv": {"node": publisher.config.node}})

@@ -12,7 +12,7 @@ import socket
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
@@ -20,6 +20,9 @@ from execwatch.cluster import crd
 from execwatch.cluster.metrics import HandlerMetrics, PublisherMetrics
 from execwatch.cluster.publisher import Publisher, PublisherConfig
 from execwatch.metrics import parse_address, serve
+
+if TYPE_CHECKING:
+    from execwatch.pipeline import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -174,19 +177,22 @@ def run_handler(args: argparse.Namespace) -> int:
 
 def run_agent(args: argparse.Namespace) -> int:
     """Probe + attribution + publisher: what the DaemonSet runs on every node."""
+    from execwatch.pipeline import Heartbeat
+
     registry = CollectorRegistry()
+    heartbeat = Heartbeat()  # /healthz: the consume loop goes round
     try:
-        server = serve(parse_address(args.metrics_address), registry)
+        server = serve(parse_address(args.metrics_address), registry, heartbeat.problem)
     except (OSError, ValueError) as exc:
         print(f"execwatch: --metrics-address {args.metrics_address}: {exc}", file=sys.stderr)
         return 2
     try:
-        return _agent(args, registry)
+        return _agent(args, registry, heartbeat)
     finally:
         server.shutdown()
 
 
-def _agent(args: argparse.Namespace, registry: CollectorRegistry) -> int:
+def _agent(args: argparse.Namespace, registry: CollectorRegistry, heartbeat: Heartbeat) -> int:
     from execwatch.attribution import Attributor
     from execwatch.cluster import agent, kubeapi
     from execwatch.cluster.spool import Spool, SpoolError
@@ -221,7 +227,14 @@ def _agent(args: argparse.Namespace, registry: CollectorRegistry) -> int:
     handover = None
     try:
         with stop_on_signals() as stop, Attributor(pods=pods) as attributor:
-            handover = agent.run(publisher, attributor, stop, registry=registry, window=args.window)
+            handover = agent.run(
+                publisher,
+                attributor,
+                stop,
+                registry=registry,
+                window=args.window,
+                heartbeat=heartbeat,
+            )
     except (ProbeError, OSError, ValueError) as exc:
         print(f"execwatch: {exc}", file=sys.stderr)
         return 2

@@ -13,6 +13,8 @@ import os
 import stat
 from dataclasses import dataclass
 
+from execwatch.diagnosis.budget import SlowMounts
+
 SYS_OPENAT2 = 437  # the same number on every architecture (added with the unified table)
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_IN_ROOT = 0x10
@@ -41,9 +43,10 @@ class Root:
 class Resolver:
     """openat2 through libc's syscall(); one instance per process is enough."""
 
-    def __init__(self) -> None:
+    def __init__(self, slow: SlowMounts | None = None) -> None:
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._libc.syscall.restype = ctypes.c_long
+        self._slow = slow
 
     def lookup(self, root: Root, path: str) -> int:
         """An O_PATH fd for path inside root (nothing is opened for reading); raise OSError."""
@@ -60,7 +63,7 @@ class Resolver:
 
     def open_regular(self, root: Root, path: str) -> int:
         """Open path for reading only if it is a regular file: devices are never opened."""
-        return reopen_regular(self.lookup(root, path), path)
+        return reopen_regular(self.lookup(root, path), path, self._slow)
 
     def exists(self, root: Root, path: str) -> bool:
         try:
@@ -72,9 +75,13 @@ class Resolver:
         return True
 
 
-def reopen_regular(path_fd: int, name: str) -> int:
-    """Turn an O_PATH fd into a read fd after checking it is a regular file; closes path_fd."""
+def reopen_regular(path_fd: int, name: str, slow: SlowMounts | None = None) -> int:
+    """Turn an O_PATH fd into a read fd after checking it is a regular file; closes path_fd.
+
+    `slow` refuses (SlowFileSystem) a mount where an earlier diagnosis overran its budget."""
     try:
+        if slow is not None:
+            slow.enter(path_fd)
         mode = os.fstat(path_fd).st_mode
         if not stat.S_ISREG(mode):
             raise NotRegularFile(0, f"not a regular file ({stat.filemode(mode)[0]})", name)

@@ -24,6 +24,7 @@ from execwatch.binfmt import (
     read_elf,
     sniff,
 )
+from execwatch.diagnosis.budget import SlowFileSystem, SlowMounts
 from execwatch.diagnosis.confined import NotRegularFile, Resolver, Root, reopen_regular
 from execwatch.diagnosis.container_rootfs import ContainerRootfs
 from execwatch.diagnosis.roots import RootLocator
@@ -49,10 +50,12 @@ class ContainerIds(Protocol):
 
 class FileDiagnoser:
     @classmethod
-    def for_host(cls, containers: ContainerIds | None) -> FileDiagnoser:
+    def for_host(
+        cls, containers: ContainerIds | None, slow: SlowMounts | None = None
+    ) -> FileDiagnoser:
         """Also looks at a dead container's rootfs, found from its id, when no task is left."""
         if containers is None:
-            return cls()
+            return cls(slow=slow)
         rootfs = ContainerRootfs()
 
         def container_rootfs(event: KernelEvent) -> Iterator[Path]:
@@ -64,12 +67,18 @@ class FileDiagnoser:
             )
             return rootfs.candidates(container_id)
 
-        return cls(RootLocator(extra=[container_rootfs]))
+        return cls(RootLocator(extra=[container_rootfs]), slow=slow)
 
-    def __init__(self, locator: RootLocator | None = None, node: Platform | None = None) -> None:
+    def __init__(
+        self,
+        locator: RootLocator | None = None,
+        node: Platform | None = None,
+        slow: SlowMounts | None = None,
+    ) -> None:
         self._locator = locator or RootLocator()
         self._node = node or node_platform()
-        self._resolver = Resolver()
+        self._slow = slow
+        self._resolver = Resolver(slow)
 
     @property
     def node_arch(self) -> str:
@@ -84,6 +93,8 @@ class FileDiagnoser:
             )
         try:
             return self._diagnose_in(_Context(root, event.errno), event)
+        except SlowFileSystem as exc:
+            return self._result(Reason.UNDIAGNOSED, detail=f"not waited for: {exc}")
         finally:
             root.close()
 
@@ -103,7 +114,9 @@ class FileDiagnoser:
     def _open_target(self, root: Root, event: KernelEvent) -> int:
         if event.via_fd:  # fexecve: the caller's fd is the file, when the caller lives
             return reopen_regular(
-                os.open(f"/proc/{event.tgid}/fd/{event.dirfd}", os.O_PATH), event.path
+                os.open(f"/proc/{event.tgid}/fd/{event.dirfd}", os.O_PATH),
+                event.path,
+                self._slow,
             )
         path = self._locator.absolute(event, event.path)
         if path is None:

@@ -37,7 +37,6 @@ class Limits:
     max_manifests: int = 512
     max_layers: int = 1024
     max_archive_members: int = 100_000  # members of an image archive (blobs, not files)
-    max_spool_bytes: int = 16 << 30  # a compressed image archive, inflated for random access
 
 
 class BoundedStream:

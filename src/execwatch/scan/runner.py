@@ -23,13 +23,12 @@ from execwatch.scan.limits import Limits, decompressed
 from execwatch.scan.model import ImageResult, ScanReport
 from execwatch.scan.sources import (
     ImageSource,
-    archive_kind,
-    archive_store,
     directory_store,
     images_in_store,
     is_archive,
     layer_stream,
     open_archive,
+    survey_archive,
 )
 
 Progress = Callable[[str, int | None], Callable[[int], None]]
@@ -90,13 +89,15 @@ def _scan(target: str, options: ScanOptions, progress: Progress | None) -> ScanR
     if not stat.S_ISREG(st.st_mode):
         raise ScanInputError(f"{target}: not a regular file or directory")
     if is_archive(target):
-        if archive_kind(target, options.limits) == "rootfs":
+        survey = survey_archive(target, options.limits)
+        if survey.kind == "rootfs":
             report.results.append(_scan_rootfs_archive(target, options, progress))
             return report
         with ExitStack() as stack:
-            tar = open_archive(target, stack, options.limits)
-            images = images_in_store(archive_store(tar, target), options.limits)
-            report.results += _scan_images(images, options, progress)
+            store = open_archive(target, stack, options.limits, survey)
+            report.results += _scan_images(
+                images_in_store(store, options.limits), options, progress
+            )
         return report
     report.results.append(_scan_file(target, options))
     return report
@@ -169,7 +170,9 @@ def _scan_image(image: ImageSource, options: ScanOptions, progress: Progress | N
         if progress is not None:
             progress(f"layer {i + 1}/{len(image.layers)}", None)(0)
         with layer_stream(layer, options.limits, counter) as stream:
-            apply_layer(fs, stream, layer.name, options.limits, entries)
+            apply_layer(
+                fs, stream, layer.name, options.limits, entries, require_end=layer.digest is None
+            )
     config_platform = image.config_platform()
     platform = image.platform or config_platform or options.platform or node_platform()
     cfg = image.config.get("config") if isinstance(image.config.get("config"), dict) else {}

@@ -8,12 +8,12 @@ name taken from the input (digests, archive paths) is validated before it is use
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import posixpath
 import re
 import stat
 import tarfile
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -22,6 +22,8 @@ from typing import IO, Any, Literal
 from execwatch.binfmt import Platform
 from execwatch.scan.errors import CorruptInput, LimitExceeded, ScanInputError
 from execwatch.scan.limits import (
+    GZIP_MAGIC,
+    ZSTD_MAGIC,
     Limits,
     Readable,
     Tally,
@@ -153,27 +155,44 @@ def directory_store(root: str) -> BlobStore:
     return BlobStore(opener, root)
 
 
+@dataclass(frozen=True, slots=True)
+class _Member:
+    """What locating and following one archive member needs (a TarInfo weighs ~10x more)."""
+
+    offset: int
+    type: bytes
+    linkname: str
+
+
+def _member_name(name: str) -> str:
+    return "/".join(p for p in name.split("/") if p not in ("", "."))
+
+
+def _follow(members: dict[str, _Member], rel: str, label: str) -> str | None:
+    """The regular member `rel` names, through links; None when it does not exist."""
+    name = rel
+    for _ in range(16):  # old docker save links duplicate layers: <id>/layer.tar -> ../x/...
+        member = members.get(name)
+        if member is None:
+            return None
+        if member.type in (tarfile.SYMTYPE, tarfile.LNKTYPE):
+            base = posixpath.dirname(name) if member.type == tarfile.SYMTYPE else ""
+            name = posixpath.normpath(safe_relative(posixpath.join(base, member.linkname), label))
+            continue
+        if member.type not in tarfile.REGULAR_TYPES:
+            raise ScanInputError(f"{label}: {rel} is not a regular file")
+        return name
+    raise ScanInputError(f"{label}: link loop at {rel}")
+
+
 def archive_store(tar: tarfile.TarFile, label: str) -> BlobStore:
-    members: dict[str, tarfile.TarInfo] = {}
-    for m in tar.getmembers():
-        parts = [p for p in m.name.split("/") if p not in ("", ".")]
-        members["/".join(parts)] = m
+    """An uncompressed image archive, read at random (members are seeked to)."""
+    infos = {_member_name(m.name): m for m in tar.getmembers()}
+    members = {name: _Member(m.offset, m.type, m.linkname) for name, m in infos.items()}
 
     def opener(rel: str) -> IO[bytes] | None:
-        name = rel
-        for _ in range(16):  # old docker save links duplicate layers: <id>/layer.tar -> ../x/...
-            member = members.get(name)
-            if member is None:
-                return None
-            if member.issym() or member.islnk():
-                base = posixpath.dirname(name) if member.issym() else ""
-                name = safe_relative(posixpath.join(base, member.linkname), label)
-                name = posixpath.normpath(name)
-                continue
-            if not member.isreg():
-                raise ScanInputError(f"{label}: {rel} is not a regular file")
-            return tar.extractfile(member)
-        raise ScanInputError(f"{label}: link loop at {rel}")
+        name = _follow(members, rel, label)
+        return None if name is None else tar.extractfile(infos[name])
 
     return BlobStore(opener, label)
 
@@ -316,59 +335,154 @@ def images_in_store(store: BlobStore, limits: Limits) -> list[ImageSource]:
 
 ArchiveKind = Literal["image", "rootfs"]
 _IMAGE_MARKERS = ("oci-layout", "index.json", "manifest.json")
+_SMALL_MEMBER = 1 << 20  # JSON members kept from the survey: manifests, configs, oci-layout
 
 
-def archive_kind(path: str, limits: Limits) -> ArchiveKind:
-    """Read an archive's member headers once, streaming: an image archive or a rootfs?
+@dataclass
+class ArchiveSurvey:
+    """What one streaming pass over an archive's members learnt."""
 
-    Nothing is kept but the marker names and a count; a truncated or corrupt archive fails
-    here, before anything is reported.
+    kind: ArchiveKind
+    members: dict[str, _Member] = field(default_factory=dict)  # image archives only
+    small: dict[str, bytes] = field(default_factory=dict)  # metadata, read once
+
+
+def survey_archive(path: str, limits: Limits) -> ArchiveSurvey:
+    """Read an archive once, streaming: an image archive or a rootfs, and where is what?
+
+    Keeps the member table (up to max_archive_members) and the small metadata members
+    (manifests, indexes, configs: at most max_json_bytes in all). A truncated or corrupt
+    archive fails here, before anything is reported.
     """
     markers: set[str] = set()
-    members = 0
+    members: dict[str, _Member] = {}
+    small: dict[str, bytes] = {}
+    small_bytes = count = 0
     with open(path, "rb") as f:
         stream = Tally(decompressed(f, path, limits, [0, 0]))
         tar = tarfile.open(fileobj=stream, mode="r|")  # type: ignore[call-overload]  # noqa: SIM115
         with tar:
-            for member in tar:
-                members += 1
-                if members > limits.max_entries:
+            while (member := tar.next()) is not None:
+                count += 1
+                if count > limits.max_entries:
                     raise LimitExceeded(f"{path}: more than {limits.max_entries} tar entries")
-                name = posixpath.normpath(member.name).lstrip("/")
+                _forget(tar)
+                name = _member_name(member.name)
                 if name in _IMAGE_MARKERS:
                     markers.add(name)
+                if count > limits.max_archive_members:
+                    members.clear()  # a rootfs, or an image archive refused below
+                    continue
+                members[name] = _Member(member.offset, member.type, member.linkname)
+                if (
+                    member.isreg()
+                    and member.size <= _SMALL_MEMBER
+                    and _is_metadata(name)
+                    and small_bytes + member.size <= limits.max_json_bytes
+                    and (data := _read_json_member(tar, member)) is not None
+                ):
+                    small_bytes += member.size
+                    small[name] = data
             check_tar_end(tar.offset, stream, path)
     if {"oci-layout", "index.json"} <= markers or "manifest.json" in markers:
-        if members > limits.max_archive_members:
+        if count > limits.max_archive_members:
             raise LimitExceeded(f"{path}: more than {limits.max_archive_members} archive members")
-        return "image"
-    return "rootfs"
+        return ArchiveSurvey("image", members, small)
+    return ArchiveSurvey("rootfs")
 
 
-def open_archive(path: str, stack: ExitStack, limits: Limits) -> tarfile.TarFile:
-    """Open an image archive for random access (blobs are read in manifest order).
+def _forget(tar: tarfile.TarFile) -> None:
+    """tarfile keeps every TarInfo it has read, even in stream mode: drop them."""
+    tar.members.clear()  # type: ignore[attr-defined]
 
-    A compressed one is inflated once into an unlinked temporary file, at most
-    max_spool_bytes: the only thing a scan writes to disk (docs/scan.md).
-    """
+
+def _is_metadata(name: str) -> bool:
+    """Top-level files (index.json, manifest.json, <config>.json) and small blobs."""
+    return "/" not in name or name.startswith("blobs/")
+
+
+def _read_json_member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes | None:
+    """The member's bytes if it is JSON (manifests, indexes, configs); layers are not kept."""
+    data = tar.extractfile(member)
+    if data is None:
+        return None
+    first = data.read(1)
+    return first + data.read() if first in (b"{", b"[") else None
+
+
+def open_archive(path: str, stack: ExitStack, limits: Limits, survey: ArchiveSurvey) -> BlobStore:
+    """The blobs of an image archive. An uncompressed one is read at random; a compressed
+    one is streamed, never inflated to disk: metadata comes from the survey, and layers
+    from a decompression that restarts only when a layer lies before the last one read."""
     f: IO[bytes] = stack.enter_context(open(path, "rb"))  # noqa: SIM115
     magic = f.read(4)
     f.seek(0)
-    if magic[:2] == b"\x1f\x8b" or magic == b"\x28\xb5\x2f\xfd":
-        spool = stack.enter_context(tempfile.TemporaryFile())  # noqa: SIM115
-        stream = decompressed(f, path, limits, [0, 0])
-        while chunk := stream.read(1 << 20):
-            spool.write(chunk)
-            if spool.tell() > limits.max_spool_bytes:
-                raise LimitExceeded(
-                    f"{path}: inflates past {limits.max_spool_bytes} bytes; scan it uncompressed"
-                )
-        spool.seek(0)
-        f = spool
+    if magic[:2] == GZIP_MAGIC or magic == ZSTD_MAGIC:
+        rewinding = stack.enter_context(_Rewinding(path, limits))
+        return BlobStore(_streamed_opener(survey, rewinding, path), path)
     try:
-        return stack.enter_context(tarfile.open(fileobj=f, mode="r:"))
+        tar = stack.enter_context(tarfile.open(fileobj=f, mode="r:"))  # noqa: SIM115
     except tarfile.TarError as exc:
         raise CorruptInput(f"{path}: not a tar archive: {exc}") from exc
+    return archive_store(tar, path)
+
+
+def _streamed_opener(
+    survey: ArchiveSurvey, rewinding: _Rewinding, label: str
+) -> Callable[[str], IO[bytes] | None]:
+    def opener(rel: str) -> IO[bytes] | None:
+        name = _follow(survey.members, rel, label)
+        if name is None:
+            return None
+        if name in survey.small:
+            return io.BytesIO(survey.small[name])
+        return rewinding.open_at(survey.members[name].offset, name)
+
+    return opener
+
+
+class _Rewinding:
+    """One forward decompression of an archive, started again from its first byte when a
+    member before the current position is asked for. All passes share one inflation
+    budget (max_uncompressed_bytes), so out-of-order layers cannot multiply the work."""
+
+    def __init__(self, path: str, limits: Limits) -> None:
+        self.path = path
+        self.limits = limits
+        self.counter = [0, 0]
+        self.file: IO[bytes] | None = None
+        self.tar: tarfile.TarFile | None = None
+        self.position = -1
+
+    def __enter__(self) -> _Rewinding:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self.tar is not None:
+            self.tar.close()
+        if self.file is not None:
+            self.file.close()
+        self.tar = self.file = None
+
+    def open_at(self, offset: int, name: str) -> IO[bytes]:
+        if self.tar is None or offset <= self.position:
+            self._close()
+            self.file = open(self.path, "rb")  # noqa: SIM115
+            stream = decompressed(self.file, self.path, self.limits, self.counter)
+            self.tar = tarfile.open(fileobj=stream, mode="r|")  # type: ignore[call-overload]  # noqa: SIM115
+        assert self.tar is not None
+        while (member := self.tar.next()) is not None:
+            _forget(self.tar)
+            if member.offset == offset:
+                self.position = offset
+                data = self.tar.extractfile(member)
+                if data is None:
+                    break
+                return data
+        raise CorruptInput(f"{self.path}: {name} is no longer where the archive said it was")
 
 
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tzst", ".tar.zstd", ".oci")

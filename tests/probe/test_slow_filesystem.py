@@ -1,0 +1,193 @@
+"""A file system that never answers must not stall the node pipeline (issue 9, item 2).
+
+A real FUSE file system (tests/probe/hung_fuse.py, libfuse 3 through mfusepy) answers
+the kernel's reads, so an exec of a foreign binary on it fails for real, but never
+answers the reads of this process, which runs the pipeline like the agent does.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from execwatch.diagnosis import FileDiagnoser
+from execwatch.diagnosis.budget import SlowMounts
+from execwatch.metrics import NodeMetrics, serve
+from execwatch.pipeline import Heartbeat, NodePipeline
+from execwatch.probe import Probe
+from execwatch.probe.events import boot_to_epoch_offset
+from execwatch.record import ExecFailure, Reason
+from tests.probe.conftest import Children
+
+HUNG_FUSE = Path(__file__).with_name("hung_fuse.py")
+BUDGET = 1.0
+
+
+@pytest.fixture
+def hello_arm64(foreign_root: Path) -> Path:
+    return foreign_root / "arm64/root/usr/bin/hello"
+
+
+@pytest.fixture
+def hung_mount(tmp_path: Path, hello_arm64: Path) -> Iterator[Path]:
+    mountpoint = tmp_path / "hung"
+    mountpoint.mkdir()
+    daemon = subprocess.Popen(
+        [sys.executable, HUNG_FUSE, mountpoint, hello_arm64, str(os.getpid())],
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 15
+    while not os.path.ismount(mountpoint):
+        if daemon.poll() is not None or time.monotonic() > deadline:
+            daemon.kill()
+            err = daemon.communicate()[1].decode(errors="replace")
+            pytest.fail(f"the FUSE file system did not mount: {err[-2000:]}", pytrace=False)
+        time.sleep(0.05)
+    try:
+        yield mountpoint
+    finally:
+        daemon.kill()  # blocked reads now fail with ENOTCONN; their threads end
+        daemon.wait()
+        subprocess.run(["umount", "-l", mountpoint], check=False, capture_output=True)
+
+
+class Agent:
+    """The pipeline on the real probe, run by its own consume loop like the agent's,
+    with /healthz served over HTTP on loopback."""
+
+    def __init__(self, probe: Probe) -> None:
+        self.records: list[tuple[float, ExecFailure]] = []
+        self.sink_blocked = threading.Event()
+        self._unblock = threading.Event()
+        slow = SlowMounts()
+        registry = CollectorRegistry()
+        self.pipeline = NodePipeline(
+            FileDiagnoser(slow=slow),
+            self._sink,
+            epoch_offset=boot_to_epoch_offset(),
+            observer=NodeMetrics(registry, probe),
+            window=0.05,
+            budget=BUDGET,
+            slow=slow,
+            heartbeat=Heartbeat(stall_after=1.0),
+        )
+        self.server = serve(("127.0.0.1", 0), registry, self.pipeline.heartbeat.problem)
+        probe.open_ring_buffer(self.pipeline.on_record)
+        self._stop = threading.Event()
+        self._loop = threading.Thread(target=self.pipeline.run, args=(probe, self._stop))
+        self._loop.start()
+
+    def _sink(self, failure: ExecFailure) -> None:
+        self.records.append((time.monotonic(), failure))
+        if self.sink_blocked.is_set():  # output that nobody reads (a full pipe)
+            self._unblock.wait()
+
+    def healthz(self) -> tuple[int, str]:
+        url = f"http://127.0.0.1:{self.server.server_port}/healthz"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as reply:
+                return reply.status, reply.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def metric(self, name: str) -> str:
+        url = f"http://127.0.0.1:{self.server.server_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            text: str = reply.read().decode()
+        return "\n".join(line for line in text.splitlines() if line.startswith(name))
+
+    def wait(self, path: Path, timeout: float = 10.0) -> tuple[float, ExecFailure]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for at, record in list(self.records):
+                if record.event.path == str(path):
+                    return at, record
+            time.sleep(0.005)
+        raise AssertionError(f"no record of {path} within {timeout} s")
+
+    def stop(self) -> None:
+        self._unblock.set()
+        self._stop.set()
+        self._loop.join(timeout=30)
+        self.server.shutdown()
+
+
+@pytest.fixture
+def agent() -> Iterator[Agent]:
+    with Probe() as probe:
+        running = Agent(probe)
+        try:
+            yield running
+        finally:
+            running.stop()
+
+
+def latency(agent: Agent, children: Children, binary: Path) -> float:
+    assert children.exec(str(binary), linger=0.5) == errno.ENOEXEC
+    failed_at = time.monotonic()
+    at, record = agent.wait(binary)
+    assert record.diagnosis.reason is Reason.FOREIGN_ARCHITECTURE, record.diagnosis
+    return at - failed_at
+
+
+def test_a_hung_file_system_stalls_neither_other_failures_nor_liveness(
+    agent: Agent, children: Children, hung_mount: Path, hello_arm64: Path, tmp_path: Path
+) -> None:
+    local = []
+    for i in range(16):
+        local.append(tmp_path / f"local-{i}")
+        shutil.copy(hello_arm64, local[-1])
+    baseline = [latency(agent, children, b) for b in local[:4]]
+
+    # The first failure on the hung mount: its diagnosis blocks in the kernel.
+    assert children.exec(str(hung_mount / "app-0"), linger=3) == errno.ENOEXEC
+    started = time.monotonic()
+    during = [latency(agent, children, b) for b in local[4:10]]
+    assert agent.healthz()[0] == 200
+
+    at, hung = agent.wait(hung_mount / "app-0")
+    assert BUDGET * 0.9 <= at - started < BUDGET + 2
+    assert hung.diagnosis.reason is Reason.UNDIAGNOSED
+    assert f"overran its {BUDGET:g} s budget in mount" in hung.diagnosis.detail
+    assert str(hung_mount) in hung.diagnosis.detail
+
+    # Later failures there are not waited for; the others still flow.
+    for i in range(1, 4):
+        assert children.exec(str(hung_mount / f"app-{i}"), linger=0.5) == errno.ENOEXEC
+        failed_at = time.monotonic()
+        at, later = agent.wait(hung_mount / f"app-{i}")
+        assert at - failed_at < BUDGET / 2
+        assert later.diagnosis.reason is Reason.UNDIAGNOSED
+        assert "not waited for" in later.diagnosis.detail
+    after = [latency(agent, children, b) for b in local[10:14]]
+    assert agent.healthz()[0] == 200
+    assert 'execwatch_pipeline_overruns_total{stage="diagnosis"} 1.0' in agent.metric(
+        "execwatch_pipeline_overruns_total"
+    )
+
+    # Normal latency: never the budget, and not far from the baseline.
+    worst = max(during + after)
+    assert worst < BUDGET / 4, (baseline, during, after)
+    assert worst < max(baseline) + 0.2, (baseline, during, after)
+
+    # Now the consume loop itself stalls (its output blocks): liveness turns unhealthy.
+    agent.sink_blocked.set()
+    for _ in range(2):  # a first record blocks the sink; the repeat waits in the loop's flush
+        assert children.exec(str(local[14]), linger=0.2) == errno.ENOEXEC
+    deadline = time.monotonic() + 10
+    while (status := agent.healthz())[0] == 200 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert status[0] == 503
+    assert "consume loop has not run for" in status[1]
