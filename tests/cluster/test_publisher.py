@@ -215,7 +215,7 @@ def test_records_the_api_server_refuses_are_dropped_and_counted(
     sink: MemorySink, make_publisher: Any
 ) -> None:
     sink.fail_with = 422
-    p = make_publisher(sink)
+    p = make_publisher(sink, refusal_grace=0.0)
     p.submit(exec_failure(pod_name="a", namespace="n", count=3))
     wait_until(
         lambda: sample(p.metrics, "execwatch_publisher_dropped_total", type="rejected"), timeout=2
@@ -286,12 +286,33 @@ def test_permanent_refusals_are_dropped_and_counted_not_retried(
     sink: MemorySink, make_publisher: Any, status: int, message: str
 ) -> None:
     sink.fail_with, sink.fail_message = status, message
-    p = make_publisher(sink)
+    p = make_publisher(sink, refusal_grace=0.0)
     p.submit(exec_failure(pod_name="a", namespace="n", count=3))
     wait_until(lambda: p.spooled() == 0, timeout=2)
     time.sleep(0.3)
     assert sink.attempts == 1
     assert sample(p.metrics, "execwatch_publisher_dropped_total", type="rejected") == 3
+
+
+def test_a_refusal_must_last_the_grace_period_before_the_record_is_dropped(
+    sink: MemorySink, make_publisher: Any
+) -> None:
+    """A kube-apiserver that has just started answers 403 until its RBAC caches fill."""
+    sink.fail_with = 403
+    p = make_publisher(sink, refusal_grace=0.6, backoff_initial=0.05, backoff_max=0.1)
+    p.submit(exec_failure(pod_name="transient", namespace="n", count=2))
+    wait_until(lambda: sink.attempts >= 2, timeout=2)
+    sink.fail_with = None
+    wait_until(lambda: sink.counts() == 2, timeout=2)
+
+    sink.fail_with = 403
+    started = time.monotonic()
+    p.submit(exec_failure(pod_name="forever", namespace="n", count=5))
+    wait_until(
+        lambda: sample(p.metrics, "execwatch_publisher_dropped_total", type="rejected") == 5,
+        timeout=5,
+    )
+    assert time.monotonic() - started >= 0.6 and p.spooled() == 0
 
 
 def test_a_quota_refusal_is_not_permanent(sink: MemorySink, make_publisher: Any) -> None:

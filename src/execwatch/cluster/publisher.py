@@ -22,8 +22,10 @@ What it guarantees, and how:
   (exponential, with jitter); the worker always sends the record that has been ready
   longest, so a record refused forever waits its turn instead of going first. Only
   errors that say the *server* is unavailable (no answer, 429, 503) also pause the
-  others, briefly. Permanent refusals (`errors.PermanentError`: 400, 403, 422, ...) are
-  dropped and counted (`type="rejected"`), never retried.
+  others, briefly. A record refused for good (`errors.PermanentError`: 400, 403, 422,
+  ...) is retried only while the refusal is younger than `refusal_grace` (an API server
+  that has just started answers 403 until its RBAC caches are filled), then dropped and
+  counted (`type="rejected"`).
 
 `submit` never blocks on the network or the file system: the probe must keep draining.
 """
@@ -73,6 +75,9 @@ class PublisherConfig:
     flush_interval: float = 0.2  # how long a change may wait before it is on disk
     adopt_interval: float = 10.0  # how often to look for spool files of gone agents
     standby_buffer: int = 10000  # failures held while another agent on the node publishes
+    # A permanent refusal must last this long before the record is dropped: an API server
+    # that has just started answers 403 until its RBAC caches are filled (seen here).
+    refusal_grace: float = 30.0
 
 
 @dataclass
@@ -91,6 +96,7 @@ class _Entry:
     ready_at: float  # monotonic: when it is due (aggregation) or may be retried
     size: int
     attempts: int = 0
+    refused_since: float | None = None  # monotonic: first permanent refusal
     sealed: bool = False
     maybe_created: bool = False
 
@@ -533,10 +539,14 @@ class Publisher:
 
     def _failed(self, entry: _Entry, err: errors.ApiError) -> None:
         self.metrics.api_errors.labels(_code_label(err.status)).inc()
-        if isinstance(err, errors.PermanentError):
+        refused = isinstance(err, errors.PermanentError)
+        if refused and entry.refused_since is None:
+            entry.refused_since = self.clock()
+        if refused and self.clock() - (entry.refused_since or 0.0) >= self.config.refusal_grace:
             self.metrics.dropped.labels("rejected").inc(entry.count)
             log.error(
-                "record rejected", extra={"kv": {"record": entry.name, **errors.as_dict(err)}}
+                "record rejected",
+                extra={"kv": {"record": entry.name, "message": err.message, **errors.as_dict(err)}},
             )
             self._done(entry, published=False)
             return
@@ -547,7 +557,8 @@ class Publisher:
                 self.metrics.spooled.inc()
             entry.maybe_created = entry.maybe_created or err.may_have_acted
             entry.sealed = entry.maybe_created
-            self._reopen(entry)
+            if not refused:  # a refused record takes in no new failures
+                self._reopen(entry)
             delay = errors.delay(
                 err, _backoff(entry.attempts, cfg.backoff_initial, cfg.backoff_max)
             )
