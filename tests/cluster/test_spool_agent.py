@@ -42,8 +42,8 @@ class Agent(ExecwatchProcess):
                 str(spool),
                 "--spool-owner",
                 owner,
-                "--aggregation-window",
-                "3600",
+                "--aggregation-window",  # repeats go out a second later, not a minute
+                "1",
             ],
             log,
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -27,6 +28,7 @@ def client(kubeconfig: str | None = None, timeout: float = 10.0) -> Any:
     from lightkube import Client, KubeConfig
 
     config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # not a line per request
     return Client(config, timeout=httpx2.Timeout(timeout), field_manager="execwatch-agent")
 
 
