@@ -4,9 +4,9 @@
 
 Run by tests/binfmt/test_coverage_fuzz.py in a subprocess, because libFuzzer owns the
 process and exits it. Each input is given to one parser, chosen by its first byte: ELF,
-`#!`, OCI JSON, ld.so.conf. Besides "only the parser's own error", every input must stay
-within PEAK_BYTES of traced Python memory and SECONDS of time: either failing is a crash,
-which atheris reports with the input that caused it.
+`#!`, OCI JSON, ld.so.conf, a layer tar. Besides "only the parser's own error", every
+input must stay within PEAK_BYTES of traced Python memory and SECONDS of time: either
+failing is a crash, which atheris reports with the input that caused it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import atheris
 with atheris.instrument_imports():
     from execwatch.binfmt import BinfmtError, parse_shebang, read_elf
     from execwatch.scan.errors import ScanInputError
+    from execwatch.scan.fs import MemoryFS
+    from execwatch.scan.layers import apply_layer
     from execwatch.scan.limits import Limits, parse_json
 
 PEAK_BYTES = 16 << 20
@@ -37,7 +39,7 @@ def _ld_so_conf(data: bytes) -> None:
 def one_input(data: bytes) -> None:
     if not data:
         return
-    selector, body = data[0] % 4, data[1:]
+    selector, body = data[0] % 5, data[1:]
     tracemalloc.reset_peak()
     before = tracemalloc.get_traced_memory()[0]
     start = time.perf_counter()
@@ -48,8 +50,10 @@ def one_input(data: bytes) -> None:
             parse_shebang(b"#!" + body)
         elif selector == 2:
             parse_json(body, "fuzz.json", Limits())
-        else:
+        elif selector == 3:
             _ld_so_conf(body)
+        else:
+            apply_layer(MemoryFS(), io.BytesIO(body), "fuzz.tar", Limits(), [0])
     except (BinfmtError, ScanInputError):
         pass
     elapsed = time.perf_counter() - start
@@ -72,6 +76,7 @@ def warm_up() -> None:
     read_elf(io.BytesIO(max_phnum()))
     parse_json(b"{}", "warm-up", Limits())
     _ld_so_conf(b"/usr/lib\n")
+    apply_layer(MemoryFS(), io.BytesIO(bytes(1024)), "warm-up", Limits(), [0])
 
 
 def main() -> None:

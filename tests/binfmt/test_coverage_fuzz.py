@@ -1,4 +1,5 @@
-"""Coverage-guided fuzzing (atheris/libFuzzer) of the ELF, `#!`, OCI JSON and ld.so.conf parsers.
+"""Coverage-guided fuzzing (atheris/libFuzzer) of the ELF, `#!`, OCI JSON, ld.so.conf
+and layer tar parsers.
 
 The harness (tests/binfmt/fuzz_target.py) fails an input that raises anything but the
 parser's own error, peaks above 16 MiB of traced memory or takes over 2 s instrumented.
@@ -17,6 +18,7 @@ import pytest
 
 from tests.binfmt.corpus import CORPUS
 from tests.binfmt.test_fuzz import seeds
+from tests.scan.imagebuild import file, layer_tar, symlink
 
 REPO = Path(__file__).parents[2]
 RUNS = 30_000
@@ -31,6 +33,12 @@ def write_seeds(directory: Path, foreign_root: Path, host_binaries: dict[str, Pa
     (directory / "shebang").write_bytes(b"\x01 /usr/bin/env -S python3 -u\r\n")
     (directory / "json").write_bytes(b'\x02{"manifests": [{"digest": "sha256:00", "a": [1]}]}')
     (directory / "conf").write_bytes(b"\x03include /etc/ld.so.conf.d/*.conf\n/usr/local/lib\n")
+    entries = [
+        file("bin/sh", b"#!/bin/dash\n"),
+        symlink("lib", "usr/lib"),
+        file("etc/a.conf", b"/x"),
+    ]
+    (directory / "tar").write_bytes(b"\x04" + layer_tar(entries))
 
 
 @pytest.mark.timeout(300)

@@ -54,6 +54,9 @@ def load_libbpf(name: str = "libbpf.so.1") -> ctypes.CDLL:
         "ring_buffer__epoll_fd": (c_int, [c_void_p]),
         "ring_buffer__free": (None, [c_void_p]),
         "libbpf_num_possible_cpus": (c_int, []),
+        "libbpf_probe_bpf_helper": (c_int, [c_int, c_int, c_void_p]),
+        "libbpf_probe_bpf_map_type": (c_int, [c_int, c_void_p]),
+        "bpf_map_create": (c_int, [c_int, c_char_p, c_uint32, c_uint32, c_uint32, c_void_p]),
         "libbpf_set_print": (c_void_p, [PrintCallback]),
     }
     for fn, (restype, argtypes) in signatures.items():

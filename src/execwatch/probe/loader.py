@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import itertools
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -22,8 +23,39 @@ TRACEFS_CANDIDATES = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/traci
 EXEC_TRACEPOINT = "events/syscalls/sys_exit_execve"
 
 
+OLDEST_TESTED = (5, 10)  # tests/kernels boots it and every newer kernel of the matrix
+BPF_PROG_TYPE_TRACEPOINT = 5
+BPF_MAP_TYPE_ARRAY = 2
+BPF_MAP_TYPE_RINGBUF = 27
+
+
 class ProbeError(RuntimeError):
     """A one-line reason why the probe cannot run on this host."""
+
+
+@dataclass(frozen=True)
+class KernelFeature:
+    """A kernel capability the probe uses, asked of the running kernel's verifier."""
+
+    name: str
+    since: str  # the upstream release that introduced it
+    helper: int | None = None  # BPF_FUNC_* id, tried in a tracepoint program
+    map_type: int | None = None  # BPF_MAP_TYPE_*
+
+
+# Without these the program cannot load: refuse with one line instead of a verifier dump.
+REQUIRED = (
+    KernelFeature("BPF_MAP_TYPE_RINGBUF", "5.8", map_type=BPF_MAP_TYPE_RINGBUF),
+    KernelFeature("bpf_ktime_get_boot_ns", "5.8", helper=125),
+    KernelFeature("bpf_probe_read_user_str", "5.5", helper=114),
+    KernelFeature("bpf_probe_read_kernel_str", "5.5", helper=115),
+    KernelFeature("bpf_get_current_cgroup_id", "4.18", helper=80),
+)
+# Used where present; bpf/compat.bpf.h falls back without them, to the same result.
+OPTIONAL = (
+    KernelFeature("bpf_get_current_task_btf", "5.11", helper=158),
+    KernelFeature("bpf_task_pt_regs", "5.15", helper=175),
+)
 
 
 @dataclass(frozen=True)
@@ -75,6 +107,7 @@ class Probe:
         except LibbpfMissing as exc:
             raise ProbeError(str(exc)) from exc
         self._ncpus = self._lib.libbpf_num_possible_cpus()
+        self.features: dict[str, bool] = {}
 
     def __enter__(self) -> Probe:
         self.open()
@@ -85,6 +118,8 @@ class Probe:
 
     def open(self) -> None:
         check_host()
+        self.features = kernel_features(self._lib, (*REQUIRED, *OPTIONAL))
+        require(self.features, REQUIRED)
         path = self.options.object_path or default_object_path()
         if not path.exists():
             raise ProbeError(f"BPF object {path} is missing: build it with `make bpf`")
@@ -98,6 +133,10 @@ class Probe:
         except BaseException:
             self.close()
             raise
+        release = os.uname().release
+        log.info("probe attached", extra={"kv": {"kernel": release, **self.features}})
+        if kernel_version(release) < OLDEST_TESTED:
+            log.warning("kernel older than any tested", extra={"kv": {"kernel": release}})
 
     def _configure(self) -> None:
         self._lib.bpf_map__set_max_entries(self._map("events"), self.options.ringbuf_bytes)
@@ -236,6 +275,42 @@ class Probe:
         if self._obj:
             self._lib.bpf_object__close(self._obj)
             self._obj = None
+
+
+def kernel_features(lib: ctypes.CDLL, features: tuple[KernelFeature, ...]) -> dict[str, bool]:
+    """Feature name -> whether this kernel has it, by loading a tiny program or map for each.
+
+    libbpf reports "unsupported" when it lacks the privilege to try: check that first."""
+    fd = lib.bpf_map_create(BPF_MAP_TYPE_ARRAY, None, 4, 4, 1, None)
+    if fd < 0:
+        raise ProbeError(f"the kernel refused the BPF program: {describe_errno(-fd)}")
+    os.close(fd)
+    found = {}
+    for f in features:
+        if f.map_type is not None:
+            rc = lib.libbpf_probe_bpf_map_type(f.map_type, None)
+        else:
+            rc = lib.libbpf_probe_bpf_helper(BPF_PROG_TYPE_TRACEPOINT, f.helper, None)
+        if rc < 0:
+            raise ProbeError(f"the kernel refused the BPF program: {describe_errno(-rc)}")
+        found[f.name] = rc == 1
+    return found
+
+
+def require(found: dict[str, bool], required: tuple[KernelFeature, ...]) -> None:
+    for f in required:
+        if not found.get(f.name):
+            oldest = ".".join(map(str, OLDEST_TESTED))
+            raise ProbeError(
+                f"this kernel ({os.uname().release}) lacks {f.name} (Linux {f.since}+): "
+                f"execwatch needs Linux {oldest} or later"
+            )
+
+
+def kernel_version(release: str) -> tuple[int, int]:
+    major, _, rest = release.partition(".")
+    minor = "".join(itertools.takewhile(str.isdigit, rest))
+    return (int(major), int(minor or 0)) if major.isdigit() else (0, 0)
 
 
 def describe_errno(err: int) -> str:

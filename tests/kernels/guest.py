@@ -1,0 +1,150 @@
+"""Runs inside a matrix guest (see vm.py), as root on the kernel under test.
+
+    python -m tests.kernels.guest OUT_DIR
+
+Starts the real `execwatch trace --json --metrics-address ...`, causes the real
+failures of CASES, waits for their records, reads the kernel's exact counts from the
+metrics endpoint, stops trace with SIGTERM and writes OUT_DIR/result.json for
+test_matrix.py to judge. Standard library only: every import costs seconds under TCG.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+REPO = Path(__file__).resolve().parents[2]
+FOREIGN_HELLO = REPO / ".cache/foreign/arm64/root/usr/bin/hello"
+MUSL_LOADER = Path("/lib/ld-musl-x86_64.so.1")
+GLIBC_TRUE = Path("/usr/bin/true")
+BUSYBOX = Path("/bin/busybox")
+PORT = 9477
+FOREIGN_TRIES = 3
+
+
+def build_musl_root(root: Path) -> None:
+    """An alpine-like root: busybox as /bin/sh, musl's loader, and one glibc binary."""
+    for d in ("bin", "lib", "usr/bin"):
+        (root / d).mkdir(parents=True)
+    shutil.copy(BUSYBOX, root / "bin/busybox")
+    (root / "bin/sh").symlink_to("busybox")
+    shutil.copy(MUSL_LOADER.resolve(), root / "lib" / MUSL_LOADER.name)
+    shutil.copy(GLIBC_TRUE, root / "usr/bin/app")
+
+
+def cause_failures(work: Path) -> dict[str, str]:
+    """Each case once (the foreign binary FOREIGN_TRIES times); returns case -> path."""
+    for _ in range(FOREIGN_TRIES):
+        try_exec([str(FOREIGN_HELLO)])
+    root = work / "musl-root"
+    build_musl_root(root)
+    # The shell stays a second: its root is where the failing child's file is looked up.
+    # (`busybox sleep`, not `sleep`: the applet would re-exec /proc/self/exe, absent here.)
+    subprocess.run(
+        ["/usr/sbin/chroot", root, "/bin/sh", "-c", "/usr/bin/app; /bin/busybox sleep 1"]
+    )
+    script = work / "run.sh"
+    script.write_text("#!/opt/nowhere/bash -e\necho hi\n")
+    script.chmod(0o755)
+    try_exec([str(script)])
+    return {
+        "foreign": str(FOREIGN_HELLO),
+        "glibc_in_musl_root": "/usr/bin/app",
+        "missing_shebang_interpreter": str(script),
+    }
+
+
+def try_exec(argv: list[str]) -> None:
+    with contextlib.suppress(OSError):  # the failure is the point
+        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+class Lines:
+    """Collects a pipe's lines on a thread, so waiting on them has a deadline."""
+
+    def __init__(self, stream: IO[str] | None) -> None:
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: IO[str] | None) -> None:
+        for line in stream or ():
+            self.lines.append(line)
+
+    def wait_for(self, done: Callable[[list[str]], bool], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if done(self.lines):
+                return True
+            time.sleep(0.2)
+        return False
+
+
+def scrape() -> dict[str, float]:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{PORT}/metrics", timeout=10).read().decode()
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in body.splitlines()
+        if line.startswith("execwatch_kernel")
+    }
+
+
+def records_cover(paths: dict[str, str]) -> Callable[[list[str]], bool]:
+    def done(lines: list[str]) -> bool:
+        records = [json.loads(line) for line in lines if line.startswith("{")]
+        foreign = sum(r["count"] for r in records if r["path"] == paths["foreign"])
+        seen = {r["path"] for r in records}
+        return foreign == FOREIGN_TRIES and set(paths.values()) <= seen
+
+    return done
+
+
+def main() -> int:
+    out = Path(sys.argv[1])
+    result: dict[str, object] = {"release": os.uname().release}
+    argv = ["trace", "--json", "--window", "0.2", "--show-not-found"]
+    trace = subprocess.Popen(
+        [sys.executable, "-m", "execwatch.cli", *argv, "--metrics-address", f"127.0.0.1:{PORT}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    stdout, stderr = Lines(trace.stdout), Lines(trace.stderr)
+    t0 = time.monotonic()
+    try:
+        if not stderr.wait_for(lambda ls: any("tracing failed execs" in x for x in ls), 240):
+            raise RuntimeError("trace did not start")
+        result["trace_start_s"] = round(time.monotonic() - t0, 1)
+        with tempfile.TemporaryDirectory() as work:
+            paths = cause_failures(Path(work))
+            result["cases"] = paths
+            result["all_records_seen"] = stdout.wait_for(records_cover(paths), 60)
+        result["kernel_counts"] = scrape()
+    finally:
+        trace.send_signal(signal.SIGTERM)
+        try:
+            result["trace_rc"] = trace.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            trace.kill()
+            result["trace_rc"] = trace.wait()
+        time.sleep(0.2)  # the reader threads take the last lines
+        result["records"] = [json.loads(x) for x in stdout.lines if x.startswith("{")]
+        result["stderr"] = stderr.lines
+        (out / "result.json").write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

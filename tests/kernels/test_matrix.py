@@ -1,0 +1,117 @@
+"""The kernel matrix: the same real failures, caught by the real `execwatch trace`, on
+every kernel from the oldest supported (5.10) to the newest Debian ships.
+
+Each kernel boots under QEMU with this host's root over 9p (vm.py) and runs guest.py;
+all boot at once, and each test judges one kernel's result.json.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.kernels.guest import FOREIGN_TRIES
+from tests.kernels.vm import Boot, Kernel, Vm
+
+RELEASES = ("bullseye", "bookworm", "trixie", "sid")  # dev/fetch-kernels.sh
+BOOT_BUDGET_S = 300  # each guest, all running at once under TCG on a loaded 2-core host
+GUEST_COMMAND = ".venv/bin/python -m tests.kernels.guest /tmp/out"
+
+
+@dataclass
+class Run:
+    boot: Boot
+    result: dict[str, Any]
+
+    def records(self, case: str) -> list[dict[str, Any]]:
+        path = self.result["cases"][case]
+        return [r for r in self.result["records"] if r["path"] == path]
+
+    def count(self, name: str) -> float:
+        return float(self.result["kernel_counts"][name])
+
+
+@pytest.fixture(scope="session")
+def matrix() -> Iterator[dict[str, Run]]:
+    kernels = [Kernel.fetched(release) for release in RELEASES]
+    with tempfile.TemporaryDirectory(prefix="execwatch-kernels-") as tmp:
+        vms = [Vm(k, GUEST_COMMAND, Path(tmp) / k.release) for k in kernels]
+        try:
+            boots = [vm.wait(BOOT_BUDGET_S) for vm in vms]
+        finally:
+            for vm in vms:
+                vm.kill()
+        yield {b.kernel.release: run_of(b) for b in boots}
+
+
+def run_of(boot: Boot) -> Run:
+    path = boot.out / "result.json"
+    if boot.rc != 0 or not path.exists():
+        return Run(boot, {})
+    return Run(boot, json.loads(path.read_text()))
+
+
+@pytest.fixture(params=RELEASES)
+def run(request: pytest.FixtureRequest, matrix: dict[str, Run]) -> Run:
+    result = matrix[request.param]
+    assert result.result, f"the guest produced no result: {result.boot.explain()}"
+    assert result.result["trace_rc"] == 0, result.boot.explain()
+    return result
+
+
+def test_each_kernel_is_the_one_fetched(run: Run) -> None:
+    assert run.result["release"] == run.boot.kernel.version
+
+
+def test_foreign_architecture_binary(run: Run) -> None:
+    records = run.records("foreign")
+    assert sum(r["count"] for r in records) == FOREIGN_TRIES
+    for r in records:
+        assert (r["errno"], r["reason"]) == ("ENOEXEC", "ForeignArchitecture")
+        assert (r["binary_arch"], r["node_arch"]) == ("arm64", "amd64")
+        assert r["comm"] == "python" and r["syscall"] == "execve"
+
+
+def test_glibc_binary_in_a_musl_root(run: Run) -> None:
+    [r] = run.records("glibc_in_musl_root")
+    assert (r["errno"], r["reason"]) == ("ENOENT", "MissingInterpreter")
+    assert r["interpreter"] == "/lib64/ld-linux-x86-64.so.2"
+    assert r["comm"] == "sh"
+
+
+def test_missing_shebang_interpreter(run: Run) -> None:
+    [r] = run.records("missing_shebang_interpreter")
+    assert (r["errno"], r["reason"]) == ("ENOENT", "MissingShebangInterpreter")
+    assert r["interpreter"] == "/opt/nowhere/bash"
+
+
+def test_kernel_counts_are_exact(run: Run) -> None:
+    """The guest runs nothing else that fails: the kernel's counts are exactly the cases."""
+    failures = 'execwatch_kernel_exec_failures_total{errno="%s"}'
+    assert run.count(failures % "ENOEXEC") == FOREIGN_TRIES
+    assert run.count(failures % "ENOENT") == 2
+    assert run.count('execwatch_kernel_dropped_total{type="ringbuf_full"}') == 0
+    by_errno: dict[str, int] = {}
+    for r in run.result["records"]:  # --show-not-found: every failure is printed
+        by_errno[r["errno"]] = by_errno.get(r["errno"], 0) + r["count"]
+    assert by_errno == {"ENOEXEC": FOREIGN_TRIES, "ENOENT": 2}
+
+
+def test_compat_paths_match_the_kernel(run: Run) -> None:
+    """bpf/compat.bpf.h falls back where a helper is missing; the loader says which."""
+    features = probe_features(run.result["stderr"])
+    major, minor = (int(x) for x in run.boot.kernel.version.split(".")[:2])
+    assert features["bpf_get_current_task_btf"] == ((major, minor) >= (5, 11))
+    assert features["bpf_task_pt_regs"] == ((major, minor) >= (5, 15))
+
+
+def probe_features(stderr: list[str]) -> dict[str, bool]:
+    [line] = [x for x in stderr if 'msg="probe attached"' in x]
+    fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+    return {k: v == "True" for k, v in fields.items() if v in ("True", "False")}
