@@ -63,6 +63,17 @@ class MemorySink:
             return sum(o["spec"]["count"] for o in self.objects.values())
 
 
+class HangingSink:
+    """A create that stays on the wire until released."""
+
+    def __init__(self) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def create(self, body: dict[str, Any]) -> None:
+        self.entered.set()
+        self.release.wait(timeout=10)
+
+
 def sample(m: PublisherMetrics, name: str, **labels: str) -> float:
     return m.registry.get_sample_value(name, labels) or 0.0
 
@@ -108,16 +119,7 @@ def test_the_first_failure_is_published_at_once_with_the_full_record(
 def test_a_record_being_sent_still_counts_as_spooled(make_publisher: Any) -> None:
     """While its create is on the wire the record is held by nobody else: the spool (and
     its gauge) must not read 0, or a full quota would look like an empty spool."""
-
-    class SlowSink:
-        def __init__(self) -> None:
-            self.entered, self.release = threading.Event(), threading.Event()
-
-        def create(self, body: dict[str, Any]) -> None:
-            self.entered.set()
-            self.release.wait(timeout=10)
-
-    sink = SlowSink()
+    sink = HangingSink()
     p = make_publisher(sink)
     p.submit(exec_failure(pod_name="web-0", namespace="shop"))
     assert sink.entered.wait(timeout=5)
@@ -131,15 +133,6 @@ def test_a_record_is_sealed_on_disk_before_its_create_is_sent(
 ) -> None:
     """Killed while the create is on the wire, the next agent must re-send it unchanged
     (it may exist): folding more failures into it would lose them behind a 409."""
-
-    class HangingSink:
-        def __init__(self) -> None:
-            self.entered, self.release = threading.Event(), threading.Event()
-
-        def create(self, body: dict[str, Any]) -> None:
-            self.entered.set()
-            self.release.wait(timeout=10)
-
     sink = HangingSink()
     p = make_publisher(sink, spool=Spool(tmp_path, "agent"))
     p.submit(exec_failure(pod_name="a", namespace="n", count=2))
