@@ -18,7 +18,7 @@ def raw_event(path: bytes, *, cgroup: int = 7, err: int = 8, stale: bytes = b"")
     filename = (path + b"\0" + stale).ljust(layout.PATH_LEN, b"\0")
     return layout.EVENT_STRUCT.pack(
         1_000_000_000, cgroup, 1, 4026531840, 2, err, 10, 10, 1, 0, -100, 0, 0,
-        b"sh", b"bash", filename, b"", b"",
+        b"sh", b"bash", filename, b"", b"", 0, 0, 0, 0, 0, 0, 0, b"", b"",
     )  # fmt: skip
 
 

@@ -65,6 +65,43 @@ class PipelineObserver(Protocol):
     def overran(self, stage: str) -> None: ...
 
 
+class PrunableCounts(Protocol):
+    def forget_counts(self, keep: Callable[[int], bool]) -> int: ...
+
+
+class CountsPruner:
+    """Every `interval` seconds, drops the kernel's per-cgroup counts of removed cgroups,
+    so that the 16,384-entry map never fills with the dead and `counter_map_full` counts
+    only failures that really could not be counted per cgroup. Off the consume loop."""
+
+    def __init__(
+        self, probe: PrunableCounts, alive: Callable[[int], bool], interval: float = 30.0
+    ) -> None:
+        self._probe = probe
+        self._alive = alive
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="counts-pruner", daemon=True)
+
+    def __enter__(self) -> CountsPruner:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                removed = self._probe.forget_counts(self._alive)
+            except Exception:  # a failed sweep is retried next time; never kill the agent
+                log.exception("pruning the kernel counts failed")
+                continue
+            if removed:
+                log.debug("kernel counts of removed cgroups dropped", extra={"kv": {"n": removed}})
+
+
 class Heartbeat:
     """When the consume loop last went round. Liveness fails only when it stalls: slow
     diagnosis is the workers' business and never makes the agent look dead."""

@@ -83,6 +83,14 @@ class KernelEvent:
     root_ino: int = 0  # inode of the caller's root directory, to recognise a stand-in root
     cgroup_parent_id: int = 0  # the cgroup's parent, whose path outlives the cgroup
     cgroup_name: str = ""  # the cgroup directory's own name
+    # What finds the root and the file once the caller is gone (from the dentry chain):
+    root_dev: int = 0  # st_dev of the caller's root directory
+    root_mnt_id: int = 0
+    root_path: str | None = None  # the root's path in its mount namespace, when whole
+    base_dev: int = 0  # the base: the fd's file for fexecve, else the directory
+    base_ino: int = 0  # (dirfd or cwd) a relative path resolves against
+    base_mnt_id: int = 0
+    base_path: str | None = None  # the base's path inside the caller's root, when whole
 
 
 @dataclass(frozen=True, slots=True)

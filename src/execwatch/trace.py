@@ -20,7 +20,7 @@ from execwatch.diagnosis import FileDiagnoser
 from execwatch.diagnosis.budget import SlowMounts
 from execwatch.metrics import NodeMetrics, parse_address, serve
 from execwatch.output import Printer
-from execwatch.pipeline import NodePipeline
+from execwatch.pipeline import CountsPruner, NodePipeline
 from execwatch.probe import Probe, ProbeError
 from execwatch.probe.events import boot_to_epoch_offset
 from execwatch.probe.loader import ProbeOptions
@@ -111,8 +111,10 @@ def trace_loop(
     probe.open_ring_buffer(pipeline.on_record)
     log.info("tracing failed execs", extra={"kv": {"metrics": args.metrics_address or "off"}})
     deadline = time.monotonic() + args.duration if args.duration else None
+    alive = attributor.cgroup_alive if attributor else lambda _cgroup_id: True
     try:
-        pipeline.run(probe, stop, deadline)
+        with CountsPruner(probe, alive):
+            pipeline.run(probe, stop, deadline)
     finally:
         if server:
             server.shutdown()

@@ -227,3 +227,38 @@ def test_anything_else_is_unknown_with_the_raw_path_kept(path: str) -> None:
     assert got.kind is CgroupKind.UNKNOWN
     assert got.pod_uid is None and got.container_id is None
     assert path.startswith(got.path[:100])
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        # A user's delegated tree (systemd user@.service): kubepods names there are the
+        # user's own, and must not pass for a pod of the node.
+        "/user.slice/user-1000.slice/user@1000.service/app.slice/kubepods.slice"
+        f"/kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope",
+        "/user.slice/user-1000.slice/user@1000.service/user-kubepods.slice"
+        f"/user-kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope",
+        f"/x.slice/kubepods.slice/kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope",
+        f"/kubelet.slice/other-kubepods.slice/other-kubepods-pod{UID_}.slice",
+        f"/user.slice/user-1000.slice/user@1000.service/kubepods/pod{UID}/{CID}",
+        f"/system.slice/evil.service/kubepods/besteffort/pod{UID}/{CID}",
+    ],
+)
+def test_kubepods_counts_only_at_the_kubelet_cgroup_root(path: str) -> None:
+    got = parse_cgroup_path(path)
+    assert got.kind is CgroupKind.UNKNOWN
+    assert (got.pod_uid, got.container_id) == (None, None)
+
+
+def test_a_configured_kubelet_cgroup_root_is_the_only_anchor() -> None:
+    systemd = (
+        "/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice"
+        f"/kubelet-kubepods-besteffort-pod{UID_}.slice/cri-containerd-{CID}.scope"
+    )
+    cgroupfs = f"/kubelet/kubepods/besteffort/pod{UID}/{CID}"
+    for path in (systemd, cgroupfs):
+        assert parse_cgroup_path(path, kubelet_root="/kubelet").pod_uid == UID
+        assert parse_cgroup_path(path, kubelet_root="/").kind is CgroupKind.UNKNOWN
+    top = f"/kubepods/pod{UID}/{CID}"
+    assert parse_cgroup_path(top, kubelet_root="/").pod_uid == UID
+    assert parse_cgroup_path(top, kubelet_root="/kubelet").kind is CgroupKind.UNKNOWN

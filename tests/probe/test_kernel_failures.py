@@ -240,10 +240,11 @@ def test_successful_execs_are_not_reported(tracer: Tracer) -> None:
     assert not [r for r in tracer.records if r.event.path == "/bin/true"]
 
 
-def test_a_gone_chrooted_caller_is_not_diagnosed_against_its_parents_root(
+def test_a_gone_chrooted_caller_is_diagnosed_in_its_own_root_not_its_parents(
     tracer: Tracer, tmp_path: Path
 ) -> None:
-    """chroot(1) execs and dies at once; its parent's root is another filesystem."""
+    """chroot(1) execs and dies at once; its parent's root is another filesystem, where
+    /usr/local/bin/runner does not exist. The root the kernel recorded is used instead."""
     (tmp_path / "usr/local/bin").mkdir(parents=True)
     shutil.copy("/usr/bin/true", tmp_path / "usr/local/bin/runner")
 
@@ -251,5 +252,5 @@ def test_a_gone_chrooted_caller_is_not_diagnosed_against_its_parents_root(
 
     assert rc == 127
     record = tracer.for_path("/usr/local/bin/runner")
-    assert record.diagnosis.reason is Reason.UNDIAGNOSED
     assert record.event.root_ino == os.stat(tmp_path).st_ino
+    assert record.diagnosis.reason is Reason.MISSING_INTERPRETER

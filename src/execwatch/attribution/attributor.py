@@ -52,6 +52,7 @@ class AttributorConfig:
     prefetch_queue: int = 1024
     rescan_interval: float = 60.0
     recent_cgroups: int = 16384  # deleted cgroups remembered for late lookups
+    kubelet_cgroup_root: str | None = None  # the kubelet's --cgroup-root; None: from the path
 
 
 class Attributor:
@@ -128,6 +129,14 @@ class Attributor:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def cgroup_alive(self, cgroup_id: int) -> bool:
+        """False once the inventory knows the cgroup is removed (or cannot find it at all),
+        so the kernel's per-cgroup counts of it can go; True when there is no inventory."""
+        if self.inventory is None:
+            return True
+        entry = self.inventory.lookup(cgroup_id)
+        return entry is not None and entry.alive
+
     def container_id(
         self, cgroup_id: int, pid: int | None = None, *, name: str = "", parent_id: int = 0
     ) -> str | None:
@@ -169,7 +178,9 @@ class Attributor:
     ) -> CgroupLayout | None:
         entry = self.inventory.lookup(cgroup_id) if self.inventory is not None else None
         path = entry.path if entry is not None else self._path_under_parent(parent_id, name)
-        layout = parse_cgroup_path(path) if path is not None else None
+        layout = (
+            parse_cgroup_path(path, self.config.kubelet_cgroup_root) if path is not None else None
+        )
         informative = layout is not None and layout.kind in (
             CgroupKind.KUBERNETES,
             CgroupKind.CONTAINER,
@@ -201,7 +212,7 @@ class Attributor:
             )
             return None
         for path in cgroups.v1_paths():
-            layout = parse_cgroup_path(path)
+            layout = parse_cgroup_path(path, self.config.kubelet_cgroup_root)
             if layout.kind in (CgroupKind.KUBERNETES, CgroupKind.CONTAINER):
                 return layout
         return None
@@ -311,7 +322,7 @@ class Attributor:
 
     def _on_new_cgroup(self, _cgroup_id: int, path: str) -> None:
         """Runs on the inventory thread: never block it, just queue the id."""
-        layout = parse_cgroup_path(path)
+        layout = parse_cgroup_path(path, self.config.kubelet_cgroup_root)
         cid = layout.container_id
         if layout.kind is CgroupKind.KUBERNETES and cid and not self._prefetch.put(cid):
             log.debug("prefetch queue full", extra={"container_id": cid})

@@ -74,8 +74,14 @@ class CgroupLayout:
     unit: str | None = None  # innermost systemd unit, for host processes
 
 
-def parse_cgroup_path(path: str) -> CgroupLayout:
-    """Classify a cgroup path relative to its hierarchy root (``/`` is the root cgroup)."""
+def parse_cgroup_path(path: str, kubelet_root: str | None = None) -> CgroupLayout:
+    """Classify a cgroup path relative to its hierarchy root (``/`` is the root cgroup).
+
+    The kubepods hierarchy counts only where the kubelet puts it, at its cgroup root
+    (`kubelet_root`, its --cgroup-root). Left None, the root is read from the path: a
+    systemd ``a-b-kubepods.slice`` must sit exactly at ``/a.slice/a-b.slice``, and a
+    cgroupfs ``kubepods`` under no systemd unit. A "kubepods" anywhere else (a user's
+    delegated cgroup tree, under ``user@UID.service``) is UNKNOWN, never a pod."""
     if not isinstance(path, str) or len(path) > _MAX_PATH or "\x00" in path:
         return CgroupLayout(CgroupKind.UNKNOWN, str(path)[:_MAX_PATH])
     parts = path.strip("/").split("/") if path.strip("/") else []
@@ -85,10 +91,37 @@ def parse_cgroup_path(path: str) -> CgroupLayout:
         return CgroupLayout(CgroupKind.HOST, path)
     for index, part in enumerate(parts):
         if m := _SYSTEMD_KUBEPODS.match(part):
+            if not _systemd_anchored(parts[:index], m["root"], kubelet_root):
+                return CgroupLayout(CgroupKind.UNKNOWN, path)
             return _systemd_kubepods(path, parts[index + 1 :], m["root"])
         if part == "kubepods":
+            if not _cgroupfs_anchored(parts[:index], kubelet_root):
+                return CgroupLayout(CgroupKind.UNKNOWN, path)
             return _cgroupfs_kubepods(path, parts[index + 1 :])
     return _outside_kubernetes(path, parts)
+
+
+def _root_names(kubelet_root: str) -> list[str]:
+    return [p for p in kubelet_root.strip("/").split("/") if p]
+
+
+def _systemd_anchored(ancestors: list[str], prefix: str, kubelet_root: str | None) -> bool:
+    """systemd names a slice after all its ancestors: a-b-kubepods.slice lives at
+    /a.slice/a-b.slice and nowhere else."""
+    names = prefix.rstrip("-").split("-") if prefix else []
+    expected = [f"{'-'.join(names[: i + 1])}.slice" for i in range(len(names))]
+    if ancestors != expected:
+        return False
+    if kubelet_root is None:
+        return True
+    root = [n.removesuffix(".slice").split("-")[-1] for n in _root_names(kubelet_root)]
+    return names == root
+
+
+def _cgroupfs_anchored(ancestors: list[str], kubelet_root: str | None) -> bool:
+    if kubelet_root is not None:
+        return ancestors == _root_names(kubelet_root)
+    return not any(_SERVICE.match(p) for p in ancestors)
 
 
 def _systemd_kubepods(path: str, rest: list[str], root: str) -> CgroupLayout:

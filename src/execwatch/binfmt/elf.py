@@ -65,7 +65,10 @@ class ElfLimits:
     max_string_bytes: int = 4096  # one dynamic string (PATH_MAX)
     max_total_string_bytes: int = 256 << 10  # all distinct strings decoded
     max_version_records: int = 8192  # Verneed + Vernaux + Verdef records
-    max_seconds: float = 0.5  # wall time, checked at every read
+    # Wall time, checked at every read. The caps above bound the work to milliseconds; this
+    # is the backstop for a starved CPU or slow storage, so it is generous: a legitimate
+    # file refused for time would read as corrupt.
+    max_seconds: float = 2.0
 
 
 DEFAULT_LIMITS = ElfLimits()

@@ -17,6 +17,8 @@
 #define EACCES 13
 #define ELIBBAD 80
 #define AT_EMPTY_PATH 0x1000
+#define AT_FDCWD -100
+#define EW_DPATH_DEPTH 40 /* dentries and mount crossings walked per path */
 #define MAX_ERRNO 256
 
 #if defined(__TARGET_ARCH_x86)
@@ -27,10 +29,22 @@ struct pt_regs { struct user_pt_regs user_regs; } __attribute__((preserve_access
 #endif
 
 struct qstr { const unsigned char *name; } __attribute__((preserve_access_index));
-struct inode { unsigned long i_ino; } __attribute__((preserve_access_index));
-struct dentry { struct qstr d_name; struct inode *d_inode; } __attribute__((preserve_access_index));
-struct path { struct dentry *dentry; } __attribute__((preserve_access_index));
-struct fs_struct { struct path root; } __attribute__((preserve_access_index));
+struct super_block { __u32 s_dev; } __attribute__((preserve_access_index));
+struct inode { unsigned long i_ino; struct super_block *i_sb; } __attribute__((preserve_access_index));
+struct dentry {
+	struct qstr d_name;
+	struct inode *d_inode;
+	struct dentry *d_parent;
+} __attribute__((preserve_access_index));
+struct vfsmount { struct dentry *mnt_root; } __attribute__((preserve_access_index));
+struct mount { /* fs/mount.h: the vfsmount is embedded */
+	struct mount *mnt_parent;
+	struct dentry *mnt_mountpoint;
+	struct vfsmount mnt;
+	int mnt_id;
+} __attribute__((preserve_access_index));
+struct path { struct vfsmount *mnt; struct dentry *dentry; } __attribute__((preserve_access_index));
+struct fs_struct { struct path root, pwd; } __attribute__((preserve_access_index));
 struct file { struct path f_path; } __attribute__((preserve_access_index));
 struct fdtable { unsigned int max_fds; struct file **fd; } __attribute__((preserve_access_index));
 struct files_struct { struct fdtable *fdt; } __attribute__((preserve_access_index));
@@ -95,6 +109,15 @@ struct {
 	__type(value, __u64);
 } stats SEC(".maps");
 
+/* Per CPU: a path is assembled here; twice its size, so that a name read at any offset
+ * below EW_DPATH_LEN fits (the verifier checks the bound, not the string). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, char[2 * EW_DPATH_LEN]);
+} path_scratch SEC(".maps");
+
 struct wakeup {
 	__u64 time;
 	__u64 cgroup_id;
@@ -127,8 +150,13 @@ static __always_inline void count(__u64 cgroup_id, int err)
 	if (v) {
 		*v += 1;
 	} else if (bpf_map_update_elem(&counts, &key, &one, BPF_NOEXIST)) {
-		idx = EW_STAT_COUNTER_FULL;
-		bump(&stats, &idx);
+		v = bpf_map_lookup_elem(&counts, &key); /* another CPU added it first (EEXIST) */
+		if (v) {
+			*v += 1;
+		} else { /* really full: counted in errno_totals only */
+			idx = EW_STAT_COUNTER_FULL;
+			bump(&stats, &idx);
+		}
 	}
 }
 
@@ -156,18 +184,139 @@ static __always_inline bool reported(int err)
 	return cfg.all_errnos || err == ENOEXEC || err == ENOENT || err == EACCES || err == ELIBBAD;
 }
 
-static __always_inline void read_fd_name(struct task_struct *task, int fd, char *dst, __u32 len)
+static __always_inline struct file *fd_file(struct task_struct *task, int fd)
 {
 	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
 	struct file **fds;
 	struct file *f;
 
 	if (!fdt || fd < 0 || (unsigned int)fd >= BPF_CORE_READ(fdt, max_fds))
-		return;
+		return 0;
 	fds = BPF_CORE_READ(fdt, fd);
-	if (bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]) || !f)
+	if (bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]))
+		return 0;
+	return f;
+}
+
+static __always_inline void read_fd_name(struct task_struct *task, int fd, char *dst, __u32 len)
+{
+	struct file *f = fd_file(task, fd);
+
+	if (f)
+		bpf_probe_read_kernel_str(dst, len, BPF_CORE_READ(f, f_path.dentry, d_name.name));
+}
+
+static __always_inline struct mount *real_mount(struct vfsmount *vm)
+{
+	return (struct mount *)((char *)vm - bpf_core_field_offset(struct mount, mnt));
+}
+
+/* The names from d up to `stop` (a dentry on stop_mnt), or up to the root of its mount
+ * namespace when stop is 0, crossing mounts as d_path() does; leaf first, each name
+ * followed by '/', into path_scratch. Returns 1 when the walk got there whole.
+ * Global, so the verifier checks its loop once, not once per caller's state. */
+__noinline int walk_path(__u64 dentry, __u64 vfsmount, __u64 stop, __u64 stop_mnt)
+{
+	struct dentry *d = (struct dentry *)dentry, *up;
+	struct vfsmount *vm = (struct vfsmount *)vfsmount;
+	struct mount *mnt = real_mount(vm), *parent;
+	__u32 zero = 0, off = 0;
+	int whole = 0;
+	long n;
+	char *buf = bpf_map_lookup_elem(&path_scratch, &zero);
+
+	if (!buf)
+		return 0;
+	for (int i = 0; i < EW_DPATH_DEPTH; i++) {
+		if ((__u64)d == stop && (__u64)vm == stop_mnt) {
+			whole = 1;
+			break;
+		}
+		if (d == BPF_CORE_READ(vm, mnt_root)) {
+			parent = BPF_CORE_READ(mnt, mnt_parent);
+			if (parent == mnt) { /* the namespace's root mount */
+				whole = !stop;
+				break;
+			}
+			d = BPF_CORE_READ(mnt, mnt_mountpoint);
+			mnt = parent;
+			vm = (struct vfsmount *)((char *)parent + bpf_core_field_offset(struct mount, mnt));
+			continue;
+		}
+		up = BPF_CORE_READ(d, d_parent);
+		if (up == d || off >= EW_DPATH_LEN)
+			break; /* detached from any mount, or too long */
+		n = bpf_probe_read_kernel_str(buf + (off & (EW_DPATH_LEN - 1)), EW_DPATH_LEN,
+					      BPF_CORE_READ(d, d_name.name));
+		if (n <= 0)
+			break;
+		off += n;
+		/* A wide, imprecise bound for every path length: the verifier can then prune
+		 * the loop's states instead of following each length separately. */
+		asm volatile("" : "+r"(off));
+		off &= 2 * EW_DPATH_LEN - 1;
+		buf[(off - 1) & (2 * EW_DPATH_LEN - 1)] = '/';
+		d = up;
+	}
+	if (off >= EW_DPATH_LEN) {
+		whole = 0;
+		off = EW_DPATH_LEN - 1;
+	}
+	asm volatile("" : "+r"(off)); /* keep the mask: the verifier must see the bound */
+	buf[off & (EW_DPATH_LEN - 1)] = 0;
+	return whole;
+}
+
+/* walk_path, then its result into dst (EW_DPATH_LEN bytes of the event). */
+static __always_inline int read_path(struct dentry *d, struct vfsmount *vm, struct dentry *stop,
+				     struct vfsmount *stop_mnt, char *dst)
+{
+	__u32 zero = 0;
+	int whole = walk_path((__u64)d, (__u64)vm, (__u64)stop, (__u64)stop_mnt);
+	char *buf = bpf_map_lookup_elem(&path_scratch, &zero);
+
+	if (!buf || bpf_probe_read_kernel(dst, EW_DPATH_LEN, buf)) {
+		dst[0] = 0;
+		return 0;
+	}
+	return whole;
+}
+
+/* What finds the root and the file after the caller is gone: its root's path, and the
+ * directory (dirfd or cwd) a relative name resolves against, or for AT_EMPTY_PATH the
+ * file behind the fd itself, with its path inside the root. */
+static __always_inline void read_paths(struct task_struct *task, struct ew_event *e)
+{
+	struct dentry *root = BPF_CORE_READ(task, fs, root.dentry), *base = 0;
+	struct vfsmount *root_mnt = BPF_CORE_READ(task, fs, root.mnt), *base_mnt = 0;
+	struct file *f;
+
+	e->root_dev = BPF_CORE_READ(root, d_inode, i_sb, s_dev);
+	e->root_mnt_id = BPF_CORE_READ(real_mount(root_mnt), mnt_id);
+	e->path_flags = read_path(root, root_mnt, 0, 0, e->root_path) ? EW_ROOT_PATH_OK : 0;
+	e->pad = 0;
+	if (e->filename[0] != '/' && e->syscall == EW_EXECVEAT && e->dirfd != AT_FDCWD) {
+		f = fd_file(task, e->dirfd);
+		if (f) {
+			base = BPF_CORE_READ(f, f_path.dentry);
+			base_mnt = BPF_CORE_READ(f, f_path.mnt);
+		}
+	} else if (e->filename[0] != '/') {
+		base = BPF_CORE_READ(task, fs, pwd.dentry);
+		base_mnt = BPF_CORE_READ(task, fs, pwd.mnt);
+	}
+	if (!base || !base_mnt) {
+		e->base_dev = e->base_ino = 0;
+		e->base_mnt_id = 0;
+		e->base_path[0] = 0;
 		return;
-	bpf_probe_read_kernel_str(dst, len, BPF_CORE_READ(f, f_path.dentry, d_name.name));
+	}
+	e->base_dev = BPF_CORE_READ(base, d_inode, i_sb, s_dev);
+	e->base_ino = BPF_CORE_READ(base, d_inode, i_ino);
+	e->base_mnt_id = BPF_CORE_READ(real_mount(base_mnt), mnt_id);
+	e->path_flags |= EW_BASE_SET;
+	if (read_path(base, base_mnt, root, root_mnt, e->base_path))
+		e->path_flags |= EW_BASE_IN_ROOT;
 }
 
 /* The cgroup's name and parent id let user space rebuild its path even when the cgroup
@@ -238,6 +387,7 @@ static __noinline int on_failure(long ret, enum ew_syscall sc)
 		e->filename[0] = 0;
 	if (sc == EW_EXECVEAT && (e->flags & AT_EMPTY_PATH) && !e->filename[0])
 		read_fd_name(task, e->dirfd, e->fd_name, sizeof(e->fd_name));
+	read_paths(task, e);
 	bpf_ringbuf_submit(e, wakeup_flag(e->ktime_ns, cgroup_id));
 	return 0;
 }

@@ -7,6 +7,12 @@
 #define EW_TASK_COMM_LEN 16
 #define EW_PATH_LEN 256
 #define EW_CGROUP_NAME_LEN 128
+#define EW_DPATH_LEN 256 /* a path rebuilt from the dentry chain */
+
+/* ew_event.path_flags */
+#define EW_ROOT_PATH_OK 0x1 /* root_path is whole: it reaches its mount namespace's root */
+#define EW_BASE_SET 0x2     /* the base_* fields are filled */
+#define EW_BASE_IN_ROOT 0x4 /* base_path is whole and inside the caller's root */
 
 enum ew_syscall {
 	EW_EXECVE = 0,
@@ -39,6 +45,17 @@ struct ew_event {
 	char filename[EW_PATH_LEN];
 	char fd_name[EW_TASK_COMM_LEN * 4]; /* basename behind dirfd when AT_EMPTY_PATH */
 	char cgroup_name[EW_CGROUP_NAME_LEN]; /* the cgroup directory's own name */
+	/* What finds the caller's root and the file once the caller is gone. Paths come
+	 * from the dentry chain, leaf first: "c/b/a/" is /a/b/c (no lookup in BPF). */
+	__u64 root_dev;       /* the root directory's s_dev (kernel encoding) */
+	__u64 base_dev;       /* the base: for AT_EMPTY_PATH the file itself; else the */
+	__u64 base_ino;       /* directory a relative name resolves against (dirfd or cwd) */
+	__u32 root_mnt_id;
+	__u32 base_mnt_id;
+	__u32 path_flags;     /* EW_ROOT_PATH_OK | EW_BASE_SET | EW_BASE_IN_ROOT */
+	__u32 pad;
+	char root_path[EW_DPATH_LEN]; /* the root's path in its mount namespace */
+	char base_path[EW_DPATH_LEN]; /* the base's path inside the caller's root */
 };
 
 struct ew_count_key {

@@ -50,7 +50,7 @@ def run(
     from execwatch.diagnosis import FileDiagnoser
     from execwatch.diagnosis.budget import SlowMounts
     from execwatch.metrics import NodeMetrics
-    from execwatch.pipeline import NodePipeline
+    from execwatch.pipeline import CountsPruner, NodePipeline
     from execwatch.probe import Probe
     from execwatch.probe.events import boot_to_epoch_offset
 
@@ -72,7 +72,8 @@ def run(
         if ready is not None:
             ready.set()
         source = _PollClock(probe)
-        pipeline.run(source, stop)
+        with CountsPruner(probe, attributor.cgroup_alive):
+            pipeline.run(source, stop)
         return source.consumed_until
 
 

@@ -112,18 +112,31 @@ class FileDiagnoser:
             return self._examine(ctx, f.fileno(), depth=0)
 
     def _open_target(self, root: Root, event: KernelEvent) -> int:
-        if event.via_fd:  # fexecve: the caller's fd is the file, when the caller lives
-            return reopen_regular(
-                os.open(f"/proc/{event.tgid}/fd/{event.dirfd}", os.O_PATH),
-                event.path,
-                self._slow,
-            )
+        if event.via_fd:  # fexecve: the caller's fd is the file
+            return self._open_fd_target(root, event)
         path = self._locator.absolute(event, event.path)
         if path is None:
             raise OSError(
                 errno.ENOENT, "relative path and the working directory is gone", event.path
             )
         return self._resolver.open_regular(root, path)
+
+    def _open_fd_target(self, root: Root, event: KernelEvent) -> int:
+        """Through the caller's fd while it lives; then by the path inside its root that the
+        kernel recorded, if that is still the very same file (device and inode)."""
+        try:
+            path_fd = os.open(f"/proc/{event.tgid}/fd/{event.dirfd}", os.O_PATH)
+        except OSError:
+            if event.base_path is None:
+                raise
+            path_fd = self._resolver.lookup(root, event.base_path)
+            st = os.fstat(path_fd)
+            if (st.st_ino, st.st_dev) != (event.base_ino, event.base_dev):
+                os.close(path_fd)
+                raise FileNotFoundError(
+                    errno.ENOENT, "the fd's file was replaced", event.base_path
+                ) from None
+        return reopen_regular(path_fd, event.path, self._slow)
 
     def _unreadable_reason(self, ctx: _Context) -> Reason:
         return Reason.PERMISSION_DENIED if ctx.err == errno.EACCES else Reason.UNDIAGNOSED

@@ -19,6 +19,7 @@ from pathlib import Path
 from execwatch.diagnosis.confined import Root
 from execwatch.record import KernelEvent
 
+AT_FDCWD = -100
 ExtraLocator = Callable[[KernelEvent], Iterable[Path]]
 
 
@@ -36,6 +37,8 @@ class RootLocator:
             if root:
                 self._remember(event, pid)
                 return root
+        if root := self._open_recorded(event):
+            return root
         for locate in self._extra:  # before the /proc scan: a dead container's rootfs goes fast
             for path in locate(event):
                 if root := self._open_rootfs(path, event):
@@ -43,6 +46,32 @@ class RootLocator:
         peer = self._find_peer(event)
         if peer is not None and (root := self._open_pid_root(peer, event)):
             return Root(root.fd, f"root of pid {peer}, a live task with the same root")
+        return None
+
+    def _open_recorded(self, event: KernelEvent) -> Root | None:
+        """The root's path as the kernel recorded it (a chroot), when the caller was in the
+        host's mount namespace: accepted only if it is still the very same directory."""
+        host = self._host()
+        if event.root_path is None or host is None or event.mntns != host[0]:
+            return None
+        path = host[1] / event.root_path.lstrip("/")
+        try:
+            fd = os.open(path, os.O_PATH | os.O_DIRECTORY)
+        except OSError:
+            return None
+        st = os.fstat(fd)
+        if (st.st_ino, st.st_dev) == (event.root_ino, event.root_dev):
+            return Root(fd, f"root {event.root_path} recorded by the kernel")
+        os.close(fd)
+        return None
+
+    def _host(self) -> tuple[int, Path] | None:
+        """(mount namespace inode, root) of the host: init's, or ours when init is hidden."""
+        for pid in ("1", "self"):
+            try:
+                return os.stat(self._proc / pid / "ns" / "mnt").st_ino, self._proc / pid / "root"
+            except OSError:
+                continue
         return None
 
     def _open_rootfs(self, path: Path, event: KernelEvent) -> Root | None:
@@ -56,9 +85,14 @@ class RootLocator:
         return None
 
     def absolute(self, event: KernelEvent, path: str) -> str | None:
-        """A relative path joined to the caller's cwd, or its parent's once the caller is gone."""
+        """A relative path joined to what the kernel resolved it against (dirfd or cwd, as
+        recorded at the failure); else to the caller's cwd, or its parent's once it is gone."""
         if path.startswith("/"):
             return path
+        if event.base_path is not None:
+            return posixpath.join(event.base_path, path)
+        if event.syscall == "execveat" and event.dirfd != AT_FDCWD:
+            return None  # relative to a directory fd that was not recorded whole
         cwd = self._cwd_in_root(event.tgid)
         if cwd is None and self._same_root(event.ppid, event):
             cwd = self._cwd_in_root(event.ppid)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from execwatch.probe import layout
@@ -20,6 +21,8 @@ def decode(raw: bytes, epoch_offset: float) -> KernelEvent:
     (
         ktime, cgroup_id, cgroup_parent_id, mntns, root_ino, err, pid, tgid, ppid, uid,
         dirfd, flags, syscall, comm, parent_comm, filename, fd_name, cgroup_name,
+        root_dev, base_dev, base_ino, root_mnt_id, base_mnt_id, path_flags, _pad,
+        root_path, base_path,
     ) = layout.EVENT_STRUCT.unpack_from(raw)  # fmt: skip
     path = c_string(filename)
     via_fd = not path and bool(flags & AT_EMPTY_PATH)
@@ -44,4 +47,22 @@ def decode(raw: bytes, epoch_offset: float) -> KernelEvent:
         dirfd=dirfd,
         flags=flags,
         via_fd=via_fd,
+        root_dev=user_dev(root_dev),
+        root_mnt_id=root_mnt_id,
+        root_path=leaf_first(root_path) if path_flags & layout.ROOT_PATH_OK else None,
+        base_dev=user_dev(base_dev),
+        base_ino=base_ino,
+        base_mnt_id=base_mnt_id,
+        base_path=leaf_first(base_path) if path_flags & layout.BASE_IN_ROOT else None,
     )
+
+
+def leaf_first(raw: bytes) -> str:
+    """The BPF program's "c/b/a/" (names from the dentry chain, leaf first) as "/a/b/c"."""
+    names = c_string(raw).split("/")
+    return "/" + "/".join(reversed([n for n in names if n]))
+
+
+def user_dev(kernel_dev: int) -> int:
+    """A kernel dev_t (major << 20 | minor) as st_dev encodes it."""
+    return os.makedev(kernel_dev >> 20, kernel_dev & 0xFFFFF)

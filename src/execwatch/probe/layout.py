@@ -12,6 +12,10 @@ TASK_COMM_LEN = 16
 PATH_LEN = 256
 FD_NAME_LEN = TASK_COMM_LEN * 4
 CGROUP_NAME_LEN = 128
+DPATH_LEN = 256
+ROOT_PATH_OK = 0x1
+BASE_SET = 0x2
+BASE_IN_ROOT = 0x4
 SYSCALLS = ("execve", "execveat")
 STAT_RINGBUF_DROPS = 0
 STAT_COUNTER_FULL = 1
@@ -46,6 +50,15 @@ class Event(ctypes.Structure):
         ("filename", ctypes.c_char * PATH_LEN),
         ("fd_name", ctypes.c_char * FD_NAME_LEN),
         ("cgroup_name", ctypes.c_char * CGROUP_NAME_LEN),
+        ("root_dev", ctypes.c_uint64),
+        ("base_dev", ctypes.c_uint64),
+        ("base_ino", ctypes.c_uint64),
+        ("root_mnt_id", ctypes.c_uint32),
+        ("base_mnt_id", ctypes.c_uint32),
+        ("path_flags", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+        ("root_path", ctypes.c_char * DPATH_LEN),
+        ("base_path", ctypes.c_char * DPATH_LEN),
     )
 
 
@@ -68,4 +81,5 @@ EVENT_FIELDS = EventFields()
 # struct.Struct decodes a ring-buffer record several times faster than ctypes.from_buffer_copy.
 EVENT_STRUCT = struct.Struct(
     f"=QQQQQiIIIIiII{TASK_COMM_LEN}s{TASK_COMM_LEN}s{PATH_LEN}s{FD_NAME_LEN}s{CGROUP_NAME_LEN}s"
+    f"QQQIIII{DPATH_LEN}s{DPATH_LEN}s"
 )

@@ -61,6 +61,7 @@ OPTIONAL = (
 @dataclass(frozen=True)
 class ProbeOptions:
     ringbuf_bytes: int = 1 << 22
+    count_entries: int = 16384  # (cgroup, errno) pairs counted per cgroup
     all_errnos: bool = False
     wakeup_interval_ms: float = 10.0
     object_path: Path | None = None
@@ -140,6 +141,7 @@ class Probe:
 
     def _configure(self) -> None:
         self._lib.bpf_map__set_max_entries(self._map("events"), self.options.ringbuf_bytes)
+        self._lib.bpf_map__set_max_entries(self._map("counts"), self.options.count_entries)
         rodata = self._map_by_suffix(".rodata")
         size = ctypes.c_size_t()
         self._lib.bpf_map__initial_value(rodata, ctypes.byref(size))
@@ -252,17 +254,30 @@ class Probe:
         fd = self._lib.bpf_map__fd(self._map("counts"))
         return dict(self._iter_counts(fd))
 
+    def forget_counts(self, keep: Callable[[int], bool]) -> int:
+        """Delete the per-cgroup counts of every cgroup `keep` rejects (the removed ones),
+        so the map never fills up with the dead; returns how many entries went."""
+        fd = self._lib.bpf_map__fd(self._map("counts"))
+        doomed = [key for key in self._count_keys(fd) if not keep(key.cgroup_id)]
+        for key in doomed:
+            self._lib.bpf_map_delete_elem(fd, ctypes.byref(key))
+        return len(doomed)
+
     def _iter_counts(self, fd: int) -> Iterator[tuple[tuple[int, int], int]]:
-        key, nxt = layout.CountKey(), layout.CountKey()
-        prev: ctypes._CData | None = None
+        for key in self._count_keys(fd):
+            yield (key.cgroup_id, key.err), self._percpu_sum(fd, key)
+
+    def _count_keys(self, fd: int) -> Iterator[layout.CountKey]:
+        nxt = layout.CountKey()
+        prev: layout.CountKey | None = None
         while (
             self._lib.bpf_map_get_next_key(
                 fd, ctypes.byref(prev) if prev else None, ctypes.byref(nxt)
             )
             == 0
         ):
-            ctypes.memmove(ctypes.byref(key), ctypes.byref(nxt), ctypes.sizeof(key))
-            yield (key.cgroup_id, key.err), self._percpu_sum(fd, key)
+            key = layout.CountKey.from_buffer_copy(nxt)
+            yield key
             prev = key
 
     def close(self) -> None:
