@@ -10,15 +10,20 @@ import argparse
 import importlib
 import sys
 import time
+from pathlib import Path
 
-BENCHMARKS = ["scan_bench", "diagnosis_bench", "attribution_bench", "probe_bench", "cluster_bench"]
+HERE = Path(__file__).resolve().parent
+BENCHMARKS = sorted(p.stem for p in HERE.glob("*_bench.py"))  # every benchmark module
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    parser.add_argument("names", nargs="*", choices=[[], *BENCHMARKS], metavar="NAME",
+    parser.add_argument("names", nargs="*", metavar="NAME",
                         help=f"any of {', '.join(BENCHMARKS)} (default: all)")  # fmt: skip
     names = parser.parse_args().names or BENCHMARKS
+    unknown = sorted(set(names) - set(BENCHMARKS))
+    if unknown:
+        parser.error(f"unknown benchmark {', '.join(unknown)} (have: {', '.join(BENCHMARKS)})")
     failed = []
     for name in names:
         print(f"\n=== {name} ===", flush=True)

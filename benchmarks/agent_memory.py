@@ -88,7 +88,7 @@ def measure(label: str, args: list[str], env: dict[str, str], work: Path, failur
 
 
 def run(kube: KubeCluster, work: Path, failures: int, rev: str) -> dict[str, Any]:
-    kubeconfig = kube.kubeconfig(kube.service_account_token(*AGENT_SA), work / "agent.kc")
+    kubeconfig = kube.kubeconfig(kube.node_token(*AGENT_SA, "bench-node"), work / "agent.kc")
     common = ["agent", "--kubeconfig", str(kubeconfig), "--node", "bench-node"]
     (work / "bin").mkdir()
     env = dict(os.environ)

@@ -457,7 +457,7 @@ def test_records_reach_the_api_server_with_the_agents_credentials(
 def test_an_api_server_outage_loses_nothing_within_the_spool(
     kube: KubeCluster, admin: client.ApiClient, make_publisher: Any
 ) -> None:
-    agent = kube.lightkube(kube.service_account_token(*AGENT_SA), timeout=2.0)
+    agent = kube.lightkube(kube.node_token(*AGENT_SA, NODE), timeout=2.0)
     p = make_publisher(
         RecordApi(agent, crd.DEFAULT_NAMESPACE), backoff_initial=0.2, backoff_max=1.0
     )

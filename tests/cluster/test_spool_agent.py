@@ -23,7 +23,7 @@ from kubernetes import client
 
 from tests.cluster.conftest import list_records, wait_until
 from tests.kube.cluster import KubeCluster
-from tests.kube.fixtures import AGENT_SA
+from tests.kube.fixtures import AGENT_NODE, AGENT_SA
 from tests.kube.processes import ExecwatchProcess
 
 OUTAGE = 60.0
@@ -37,7 +37,7 @@ class Agent(ExecwatchProcess):
                 "--kubeconfig",
                 str(kubeconfig),
                 "--node",
-                "node-a",
+                AGENT_NODE,
                 "--spool-dir",
                 str(spool),
                 "--spool-owner",
@@ -55,7 +55,7 @@ class Agent(ExecwatchProcess):
 
 @pytest.fixture
 def start_agent(kube: KubeCluster, tmp_path: Path) -> Iterator[Callable[[str], Agent]]:
-    kubeconfig = kube.kubeconfig(kube.service_account_token(*AGENT_SA), tmp_path / "agent.kc")
+    kubeconfig = kube.kubeconfig(kube.node_token(*AGENT_SA, AGENT_NODE), tmp_path / "agent.kc")
     started: list[Agent] = []
 
     def start(owner: str) -> Agent:

@@ -8,7 +8,9 @@ the registry that drops the connection mid-blob.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import http.server
 import json
 import os
 import socket
@@ -17,15 +19,18 @@ import subprocess
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tests.kube.cluster import REPO, Proc, free_port, make_pki
 
 USER, PASSWORD = "ci", "s3cret-for-tests"
+TOKEN_SERVICE, TOKEN_ISSUER = "execwatch-registry", "execwatch-token-issuer"
 
 
 def registry_binary() -> Path:
@@ -47,10 +52,15 @@ def bcrypt_hash(password: str) -> str:
 
 @dataclass
 class Registry:
+    """htpasswd (basic) auth by default; with `token_realm`, bearer tokens from that realm."""
+
     workdir: Path
     proc: Proc | None = None
     port: int = 0
     pki: Path = field(init=False)
+    storage: Path | None = None  # default: workdir/data
+    token_realm: str = ""
+    token_cert: Path | None = None
 
     def __post_init__(self) -> None:
         self.pki = self.workdir / "pki"
@@ -67,10 +77,19 @@ class Registry:
         make_pki(self.pki)
         (self.workdir / "htpasswd").write_text(f"{USER}:{bcrypt_hash(PASSWORD)}\n")
         self.port = free_port()
+        auth: dict[str, object] = {
+            "htpasswd": {"realm": "execwatch-test", "path": str(self.workdir / "htpasswd")}
+        }
+        if self.token_realm:
+            token = {"realm": self.token_realm, "service": TOKEN_SERVICE, "issuer": TOKEN_ISSUER,
+                     "rootcertbundle": str(self.token_cert)}  # fmt: skip
+            auth = {"token": token}
         config = {
             "version": 0.1,
             "log": {"level": "warn", "accesslog": {"disabled": True}},
-            "storage": {"filesystem": {"rootdirectory": str(self.workdir / "data")}},
+            "storage": {
+                "filesystem": {"rootdirectory": str(self.storage or self.workdir / "data")}
+            },
             "http": {
                 "addr": self.host,
                 "tls": {
@@ -78,9 +97,7 @@ class Registry:
                     "key": str(self.pki / "serving.key"),
                 },
             },
-            "auth": {
-                "htpasswd": {"realm": "execwatch-test", "path": str(self.workdir / "htpasswd")}
-            },
+            "auth": auth,
         }
         (self.workdir / "config.yml").write_text(json.dumps(config))  # YAML is a JSON superset
         self.proc = Proc(
@@ -113,8 +130,6 @@ class Registry:
 
     def auth_file(self, path: Path, *hosts: str, password: str = PASSWORD) -> Path:
         """A containers auth.json for `hosts` (default: this registry)."""
-        import base64
-
         token = base64.b64encode(f"{USER}:{password}".encode()).decode()
         path.write_text(json.dumps({"auths": {h: {"auth": token} for h in hosts or [self.host]}}))
         return path
@@ -135,8 +150,8 @@ class Registry:
 
 
 @contextlib.contextmanager
-def running_registry(workdir: Path) -> Iterator[Registry]:
-    registry = Registry(workdir)
+def running_registry(workdir: Path, **options: Any) -> Iterator[Registry]:
+    registry = Registry(workdir, **options)
     try:
         registry.start()
         yield registry
@@ -201,3 +216,75 @@ class CuttingProxy:
         self._stop.set()
         self.listener.close()
         self._thread.join(timeout=5)
+
+
+class TokenServer:
+    """A Docker token server (distribution's `token` auth): basic credentials in, a JWT out.
+
+    The JWT is RS256, signed by `openssl dgst` with a key whose self-signed certificate is
+    the registry's `rootcertbundle`, and carries that certificate in its `x5c` header. A
+    request without credentials gets a token with no access, as public registries do.
+    """
+
+    def __init__(self, workdir: Path, serving_pki: Path) -> None:
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+                        "token.key", "-out", "token.crt", "-days", "2", "-subj",
+                        "/CN=execwatch-token-issuer"], cwd=workdir, check=True,
+                       capture_output=True)  # fmt: skip
+        self.cert = workdir / "token.crt"
+        self.issued = 0
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                query = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+                header = self.headers.get("Authorization", "")
+                access: list[dict[str, object]] = []
+                if header:
+                    user, _, password = base64.b64decode(header.split()[-1]).decode().partition(":")
+                    if (user, password) != (USER, PASSWORD):
+                        self.send_response(401)
+                        self.end_headers()
+                        return
+                    for scope in query.get("scope", []):
+                        kind, name, actions = scope.split(":")
+                        access.append({"type": kind, "name": name, "actions": actions.split(",")})
+                body = json.dumps({"token": server.token(user if header else "", access)})
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(body.encode())
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(serving_pki / "serving.crt", serving_pki / "serving.key")
+        self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
+        self.realm = f"https://127.0.0.1:{self.httpd.server_address[1]}/token"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def token(self, subject: str, access: list[dict[str, object]]) -> str:
+        def b64(data: bytes) -> str:
+            return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+        der = ssl.PEM_cert_to_DER_cert(self.cert.read_text())
+        header = {"alg": "RS256", "typ": "JWT", "x5c": [base64.b64encode(der).decode()]}
+        now = int(time.time())
+        claims = {"iss": TOKEN_ISSUER, "sub": subject, "aud": TOKEN_SERVICE, "iat": now,
+                  "nbf": now - 10, "exp": now + 300, "jti": str(now) + str(self.issued),
+                  "access": access}  # fmt: skip
+        signing_input = f"{b64(json.dumps(header).encode())}.{b64(json.dumps(claims).encode())}"
+        signature = subprocess.run(
+            ["openssl", "dgst", "-sha256", "-sign", str(self.workdir / "token.key")],
+            input=signing_input.encode(), capture_output=True, check=True,
+        ).stdout  # fmt: skip
+        self.issued += 1
+        return f"{signing_input}.{b64(signature)}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

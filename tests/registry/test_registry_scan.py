@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import re
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.registry.server import CuttingProxy, Registry
+from tests.registry.server import CuttingProxy, Registry, TokenServer, running_registry
 from tests.scan.helpers import checks, scan_error, scan_json
 
 
@@ -154,3 +155,38 @@ def test_registry_that_drops_the_connection_mid_blob(
     assert not list(blobs.glob(".part-*")) if blobs.exists() else True
     code, _ = scan_json(capsys, pushed["ready"], *registry_args(registry, tmp_path))
     assert code == 0
+
+
+@pytest.fixture(scope="module")
+def token_registry(
+    registry: Registry, pushed: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Registry, Path, TokenServer]]:
+    """A second registry on the same storage that wants bearer tokens from a token server."""
+    work = tmp_path_factory.mktemp("token-registry")
+    tokens = TokenServer(work / "issuer", registry.pki)
+    try:
+        options = {"storage": registry.workdir / "data", "token_realm": tokens.realm,
+                   "token_cert": tokens.cert}  # fmt: skip
+        with running_registry(work, **options) as reg:
+            bundle = work / "cas.pem"
+            bundle.write_text(registry.ca.read_text() + reg.ca.read_text())
+            yield reg, bundle, tokens
+    finally:
+        tokens.close()
+
+
+def test_bearer_tokens_from_the_registry_token_server(
+    token_registry: tuple[Registry, Path, TokenServer], pushed: dict[str, str], registry: Registry,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    reg, cas, tokens = token_registry
+    ref = pushed["ready"].replace(registry.host, reg.host)
+    ca = ["--registry-ca", str(cas), "--cache-dir", str(tmp_path / "cache")]
+    auth = reg.auth_file(tmp_path / "auth.json")
+    code, doc = scan_json(capsys, ref, "--registry-config", str(auth), *ca)
+    assert (code, doc["findings"]) == (0, [])
+    assert tokens.issued >= 1
+    assert "authentication failed anonymously" in scan_error(capsys, ref, *ca)
+    wrong = reg.auth_file(tmp_path / "wrong.json", password="not-it")
+    message = scan_error(capsys, ref, "--registry-config", str(wrong), *ca)
+    assert f"authentication failed as ci (from {wrong})" in message

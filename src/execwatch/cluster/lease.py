@@ -79,6 +79,14 @@ class LeaseElector:
             self.clock() - self._renewed_at < self.config.renew_deadline
         )
 
+    def sole_time_left(self) -> float:
+        """Seconds during which no other replica can have taken the Lease since our last
+        renew (it must first see the Lease unchanged for a whole lease duration)."""
+        return self._renewed_at + self.config.lease_duration - self.clock()
+
+    def sole_actor(self) -> bool:
+        return self.sole_time_left() > 0
+
     def run(self, stop: threading.Event) -> None:
         """Campaign and renew until `stop`; then release the Lease if we hold it."""
         cfg = self.config
@@ -181,6 +189,7 @@ class LeaseElector:
             )
             if lease.spec is None or lease.spec.holder_identity != cfg.identity:
                 return
+            self._renewed_at = float("-inf")  # from now on another replica may lead
             lease.spec.holder_identity = None
             lease.spec.lease_duration_seconds = 1
             lease.spec.renew_time = _now()
