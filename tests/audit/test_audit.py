@@ -75,7 +75,7 @@ def cluster(kube: KubeCluster, registry: Registry, pushed: dict[str, str]) -> di
         core.create_node(
             {
                 "metadata": {
-                    "name": "node-a",
+                    "name": "audit-amd64-1",
                     "labels": {"kubernetes.io/arch": "amd64", "kubernetes.io/os": "linux"},
                 }
             }
