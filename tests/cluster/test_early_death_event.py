@@ -11,6 +11,7 @@ import secrets
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -38,7 +39,7 @@ def runc(tmp_path: Path) -> Iterator[Runc]:
 
 def test_a_side_process_dying_in_its_loader_ends_in_a_missing_library_event(
     admin: client.ApiClient,
-    agent_api: client.ApiClient,
+    agent_lightkube: Any,
     make_pod: PodFactory,
     namespace: str,
     start_handler: Callable[..., Handler],
@@ -50,7 +51,7 @@ def test_a_side_process_dying_in_its_loader_ends_in_a_missing_library_event(
     cgroup = KubeletCgroup("systemd", "besteffort", pod["metadata"]["uid"], container_id)
     handler = start_handler()
     try:
-        with running_agent(agent_api):
+        with running_agent(agent_lightkube):
             name = runc.start_detached(cgroup, ["/bin/sleep", "300"])
             assert runc.exec(name, [LIBRARY_MISSING]) == 127  # the loader's exit code
             [event] = wait_until(lambda: events_of(admin, namespace), timeout=15)
