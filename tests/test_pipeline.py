@@ -10,7 +10,7 @@ import pytest
 
 from execwatch.pipeline import Heartbeat, NodePipeline
 from execwatch.probe import layout
-from execwatch.record import Diagnosis, ExecFailure, KernelEvent, Reason
+from execwatch.record import Attribution, Diagnosis, ExecFailure, KernelEvent, Reason
 
 
 def raw_event(path: bytes, *, cgroup: int = 7, err: int = 8, stale: bytes = b"") -> bytes:
@@ -114,11 +114,13 @@ def test_evicting_a_slot_emits_its_pending_count(
 
 class Observer:
     def __init__(self) -> None:
-        self.seen: list[tuple[int, Reason, bool, int]] = []
+        self.seen: list[tuple[int | str, Reason, bool, int]] = []
         self.drops: dict[str, int] = {}
         self.overruns: list[str] = []
 
-    def delivered(self, errno: int, reason: Reason, *, aggregated: bool, count: int = 1) -> None:
+    def delivered(
+        self, errno: int | str, reason: Reason, *, aggregated: bool, count: int = 1
+    ) -> None:
         self.seen.append((errno, reason, aggregated, count))
 
     def dropped(self, kind: str, count: int = 1) -> None:
@@ -137,7 +139,10 @@ def test_path_search_noise_is_counted_but_not_emitted(
     p.on_record(raw_event(b"/usr/local/bin/git", err=2))
     settled(p).flush()
     assert emitted == []
-    assert observer.seen == [(2, Reason.NOT_FOUND, False, 1), (2, Reason.NOT_FOUND, True, 1)]
+    assert observer.seen == [
+        ("ENOENT", Reason.NOT_FOUND, False, 1),
+        ("ENOENT", Reason.NOT_FOUND, True, 1),
+    ]
 
 
 def test_not_found_is_emitted_when_asked(
@@ -226,3 +231,25 @@ def test_the_heartbeat_fails_only_when_the_loop_stops() -> None:
     assert "has not run for" in (beat.problem() or "")
     beat.beat()
     assert beat.problem() is None
+
+
+def test_a_hung_attribution_keeps_the_diagnosis(
+    emitted: list[ExecFailure], pipeline: Callable[..., NodePipeline]
+) -> None:
+    release = threading.Event()
+
+    class HungAttributor:
+        def resolve(self, cgroup_id: int, pid: int | None = None, **kw: object) -> Attribution:
+            release.wait()
+            return Attribution()
+
+    observer = Observer()
+    p = pipeline(
+        CountingDiagnoser(), emitted, attributor=HungAttributor(), budget=0.3, observer=observer
+    )
+    p.on_record(raw_event(b"/app/server"))
+    settled(p)
+    release.set()
+    assert [f.diagnosis.reason for f in emitted] == [Reason.FOREIGN_ARCHITECTURE]
+    assert emitted[0].attribution == Attribution()
+    assert observer.overruns == ["attribution"]

@@ -125,6 +125,15 @@ def test_everything_on_adds_monitoring_dashboard_and_scc() -> None:
             {
                 ("ValidatingAdmissionPolicy", "execwatch-handler-pod-patches"),
                 ("ValidatingAdmissionPolicyBinding", "execwatch-handler-pod-patches"),
+                ("ClusterRole", "execwatch-handler-pod-labeler"),
+                ("ClusterRoleBinding", "execwatch-handler-pod-labeler"),
+            },
+        ),
+        (
+            "agent.ownNodePolicy=false",
+            {
+                ("ValidatingAdmissionPolicy", "execwatch-agent-own-node"),
+                ("ValidatingAdmissionPolicyBinding", "execwatch-agent-own-node"),
             },
         ),
     ],
@@ -213,11 +222,40 @@ def test_agent_mounts_host_paths_read_only_and_nothing_else_of_the_host() -> Non
         "btf": "/sys/kernel/btf",
         "cgroup": "/sys/fs/cgroup",
         "cri-socket": "/run/containerd/containerd.sock",
+        "spool": "/var/lib/execwatch",
     }
+    # The one writable host path: the agent's own spool directory.
+    spool = host.pop("spool")
+    assert spool["type"] == "DirectoryOrCreate"
+    assert mounts["spool"]["mountPath"] == "/var/lib/execwatch"
+    assert not mounts["spool"].get("readOnly")
     for name in host:
         assert mounts[name]["readOnly"] is True, name
         assert mounts[name]["mountPath"] == host[name]["path"]
     assert host["cri-socket"]["type"] == "Socket"
+
+
+def test_the_spool_follows_its_host_path_or_stays_in_memory() -> None:
+    args = agent_container(render())["args"]
+    assert "--spool-dir=/var/lib/execwatch" in args and "--spool-bytes=33554432" in args
+    custom = pod_spec(find(render("agent.spoolHostPath=/data/ew"), "DaemonSet"))
+    assert {
+        "name": "spool",
+        "hostPath": {"path": "/data/ew", "type": "DirectoryOrCreate"},
+    } in custom["volumes"]
+    docs = render("agent.spoolHostPath=")
+    assert all(v["name"] != "spool" for v in pod_spec(find(docs, "DaemonSet"))["volumes"])
+    assert "--spool-dir=" in agent_container(docs)["args"]
+
+
+def test_the_agent_rolls_with_a_surge_so_no_node_is_unwatched() -> None:
+    ds = find(render(), "DaemonSet", "execwatch-agent")
+    assert ds["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    env = {e["name"]: e for e in agent_container(render())["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
 
 
 def test_cri_socket_follows_the_value_or_is_left_out() -> None:
@@ -348,13 +386,34 @@ def test_agent_pod_reader_option_uses_the_optional_base_rules() -> None:
     )
 
 
-def test_pod_patch_policy_is_that_of_deploy_base() -> None:
-    """Same policy; the handler's user name comes from the release namespace."""
+@pytest.mark.parametrize(
+    ("policy", "user"),
+    [("execwatch-handler-pod-patches", "handler"), ("execwatch-agent-own-node", "agent")],
+)
+def test_admission_policies_are_those_of_deploy_base(policy: str, user: str) -> None:
+    """Same policies; the user names come from the release namespace."""
     for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
-        assert find(render(), kind)["spec"] == find(base_docs(), kind)["spec"]
-    other = find(render(namespace="observability"), "ValidatingAdmissionPolicy")
+        assert find(render(), kind, policy)["spec"] == find(base_docs(), kind, policy)["spec"]
+    other = find(render(namespace="observability"), "ValidatingAdmissionPolicy", policy)
     condition = other["spec"]["matchConditions"][0]["expression"]
-    assert "system:serviceaccount:observability:execwatch-handler" in condition
+    assert f"system:serviceaccount:observability:execwatch-{user}" in condition
+
+
+def _grants_pod_patch(docs: list[Doc]) -> bool:
+    return any(
+        "pods" in rule.get("resources", []) and "patch" in rule.get("verbs", [])
+        for d in docs
+        if d["kind"] in ("Role", "ClusterRole")
+        for rule in d["rules"]
+    )
+
+
+@pytest.mark.parametrize(
+    "off", ["handler.podPatchPolicy=false", "handler.labelPods=false", "handler.enabled=false"]
+)
+def test_pods_patch_is_granted_only_together_with_the_policy_that_narrows_it(off: str) -> None:
+    assert _grants_pod_patch(render())
+    assert not _grants_pod_patch(render(off))
 
 
 # -- monitoring pieces ---------------------------------------------------------------------

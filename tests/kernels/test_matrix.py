@@ -7,6 +7,7 @@ all boot at once, and each test judges one kernel's result.json.
 
 from __future__ import annotations
 
+import itertools
 import json
 import tempfile
 from collections.abc import Iterator
@@ -17,10 +18,11 @@ from typing import Any
 import pytest
 
 from tests.kernels.guest import FOREIGN_TRIES
-from tests.kernels.vm import Boot, Kernel, Vm
+from tests.kernels.vm import REPO, Boot, Kernel, Vm
 
 RELEASES = ("bullseye", "bookworm", "trixie", "sid")  # dev/fetch-kernels.sh
 BOOT_BUDGET_S = 300  # each guest, all running at once under TCG on a loaded 2-core host
+RECORD_KEYS = ("errno", "reason", "path", "count", "interpreter", "binary_arch", "comm", "detail")
 GUEST_COMMAND = ".venv/bin/python -m tests.kernels.guest /tmp/out"
 
 
@@ -32,6 +34,10 @@ class Run:
     def records(self, case: str) -> list[dict[str, Any]]:
         path = self.result["cases"][case]
         return [r for r in self.result["records"] if r["path"] == path]
+
+    def __repr__(self) -> str:  # what pytest shows when an assertion about this run fails
+        records = [{k: r.get(k) for k in RECORD_KEYS} for r in self.result.get("records", [])]
+        return f"Run({self.boot.kernel.release} {self.boot.kernel.version}: {records})"
 
     def count(self, name: str) -> float:
         return float(self.result["kernel_counts"][name])
@@ -71,36 +77,41 @@ def test_each_kernel_is_the_one_fetched(run: Run) -> None:
 
 def test_foreign_architecture_binary(run: Run) -> None:
     records = run.records("foreign")
-    assert sum(r["count"] for r in records) == FOREIGN_TRIES
+    assert sum(r["count"] for r in records) == FOREIGN_TRIES, run
     for r in records:
-        assert (r["errno"], r["reason"]) == ("ENOEXEC", "ForeignArchitecture")
+        assert (r["errno"], r["reason"]) == ("ENOEXEC", "ForeignArchitecture"), run
         assert (r["binary_arch"], r["node_arch"]) == ("arm64", "amd64")
         assert r["comm"] == "python" and r["syscall"] == "execve"
 
 
 def test_glibc_binary_in_a_musl_root(run: Run) -> None:
-    [r] = run.records("glibc_in_musl_root")
-    assert (r["errno"], r["reason"]) == ("ENOENT", "MissingInterpreter")
+    records = run.records("glibc_in_musl_root")
+    assert len(records) == 1, run
+    [r] = records
+    assert (r["errno"], r["reason"]) == ("ENOENT", "MissingInterpreter"), run
     assert r["interpreter"] == "/lib64/ld-linux-x86-64.so.2"
     assert r["comm"] == "sh"
 
 
 def test_missing_shebang_interpreter(run: Run) -> None:
-    [r] = run.records("missing_shebang_interpreter")
-    assert (r["errno"], r["reason"]) == ("ENOENT", "MissingShebangInterpreter")
+    records = run.records("missing_shebang_interpreter")
+    assert len(records) == 1, run
+    [r] = records
+    assert (r["errno"], r["reason"]) == ("ENOENT", "MissingShebangInterpreter"), run
     assert r["interpreter"] == "/opt/nowhere/bash"
 
 
 def test_kernel_counts_are_exact(run: Run) -> None:
     """The guest runs nothing else that fails: the kernel's counts are exactly the cases."""
     failures = 'execwatch_kernel_exec_failures_total{errno="%s"}'
-    assert run.count(failures % "ENOEXEC") == FOREIGN_TRIES
-    assert run.count(failures % "ENOENT") == 2
+    assert run.count(failures % "ENOEXEC") == FOREIGN_TRIES, run
+    assert run.count(failures % "ENOENT") == 2, run
+    assert run.count(failures % "EACCES") == 1, run  # guest.warm_up
     assert run.count('execwatch_kernel_dropped_total{type="ringbuf_full"}') == 0
     by_errno: dict[str, int] = {}
     for r in run.result["records"]:  # --show-not-found: every failure is printed
         by_errno[r["errno"]] = by_errno.get(r["errno"], 0) + r["count"]
-    assert by_errno == {"ENOEXEC": FOREIGN_TRIES, "ENOENT": 2}
+    assert by_errno == {"ENOEXEC": FOREIGN_TRIES, "ENOENT": 2, "EACCES": 1}
 
 
 def test_compat_paths_match_the_kernel(run: Run) -> None:
@@ -115,3 +126,54 @@ def probe_features(stderr: list[str]) -> dict[str, bool]:
     [line] = [x for x in stderr if 'msg="probe attached"' in x]
     fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
     return {k: v == "True" for k, v in fields.items() if v in ("True", "False")}
+
+
+SUPPORT_TABLE_DOCS = (REPO / "README.md", REPO / "docs/trace.md")
+SUPPORT_HEADER = (
+    "| Debian | Linux | failures caught and diagnosed | current task | syscall arguments |"
+)
+
+
+def support_row(run: Run) -> list[str]:
+    """The support table's row for one kernel, from what the matrix observed there."""
+    features = probe_features(run.result["stderr"])
+    cases = sorted({r["reason"] for case in run.result["cases"] for r in run.records(case)})
+    exact = run.count('execwatch_kernel_exec_failures_total{errno="ENOEXEC"}') == FOREIGN_TRIES
+    return [
+        run.boot.kernel.release,
+        ".".join(run.boot.kernel.version.split(".")[:2]),
+        ", ".join(cases) + (", exact counts" if exact else ""),
+        "`bpf_get_current_task_btf`"
+        if features["bpf_get_current_task_btf"]
+        else "`bpf_get_current_task` + CO-RE reads",
+        "`bpf_task_pt_regs`"
+        if features["bpf_task_pt_regs"]
+        else "saved registers at the top of the kernel stack",
+    ]
+
+
+def documented_rows(doc: Path) -> dict[str, list[str]]:
+    lines = doc.read_text().splitlines()
+    start = lines.index(SUPPORT_HEADER) + 2
+    rows = itertools.takewhile(lambda line: line.startswith("|"), lines[start:])
+    return {
+        cells[0]: cells for cells in ([c.strip() for c in r.strip("|").split("|")] for r in rows)
+    }
+
+
+@pytest.mark.parametrize("doc", SUPPORT_TABLE_DOCS, ids=lambda p: p.name)
+def test_support_table_is_what_the_matrix_saw(doc: Path, matrix: dict[str, Run]) -> None:
+    """sid's row names the newest kernel when the docs were written: a newer one may run."""
+    documented = documented_rows(doc)
+    assert sorted(documented) == sorted(RELEASES)
+    for release, run in matrix.items():
+        assert run.result, run.boot.explain()
+        observed, row = support_row(run), documented[release]
+        if release == "sid":
+            assert version_tuple(observed[1]) >= version_tuple(row[1].removeprefix("≥ "))
+            observed[1] = row[1]
+        assert row == observed, f"{doc.name}: update the {release} row to {observed}"
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split("."))

@@ -140,7 +140,7 @@ def test_metrics_report_exact_kernel_counts_and_diagnoses(
 def test_signals_detach_every_program(start_trace: Callable[..., TraceProcess]) -> None:
     trace = start_trace()
     ours = programs_held_by(trace.proc.pid)
-    assert len(ours) == 2 and ours <= loaded_programs()
+    assert len(ours) == 4 and ours <= loaded_programs()  # 2 exec exits, exit_group, signal
 
     code, _ = trace.stop(signal.SIGTERM)
 
@@ -151,6 +151,9 @@ def test_signals_detach_every_program(start_trace: Callable[..., TraceProcess]) 
     assert not ours & loaded_programs()
 
 
+NO_CAPS = "execwatch: execwatch needs CAP_BPF and CAP_PERFMON (root, or a user holding them) to load its probe"  # noqa: E501
+
+
 def test_not_root_is_a_one_line_error() -> None:
     out = subprocess.run(
         ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *EXECWATCH, "trace"],
@@ -159,23 +162,18 @@ def test_not_root_is_a_one_line_error() -> None:
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
     assert out.returncode == 2
-    assert out.stderr.strip().splitlines() == [
-        "execwatch: execwatch trace needs root (CAP_BPF and CAP_PERFMON) to load its probe"
-    ]
+    assert out.stderr.strip().splitlines() == [NO_CAPS]
 
 
-def test_bpf_refused_by_the_kernel_is_a_one_line_error() -> None:
-    """Root without capabilities: our checks pass, the kernel's bpf() says EPERM."""
+def test_root_without_capabilities_is_a_one_line_error() -> None:
+    """uid 0 is not what loads BPF: the capabilities are."""
     out = subprocess.run(
         ["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--", *EXECWATCH, "trace"],
         capture_output=True,
         text=True,
     )
     assert out.returncode == 2
-    assert out.stderr.strip().splitlines() == [
-        "execwatch: the kernel refused the BPF program: operation not permitted "
-        "(need CAP_BPF, CAP_PERFMON; check lockdown/seccomp)"
-    ]
+    assert out.stderr.strip().splitlines() == [NO_CAPS]
 
 
 def test_bad_metrics_address_is_a_one_line_error() -> None:
@@ -228,8 +226,8 @@ def test_a_closed_pipe_ends_trace_quietly(arm64_binary: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(2)  # the probe attaches
-    for _ in range(3):
+    deadline = time.monotonic() + 20
+    while trace.poll() is None and time.monotonic() < deadline:  # until it attached and quit
         fail_n_times(arm64_binary, 1)
         time.sleep(0.2)
     out, err = trace.communicate(timeout=20)

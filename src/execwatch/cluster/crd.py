@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from execwatch.cluster.safe import printable
-from execwatch.record import AttributionStatus, ExecFailure, Reason
+from execwatch.record import AttributionStatus, ExecFailure, KernelEvent, Reason
 from execwatch.text import safe_text
 
 GROUP = "execwatch.io"
@@ -35,20 +35,45 @@ MAX_ARCH = 32
 _DNS_LABEL = re.compile(r"[^a-z0-9-]+")
 
 
+SYSCALLS = ("execve", "execveat", "exit_group", "signal")  # the CRD's enum
+
+
+def _status(e: KernelEvent) -> str:
+    """ENOEXEC for a failed exec; EXIT127 or SIGSEGV for a death right after one."""
+    if e.early_death:
+        return e.status
+    return errno_mod.errorcode.get(e.errno, f"E{e.errno}".replace("-", ""))
+
+
 def rfc3339(ts: float) -> str:
     """Seconds since the epoch as the RFC 3339 UTC string the API server expects."""
     return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+# What the handler can write back as an Event's MicroTime: 1970 up to the end of year 9999.
+# The schema's date-time format allows more (0001-01-01T00:00:00+14:00 is year 0 in UTC).
+MAX_TIME = 253402300799.0
+
+
 def parse_time(value: object) -> float | None:
+    """Seconds since the epoch of an RFC 3339 string, or None if it is not one the
+    handler can use (checked here, once, so nothing fails on it later)."""
     if isinstance(value, datetime):
-        return value.timestamp()
-    if not isinstance(value, str):
+        ts = value.timestamp()
+    elif isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        if parsed.tzinfo is None:  # the schema's date-time also takes local-time forms
+            parsed = parsed.replace(tzinfo=UTC)
+        try:
+            ts = parsed.timestamp()
+        except (OverflowError, ValueError):
+            return None
+    else:
         return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+    return ts if 0.0 <= ts <= MAX_TIME else None
 
 
 def record_name(node: str, nonce: str, seq: int) -> str:
@@ -82,13 +107,13 @@ def to_body(
     spec: dict[str, Any] = {
         "node": safe_text(node, MAX_NAME),
         "nodeArch": safe_text(d.node_arch or "unknown", MAX_ARCH),
-        "errno": errno_mod.errorcode.get(e.errno, f"E{e.errno}".replace("-", ""))[:32],
+        "errno": _status(e)[:32],
         "reason": str(d.reason),
         "detail": safe_text(d.detail, MAX_DETAIL),
         "path": safe_text(e.path, MAX_PATH) or "?",
         "comm": safe_text(e.comm, MAX_COMM),
         "parentComm": safe_text(e.parent_comm, MAX_COMM),
-        "syscall": e.syscall if e.syscall in ("execve", "execveat") else "execve",
+        "syscall": e.syscall if e.syscall in SYSCALLS else "execve",
         "uid": max(0, min(e.uid, 4294967295)),
         "firstSeen": rfc3339(first_seen),
         "lastSeen": rfc3339(max(first_seen, last_seen)),

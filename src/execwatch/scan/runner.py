@@ -20,7 +20,9 @@ from execwatch.scan.errors import CorruptInput, NothingToCheck, ScanInputError
 from execwatch.scan.fs import DirectoryFS, FileSystem, MemoryFS, describe_file
 from execwatch.scan.layers import apply_layer
 from execwatch.scan.limits import Limits, decompressed
+from execwatch.scan.linker import SymbolSource
 from execwatch.scan.model import ImageResult, ScanReport
+from execwatch.scan.registry import RegistryOptions, looks_like_reference, registry_images
 from execwatch.scan.sources import (
     ImageSource,
     directory_store,
@@ -40,6 +42,7 @@ class ScanOptions:
     require_static: bool = False
     allow_empty: bool = False  # nothing executable in a target: a warning, not an error
     limits: Limits = field(default_factory=Limits)
+    registry: RegistryOptions = field(default_factory=RegistryOptions)
 
 
 def scan(target: str, options: ScanOptions, progress: Progress | None = None) -> ScanReport:
@@ -73,6 +76,11 @@ def _input_errors(target: str) -> Iterator[None]:
 
 def _scan(target: str, options: ScanOptions, progress: Progress | None) -> ScanReport:
     report = ScanReport(target)
+    if not os.path.lexists(target) and looks_like_reference(target):
+        pulled = registry_images(target, options.registry, options.limits)
+        report.results += _scan_images(pulled.images, options, progress)
+        pulled.annotate(report.results)
+        return report
     try:
         st = os.stat(target)
     except OSError as exc:
@@ -198,7 +206,13 @@ def _check(label: str, fs: FileSystem, target: Target, progress: Progress | None
     tick = progress(label, None) if progress is not None else None
     findings, stats = Checker(target).run(tick)
     findings.sort(key=lambda f: (not f.entrypoint, -f.severity, f.check, f.path))
-    return ImageResult(label, str(target.platform), target.entrypoint, findings, stats)
+    result = ImageResult(label, str(target.platform), target.entrypoint, findings, stats)
+    if not isinstance(fs, SymbolSource):
+        result.notes.append(
+            "missing-symbol not checked: symbols are read from a root on disk"
+            " (execwatch scan DIR), not kept from image layers"
+        )
+    return result
 
 
 def _argv(cfg: dict[str, object]) -> list[str] | None:
