@@ -22,7 +22,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-BASE_VERSION=1
+BASE_VERSION=1   # the root filesystems
+IMAGE_VERSION=2  # the base images made from them
 SUITE=bookworm
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 DEBIAN_IMAGE=docker.io/library/debian:bookworm-slim
@@ -76,17 +77,19 @@ rootfs() {
   echo "$BASE_VERSION" >"$out/.$name.version"
 }
 
-# base_image NAME TAG [buildah config flags...]: commit $out/NAME.rootfs.tar as TAG
+# base_image NAME TAG SETUP [buildah config flags...]: commit $out/NAME.rootfs.tar as TAG,
+# after running the shell command SETUP in it
 base_image() {
-  local name=$1 tag=$2 ctr
-  shift 2
+  local name=$1 tag=$2 setup=$3 ctr
+  shift 3
   if buildah inspect --type image "$tag" >/dev/null 2>&1 &&
-    [ "$(buildah inspect --type image --format '{{index .ImageAnnotations "execwatch.base"}}' "$tag")" = "$BASE_VERSION" ]; then
+    [ "$(buildah inspect --type image --format '{{index .ImageAnnotations "execwatch.base"}}' "$tag")" = "$IMAGE_VERSION" ]; then
     return 0
   fi
   ctr=$(buildah from scratch)
   buildah add --quiet "$ctr" "$out/$name.rootfs.tar" / >/dev/null
-  buildah config --annotation "execwatch.base=$BASE_VERSION" --cmd '["bash"]' \
+  buildah run "${BUILDAH_FLAGS[@]}" "$ctr" -- sh -c "$setup"
+  buildah config --annotation "execwatch.base=$IMAGE_VERSION" --cmd '["bash"]' \
     --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --env LANG=C.UTF-8 \
     --os linux --arch "$(dpkg --print-architecture)" "$@" "$ctr"
   buildah commit --quiet --rm "$ctr" "$tag" >/dev/null
@@ -100,8 +103,11 @@ t0=$(date +%s)
 rootfs debian
 # python-is-python3: `python`, as in the official image.
 rootfs python python3 python3-venv python3-pip python-is-python3
-base_image debian "$DEBIAN_IMAGE"
-base_image python "$PYTHON_IMAGE" --cmd '["python3"]'
+base_image debian "$DEBIAN_IMAGE" true
+# The official image's interpreter is /usr/local/bin/python3 (the Containerfile names it).
+base_image python "$PYTHON_IMAGE" \
+  'for f in python3 python pip3 pip; do ln -sf "/usr/bin/$f" "/usr/local/bin/$f"; done' \
+  --cmd '["python3"]'
 
 key=$(inputs_key)
 if [ -f "$out/execwatch.tar" ] && [ "$(cat "$out/execwatch.key" 2>/dev/null)" = "$key" ]; then
