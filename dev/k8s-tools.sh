@@ -228,8 +228,9 @@ build_etcd
 build_kube_apiserver
 build_helm
 [ "${K8S_TOOLS_KUBECTL:-0}" = 1 ] && build_kubectl
-if [ "${K8S_TOOLS_NODE:-1}" = 1 ]; then
-  build_node
+[ "${K8S_TOOLS_NODE:-1}" = 1 ] && build_node
+# Not yet used by the tests on main (tests/node's rollout and Prometheus cases are pending).
+if [ "${K8S_TOOLS_ROLLOUTS:-0}" = 1 ]; then
   build_argo_rollouts
   build_prometheus
 fi

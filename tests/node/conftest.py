@@ -1,6 +1,6 @@
 """One real node for the whole of tests/node, execwatch installed on it with helm.
 
-Order matters and is the file order: test_install (the install), test_node, test_rollout,
+Order matters and is the file order: test_install (the install), test_node,
 test_story, then test_uninstall (upgrade, uninstall and the node's own teardown).
 """
 

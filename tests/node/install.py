@@ -127,5 +127,5 @@ def agent_pod(node: Node) -> client.V1Pod:
     pods = node.core().list_namespaced_pod(
         NAMESPACE, label_selector="app.kubernetes.io/component=agent"
     )
-    (pod,) = pods.items
+    (pod,) = [p for p in pods.items if p.metadata.deletion_timestamp is None]
     return pod

@@ -86,6 +86,16 @@ def test_upgrade_to_a_changed_value_rolls_the_agent(node: Node, release: Release
         )
 
     wait_for("the agent rolled to the new value", rolled, 180, every=0.2)
+    wait_for(
+        "the old agent gone",
+        lambda: all(
+            p.metadata.uid != before.metadata.uid
+            for p in core.list_namespaced_pod(
+                NAMESPACE, label_selector="app.kubernetes.io/component=agent"
+            ).items
+        ),
+        60,
+    )
     wait_workloads_ready(node)
     print(
         f"agent rollout {time.monotonic() - t0:.1f}s, no agent Ready for {blind:.1f}s "
