@@ -12,6 +12,7 @@ import shutil
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -21,8 +22,9 @@ from execwatch.attribution import Attributor
 from execwatch.attribution.cri.client import CriContainers
 from execwatch.cluster import agent, crd
 from execwatch.cluster.handler import LABEL, Handler
+from execwatch.cluster.kubeapi import RecordApi
 from execwatch.cluster.metrics import PublisherMetrics
-from execwatch.cluster.publisher import ApiSink, Publisher, PublisherConfig
+from execwatch.cluster.publisher import Publisher, PublisherConfig
 from tests.attribution.containerd_env import LIBRARY_MISSING, LIBRARY_MISSING_FILES
 from tests.attribution.runc_env import KubeletCgroup, Runc, remove_pod_cgroups
 from tests.cluster.conftest import NODE, PodFactory, wait_until
@@ -45,7 +47,7 @@ def runc(tmp_path: Path) -> Iterator[Runc]:
 
 def test_a_side_process_dying_in_its_loader_ends_in_a_missing_library_event(
     admin: client.ApiClient,
-    agent_api: client.ApiClient,
+    agent_lightkube: Any,
     make_pod: PodFactory,
     namespace: str,
     start_handler: Callable[..., Handler],
@@ -58,10 +60,10 @@ def test_a_side_process_dying_in_its_loader_ends_in_a_missing_library_event(
     registry = CollectorRegistry()
     publisher = Publisher(
         PublisherConfig(node=NODE, aggregation_window=3.0),
-        ApiSink(agent_api, crd.DEFAULT_NAMESPACE),
+        RecordApi(agent_lightkube, crd.DEFAULT_NAMESPACE),
         PublisherMetrics(registry=registry),
     )
-    pods = agent.pod_cache(NODE, agent_api)
+    pods = agent.pod_cache(NODE, agent_lightkube)
     attributor = Attributor(containers=CriContainers(sockets=[]), pods=pods)
     stop, ready = threading.Event(), threading.Event()
     loop = threading.Thread(

@@ -26,8 +26,9 @@ from execwatch.attribution import Attributor
 from execwatch.attribution.cri.client import CriContainers
 from execwatch.cluster import agent, crd
 from execwatch.cluster.handler import LABEL, Handler
+from execwatch.cluster.kubeapi import RecordApi
 from execwatch.cluster.metrics import PublisherMetrics
-from execwatch.cluster.publisher import ApiSink, Publisher, PublisherConfig
+from execwatch.cluster.publisher import Publisher, PublisherConfig
 from tests.attribution.runc_env import KubeletCgroup, Runc, remove_pod_cgroups
 from tests.cluster.conftest import NODE, PodFactory, wait_until
 from tests.cluster.test_handler import events_of, failures_total
@@ -60,7 +61,7 @@ def runc(tmp_path: Path) -> Iterator[Runc]:
 
 def test_a_foreign_binary_failing_in_a_runc_container_ends_in_one_event_a_label_a_metric(
     admin: client.ApiClient,
-    agent_api: client.ApiClient,
+    agent_lightkube: Any,
     make_pod: PodFactory,
     namespace: str,
     start_handler: Callable[..., Handler],
@@ -73,10 +74,10 @@ def test_a_foreign_binary_failing_in_a_runc_container_ends_in_one_event_a_label_
     registry = CollectorRegistry()
     publisher = Publisher(
         PublisherConfig(node=NODE, aggregation_window=3.0),
-        ApiSink(agent_api, crd.DEFAULT_NAMESPACE),
+        RecordApi(agent_lightkube, crd.DEFAULT_NAMESPACE),
         PublisherMetrics(registry=registry),
     )
-    pods = agent.pod_cache(NODE, agent_api)
+    pods = agent.pod_cache(NODE, agent_lightkube)
     attributor = Attributor(containers=CriContainers(sockets=[]), pods=pods)
     stop, ready = threading.Event(), threading.Event()
     loop = threading.Thread(
