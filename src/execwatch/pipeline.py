@@ -322,6 +322,7 @@ class NodePipeline:
         if self._error is None:
             self.drain(2 * self._budget * max(1, self._queue.qsize()) + 1.0)
         self._stop.set()
+        self._watchdog.join(timeout=1.0)  # first: it may be starting a worker
         with self._lock:
             live = [w for w in self._workers if not w.abandoned]
         for _ in live:
@@ -331,7 +332,6 @@ class NodePipeline:
                 break
         for worker in live:
             worker.thread.join(timeout=1.0)
-        self._watchdog.join(timeout=1.0)
         self.flush(final=True)
 
     def flush(self, *, final: bool = False) -> None:
@@ -353,9 +353,9 @@ class NodePipeline:
         worker.thread = threading.Thread(
             target=self._work, args=(worker,), name="diagnosis", daemon=True
         )
+        worker.thread.start()  # before it is listed: close() joins what it lists
         with self._lock:
             self._workers.append(worker)
-        worker.thread.start()
 
     def _work(self, worker: _Worker) -> None:
         """Diagnoses inline (no hand-off: a dying container's rootfs is there for only
