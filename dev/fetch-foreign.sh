@@ -11,35 +11,18 @@ pkgs=(hello busybox-static libc6)
 stamp="$cache/.complete-v1"
 [ -f "$stamp" ] && exit 0
 
-apt_root="$cache/apt"
-mkdir -p "$apt_root"/{lists/partial,archives/partial,etc/preferences.d,state} "$cache/debs"
-cat > "$apt_root/etc/sources.list" <<SRC
-deb [trusted=yes] http://deb.debian.org/debian trixie main
-deb [trusted=yes] http://deb.debian.org/debian bookworm main
-SRC
-: > "$apt_root/state/status"
-opts=(
-  -o "Dir::Etc::sourcelist=$apt_root/etc/sources.list"
-  -o "Dir::Etc::sourceparts=-"
-  -o "Dir::Etc::preferencesparts=$apt_root/etc/preferences.d"
-  -o "Dir::State::lists=$apt_root/lists"
-  -o "Dir::State::status=$apt_root/state/status"
-  -o "Dir::Cache::archives=$apt_root/archives"
-  -o "Dir::Cache=$apt_root"
-  -o "APT::Architectures=$(IFS=,; echo "${archs[*]}")"
-  -o "Acquire::Languages=none"
-  -o "Debug::NoLocking=1"
-  -o "APT::Sandbox::User=root"
-)
-apt-get "${opts[@]}" -qq update
+mkdir -p "$cache/debs"
+source "$(dirname "$0")/private-apt.sh"
+private_apt "$cache/apt" "$(IFS=,; echo "${archs[*]}")" trixie bookworm
+apt-get "${apt_opts[@]}" -qq update
 cd "$cache/debs"
 for arch in "${archs[@]}"; do
   for pkg in "${pkgs[@]}"; do
     ls "${pkg}"_*_"${arch}".deb >/dev/null 2>&1 && continue
     # The mirror can lag its own index for one suite: fall back to the other.
-    apt-get "${opts[@]}" -qq download "$pkg:$arch" 2>/dev/null \
-      || apt-get "${opts[@]}" -qq download "$pkg:$arch/bookworm" 2>/dev/null \
-      || apt-get "${opts[@]}" -qq download "$pkg:$arch/trixie"
+    apt-get "${apt_opts[@]}" -qq download "$pkg:$arch" 2>/dev/null \
+      || apt-get "${apt_opts[@]}" -qq download "$pkg:$arch/bookworm" 2>/dev/null \
+      || apt-get "${apt_opts[@]}" -qq download "$pkg:$arch/trixie"
   done
   mkdir -p "$cache/$arch/root"
   for deb in ./*_"${arch}".deb; do dpkg-deb -x "$deb" "$cache/$arch/root"; done

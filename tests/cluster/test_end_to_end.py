@@ -59,18 +59,10 @@ def runc(tmp_path: Path) -> Iterator[Runc]:
     runtime.cleanup()
 
 
-def test_a_foreign_binary_failing_in_a_runc_container_ends_in_one_event_a_label_a_metric(
-    admin: client.ApiClient,
-    agent_lightkube: Any,
-    make_pod: PodFactory,
-    namespace: str,
-    start_handler: Callable[..., Handler],
-    runc: Runc,
-    pod_reader_rbac: None,
-) -> None:
-    container_id = secrets.token_hex(32)
-    pod = make_pod(container_ids={"app": container_id})
-    cgroup = KubeletCgroup("systemd", "besteffort", pod["metadata"]["uid"], container_id)
+@contextlib.contextmanager
+def running_agent(agent_lightkube: Any) -> Iterator[None]:
+    """The node agent as the DaemonSet runs it (probe, diagnosis, attribution with the
+    node-scoped pod watch, publisher with the agent's token), started and ready."""
     registry = CollectorRegistry()
     publisher = Publisher(
         PublisherConfig(node=NODE, aggregation_window=3.0),
@@ -86,31 +78,49 @@ def test_a_foreign_binary_failing_in_a_runc_container_ends_in_one_event_a_label_
         kwargs={"registry": registry, "ready": ready},
         daemon=True,
     )
-    handler = start_handler()
     try:
         attributor.start()
         assert pods.synced.wait(10), "the agent's pod watch did not sync"
         publisher.start()
         loop.start()
         assert ready.wait(15), "the probe did not start"
-
-        # The container keeps running (its root stays readable for the diagnosis) while
-        # its command fails to start again and again, as a liveness/exec probe or a
-        # supervisor inside the container would.
-        name = runc.start_detached(cgroup, ["/bin/sleep", "300"])
-        foreign = runc.foreign_path(container_id[:16])
-        started = time.monotonic()
-        assert runc.exec(name, [foreign, "true"]) != 0  # "exec format error"
-        [event] = wait_until(lambda: events_of(admin, namespace), timeout=10)
-        first_event_after = time.monotonic() - started
-        for _ in range(2):  # it goes on failing: the same Event grows
-            assert runc.exec(name, [foreign, "true"]) != 0
-        wait_until(lambda: series_count(events_of(admin, namespace)[0]) == 3, timeout=15)
+        yield
     finally:
         stop.set()
-        loop.join(timeout=10)
+        if loop.is_alive():
+            loop.join(timeout=10)
         publisher.stop(flush_timeout=0)
         attributor.close()
+
+
+def test_a_foreign_binary_failing_in_a_runc_container_ends_in_one_event_a_label_a_metric(
+    admin: client.ApiClient,
+    agent_lightkube: Any,
+    make_pod: PodFactory,
+    namespace: str,
+    start_handler: Callable[..., Handler],
+    runc: Runc,
+    pod_reader_rbac: None,
+) -> None:
+    container_id = secrets.token_hex(32)
+    pod = make_pod(container_ids={"app": container_id})
+    cgroup = KubeletCgroup("systemd", "besteffort", pod["metadata"]["uid"], container_id)
+    handler = start_handler()
+    try:
+        with running_agent(agent_lightkube):
+            # The container keeps running (its root stays readable for the diagnosis) while
+            # its command fails to start again and again, as a liveness/exec probe or a
+            # supervisor inside the container would.
+            name = runc.start_detached(cgroup, ["/bin/sleep", "300"])
+            foreign = runc.foreign_path(container_id[:16])
+            started = time.monotonic()
+            assert runc.exec(name, [foreign, "true"]) != 0  # "exec format error"
+            [event] = wait_until(lambda: events_of(admin, namespace), timeout=10)
+            first_event_after = time.monotonic() - started
+            for _ in range(2):  # it goes on failing: the same Event grows
+                assert runc.exec(name, [foreign, "true"]) != 0
+            wait_until(lambda: series_count(events_of(admin, namespace)[0]) == 3, timeout=15)
+    finally:
         runc.cleanup()
         remove_pod_cgroups(cgroup.pod_path)
 
