@@ -121,8 +121,8 @@ def test_counts_are_exact_through_injected_faults_and_leader_changes(
                 live.remove(leader)
                 live.append(start_replica())
                 changes += 1
-        wait_until(lambda: publisher.spooled() == 0, timeout=120)
-        wait_until(lambda: not list_records(admin) and all(h.idle() for h in handlers), timeout=120)
+        wait_until(lambda: publisher.spooled() == 0, timeout=300)
+        wait_until(lambda: not list_records(admin) and all(h.idle() for h in handlers), timeout=300)
     except BaseException:
         for h in handlers:  # what is stuck where
             print(h.config.identity, h.elector.is_leader(), len(h.queue), h.idle(), h._unsure)
