@@ -5,6 +5,7 @@
 #   usage: dev/fetch-foreign.sh [CACHE_DIR]   (default: .cache/foreign)
 # Result: CACHE_DIR/<debian-arch>/root/... (unpacked packages) for each arch.
 set -euo pipefail
+. "$(dirname "$0")/private-apt.sh"
 cache=$(realpath -m "${1:-.cache/foreign}")
 archs=(arm64 armhf i386 ppc64el s390x riscv64 mips64el)
 pkgs=(hello busybox-static libc6)
@@ -12,25 +13,13 @@ stamp="$cache/.complete-v1"
 [ -f "$stamp" ] && exit 0
 
 apt_root="$cache/apt"
-mkdir -p "$apt_root"/{lists/partial,archives/partial,etc/preferences.d,state} "$cache/debs"
+private_apt "$apt_root" "$(IFS=,; echo "${archs[*]}")"
+mkdir -p "$cache/debs"
 cat > "$apt_root/etc/sources.list" <<SRC
 deb [trusted=yes] http://deb.debian.org/debian trixie main
 deb [trusted=yes] http://deb.debian.org/debian bookworm main
 SRC
-: > "$apt_root/state/status"
-opts=(
-  -o "Dir::Etc::sourcelist=$apt_root/etc/sources.list"
-  -o "Dir::Etc::sourceparts=-"
-  -o "Dir::Etc::preferencesparts=$apt_root/etc/preferences.d"
-  -o "Dir::State::lists=$apt_root/lists"
-  -o "Dir::State::status=$apt_root/state/status"
-  -o "Dir::Cache::archives=$apt_root/archives"
-  -o "Dir::Cache=$apt_root"
-  -o "APT::Architectures=$(IFS=,; echo "${archs[*]}")"
-  -o "Acquire::Languages=none"
-  -o "Debug::NoLocking=1"
-  -o "APT::Sandbox::User=root"
-)
+opts=("${apt_opts[@]}")
 apt-get "${opts[@]}" -qq update
 cd "$cache/debs"
 for arch in "${archs[@]}"; do

@@ -35,6 +35,12 @@ class Run:
         path = self.result["cases"][case]
         return [r for r in self.result["records"] if r["path"] == path]
 
+    def one(self, case: str, errno: str, reason: str) -> dict[str, Any]:
+        """The case's one record, which must carry this errno and reason."""
+        records = self.records(case)
+        assert [(r["errno"], r["reason"]) for r in records] == [(errno, reason)], self
+        return records[0]
+
     def __repr__(self) -> str:  # what pytest shows when an assertion about this run fails
         records = [{k: r.get(k) for k in RECORD_KEYS} for r in self.result.get("records", [])]
         return f"Run({self.boot.kernel.release} {self.boot.kernel.version}: {records})"
@@ -85,19 +91,13 @@ def test_foreign_architecture_binary(run: Run) -> None:
 
 
 def test_glibc_binary_in_a_musl_root(run: Run) -> None:
-    records = run.records("glibc_in_musl_root")
-    assert len(records) == 1, run
-    [r] = records
-    assert (r["errno"], r["reason"]) == ("ENOENT", "MissingInterpreter"), run
+    r = run.one("glibc_in_musl_root", "ENOENT", "MissingInterpreter")
     assert r["interpreter"] == "/lib64/ld-linux-x86-64.so.2"
     assert r["comm"] == "sh"
 
 
 def test_missing_shebang_interpreter(run: Run) -> None:
-    records = run.records("missing_shebang_interpreter")
-    assert len(records) == 1, run
-    [r] = records
-    assert (r["errno"], r["reason"]) == ("ENOENT", "MissingShebangInterpreter"), run
+    r = run.one("missing_shebang_interpreter", "ENOENT", "MissingShebangInterpreter")
     assert r["interpreter"] == "/opt/nowhere/bash"
 
 
