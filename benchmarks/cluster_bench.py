@@ -13,8 +13,11 @@ Three measurements, each with the real processes and their own ServiceAccount to
   minus the failure's kernel timestamp (the Event's eventTime is the record's firstSeen,
   taken from the BPF event). Also the agent's RSS once it has settled. Needs root.
 - throughput: `--records` records (50 pods, every record a new Event series: the worst
-  case) are created first; then a handler process starts and drains them.
-  Records/s from the moment it holds the Lease, and the handler's peak RSS.
+  case) are created first; then `benchmarks/raw_handler.py` (a raw http.client doing
+  the handler's calls per record with `--workers` threads) drains them; then the same
+  again for an `execwatch handler --workers N` process, timed from the moment it holds
+  the Lease. Alternated `--rounds` times in one run; medians and their ratio, the
+  API requests each made, client CPU seconds, the handler's peak RSS.
 - crash: 3 containers keep failing 10 times a second for `--crash-seconds` through the
   agent's publisher (aggregation window `--crash-window`) while the handler runs. The
   API writes are counted by the API server itself (apiserver_request_total), by verb
@@ -33,6 +36,7 @@ import secrets
 import signal
 import ssl
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -154,8 +158,8 @@ def lease_holder(api: client.ApiClient) -> str | None:
     return lease.spec.holder_identity  # type: ignore[no-any-return]
 
 
-def apiserver_writes(kube: KubeCluster) -> dict[str, float]:
-    """Mutating requests served so far, keyed 'VERB resource[/subresource]'."""
+def apiserver_requests(kube: KubeCluster, verbs: tuple[str, ...] = ()) -> dict[str, float]:
+    """Requests served so far, keyed 'VERB resource[/subresource]' (all verbs if none)."""
     ctx = ssl.create_default_context(cafile=str(kube.ca))
     req = urllib.request.Request(
         kube.url + "/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -167,13 +171,18 @@ def apiserver_writes(kube: KubeCluster) -> dict[str, float]:
         if family.name != "apiserver_request":
             continue
         for s in family.samples:
-            if s.name != "apiserver_request_total" or s.labels.get("verb") not in WRITE_VERBS:
+            if s.name != "apiserver_request_total" or (verbs and s.labels.get("verb") not in verbs):
                 continue
             key = f"{s.labels['verb']} {s.labels.get('resource', '')}"
             if s.labels.get("subresource"):
                 key += "/" + s.labels["subresource"]
             out[key] = out.get(key, 0.0) + s.value
     return out
+
+
+def apiserver_writes(kube: KubeCluster) -> dict[str, float]:
+    """Mutating requests served so far, keyed 'VERB resource[/subresource]'."""
+    return apiserver_requests(kube, WRITE_VERBS)
 
 
 def diff(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
@@ -195,7 +204,7 @@ def bench_latency(kube: KubeCluster, work: Path, failures: int) -> dict[str, Any
 
     if os.geteuid() != 0:
         raise SystemExit("the latency benchmark loads BPF programs: run it as root")
-    agent_cfg = kube.kubeconfig(kube.service_account_token(*AGENT_SA), work / "agent.kcfg")
+    agent_cfg = kube.kubeconfig(kube.node_token(*AGENT_SA, NODE), work / "agent.kcfg")
     handler_cfg = kube.kubeconfig(kube.service_account_token(*HANDLER_SA), work / "handler.kcfg")
     admin = kube.client()
     runc = Runc(work / "runc")
@@ -279,61 +288,128 @@ def bench_latency(kube: KubeCluster, work: Path, failures: int) -> dict[str, Any
 # -- throughput --------------------------------------------------------------------------
 
 
-def bench_throughput(kube: KubeCluster, work: Path, records: int) -> dict[str, Any]:
+def make_records(
+    kube: KubeCluster, admin: client.ApiClient, ns: str, records: int, tag: str
+) -> None:
+    """`records` records from the agent identity, over 50 pods, each a new Event series."""
+    agent_api = kube.client(kube.node_token(*AGENT_SA, NODE))
+    pods = [make_pod(admin, ns, f"app-5f6d7c8b9-{i:05d}") for i in range(50)]
+    sink = ApiSink(agent_api, crd.DEFAULT_NAMESPACE)
+
+    def create(i: int) -> None:
+        p = pods[i % len(pods)]
+        failure = exec_failure(
+            pod=agent_api.sanitize_for_serialization(p),
+            path=f"/usr/bin/tool-{i}",
+            node_arch="amd64",
+        )
+        t = failure.event.time
+        sink.create(
+            crd.to_body(
+                failure,
+                name=f"{NODE}-{tag}-{i:08d}",
+                namespace=crd.DEFAULT_NAMESPACE,
+                node=NODE,
+                first_seen=t,
+                last_seen=t,
+                count=1,
+            )
+        )
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(create, range(records)))
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def bench_raw(kube: KubeCluster, records: int, workers: int) -> dict[str, Any]:
     admin = kube.client()
-    agent_api = kube.client(kube.service_account_token(*AGENT_SA))
+    with fresh_namespace(admin) as ns:
+        make_records(kube, admin, ns, records, "raw")
+        token = kube.service_account_token(*HANDLER_SA)
+        before = apiserver_requests(kube)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.raw_handler",
+                kube.url,
+                str(kube.ca),
+                token,
+                crd.DEFAULT_NAMESPACE,
+                "--workers",
+                str(workers),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+        result["requests"] = diff(apiserver_requests(kube), before)
+    return result
+
+
+def bench_handler(kube: KubeCluster, work: Path, records: int, workers: int) -> dict[str, Any]:
+    admin = kube.client()
     handler_cfg = kube.kubeconfig(kube.service_account_token(*HANDLER_SA), work / "handler.kcfg")
     with fresh_namespace(admin) as ns:
-        pods = [make_pod(admin, ns, f"app-5f6d7c8b9-{i:05d}") for i in range(50)]
-        sink = ApiSink(agent_api, crd.DEFAULT_NAMESPACE)
-
-        def create(i: int) -> None:
-            p = pods[i % len(pods)]
-            failure = exec_failure(
-                pod=agent_api.sanitize_for_serialization(p),
-                path=f"/usr/bin/tool-{i}",
-                node_arch="amd64",
-            )
-            t = failure.event.time
-            sink.create(
-                crd.to_body(
-                    failure,
-                    name=f"{NODE}-{i:08d}",
-                    namespace=crd.DEFAULT_NAMESPACE,
-                    node=NODE,
-                    first_seen=t,
-                    last_seen=t,
-                    count=1,
-                )
-            )
-
-        t0 = time.monotonic()
-        with ThreadPoolExecutor(4) as pool:
-            list(pool.map(create, range(records)))
-        create_rate = records / (time.monotonic() - t0)
-        handler = start_execwatch(handler_args(handler_cfg), work / "handler-throughput.log")
+        make_records(kube, admin, ns, records, "handler")
+        args = [*handler_args(handler_cfg), "--workers", str(workers)]
+        handler = start_execwatch(args, work / "handler-throughput.log")
         peak = 0.0
         try:
             wait_for(lambda: lease_holder(admin), 30, "handler lease")
+            before = apiserver_requests(kube)
+            cpu0 = cpu_seconds(handler.proc.pid)
             started = time.monotonic()
             while records_left(admin):
                 peak = max(peak, rss_mb(handler.proc.pid)[0])
                 if time.monotonic() - started > 600:
                     raise TimeoutError("handler did not drain the records")
-                time.sleep(0.2)
+                time.sleep(0.1)
             elapsed = time.monotonic() - started
+            cpu = cpu_seconds(handler.proc.pid) - cpu0
+            requests = diff(apiserver_requests(kube), before)
             handled = handler.metric("execwatch_handler_records_total", result="handled")
+            counted = handler.metric("execwatch_exec_failures_total", namespace=ns)
             rss, hwm = rss_mb(handler.proc.pid)
         finally:
             handler.stop()
     return {
         "records": records,
         "handled": handled,
+        "counted": counted,
         "seconds": round(elapsed, 2),
         "records_per_s": round(records / elapsed, 1),
-        "agent_creates_per_s": round(create_rate, 1),
+        "cpu_s": round(cpu, 2),
+        "requests": requests,
         "handler_rss_mb": round(rss, 1),
         "handler_peak_rss_mb": round(max(hwm, peak), 1),
+    }
+
+
+def bench_throughput(
+    kube: KubeCluster, work: Path, records: int, workers: int, rounds: int
+) -> dict[str, Any]:
+    """The raw client and the handler, alternately, on the same kind of backlog."""
+    raws, handlers = [], []
+    for _ in range(rounds):
+        raws.append(bench_raw(kube, records, workers))
+        print("raw", json.dumps(raws[-1]), flush=True)
+        handlers.append(bench_handler(kube, work, records, workers))
+        print("handler", json.dumps(handlers[-1]), flush=True)
+    raw_rate = statistics.median(r["records_per_s"] for r in raws)
+    handler_rate = statistics.median(h["records_per_s"] for h in handlers)
+    return {
+        "workers": workers,
+        "raw": raws,
+        "handler": handlers,
+        "raw_records_per_s": raw_rate,
+        "handler_records_per_s": handler_rate,
+        "handler_over_raw": round(handler_rate / raw_rate, 3),
     }
 
 
@@ -344,7 +420,7 @@ def bench_crash_loop(
     kube: KubeCluster, work: Path, seconds: float, window: float
 ) -> dict[str, Any]:
     admin = kube.client()
-    agent_api = kube.client(kube.service_account_token(*AGENT_SA))
+    agent_api = kube.client(kube.node_token(*AGENT_SA, NODE))
     handler_cfg = kube.kubeconfig(kube.service_account_token(*HANDLER_SA), work / "handler.kcfg")
     containers, per_second = 3, 10
     with fresh_namespace(admin) as ns:
@@ -402,6 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--failures", type=int, default=120)
     parser.add_argument("--records", type=int, default=1000)
+    parser.add_argument("--workers", type=int, default=16, help="raw client and handler")
+    parser.add_argument("--rounds", type=int, default=2, help="raw/handler alternations")
     parser.add_argument("--crash-seconds", type=float, default=130.0)
     parser.add_argument("--crash-window", type=float, default=60.0)
     parser.add_argument("--skip", default="", help="comma-separated: latency,throughput,crash")
@@ -415,7 +493,10 @@ def main(argv: list[str] | None = None) -> int:
             kube.apply(load_manifests(MANIFESTS / "optional"))
             benches: tuple[tuple[str, Callable[[], dict[str, Any]]], ...] = (
                 ("latency", lambda: bench_latency(kube, work, args.failures)),
-                ("throughput", lambda: bench_throughput(kube, work, args.records)),
+                (
+                    "throughput",
+                    lambda: bench_throughput(kube, work, args.records, args.workers, args.rounds),
+                ),
                 (
                     "crash",
                     lambda: bench_crash_loop(kube, work, args.crash_seconds, args.crash_window),

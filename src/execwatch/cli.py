@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from execwatch import __version__, logs, trace
+from execwatch.audit import cli as audit_cli
 from execwatch.cluster import cli as cluster_cli
 from execwatch.scan import cli as scan_cli
 
@@ -21,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     trace.add_parser(sub)
     scan_cli.add_parser(sub)
+    audit_cli.add_parser(sub)
     cluster_cli.add_parser(sub)
     return parser
 

@@ -154,6 +154,27 @@ def long_unterminated_string() -> bytes:
     return raw_elf64([(DT["NEEDED"], 0)], b"a" * ((16 << 20) - 512))
 
 
+def dynsym_suffix_bomb() -> bytes:
+    """262,143 undefined global symbols in .dynsym naming 3,999 suffixes of one 4 KB name.
+
+    6 MB. For readers of the section headers' symbol table (read_elf ignores sections): a
+    reader that decodes each symbol's name anew holds ~2 KB per symbol.
+    """
+    count = (1 << 18) - 1
+    dynstr = b"\0" + b"x" * 4000 + b"\0"
+    symbol = struct.Struct("<IBBHQQ")  # st_name, st_info (global, notype), other, shndx 0
+    dynsym = bytes(24) + b"".join(symbol.pack(1 + i % 3999, 0x10, 0, 0, 0, 0) for i in range(count))
+    dynsym_off = 64
+    dynstr_off = dynsym_off + len(dynsym)
+    shoff = dynstr_off + len(dynstr)
+    section = struct.Struct("<IIQQQQIIQQ")
+    shdrs = bytes(64) + section.pack(0, 11, 0, 0, dynsym_off, len(dynsym), 2, 0, 8, 24)
+    shdrs += section.pack(0, 3, 0, 0, dynstr_off, len(dynstr), 0, 0, 1, 0)
+    ehdr = struct.pack("<16sHHIQQQIHHHHHH", b"\x7fELF\x02\x01\x01" + bytes(9), 3, 62, 1, 0,
+                       0, shoff, 0, 64, 56, 0, 64, 3, 0)  # fmt: skip
+    return ehdr + dynsym + dynstr + shdrs
+
+
 CORPUS: dict[str, Callable[[], bytes]] = {
     "string-reuse-bomb": string_reuse_bomb,
     "string-offsets-bomb": string_offsets_bomb,
@@ -165,6 +186,7 @@ CORPUS: dict[str, Callable[[], bytes]] = {
     "verdef-chain": verdef_chain,
     "overlapping-tables": overlapping_tables,
     "16MiB-unterminated-string": long_unterminated_string,
+    "dynsym-suffix-bomb": dynsym_suffix_bomb,
 }
 
 

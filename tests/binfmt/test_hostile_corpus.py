@@ -33,6 +33,7 @@ EXPECTED: dict[str, type[BaseException] | type[ElfInfo]] = {
     "verdef-chain": LimitExceeded,
     "overlapping-tables": BinfmtError,
     "16MiB-unterminated-string": BinfmtError,
+    "dynsym-suffix-bomb": ElfInfo,
 }
 
 

@@ -17,11 +17,11 @@ from execwatch.cluster import crd
 from execwatch.cluster.handler import Handler, HandlerConfig
 from execwatch.cluster.metrics import HandlerMetrics
 from tests.kube.cluster import KubeCluster
-from tests.kube.fixtures import admin, agent_api, handler_api, kube
+from tests.kube.fixtures import AGENT_NODE, admin, agent_api, handler_api, kube
 
 __all__ = ["admin", "agent_api", "handler_api", "kube"]
 
-NODE = "node-a"
+NODE = AGENT_NODE
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, step: float = 0.05) -> Any:

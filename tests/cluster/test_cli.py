@@ -34,7 +34,7 @@ def test_handler_flags_and_defaults() -> None:
     assert (args.lease_duration, args.renew_deadline, args.retry_period) == (4.0, 3.0, 0.5)
     assert args.pod_label_metric and not args.no_label_pods
     assert args.namespace == "execwatch" and args.identity
-    assert args.metrics_address == ":9090" and args.workers == 4
+    assert args.metrics_address == ":9090" and args.workers == 16
 
 
 def test_agent_flags_and_defaults() -> None:

@@ -165,18 +165,36 @@ def test_a_missing_interpreter_gets_its_own_reason(
     assert pod_labels[LABEL] == "MissingInterpreter"
 
 
-def test_a_record_for_a_pod_that_no_longer_exists_is_counted_without_an_event(
+def test_a_record_for_a_pod_that_does_not_exist_is_counted_but_not_believed(
     admin: client.ApiClient,
     agent_api: client.ApiClient,
     start_handler: StartHandler,
     namespace: str,
 ) -> None:
+    """1,000 failures for an invented payments/checkout must not show up as that
+    workload's failures: the namespace and workload are only the record's word."""
     handler = start_handler()
+    publish(
+        agent_api,
+        exec_failure(pod_name="checkout-0", namespace="payments", pod_uid="u-forged"),
+        count=1000,
+    )
     publish(agent_api, exec_failure(pod_name="gone-0", namespace=namespace, pod_uid="u-gone"))
     wait_until(drained(admin, handler))
     assert events_of(admin, namespace) == []
-    assert failures_total(handler, namespace=namespace, workload="app") == 1
-    assert sample(handler, "execwatch_handler_records_total", result="pod_missing") == 1
+    assert failures_total(handler) == 0
+    assert (
+        sample(
+            handler,
+            "execwatch_handler_unattributed_total",
+            node=NODE,
+            node_arch="amd64",
+            reason="ForeignArchitecture",
+            type="pod_missing",
+        )
+        == 1001
+    )
+    assert sample(handler, "execwatch_handler_records_total", result="pod_missing") == 2
 
 
 def test_a_pod_recreated_under_the_same_name_is_not_blamed(
@@ -234,6 +252,7 @@ def test_unattributed_failures_have_their_own_counter(
             node=NODE,
             node_arch="amd64",
             reason="ForeignArchitecture",
+            type="no_pod",
         )
         == 2
     )
@@ -293,7 +312,7 @@ def test_a_record_seen_again_after_a_crash_is_not_counted_twice(
         raise Retry("process killed before the delete")
 
     with monkeypatch.context() as m:
-        m.setattr(first, "_delete", crash)
+        m.setattr(first, "_finish", crash)
         with pytest.raises(Retry):
             first.handle(obj)
     [event] = events_of(admin, namespace)

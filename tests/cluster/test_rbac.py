@@ -169,6 +169,14 @@ def test_handler_lease_rights_are_limited_to_its_own_lease(handler_api: client.A
         {"metadata": {"annotations": {"note": "x"}}},
         {"spec": {"activeDeadlineSeconds": 5}},
         {"spec": {"containers": [{"name": "app", "image": "evil.example/miner:1"}]}},
+        {"metadata": {"finalizers": ["evil.example/never-delete"]}},
+        {
+            "metadata": {
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "u-1"}
+                ]
+            }
+        },
     ],
 )
 def test_the_handler_may_patch_only_its_own_pod_label(

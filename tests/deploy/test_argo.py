@@ -360,7 +360,7 @@ def in_pod(failure: ExecFailure, pod: client.V1Pod) -> ExecFailure:
 
 def publish(kube: KubeCluster, failures: list[ExecFailure]) -> None:
     """The agent's publisher, with the agent ServiceAccount's token."""
-    with kube.client(kube.service_account_token("execwatch", "execwatch-agent")) as api:
+    with kube.client(kube.node_token("execwatch", "execwatch-agent", NODE)) as api:
         publisher = Publisher(
             PublisherConfig(node=NODE, namespace="execwatch"), ApiSink(api, "execwatch")
         )

@@ -127,6 +127,15 @@ def test_everything_on_adds_monitoring_dashboard_and_scc() -> None:
             {
                 ("ValidatingAdmissionPolicy", "execwatch-handler-pod-patches"),
                 ("ValidatingAdmissionPolicyBinding", "execwatch-handler-pod-patches"),
+                ("ClusterRole", "execwatch-handler-pod-labeler"),
+                ("ClusterRoleBinding", "execwatch-handler-pod-labeler"),
+            },
+        ),
+        (
+            "agent.ownNodePolicy=false",
+            {
+                ("ValidatingAdmissionPolicy", "execwatch-agent-own-node"),
+                ("ValidatingAdmissionPolicyBinding", "execwatch-agent-own-node"),
             },
         ),
     ],
@@ -341,13 +350,34 @@ def test_agent_pod_reader_option_uses_the_optional_base_rules() -> None:
     )
 
 
-def test_pod_patch_policy_is_that_of_deploy_base() -> None:
-    """Same policy; the handler's user name comes from the release namespace."""
+@pytest.mark.parametrize(
+    ("policy", "user"),
+    [("execwatch-handler-pod-patches", "handler"), ("execwatch-agent-own-node", "agent")],
+)
+def test_admission_policies_are_those_of_deploy_base(policy: str, user: str) -> None:
+    """Same policies; the user names come from the release namespace."""
     for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
-        assert find(render(), kind)["spec"] == find(base_docs(), kind)["spec"]
-    other = find(render(namespace="observability"), "ValidatingAdmissionPolicy")
+        assert find(render(), kind, policy)["spec"] == find(base_docs(), kind, policy)["spec"]
+    other = find(render(namespace="observability"), "ValidatingAdmissionPolicy", policy)
     condition = other["spec"]["matchConditions"][0]["expression"]
-    assert "system:serviceaccount:observability:execwatch-handler" in condition
+    assert f"system:serviceaccount:observability:execwatch-{user}" in condition
+
+
+def _grants_pod_patch(docs: list[Doc]) -> bool:
+    return any(
+        "pods" in rule.get("resources", []) and "patch" in rule.get("verbs", [])
+        for d in docs
+        if d["kind"] in ("Role", "ClusterRole")
+        for rule in d["rules"]
+    )
+
+
+@pytest.mark.parametrize(
+    "off", ["handler.podPatchPolicy=false", "handler.labelPods=false", "handler.enabled=false"]
+)
+def test_pods_patch_is_granted_only_together_with_the_policy_that_narrows_it(off: str) -> None:
+    assert _grants_pod_patch(render())
+    assert not _grants_pod_patch(render(off))
 
 
 # -- monitoring pieces ---------------------------------------------------------------------

@@ -143,7 +143,8 @@ def assemble_rootfs(root: Path, wheel: Path) -> None:
 
 
 def runc_config(root: Path, args: list[str], *, uid: int, caps: list[str],
-                host_pid: bool, agent_mounts: bool) -> dict[str, Any]:  # fmt: skip
+                host_pid: bool, agent_mounts: bool,
+                no_new_privs: bool = True) -> dict[str, Any]:  # fmt: skip
     base = str(Path(sys.base_prefix))
     site_packages = next(Path(sys.prefix).glob("lib/python3*/site-packages"))
 
@@ -178,10 +179,13 @@ def runc_config(root: Path, args: list[str], *, uid: int, caps: list[str],
             "env": [f"PATH={VENV_IN_IMAGE}/bin:/usr/local/bin:/usr/bin:/bin",
                     "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1"],
             "cwd": "/",
+            # As Kubernetes does: a non-root user gets the added capabilities in its
+            # bounding set only (no ambient field), so they are gone after execve unless
+            # the file run grants them.
             "capabilities": {k: cap_names for k in
                              ("bounding", "effective", "permitted", "inheritable", "ambient")}
-            if uid == 0 else {k: [] for k in ("bounding", "effective", "permitted")},
-            "noNewPrivileges": True,
+            if uid == 0 else {"bounding": cap_names, "effective": [], "permitted": []},
+            "noNewPrivileges": no_new_privs,
             "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096}],
         },
         "root": {"path": str(root), "readonly": True},

@@ -298,6 +298,43 @@ class KubeCluster:
             token: str = resp.status.token
             return token
 
+    def node_token(self, namespace: str, name: str, node: str, seconds: int = 3600) -> str:
+        """A token of ServiceAccount `name` bound to a pod of it on `node`, as the kubelet
+        mounts into a DaemonSet pod: the API server then knows the caller's node
+        (user info extra `authentication.kubernetes.io/node-name`). Creates the Node and
+        the pod (named after the node) if they do not exist yet."""
+        pod_name = f"{name}-{node}"[:63]
+        with self.client() as api:
+            core = client.CoreV1Api(api)
+            with contextlib.suppress(ApiException):
+                core.create_node({"metadata": {"name": node}})
+            try:
+                pod = core.read_namespaced_pod(pod_name, namespace)
+            except ApiException:
+                pod = core.create_namespaced_pod(
+                    namespace,
+                    {
+                        "metadata": {"name": pod_name},
+                        "spec": {
+                            "nodeName": node,
+                            "serviceAccountName": name,
+                            "containers": [{"name": "agent", "image": "execwatch:test"}],
+                        },
+                    },
+                )
+            req = client.AuthenticationV1TokenRequest(
+                spec=client.V1TokenRequestSpec(
+                    audiences=["https://kubernetes.default.svc"],
+                    expiration_seconds=seconds,
+                    bound_object_ref=client.V1BoundObjectReference(
+                        api_version="v1", kind="Pod", name=pod_name, uid=pod.metadata.uid
+                    ),
+                )
+            )
+            resp = core.create_namespaced_service_account_token(name, namespace, req)
+            token: str = resp.status.token
+            return token
+
     def kubeconfig(self, token: str, path: Path) -> Path:
         """A kubeconfig file for `token`, for processes started by tests."""
         doc = {

@@ -20,6 +20,7 @@ from tests.kube.cluster import (
 )
 
 AGENT_SA = ("execwatch", "execwatch-agent")
+AGENT_NODE = "node-a"  # the node of the agent pod whose token `agent_api` uses
 HANDLER_SA = ("execwatch", "execwatch-handler")
 
 
@@ -43,8 +44,9 @@ def admin(kube: KubeCluster) -> Iterator[client.ApiClient]:
 
 @pytest.fixture
 def agent_api(kube: KubeCluster) -> Iterator[client.ApiClient]:
-    """An ApiClient authenticated as the agent's ServiceAccount."""
-    with kube.client(kube.service_account_token(*AGENT_SA)) as api:
+    """An ApiClient authenticated as the agent's ServiceAccount, with the token of an
+    agent pod on AGENT_NODE (records it creates must name that node)."""
+    with kube.client(kube.node_token(*AGENT_SA, AGENT_NODE)) as api:
         yield api
 
 

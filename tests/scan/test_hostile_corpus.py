@@ -7,14 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from execwatch.binfmt import Platform
+from execwatch.binfmt import Platform, parse_shebang
 from execwatch.scan.errors import LimitExceeded, NothingToCheck, ScanInputError
 from execwatch.scan.fs import SymlinkLoop
+from execwatch.scan.limits import Limits
 from execwatch.scan.linker import MAX_CONF_DIRS, MAX_CONF_FILES
 from execwatch.scan.model import ScanReport
 from execwatch.scan.runner import ScanOptions, scan
 from tests.binfmt.corpus import measure
 from tests.scan.corpus import CORPUS, include_tree, ld_so_conf_dirs, symlink_chain
+from tests.scan.imagebuild import Entry, Image, file, oci_layout, symlink
 
 SECONDS = 2.0  # a whole scan: layout, layers, checks
 PEAK_BYTES = 32 << 20
@@ -69,3 +71,38 @@ def test_ld_so_conf_includes_are_read_once_each_and_bounded() -> None:
 def test_repeated_ld_so_conf_directories_count_once() -> None:
     conf = b"/usr/lib\n" * 7000  # 63 KB, 7,000 lines of one directory
     assert ld_so_conf_dirs({"/etc/ld.so.conf": conf}) == ["/usr/lib"]
+
+
+def _layer_scan(tmp_path: Path, entries: list[Entry], limits: Limits) -> ScanReport:
+    layout = oci_layout(tmp_path / "l", [Image([entries], entrypoint=["/bin/sh"])])
+    return scan(str(layout), ScanOptions(platform=AMD64.platform, limits=limits))
+
+
+def test_tar_entries_are_counted_over_all_layers(tmp_path: Path) -> None:
+    entries = [file(f"d/{i}", b"", 0o644) for i in range(200)] + [file("bin/sh", b"#!/bin/sh\n")]
+    assert _layer_scan(tmp_path / "ok", entries, Limits(max_entries=250)).findings == []
+    with pytest.raises(LimitExceeded, match="more than 100 tar entries"):
+        _layer_scan(tmp_path / "over", entries, Limits(max_entries=100))
+
+
+def test_a_symlink_target_longer_than_a_page_is_refused(tmp_path: Path) -> None:
+    entries = [file("bin/sh", b"#!/bin/sh\n"), symlink("bin/long", "x/" * 2048)]
+    with pytest.raises(LimitExceeded, match="target longer than 4095 bytes"):
+        _layer_scan(tmp_path, entries, Limits())
+
+
+def test_configuration_text_kept_in_memory_is_bounded(tmp_path: Path) -> None:
+    """Only *.conf / *.path under etc/ are kept, and at most max_text_bytes of them."""
+    conf = [file(f"etc/ld.so.conf.d/{i}.conf", b"/x\n" * 1000, 0o644) for i in range(20)]
+    other = [file(f"etc/data/{i}.txt", b"x" * 60_000, 0o644) for i in range(20)]
+    entries = [file("bin/sh", b"#!/bin/sh\n"), *conf, *other]
+    assert _layer_scan(tmp_path / "ok", entries, Limits(max_text_bytes=70_000)).findings == []
+    with pytest.raises(LimitExceeded, match="more than 50000 bytes of"):
+        _layer_scan(tmp_path / "over", entries, Limits(max_text_bytes=50_000))
+
+
+def test_a_16_mib_shebang_line_costs_its_first_256_bytes() -> None:
+    head = b"#!" + b" " * (16 << 20)
+    outcome, cost = measure(lambda: parse_shebang(head))
+    assert outcome is None  # the kernel's answer: ENOEXEC, the name does not fit the buffer
+    assert cost.seconds < 0.01 and cost.peak_bytes < 64 << 10

@@ -51,6 +51,9 @@ _ARCH_ALIASES: dict[str, tuple[str, str | None]] = {
     "loong64": ("loong64", None),
 }
 
+# Every architecture name the OCI image spec (GOARCH) knows and this module can produce.
+OCI_ARCHITECTURES = frozenset(arch for arch, _variant in _ARCH_ALIASES.values())
+
 _NAME = re.compile(r"^[a-z0-9_.-]+$")
 
 

@@ -118,7 +118,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         action="store_true",
         help="do not set the execwatch.io/exec-failure pod label",
     )
-    h.add_argument("--workers", type=int, default=4, help="records handled in parallel")
+    h.add_argument("--workers", type=int, default=16, help="records handled in parallel")
     h.set_defaults(func=run_handler)
 
 

@@ -40,15 +40,30 @@ def rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+# What the handler can write back as an Event's MicroTime: 1970 up to the end of year 9999.
+# The schema's date-time format allows more (0001-01-01T00:00:00+14:00 is year 0 in UTC).
+MAX_TIME = 253402300799.0
+
+
 def parse_time(value: object) -> float | None:
+    """Seconds since the epoch of an RFC 3339 string, or None if it is not one the
+    handler can use (checked here, once, so nothing fails on it later)."""
     if isinstance(value, datetime):
-        return value.timestamp()
-    if not isinstance(value, str):
+        ts = value.timestamp()
+    elif isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        if parsed.tzinfo is None:  # the schema's date-time also takes local-time forms
+            parsed = parsed.replace(tzinfo=UTC)
+        try:
+            ts = parsed.timestamp()
+        except (OverflowError, ValueError):
+            return None
+    else:
         return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+    return ts if 0.0 <= ts <= MAX_TIME else None
 
 
 def record_name(node: str, nonce: str, seq: int) -> str:

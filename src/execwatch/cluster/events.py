@@ -24,8 +24,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from execwatch.cluster import errors
 from execwatch.cluster.crd import Record
-from execwatch.cluster.safe import fit_bytes, printable
+from execwatch.cluster.pods import Pod
+from execwatch.cluster.rest import MERGE_PATCH, Rest, path
+from execwatch.cluster.safe import fit_bytes, is_label_value, printable
 from execwatch.record import Reason
 
 log = logging.getLogger(__name__)
@@ -36,14 +39,10 @@ RING = 32
 NOTE_LIMIT = 1024  # bytes: the API server rejects longer notes
 
 # Event reasons and the pod label value: what `kubectl describe pod` shows. A foreign
-# architecture reads as the error people search for; the rest keep the diagnosis name.
-EVENT_REASONS: dict[Reason, str] = {
+# architecture reads as the error people search for, and a few names say "Exec" for
+# context; every other diagnosis keeps its own name, so a new Reason needs no entry here.
+EVENT_REASON_OVERRIDES: dict[Reason, str] = {
     Reason.FOREIGN_ARCHITECTURE: "ExecFormatError",
-    Reason.MISSING_INTERPRETER: "MissingInterpreter",
-    Reason.BAD_INTERPRETER: "BadInterpreter",
-    Reason.MISSING_SHEBANG_INTERPRETER: "MissingShebangInterpreter",
-    Reason.NO_SHEBANG: "NoShebang",
-    Reason.CORRUPT_BINARY: "CorruptBinary",
     Reason.PERMISSION_DENIED: "ExecPermissionDenied",
     Reason.NOT_FOUND: "ExecNotFound",
     Reason.UNDIAGNOSED: "ExecFailed",
@@ -51,7 +50,9 @@ EVENT_REASONS: dict[Reason, str] = {
 
 
 def event_reason(reason: Reason) -> str:
-    return EVENT_REASONS.get(reason, "ExecFailed")
+    """The Event reason and pod label value for a diagnosis (always a valid label value)."""
+    name = EVENT_REASON_OVERRIDES.get(reason, str(reason))
+    return name if is_label_value(name) and name else "ExecFailed"
 
 
 def note_for(rec: Record) -> str:
@@ -77,6 +78,11 @@ def series_name(rec: Record, pod_name: str, pod_uid: str) -> str:
     return f"{pod_name[:200]}.execwatch-{digest}"
 
 
+def _events_path(namespace: str, name: str | None = None) -> str:
+    parts = ("apis", "events.k8s.io", "v1", "namespaces", namespace, "events")
+    return path(*parts, *((name,) if name else ()))
+
+
 def _micro(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -94,39 +100,33 @@ class _Series:
 
 @dataclass
 class EventWriter:
-    """Creates or grows the series Event for one record; returns False if already in it."""
+    """Creates or grows the series Event for one record; returns False if already in it.
 
-    api_client: Any
+    Create first: a new series is one POST, and only a 409 (the series exists) costs a
+    read. A known series is patched from the cached state; a 409 (someone else wrote it
+    since) or 404 (it expired) re-reads it."""
+
+    rest: Rest
     instance: str
     clock: Callable[[], float]
-    timeout: float = 10.0
     cache_size: int = 4096
     _cache: OrderedDict[str, _Series] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def __post_init__(self) -> None:
-        from kubernetes import client
-
-        self._api = client.EventsV1Api(self.api_client)
-
-    def record(self, rec: Record, pod: dict[str, Any], container_index: str | None) -> bool:
+    def record(self, rec: Record, pod: Pod, container_index: str | None) -> bool:
         """Fold `rec` into its pod's series Event. True if written, False if already there."""
-        from kubernetes.client.exceptions import ApiException
-
-        meta = pod["metadata"]
-        ns, pod_name, pod_uid = meta["namespace"], meta["name"], meta["uid"]
-        name = series_name(rec, pod_name, pod_uid)
+        name = series_name(rec, pod.name, pod.uid)
+        key = f"{pod.namespace}/{name}"
         marker = f"{rec.name}/{rec.uid}"
+        with self._lock:
+            state = self._cache.get(key)
         for _attempt in range(4):
-            state = self._get(ns, name)
             if state is None:
                 try:
-                    self._create(rec, ns, name, pod_name, pod_uid, marker, container_index)
+                    self._create(rec, pod, name, marker, container_index)
                     return True
-                except ApiException as exc:
-                    if exc.status != 409:
-                        raise
-                    self._forget(name)
+                except errors.ConflictError:
+                    state = self._get(pod.namespace, name)
                     continue
             if any(m == marker for m in state.records):
                 return False
@@ -135,40 +135,28 @@ class EventWriter:
                 # already folded in and deleted (its create's answer was lost). Not new.
                 raise DuplicateRecord(rec.name)
             try:
-                self._patch(rec, ns, name, state, marker)
+                self._patch(rec, pod.namespace, name, state, marker)
                 return True
-            except ApiException as exc:
-                if exc.status not in (404, 409):
-                    raise
-                self._forget(name)
+            except (errors.ConflictError, errors.NotFoundError):
+                state = self._get(pod.namespace, name)
         raise EventConflict(name)
 
     def _get(self, ns: str, name: str) -> _Series | None:
-        from kubernetes.client.exceptions import ApiException
-
-        key = f"{ns}/{name}"
-        with self._lock:
-            cached = self._cache.get(key)
-            if cached is not None:
-                self._cache.move_to_end(key)
-                return cached
         try:
-            resp = self._api.read_namespaced_event(
-                name, ns, _request_timeout=self.timeout, _preload_content=False
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        ev = json.loads(resp.data)
+            ev = self.rest.call("GET", _events_path(ns, name))
+        except errors.NotFoundError:
+            self._forget(f"{ns}/{name}")
+            return None
         meta = ev.get("metadata") or {}
         series = int((ev.get("series") or {}).get("count") or 1)
         try:
             records = json.loads((meta.get("annotations") or {}).get(RECORDS_ANNOTATION, "[]"))
         except ValueError:
             records = []
+        if not isinstance(records, list):
+            records = []
         state = _Series(series, [str(r) for r in records], str(meta.get("resourceVersion")))
-        self._remember(key, state)
+        self._remember(f"{ns}/{name}", state)
         return state
 
     def _remember(self, key: str, state: _Series) -> None:
@@ -178,28 +166,21 @@ class EventWriter:
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
 
-    def _forget(self, name: str) -> None:
+    def _forget(self, key: str) -> None:
         with self._lock:
-            for key in [k for k in self._cache if k.endswith("/" + name)]:
-                del self._cache[key]
+            self._cache.pop(key, None)
 
     def _create(
-        self,
-        rec: Record,
-        ns: str,
-        name: str,
-        pod_name: str,
-        pod_uid: str,
-        marker: str,
-        container_index: str | None,
+        self, rec: Record, pod: Pod, name: str, marker: str, container_index: str | None
     ) -> None:
         now = self.clock()
+        ns = pod.namespace
         regarding: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "name": pod_name,
+            "name": pod.name,
             "namespace": ns,
-            "uid": pod_uid,
+            "uid": pod.uid,
         }
         if container_index:
             regarding["fieldPath"] = container_index
@@ -226,10 +207,8 @@ class EventWriter:
                 "count": rec.count,
                 "lastObservedTime": _micro(max(rec.last_seen, now)),
             }
-        resp = self._api.create_namespaced_event(
-            ns, body, _request_timeout=self.timeout, _preload_content=False
-        )
-        rv = str(json.loads(resp.data)["metadata"]["resourceVersion"])
+        created = self.rest.call("POST", _events_path(ns), body=body)
+        rv = str(created["metadata"]["resourceVersion"])
         self._remember(f"{ns}/{name}", _Series(rec.count, [marker], rv))
 
     def _patch(self, rec: Record, ns: str, name: str, state: _Series, marker: str) -> None:
@@ -245,15 +224,10 @@ class EventWriter:
                 "lastObservedTime": _micro(max(rec.last_seen, self.clock())),
             },
         }
-        resp = self._api.patch_namespaced_event(
-            name,
-            ns,
-            body,
-            _request_timeout=self.timeout,
-            _content_type="application/merge-patch+json",
-            _preload_content=False,
+        patched = self.rest.call(
+            "PATCH", _events_path(ns, name), body=body, content_type=MERGE_PATCH
         )
-        rv = str(json.loads(resp.data)["metadata"]["resourceVersion"])
+        rv = str(patched["metadata"]["resourceVersion"])
         self._remember(f"{ns}/{name}", _Series(count, records, rv))
 
 

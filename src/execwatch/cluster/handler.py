@@ -1,31 +1,33 @@
 """Handler side: consume ExecFailure records, act on pods, count, delete.
 
-Only the Lease holder works. For each record, in this order:
-1. validate it (`crd.parse`); a bad one is deleted and counted as invalid;
-2. read the pod it names: it must exist with the recorded UID and run on the reporting
-   node (an agent may only speak for its own node, so a compromised node cannot label or
-   post Events on pods elsewhere);
-3. fold it into the pod's Warning Event series (idempotent: see events.py);
-4. label the pod with a merge patch (skipped when the label already says so);
-5. delete the record with a UID precondition, and only if THAT delete succeeds add its
-   count to `execwatch_exec_failures_total`.
-Step 5 makes counting exactly-once per record even with two replicas briefly believing
-they lead: only one delete can succeed. A crash between 3 and 5 leaves the record in
-place; the next leader redoes 3 (a no-op), 4 (a no-op) and 5.
+Only the Lease holder works: `watcher.py` lists and watches records into the work queue
+(`workqueue.py`), worker threads handle them here, `pods.py` and `events.py` make the API
+calls, through `rest.py`, every failure classified by `errors.py`.
 
-Records arrive by list+watch into a de-duplicating work queue (client-go's pattern). A
-watch broken by an API server restart resumes from the last resourceVersion; if that is
-too old (410 Gone) the handler re-lists. Records are deleted once handled, so a re-list
-sees exactly the unhandled ones: nothing is lost.
+For each record, in this order:
+1. validate it completely (`crd.parse`, times included); a bad one is deleted and
+   counted as invalid, never retried;
+2. check the pod it names (`pods.py`): it must exist with the recorded UID and run on
+   the reporting node, which admission has bound to the agent's own node. A pod that is
+   gone, or on another node, is not believed: such a record is counted as unattributed
+   (pod gone) or invalid (another node), never with the namespace or workload it claims;
+3. fold it into the pod's Warning Event series (idempotent: see events.py);
+4. label the pod with a merge patch (skipped when the label already says so, and when
+   another admission webhook or RBAC refuses it: permanent errors are not retried);
+5. delete the record with a UID precondition; the delete that removes it counts it.
+
+Exactly once: only one delete of a record can remove it. A delete whose answer is lost
+(no answer, 500, 504) may have removed it: the record is remembered as "unsure" and
+resolved by whatever comes first, the watch's DELETED event, the retried delete's 404,
+or a list by name when leadership ends; the one that resolves it counts it. A crash
+between 3 and 5 leaves the record; the next leader redoes 3 (a no-op), 4 (a no-op), 5.
+A record that keeps failing for a reason that is not the API's (a bug, a value the
+schema allows but nothing can use) is counted as invalid after `max_attempts`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import heapq
-import json
 import logging
-import random
 import threading
 import time
 from collections import OrderedDict
@@ -33,15 +35,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from execwatch.attribution.metadata import workload_from_owner
-from execwatch.cluster import crd
-from execwatch.cluster.events import DuplicateRecord, EventWriter, event_reason
+from execwatch.cluster import crd, errors
+from execwatch.cluster.events import DuplicateRecord, EventConflict, EventWriter, event_reason
 from execwatch.cluster.lease import LeaseConfig, LeaseElector
 from execwatch.cluster.metrics import HandlerMetrics
+from execwatch.cluster.pods import LABEL, Pod, PodReader, workload_of
+from execwatch.cluster.rest import Rest
+from execwatch.cluster.watcher import RecordWatcher, WatchConfig, records_path
+from execwatch.cluster.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
-LABEL = "execwatch.io/exec-failure"
+__all__ = ["LABEL", "Handler", "HandlerConfig", "Retry", "workload_of"]
 
 
 @dataclass(frozen=True)
@@ -58,100 +63,25 @@ class HandlerConfig:
     request_timeout: float = 10.0
     retry_initial: float = 0.5
     retry_max: float = 30.0
-    workers: int = 4  # records handled in parallel (API round trips dominate)
+    workers: int = 16  # records handled in parallel (API round trips dominate)
     list_page: int = 500
+    max_attempts: int = 8  # failures not due to the API before a record counts as invalid
 
 
 class Retry(Exception):
     """The record could not be handled now (API trouble, lost leadership); try later."""
 
+    def __init__(self, why: str, error: errors.ApiError | None = None) -> None:
+        super().__init__(why)
+        self.error = error
+
 
 @dataclass
-class WorkQueue:
-    """Record names to handle, de-duplicated, with per-item delays for retries."""
+class _Unsure:
+    """A record whose delete got no definite answer, and how to count it once gone."""
 
-    clock: Callable[[], float] = time.monotonic
-    _cond: threading.Condition = field(default_factory=threading.Condition)
-    _items: dict[str, dict[str, Any]] = field(default_factory=dict)
-    _heap: list[tuple[float, int, str]] = field(default_factory=list)
-    _seq: int = 0
-    _failures: dict[str, int] = field(default_factory=dict)
-
-    def add(self, obj: dict[str, Any], delay: float = 0.0) -> None:
-        # managedFields is most of a record's size and nothing the handler reads: a queue
-        # of thousands of records (a backlog) should not carry it.
-        obj["metadata"].pop("managedFields", None)
-        name = obj["metadata"]["name"]
-        with self._cond:
-            fresh = name not in self._items
-            self._items[name] = obj
-            if fresh or delay == 0.0:
-                self._seq += 1
-                heapq.heappush(self._heap, (self.clock() + delay, self._seq, name))
-            self._cond.notify()
-
-    def forget(self, name: str) -> None:
-        with self._cond:
-            self._items.pop(name, None)
-            self._failures.pop(name, None)
-
-    def get(self, timeout: float) -> dict[str, Any] | None:
-        deadline = self.clock() + timeout
-        with self._cond:
-            while True:
-                while self._heap and self._heap[0][2] not in self._items:
-                    heapq.heappop(self._heap)
-                now = self.clock()
-                if self._heap and self._heap[0][0] <= now:
-                    _, _, name = heapq.heappop(self._heap)
-                    return self._items.pop(name)
-                wait = deadline - now
-                if self._heap:
-                    wait = min(wait, self._heap[0][0] - now)
-                if wait <= 0:
-                    return None
-                self._cond.wait(wait)
-
-    def retry_delay(self, name: str, initial: float, cap: float) -> float:
-        with self._cond:
-            n = self._failures.get(name, 0) + 1
-            self._failures[name] = n
-        delay: float = min(cap, initial * 2.0 ** (n - 1)) * random.uniform(0.8, 1.2)
-        return delay
-
-    def done(self, name: str) -> None:
-        with self._cond:
-            self._failures.pop(name, None)
-
-    def clear(self) -> None:
-        with self._cond:
-            self._items.clear()
-            self._heap.clear()
-            self._failures.clear()
-
-    def __len__(self) -> int:
-        with self._cond:
-            return len(self._items)
-
-
-def _status(exc: BaseException) -> int:
-    status = getattr(exc, "status", 0)
-    return int(status) if isinstance(status, int) else 0
-
-
-def workload_of(pod: dict[str, Any]) -> tuple[str, str]:
-    """(kind, name) of the pod's controller, without reading ReplicaSets or Jobs.
-
-    A ReplicaSet whose pods carry `pod-template-hash` belongs to a Deployment named by
-    the ReplicaSet name minus that hash; this is how Tetragon and kube-state-metrics
-    users name workloads, and it needs no extra RBAC.
-    """
-    meta = pod.get("metadata") or {}
-    owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")]
-    owner = owners[0] if owners else {}
-    labels = meta.get("labels") or {}
-    workload = workload_from_owner(owner.get("kind"), owner.get("name"), labels)
-    return (workload.kind, workload.name) if workload else ("Pod", str(meta.get("name", "")))
+    uid: str
+    count: Callable[[], None]
 
 
 @dataclass
@@ -165,27 +95,37 @@ class Handler:
     wall: Callable[[], float] = time.time
 
     def __post_init__(self) -> None:
-        from kubernetes import client
-
-        self._client = client
-        self._core = client.CoreV1Api(self.api_client)
-        self._custom = client.CustomObjectsApi(self.api_client)
+        cfg = self.config
+        _size_pool(self.api_client, cfg.workers + 4)
+        self.rest = Rest(self.api_client, timeout=cfg.request_timeout)
         self.queue = WorkQueue(clock=self.clock)
-        self.events = EventWriter(
-            self.api_client,
-            self.config.identity,
-            clock=self.wall,
-            timeout=self.config.request_timeout,
+        self.pods = PodReader(self.rest)
+        self.events = EventWriter(self.rest, cfg.identity, clock=self.wall)
+        self.watcher = RecordWatcher(
+            WatchConfig(
+                namespace=cfg.namespace,
+                watch_timeout=cfg.watch_timeout,
+                resync_period=cfg.resync_period,
+                request_timeout=cfg.request_timeout,
+                retry_initial=cfg.retry_initial,
+                retry_max=cfg.retry_max,
+                list_page=cfg.list_page,
+            ),
+            self.rest,
+            self.queue,
+            self.metrics,
+            on_deleted=self._deleted,
+            clock=self.clock,
         )
         self.elector = LeaseElector(
             LeaseConfig(
-                namespace=self.config.namespace,
-                name=self.config.lease_name,
-                identity=self.config.identity,
-                lease_duration=self.config.lease_duration,
-                renew_deadline=self.config.renew_deadline,
-                retry_period=self.config.retry_period,
-                request_timeout=min(self.config.request_timeout, self.config.retry_period * 2),
+                namespace=cfg.namespace,
+                name=cfg.lease_name,
+                identity=cfg.identity,
+                lease_duration=cfg.lease_duration,
+                renew_deadline=cfg.renew_deadline,
+                retry_period=cfg.retry_period,
+                request_timeout=min(cfg.request_timeout, cfg.retry_period * 2),
             ),
             self.api_client,
             on_change=self._on_leader_change,
@@ -194,10 +134,10 @@ class Handler:
         self._stop = threading.Event()
         self._term: threading.Event = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._watch_lock = threading.Lock()
-        self._watch_resp: Any = None
+        self._lock = threading.Lock()
         self._recent: OrderedDict[str, str] = OrderedDict()  # record name -> uid, handled
-        self._recent_lock = threading.Lock()
+        self._unsure: dict[str, _Unsure] = {}
+        self._term_threads: list[threading.Thread] = []
         self._busy = 0
         self.handled = 0
 
@@ -213,14 +153,14 @@ class Handler:
     def stop(self) -> None:
         self._stop.set()
         self._term.set()
-        self._interrupt_watch()
+        self.watcher.interrupt()
         for t in self._threads:
             t.join(timeout=10)
 
     def idle(self) -> bool:
-        """Nothing queued and no record being handled (tests and benchmarks wait on it)."""
-        with self._recent_lock:
-            busy = self._busy
+        """Nothing queued, being handled or unsure (tests and benchmarks wait on it)."""
+        with self._lock:
+            busy = self._busy + len(self._unsure)
         return busy == 0 and len(self.queue) == 0
 
     def _on_leader_change(self, leading: bool) -> None:
@@ -229,121 +169,27 @@ class Handler:
         if leading:
             self._term = threading.Event()
             self.queue.clear()
-            loops = [(self._watch_loop, "watch")]
+            loops: list[tuple[Callable[[threading.Event], None], str]] = [
+                (self.watcher.run, "watch")
+            ]
             loops += [(self._work_loop, f"work-{i}") for i in range(self.config.workers)]
+            self._term_threads = []
             for target, name in loops:
                 t = threading.Thread(
                     target=target, args=(self._term,), name=f"execwatch-{name}", daemon=True
                 )
                 t.start()
+                self._term_threads.append(t)
                 self._threads.append(t)
         else:
             self._term.set()
-            self._interrupt_watch()
+            self.watcher.interrupt()
+            # Before the Lease is released or can expire: let the in-flight calls end,
+            # then settle the deletes whose answers were lost.
+            for t in self._term_threads:
+                t.join(timeout=max(0.0, self.elector.sole_time_left()))
             self.queue.clear()
-
-    # -- watching --------------------------------------------------------------------
-
-    def _list(self) -> str:
-        """Queue every record that exists now, in pages; return the snapshot's
-        resourceVersion (the same on every page) to watch from."""
-        token: str | None = None
-        while True:
-            result = self._custom.list_namespaced_custom_object(
-                crd.GROUP,
-                crd.VERSION,
-                self.config.namespace,
-                crd.PLURAL,
-                limit=self.config.list_page,
-                _continue=token,
-                _request_timeout=self.config.request_timeout,
-            )
-            for obj in result.get("items") or []:
-                self.queue.add(obj)
-            meta = result.get("metadata") or {}
-            token = meta.get("continue")
-            if not token:
-                return str(meta["resourceVersion"])
-
-    def _watch_loop(self, term: threading.Event) -> None:
-        rv: str | None = None
-        backoff = self.config.retry_initial
-        last_list = 0.0
-        while not term.is_set():
-            try:
-                if rv is None or self.clock() - last_list > self.config.resync_period:
-                    rv = self._list()
-                    last_list = self.clock()
-                rv = self._watch_once(rv, term)
-                backoff = self.config.retry_initial
-            except Exception as exc:
-                if term.is_set():
-                    return
-                status = _status(exc)
-                if status == 410:
-                    rv = None
-                self.metrics.api_errors.labels("watch", str(status)).inc()
-                log.warning(
-                    "watch interrupted",
-                    extra={"kv": {"status": status, "error": type(exc).__name__}},
-                )
-                term.wait(backoff * random.uniform(0.8, 1.2))
-                backoff = min(self.config.retry_max, backoff * 2)
-
-    def _watch_once(self, rv: str, term: threading.Event) -> str | None:
-        """One watch request from `rv`; returns where to resume (None: re-list).
-
-        The response is kept unparsed (`_preload_content=False`) so that `stop()` and a
-        lost Lease can shut its socket down and end a blocked read at once; the lines are
-        split with the client's own `iter_resp_lines`."""
-        from kubernetes.watch.watch import iter_resp_lines
-
-        resp = self._custom.list_namespaced_custom_object(
-            crd.GROUP,
-            crd.VERSION,
-            self.config.namespace,
-            crd.PLURAL,
-            watch=True,
-            resource_version=rv,
-            allow_watch_bookmarks=True,
-            timeout_seconds=self.config.watch_timeout,
-            _preload_content=False,
-            _request_timeout=(self.config.request_timeout, self.config.watch_timeout + 30),
-        )
-        with self._watch_lock:
-            self._watch_resp = resp
-        try:
-            if term.is_set():
-                return rv
-            for line in iter_resp_lines(resp):
-                if term.is_set():
-                    break
-                if not line:
-                    continue
-                event = json.loads(line)
-                kind, obj = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":
-                    if obj.get("code") == 410:
-                        log.info("watch expired, re-listing")
-                        return None
-                    raise RuntimeError(f"watch error {obj.get('code')}")
-                rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
-                if kind in ("ADDED", "MODIFIED"):
-                    self.queue.add(obj)
-                elif kind == "DELETED":
-                    self.queue.forget(obj["metadata"]["name"])
-            return rv
-        finally:
-            with self._watch_lock:
-                self._watch_resp = None
-            resp.release_conn()
-
-    def _interrupt_watch(self) -> None:
-        with self._watch_lock:
-            resp = self._watch_resp
-        if resp is not None:
-            with contextlib.suppress(Exception):
-                resp.shutdown()
+            self._resolve_unsure()
 
     # -- working ---------------------------------------------------------------------
 
@@ -352,32 +198,46 @@ class Handler:
             obj = self.queue.get(timeout=0.5)
             if obj is None:
                 continue
-            name = obj["metadata"]["name"]
-            with self._recent_lock:
+            name = str(obj["metadata"]["name"])
+            with self._lock:
                 self._busy += 1
             try:
                 self.handle(obj)
                 self.queue.done(name)
             except Retry as exc:
-                if term.is_set():
-                    return
-                delay = self.queue.retry_delay(
-                    name, self.config.retry_initial, self.config.retry_max
-                )
-                log.info(
-                    "will retry record",
-                    extra={"kv": {"record": name, "why": str(exc), "delay": round(delay, 2)}},
-                )
-                self.queue.add(obj, delay=delay)
+                if not term.is_set():
+                    self._retry(obj, name, str(exc), exc.error)
             except Exception:
                 log.exception("unexpected error handling record", extra={"kv": {"record": name}})
-                delay = self.queue.retry_delay(
-                    name, self.config.retry_initial, self.config.retry_max
-                )
-                self.queue.add(obj, delay=delay)
+                if self.queue.failures(name) + 1 >= self.config.max_attempts:
+                    self._give_up(obj)
+                elif not term.is_set():
+                    self._retry(obj, name, "unexpected error", None)
             finally:
-                with self._recent_lock:
+                with self._lock:
                     self._busy -= 1
+
+    def _retry(self, obj: dict[str, Any], name: str, why: str, err: errors.ApiError | None) -> None:
+        delay = self.queue.retry_delay(name, self.config.retry_initial, self.config.retry_max)
+        if err is not None:
+            delay = errors.delay(err, delay)
+        log.info(
+            "will retry record",
+            extra={"kv": {"record": name, "why": why, "delay": round(delay, 2)}},
+        )
+        self.queue.add(obj, delay=delay)
+
+    def _give_up(self, obj: dict[str, Any]) -> None:
+        """A record no code path can finish: counted as invalid once, so it never sits
+        in the queue (and the quota) forever."""
+        meta = obj.get("metadata") or {}
+        name, uid = str(meta.get("name", "")), str(meta.get("uid", ""))
+        try:
+            self._finish(name, uid, lambda: self._invalid("unprocessable", None))
+        except Retry as exc:
+            self._retry(obj, name, str(exc), exc.error)
+        else:
+            self.queue.done(name)
 
     def _fence(self) -> None:
         if not self.elector.is_leader():
@@ -390,95 +250,82 @@ class Handler:
         try:
             rec = crd.parse(obj)
         except crd.InvalidRecord as bad:
-            if self._delete(name, uid):
-                self.metrics.invalid.labels(bad.kind).inc()
-                self.metrics.records.labels("invalid").inc()
-                log.warning(
-                    "invalid record deleted", extra={"kv": {"record": name, "why": str(bad)}}
-                )
+            log.warning("invalid record", extra={"kv": {"record": name, "why": str(bad)}})
+            kind = bad.kind
+            self._finish(name, uid, lambda: self._invalid(kind, None))
             return
-        with self._recent_lock:
-            seen_uid = self._recent.get(rec.name, rec.uid)
-        if seen_uid != rec.uid:
+        with self._lock:
+            seen_uid = self._recent.get(rec.name, "")
+        if seen_uid == rec.uid:
+            return  # a stale retry of a record already removed and counted
+        if seen_uid:
             # An agent re-created a record we already handled (its create answer was lost).
             self._finish_duplicate(rec)
             return
         if not rec.names_pod:
-            if self._delete(rec.name, rec.uid):
-                self.metrics.unattributed.labels(rec.node, rec.node_arch, str(rec.reason)).inc(
-                    rec.count
-                )
-                self._done(rec, "unattributed")
+            self._finish(rec.name, rec.uid, lambda: self._unattributed(rec, "no_pod"))
             return
         try:
-            pod = self._get_pod(rec)
+            pod = self._pod(rec)
         except crd.InvalidRecord as bad:
-            if self._delete(rec.name, rec.uid):
-                self.metrics.invalid.labels(bad.kind).inc()
-                self._done(rec, "invalid")
+            kind = bad.kind
+            self._finish(rec.name, rec.uid, lambda: self._invalid(kind, rec))
             return
+        if pod is None:
+            # Gone, or re-created under the same name: the failure happened on the
+            # reporting node, but which namespace and workload is only the record's word.
+            self._finish(rec.name, rec.uid, lambda: self._unattributed(rec, "pod_missing"))
+            return
+        if pod.node != rec.node:
+            log.warning(
+                "record names a pod on another node",
+                extra={
+                    "kv": {
+                        "record": rec.name,
+                        "node": rec.node,
+                        "pod": f"{pod.namespace}/{pod.name}",
+                    }
+                },
+            )
+            self._finish(rec.name, rec.uid, lambda: self._invalid("node_mismatch", rec))
+            return
+        self._fence()
+        if not self._post_event(rec, pod):
+            return
+        if self.config.label_pods:
+            self._label(rec, pod)
+        self._finish(rec.name, rec.uid, lambda: self._counted(rec, pod))
+
+    # -- outcomes (each runs once per record, for the delete that removed it) ----------
+
+    def _counted(self, rec: crd.Record, pod: Pod) -> None:
         labels: dict[str, str | None] = {
-            "namespace": rec.namespace,
-            "workload": rec.workload or rec.pod,
-            "container": rec.container,
-            "node": rec.node,
+            "namespace": pod.namespace,
+            "workload": pod.workload or pod.name,
+            "container": rec.container if rec.container in pod.containers else "",
+            "node": pod.node,
             "node_arch": rec.node_arch,
             "binary_arch": rec.binary_arch,
             "reason": str(rec.reason),
-            "pod": rec.pod,
+            "pod": pod.name,
         }
-        if pod is None:
-            # The pod is gone (or was re-created under the same name): the failure still
-            # happened, so it is counted, but there is nothing to post an Event on.
-            if self._delete(rec.name, rec.uid):
-                self.metrics.count_failures(labels, rec.count)
-                self._done(rec, "pod_missing")
-            return
-        if (pod.get("spec") or {}).get("nodeName") != rec.node:
-            if self._delete(rec.name, rec.uid):
-                self.metrics.invalid.labels("node_mismatch").inc()
-                self._done(rec, "invalid")
-                log.warning(
-                    "record names a pod on another node",
-                    extra={
-                        "kv": {
-                            "record": rec.name,
-                            "node": rec.node,
-                            "pod": f"{rec.namespace}/{rec.pod}",
-                        }
-                    },
-                )
-            return
-        labels["workload"] = workload_of(pod)[1] or labels["workload"]
-        self._fence()
-        container_path = f"spec.containers{{{rec.container}}}" if rec.container else None
-        try:
-            self.events.record(rec, pod, container_path)
-        except DuplicateRecord:
-            self._finish_duplicate(rec)
-            return
-        except Exception as exc:
-            status = _status(exc)
-            self.metrics.api_errors.labels("event", str(status)).inc()
-            if status not in (400, 422):
-                raise Retry(f"event: {type(exc).__name__} {status}") from None
-            # The API server judged the Event itself invalid: retrying cannot fix it, and
-            # the failure must still be labelled and counted.
-            log.error("event refused", extra={"kv": {"record": rec.name, "status": status}})
-        if self.config.label_pods:
-            self._label(rec, pod)
-        if self._delete(rec.name, rec.uid):
-            self.metrics.count_failures(labels, rec.count)
-            self.metrics.latency.observe(max(0.0, self.wall() - rec.last_seen))
-            self._done(rec, "handled")
+        self.metrics.count_failures(labels, rec.count)
+        self.metrics.latency.observe(max(0.0, self.wall() - rec.last_seen))
+        self._done(rec, "handled")
+
+    def _unattributed(self, rec: crd.Record, cause: str) -> None:
+        self.metrics.count_unattributed(rec.node, rec.node_arch, str(rec.reason), cause, rec.count)
+        self._done(rec, "pod_missing" if cause == "pod_missing" else "unattributed")
+
+    def _invalid(self, kind: str, rec: crd.Record | None) -> None:
+        self.metrics.invalid.labels(kind).inc()
+        self.metrics.records.labels("invalid").inc()
+        if rec is not None:
+            self._remember()
 
     def _done(self, rec: crd.Record, result: str) -> None:
         self.metrics.records.labels(result).inc()
-        with self._recent_lock:
-            self.handled += 1
-            self._recent[rec.name] = rec.uid
-            while len(self._recent) > 8192:
-                self._recent.popitem(last=False)
+        self._remember()
         log.info(
             "record handled",
             extra={
@@ -492,85 +339,151 @@ class Handler:
             },
         )
 
+    def _remember(self) -> None:
+        with self._lock:
+            self.handled += 1
+
+    def _mark_removed(self, name: str, uid: str) -> None:
+        """Called with the lock held, by whoever is about to count a record: later
+        sightings of this name/uid are stale, another uid is an agent's re-creation."""
+        self._unsure.pop(name, None)
+        self._recent[name] = uid
+        while len(self._recent) > 8192:
+            self._recent.popitem(last=False)
+
     def _finish_duplicate(self, rec: crd.Record) -> None:
-        if self._delete(rec.name, rec.uid):
+        def duplicate() -> None:
             self.metrics.records.labels("duplicate").inc()
             log.info(
                 "duplicate record deleted without counting", extra={"kv": {"record": rec.name}}
             )
 
-    def _get_pod(self, rec: crd.Record) -> dict[str, Any] | None:
-        from kubernetes.client.exceptions import ApiException
+        self._finish(rec.name, rec.uid, duplicate)
 
+    # -- API steps ---------------------------------------------------------------------
+
+    def _pod(self, rec: crd.Record) -> Pod | None:
         self._fence()
         try:
-            # Raw JSON, not a V1Pod: model deserialisation costs more than the request.
-            resp = self._core.read_namespaced_pod(
-                rec.pod,
-                rec.namespace,
-                _request_timeout=self.config.request_timeout,
-                _preload_content=False,
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            self.metrics.api_errors.labels("get_pod", str(exc.status)).inc()
-            if exc.status in (400, 403, 422):
-                raise crd.InvalidRecord("pod_forbidden", f"cannot read pod: {exc.status}") from None
-            raise Retry(f"get pod: {exc.status}") from None
-        except Exception as exc:
-            self.metrics.api_errors.labels("get_pod", "0").inc()
-            raise Retry(f"get pod: {type(exc).__name__}") from None
-        data: dict[str, Any] = json.loads(resp.data)
-        if rec.pod_uid and data["metadata"].get("uid") != rec.pod_uid:
-            return None
-        return data
+            return self.pods.get(rec.namespace, rec.pod, rec.pod_uid)
+        except errors.PermanentError as err:
+            self.metrics.api_errors.labels("get_pod", errors.code(err)).inc()
+            raise crd.InvalidRecord("pod_forbidden", f"cannot read pod: {err.status}") from None
+        except errors.ApiError as err:
+            self.metrics.api_errors.labels("get_pod", errors.code(err)).inc()
+            raise Retry(f"get pod: {err}", err) from None
 
-    def _label(self, rec: crd.Record, pod: dict[str, Any]) -> None:
-        value = event_reason(rec.reason)
-        if (pod["metadata"].get("labels") or {}).get(LABEL) == value:
+    def _post_event(self, rec: crd.Record, pod: Pod) -> bool:
+        """Fold the record into its Event series; False if the record turned out to be a
+        duplicate (and was finished as one)."""
+        known = rec.container in pod.containers
+        container_path = f"spec.containers{{{rec.container}}}" if known else None
+        try:
+            self.events.record(rec, pod, container_path)
+        except DuplicateRecord:
+            self._finish_duplicate(rec)
+            return False
+        except EventConflict as exc:
+            raise Retry(f"event: {exc}") from None
+        except errors.ApiError as err:
+            self._skip_if_refused("event", rec, err)
+        return True
+
+    def _label(self, rec: crd.Record, pod: Pod) -> None:
+        self._fence()
+        try:
+            self.pods.label(pod, event_reason(rec.reason))
+        except (errors.NotFoundError, errors.ConflictError):
+            self.pods.forget(pod)  # gone or replaced since it was read: the Event is enough
+        except errors.ApiError as err:
+            self._skip_if_refused("label_pod", rec, err)
+
+    def _skip_if_refused(self, verb: str, rec: crd.Record, err: errors.ApiError) -> None:
+        """The Event and the label are extras: a permanent refusal (400/403/422 from
+        validation, RBAC or another admission webhook) skips the step and the failure is
+        still counted, since retrying would only be refused again. Anything else: retry."""
+        self.metrics.api_errors.labels(verb, errors.code(err)).inc()
+        if not isinstance(err, errors.PermanentError):
+            raise Retry(f"{verb}: {err}", err) from None
+        log.warning(f"{verb} refused", extra={"kv": {"record": rec.name, **errors.as_dict(err)}})
+
+    def _finish(self, name: str, uid: str, outcome: Callable[[], None]) -> None:
+        """Delete the record (UID precondition) and run `outcome` exactly once, for the
+        delete that removed it, whoever learns of the removal first.
+
+        The record is "unsure" from before the request is sent until a definite answer:
+        the watch's DELETED for this delete may arrive before the delete's own answer, or
+        instead of it when that answer is lost; `_settle` then counts it."""
+        self._fence()
+        with self._lock:
+            if self._recent.get(name) == uid:
+                return  # counted already: a stale retry
+            self._unsure[name] = _Unsure(uid, outcome)
+        try:
+            self.rest.call(
+                "DELETE",
+                records_path(self.config.namespace, name),
+                body={"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}},
+            )
+        except (errors.NotFoundError, errors.ConflictError):
+            # Gone (404), or a new record now has the name (409): removed by our own
+            # earlier delete whose answer was lost, or by the other replica (not counted).
+            self._settle(name, uid)
             return
-        self._fence()
-        body = {"metadata": {"labels": {LABEL: value}}}
-        try:
-            self._core.patch_namespaced_pod(
-                rec.pod,
-                rec.namespace,
-                body,
-                _request_timeout=self.config.request_timeout,
-                _content_type="application/merge-patch+json",
-                _preload_content=False,
-            )
-        except Exception as exc:
-            status = _status(exc)
-            self.metrics.api_errors.labels("label_pod", str(status)).inc()
-            if status == 404:
-                return  # the pod went away between get and patch: the Event is enough
-            raise Retry(f"label pod: {status}") from None
+        except errors.ApiError as err:
+            self.metrics.api_errors.labels("delete", errors.code(err)).inc()
+            if not err.may_have_acted:  # a definite "not done"
+                with self._lock:
+                    if (unsure := self._unsure.get(name)) is not None and unsure.uid == uid:
+                        del self._unsure[name]
+            raise Retry(f"delete: {err}", err) from None
+        self._settle(name, uid)
 
-    def _delete(self, name: str, uid: str) -> bool:
-        """Delete the record if it is still this UID. True only for the call that did it."""
-        from kubernetes.client.exceptions import ApiException
+    def _settle(self, name: str, uid: str) -> None:
+        """The record `name`/`uid` is gone: count it if our delete may have removed it."""
+        with self._lock:
+            unsure = self._unsure.get(name)
+            if unsure is None or unsure.uid != uid:
+                return
+            self._mark_removed(name, uid)
+        unsure.count()
 
-        self._fence()
-        try:
-            self._custom.delete_namespaced_custom_object(
-                crd.GROUP,
-                crd.VERSION,
-                self.config.namespace,
-                crd.PLURAL,
-                name,
-                body=self._client.V1DeleteOptions(
-                    preconditions=self._client.V1Preconditions(uid=uid)
-                ),
-                _request_timeout=self.config.request_timeout,
-            )
-            return True
-        except ApiException as exc:
-            if exc.status in (404, 409):
-                return False  # already deleted (by us before a crash, or by the other replica)
-            self.metrics.api_errors.labels("delete", str(exc.status)).inc()
-            raise Retry(f"delete: {exc.status}") from None
-        except Exception as exc:
-            self.metrics.api_errors.labels("delete", "0").inc()
-            raise Retry(f"delete: {type(exc).__name__}") from None
+    def _deleted(self, name: str, uid: str) -> None:
+        self._settle(name, uid)
+
+    def _resolve_unsure(self) -> None:
+        """List each unsure record by name: gone means our delete removed it. Only while
+        no other replica can have taken the Lease; after that, it is reported unresolved."""
+        while self.elector.sole_actor():
+            with self._lock:
+                pending = dict(self._unsure)
+            if not pending:
+                return
+            for name, unsure in pending.items():
+                try:
+                    uids = self.watcher.uids_named(name)
+                except errors.ApiError:
+                    continue  # try again while the window lasts
+                if unsure.uid in uids:
+                    with self._lock:
+                        self._unsure.pop(name, None)  # still there: whoever leads handles it
+                else:
+                    self._settle(name, unsure.uid)
+            time.sleep(0.05)
+        with self._lock:
+            left = len(self._unsure)
+            self._unsure.clear()
+        if left:
+            self.metrics.records.labels("unresolved").inc(left)
+            log.error("records left unresolved at failover", extra={"kv": {"count": left}})
+
+
+def _size_pool(api_client: Any, size: int) -> None:
+    """One pooled connection per worker: a pool smaller than the workers throws
+    connections away and pays a TLS handshake per request."""
+    from kubernetes.client import rest
+
+    cfg = api_client.configuration
+    if (cfg.connection_pool_maxsize or 0) < size:
+        cfg.connection_pool_maxsize = size
+        api_client.rest_client = rest.RESTClientObject(cfg)

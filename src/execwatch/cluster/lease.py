@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from execwatch.cluster import errors
+
 log = logging.getLogger(__name__)
 
 
@@ -77,12 +79,24 @@ class LeaseElector:
             self.clock() - self._renewed_at < self.config.renew_deadline
         )
 
+    def sole_time_left(self) -> float:
+        """Seconds during which no other replica can have taken the Lease since our last
+        renew (it must first see the Lease unchanged for a whole lease duration)."""
+        return self._renewed_at + self.config.lease_duration - self.clock()
+
+    def sole_actor(self) -> bool:
+        return self.sole_time_left() > 0
+
     def run(self, stop: threading.Event) -> None:
         """Campaign and renew until `stop`; then release the Lease if we hold it."""
         cfg = self.config
         try:
             while not stop.is_set():
-                ok = self._try_acquire_or_renew()
+                try:
+                    ok = self._try_acquire_or_renew()
+                except Exception:  # a bug or an unparseable answer must not end the campaign
+                    log.exception("lease round failed")
+                    ok = False
                 now = self.clock()
                 if ok:
                     self._renewed_at = now
@@ -105,17 +119,13 @@ class LeaseElector:
         self.on_change(False)
 
     def _try_acquire_or_renew(self) -> bool:
-        from kubernetes.client.exceptions import ApiException
-
         cfg, c = self.config, self._client
         try:
-            lease = self._api.read_namespaced_lease(
-                cfg.name, cfg.namespace, _request_timeout=cfg.request_timeout
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                log.info("cannot read lease", extra={"kv": {"status": exc.status}})
-                return False
+            with errors.translate():
+                lease = self._api.read_namespaced_lease(
+                    cfg.name, cfg.namespace, _request_timeout=cfg.request_timeout
+                )
+        except errors.NotFoundError:
             body = c.V1Lease(
                 metadata=c.V1ObjectMeta(name=cfg.name, namespace=cfg.namespace),
                 spec=c.V1LeaseSpec(
@@ -131,10 +141,8 @@ class LeaseElector:
                     cfg.namespace, body, _request_timeout=cfg.request_timeout
                 )
             )
-        except Exception as exc:  # connection refused, timeout: not an answer
-            log.info(
-                "cannot reach API server for lease", extra={"kv": {"error": type(exc).__name__}}
-            )
+        except errors.ApiError as err:  # refused, no answer, timeout
+            log.info("cannot read lease", extra={"kv": errors.as_dict(err)})
             return False
 
         spec = lease.spec or c.V1LeaseSpec()
@@ -162,10 +170,10 @@ class LeaseElector:
     def _write(self, call: Callable[[], Any]) -> bool:
         """Create/replace the Lease; a 409 means another replica got there first."""
         try:
-            written = call()
-        except Exception as exc:
-            status = getattr(exc, "status", 0)
-            log.info("lease write failed", extra={"kv": {"status": status}})
+            with errors.translate():
+                written = call()
+        except errors.ApiError as err:
+            log.info("lease write failed", extra={"kv": errors.as_dict(err)})
             return False
         spec = written.spec
         self._observed = (spec.holder_identity or "", str(spec.renew_time))
@@ -181,6 +189,7 @@ class LeaseElector:
             )
             if lease.spec is None or lease.spec.holder_identity != cfg.identity:
                 return
+            self._renewed_at = float("-inf")  # from now on another replica may lead
             lease.spec.holder_identity = None
             lease.spec.lease_duration_seconds = 1
             lease.spec.renew_time = _now()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from execwatch.binfmt.platform import OCI_ARCHITECTURES
 from execwatch.cluster.safe import metric_label
 
 EXEC_FAILURE_LABELS = (
@@ -25,10 +26,45 @@ EXEC_FAILURE_LABELS = (
     "binary_arch",
     "reason",
 )
-# Labels whose values come from the workload and can explode; node_arch, binary_arch and
-# reason come from small fixed sets and are kept even when the guard folds a series.
+UNATTRIBUTED_LABELS = ("node", "node_arch", "reason", "type")
+# Labels whose values come from the workload or the node and can explode: the guard folds
+# them into OVERFLOW. node_arch, binary_arch (known OCI names or "other") and reason (an
+# enum) come from small fixed sets and are kept even when a series is folded.
 _HIGH_CARDINALITY = ("namespace", "workload", "container", "node", "pod")
 OVERFLOW = "_other"
+OTHER_ARCH = "other"
+
+
+def arch_label(value: str | None) -> str:
+    """An architecture as a label: a known OCI name, "" when unknown, else "other"."""
+    if not value:
+        return ""
+    return value if value in OCI_ARCHITECTURES else OTHER_ARCH
+
+
+@dataclass
+class SeriesGuard:
+    """At most `limit` distinct label sets; past it, new sets have their high-cardinality
+    labels replaced by OVERFLOW (the total stays right, memory stays bounded)."""
+
+    names: tuple[str, ...]
+    limit: int
+    overflow: Counter
+    _seen: set[tuple[str, ...]] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def admit(self, values: tuple[str, ...], amount: int) -> tuple[str, ...]:
+        with self._lock:
+            if values in self._seen:
+                return values
+            if len(self._seen) < self.limit:
+                self._seen.add(values)
+                return values
+        self.overflow.inc(amount)
+        return tuple(
+            OVERFLOW if name in _HIGH_CARDINALITY else v
+            for name, v in zip(self.names, values, strict=True)
+        )
 
 
 @dataclass
@@ -110,8 +146,10 @@ class HandlerMetrics:
         )
         self.unattributed = Counter(
             "execwatch_handler_unattributed",
-            "Failed execs from records that name no pod (host or unknown cgroup).",
-            ["node", "node_arch", "reason"],
+            "Failed execs not attributed to a pod, by type: no_pod (the record names none: "
+            "host or unknown cgroup), pod_missing (the pod it names does not exist with "
+            "that UID, so its namespace and workload are not believed).",
+            UNATTRIBUTED_LABELS,
             registry=r,
         )
         self.invalid = Counter(
@@ -129,7 +167,7 @@ class HandlerMetrics:
         )
         self.series_overflow = Counter(
             "execwatch_handler_series_overflow",
-            "Increments folded into the _other series because the series cap was reached.",
+            "Increments folded into _other series because a series cap was reached.",
             registry=r,
         )
         self.api_errors = Counter(
@@ -149,8 +187,10 @@ class HandlerMetrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
             registry=r,
         )
-        self._series: set[tuple[str, ...]] = set()
-        self._lock = threading.Lock()
+        self._failures_guard = SeriesGuard(labels, self.max_series, self.series_overflow)
+        self._unattributed_guard = SeriesGuard(
+            UNATTRIBUTED_LABELS, self.max_series, self.series_overflow
+        )
 
     def count_failures(self, labels: dict[str, str | None], amount: int) -> None:
         """Add `amount` to the exec failure counter, behind the cardinality guard.
@@ -159,15 +199,20 @@ class HandlerMetrics:
         namespace/workload/container/node(/pod) are `_other`: the total stays right, the
         reason and architectures stay visible, and Prometheus memory stays bounded.
         """
-        values = tuple(metric_label(labels.get(name)) for name in self._labels)
-        with self._lock:
-            if values not in self._series:
-                if len(self._series) >= self.max_series:
-                    self.series_overflow.inc(amount)
-                    values = tuple(
-                        OVERFLOW if name in _HIGH_CARDINALITY else v
-                        for name, v in zip(self._labels, values, strict=True)
-                    )
-                else:
-                    self._series.add(values)
+        values = tuple(_value(name, labels.get(name)) for name in self._labels)
+        values = self._failures_guard.admit(values, amount)
         self.exec_failures.labels(*values).inc(amount)
+
+    def count_unattributed(
+        self, node: str, node_arch: str, reason: str, kind: str, amount: int
+    ) -> None:
+        labels = {"node": node, "node_arch": node_arch, "reason": reason, "type": kind}
+        values = tuple(_value(name, labels[name]) for name in UNATTRIBUTED_LABELS)
+        values = self._unattributed_guard.admit(values, amount)
+        self.unattributed.labels(*values).inc(amount)
+
+
+def _value(name: str, value: str | None) -> str:
+    if name in ("node_arch", "binary_arch"):
+        return arch_label(value)
+    return metric_label(value)

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from execwatch.cluster import crd
+from execwatch.cluster import crd, errors
 from execwatch.cluster.metrics import PublisherMetrics
 from execwatch.record import AttributionStatus, ExecFailure
 from execwatch.text import safe_text
@@ -46,26 +46,28 @@ class RecordSink(Protocol):
 
 
 class SinkError(Exception):
-    """A create that failed. `status` is the HTTP status, 0 if there was no answer."""
+    """A create that failed. `status` is the HTTP status, 0 if there was no answer; what
+    it means is decided once, by `execwatch.cluster.errors`."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, error: errors.ApiError | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.error = error if error is not None else errors.from_status(status, message=message)
 
     @property
     def already_exists(self) -> bool:
-        return self.status == 409
+        return isinstance(self.error, errors.ConflictError)
 
     @property
     def ambiguous(self) -> bool:
         """The object may have been created although the call failed: no answer, or a
         server-side timeout (500/504). Such a record is retried under the same name."""
-        return self.status in (0, 500, 504)
+        return self.error.may_have_acted
 
     @property
     def permanent(self) -> bool:
-        """The API server judged the object itself bad: retrying cannot help."""
-        return self.status in (400, 413, 422)
+        """The API server refused the object itself: retrying cannot help."""
+        return isinstance(self.error, errors.PermanentError)
 
 
 class ApiSink:
@@ -79,21 +81,18 @@ class ApiSink:
         self._timeout = timeout
 
     def create(self, body: dict[str, Any]) -> None:
-        from kubernetes.client.exceptions import ApiException
-
         try:
-            self._api.create_namespaced_custom_object(
-                crd.GROUP,
-                crd.VERSION,
-                self._namespace,
-                crd.PLURAL,
-                body,
-                _request_timeout=self._timeout,
-            )
-        except ApiException as exc:
-            raise SinkError(int(exc.status or 0), str(exc.reason)) from None
-        except Exception as exc:  # urllib3 connection errors, timeouts, TLS
-            raise SinkError(0, type(exc).__name__) from None
+            with errors.translate():
+                self._api.create_namespaced_custom_object(
+                    crd.GROUP,
+                    crd.VERSION,
+                    self._namespace,
+                    crd.PLURAL,
+                    body,
+                    _request_timeout=self._timeout,
+                )
+        except errors.ApiError as err:
+            raise SinkError(err.status, str(err), err) from None
 
 
 @dataclass(frozen=True)
@@ -124,6 +123,7 @@ class _Sealed:
     count: int
     source: _Pending
     attempts: int = 0
+    maybe_created: bool = False  # an earlier attempt may have created it
 
 
 def aggregation_key(failure: ExecFailure) -> Key:
@@ -330,7 +330,10 @@ class Publisher:
                 self._sending = None
                 if sealed.attempts == 1:
                     self.metrics.spooled.inc()
-                if err.ambiguous:
+                # Once an attempt may have created the record, only its own name may carry
+                # these failures: a later definite refusal does not undo that creation.
+                sealed.maybe_created |= err.ambiguous
+                if sealed.maybe_created:
                     self._retry.append(sealed)
                 else:
                     self._unseal(sealed)

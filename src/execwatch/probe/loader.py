@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from execwatch.probe import layout
+from execwatch.probe import caps, layout
 from execwatch.probe.libbpf import LibbpfMissing, RingBufferCallback, load_libbpf
 
 log = logging.getLogger(__name__)
@@ -73,8 +73,12 @@ def default_object_path() -> Path:
 
 def check_host() -> None:
     """Fail early with the real cause instead of a libbpf errno later on."""
-    if os.geteuid() != 0:
-        raise ProbeError("execwatch trace needs root (CAP_BPF and CAP_PERFMON) to load its probe")
+    caps.raise_permitted()  # a non-root agent's interpreter holds them as file capabilities
+    if not caps.has(caps.effective(), caps.CAP_BPF, caps.CAP_PERFMON):
+        raise ProbeError(
+            "execwatch needs CAP_BPF and CAP_PERFMON (root, or a user holding them) to load "
+            "its probe"
+        )
     if not VMLINUX_BTF.exists():
         raise ProbeError(f"this kernel exposes no BTF ({VMLINUX_BTF}): CO-RE cannot run")
     ensure_tracefs()

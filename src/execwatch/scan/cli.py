@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from execwatch.binfmt import Platform
+from execwatch.scan import registry
 from execwatch.scan.errors import ScanInputError
 from execwatch.scan.model import ScanReport, Severity
 from execwatch.scan.report import FORMATS, TEXT_FORMATS
@@ -38,7 +39,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description="Check that every executable of a file, directory (root filesystem), OCI"
         " layout, docker-save/OCI tarball or rootfs tarball would start on its platform.",
     )
-    p.add_argument("target", help="file, directory, OCI layout or image archive")
+    p.add_argument(
+        "target", help="file, directory, OCI layout, image archive or registry reference"
+    )
     p.add_argument(
         "--platform",
         type=_platform,
@@ -65,13 +68,17 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument("--all", action="store_true", help="table: show every finding")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    registry.add_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     options = ScanOptions(
-        platform=args.platform, require_static=args.require_static, allow_empty=args.allow_empty
+        platform=args.platform,
+        require_static=args.require_static,
+        allow_empty=args.allow_empty,
+        registry=registry.options_from(args),
     )
     show_progress = not args.no_progress and err.is_terminal
     try:
@@ -115,13 +122,16 @@ def _write(report: ScanReport, args: argparse.Namespace) -> None:
         else:
             print_table(report, Console(), None if args.all else 50)
         return
-    text = TEXT_FORMATS[args.format](report)
-    if not args.output:
+    write_report(TEXT_FORMATS[args.format](report), args.output)
+
+
+def write_report(text: str, output: str | None) -> None:
+    """To stdout, or next to `output` then renamed: a failed run never leaves half a report."""
+    if not output:
         sys.stdout.write(text)
         return
-    # Write next to the destination, then rename: a failed scan never leaves half a report.
-    directory = os.path.dirname(os.path.abspath(args.output))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".execwatch-scan-")
+    directory = os.path.dirname(os.path.abspath(output))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".execwatch-report-")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
-    os.replace(tmp, args.output)
+    os.replace(tmp, output)

@@ -21,6 +21,7 @@ from execwatch.scan.fs import DirectoryFS, FileSystem, MemoryFS, describe_file
 from execwatch.scan.layers import apply_layer
 from execwatch.scan.limits import Limits, decompressed
 from execwatch.scan.model import ImageResult, ScanReport
+from execwatch.scan.registry import RegistryOptions, looks_like_reference, registry_images
 from execwatch.scan.sources import (
     ImageSource,
     directory_store,
@@ -40,6 +41,7 @@ class ScanOptions:
     require_static: bool = False
     allow_empty: bool = False  # nothing executable in a target: a warning, not an error
     limits: Limits = field(default_factory=Limits)
+    registry: RegistryOptions = field(default_factory=RegistryOptions)
 
 
 def scan(target: str, options: ScanOptions, progress: Progress | None = None) -> ScanReport:
@@ -73,6 +75,11 @@ def _input_errors(target: str) -> Iterator[None]:
 
 def _scan(target: str, options: ScanOptions, progress: Progress | None) -> ScanReport:
     report = ScanReport(target)
+    if not os.path.lexists(target) and looks_like_reference(target):
+        pulled = registry_images(target, options.registry, options.limits)
+        report.results += _scan_images(pulled.images, options, progress)
+        pulled.annotate(report.results)
+        return report
     try:
         st = os.stat(target)
     except OSError as exc:

@@ -1,0 +1,107 @@
+"""`execwatch audit`: which workloads of this cluster would fail on which architectures.
+
+Exit codes as `execwatch scan`: 0 every workload ready wherever it can be scheduled,
+1 some would fail or lack a platform, 2 bad input (cluster or registry unreachable, an
+image that could not be checked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+
+from kubernetes import client, config
+from kubernetes.config.config_exception import ConfigException
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from urllib3.exceptions import HTTPError as Urllib3Error
+
+from execwatch.audit.engine import AuditReport, ImageAuditor, Status, Tick, audit
+from execwatch.audit.inventory import read_cluster
+from execwatch.audit.report import print_table, to_json, to_sarif
+from execwatch.scan import registry
+from execwatch.scan.cli import write_report
+from execwatch.scan.limits import Limits
+
+EXIT_CLEAN, EXIT_FAILING, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "audit",
+        help="which workloads of a cluster would fail on which node architectures",
+        description="List the cluster's workloads and scan each image for every architecture"
+        " its pods could be scheduled to (read-only).",
+    )
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config,"
+                   " then in-cluster)")  # fmt: skip
+    p.add_argument("--context", help="kubeconfig context")
+    p.add_argument("--namespace", "-n", help="only this namespace (default: all)")
+    p.add_argument(
+        "--arch",
+        action="append",
+        default=[],
+        metavar="ARCH",
+        help="also check this architecture, e.g. for nodes about to be added (arm64)",
+    )
+    p.add_argument("--format", choices=["table", "json", "sarif"], default="table")
+    p.add_argument("--output", "-o", metavar="FILE", help="write the report here (default stdout)")
+    p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    registry.add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    err = Console(stderr=True)
+    try:
+        api = _api_client(args)
+        inventory = read_cluster(api, args.namespace)
+    except (ConfigException, client.ApiException, Urllib3Error, OSError) as exc:
+        reason = getattr(exc, "reason", None) or str(exc).strip().splitlines()[0]
+        err.print(f"execwatch audit: error: cluster: {reason}", markup=False, highlight=False)
+        return EXIT_BAD_INPUT
+    options = registry.options_from(args)
+    auditor = ImageAuditor(options, Limits(), args.cache_dir)
+    if not args.no_progress and err.is_terminal:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=err, transient=True) as bar:  # fmt: skip
+            report = audit(inventory, args.arch, auditor, _progress(bar))
+    else:
+        report = audit(inventory, args.arch, auditor)
+    _write(report, args)
+    worst = report.worst()
+    if worst is Status.ERROR:
+        return EXIT_BAD_INPUT
+    return EXIT_FAILING if worst is not None and worst > Status.READY else EXIT_CLEAN
+
+
+def _api_client(args: argparse.Namespace) -> client.ApiClient:
+    path = args.kubeconfig or os.environ.get("KUBECONFIG")
+    if path or os.path.exists(os.path.expanduser("~/.kube/config")):
+        cfg = client.Configuration()
+        config.load_kube_config(config_file=path, context=args.context,
+                                client_configuration=cfg)  # fmt: skip
+        return client.ApiClient(cfg)
+    config.load_incluster_config()
+    return client.ApiClient()
+
+
+def _progress(bar: Progress) -> Callable[[int], Tick]:
+    def start(total: int) -> Tick:
+        task = bar.add_task("scanning images", total=total)
+        return lambda label: bar.update(task, advance=1, description=label[-50:])
+
+    return start
+
+
+def _write(report: AuditReport, args: argparse.Namespace) -> None:
+    if args.format == "table":
+        if args.output:
+            with open(args.output, "w", encoding="utf-8") as f:
+                print_table(report, Console(file=f, width=200))
+        else:  # a pipe or a CI log gets the whole table, not 80 columns
+            print_table(report, Console() if sys.stdout.isatty() else Console(width=200))
+        return
+    write_report(to_json(report) if args.format == "json" else to_sarif(report), args.output)

@@ -1,0 +1,179 @@
+"""The Kubernetes API's error taxonomy, in one place (as kopf's `errors.py`).
+
+Every API call of the agent and the handler goes through `translate()` (or `classify`),
+so each failure is one of five kinds and the callers decide by kind, never by status:
+
+- `RetryableError`: no answer (status 0: timeouts, resets), 429, 5xx, 401, a 403 from a
+  ResourceQuota. Retry later, after `retry_after` if the server gave one.
+- `PermanentError`: 400, 403, 405, 413, 415, 422 and any other 4xx. The request itself is
+  refused and will be again: never retry it.
+- `ConflictError`: 409 (AlreadyExists, or a precondition / resourceVersion mismatch).
+- `NotFoundError`: 404, the object is gone.
+- `ExpiredError`: 410, a watch or list resourceVersion too old: list again.
+
+`may_have_acted` says whether the server may have carried the request out although the
+caller got an error (no answer, 500, 504): the write must be retried idempotently, or its
+effect checked, never assumed undone.
+
+403 is permanent (RBAC or an admission webhook said no, and will say it again) except a
+ResourceQuota's refusal, which lifts when objects are deleted. 401 is retryable: a
+rotated ServiceAccount token is re-read by the client on the next call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import json
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+RETRY_AFTER_CAP = 300.0  # seconds; a hostile or broken proxy cannot park us longer
+
+
+class ApiError(Exception):
+    """A failed API call. `status` is the HTTP status, 0 if there was no answer."""
+
+    def __init__(
+        self, status: int, reason: str = "", message: str = "", retry_after: float | None = None
+    ) -> None:
+        super().__init__(f"{status} {reason}: {message}" if message else f"{status} {reason}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.retry_after = retry_after
+
+    @property
+    def may_have_acted(self) -> bool:
+        """The server may have done what was asked although the call failed."""
+        return self.status in (0, 500, 504)
+
+
+class RetryableError(ApiError):
+    """Try again later (after `retry_after` seconds if the server gave them)."""
+
+
+class PermanentError(ApiError):
+    """The request is refused and will be refused again: never retry it."""
+
+
+class ConflictError(ApiError):
+    """409: the object already exists, or a precondition / resourceVersion did not match."""
+
+
+class NotFoundError(ApiError):
+    """404: the object does not exist (any more)."""
+
+
+class ExpiredError(ApiError):
+    """410: the resourceVersion asked for is too old; list again."""
+
+
+def from_status(
+    status: int,
+    reason: str = "",
+    message: str = "",
+    headers: Mapping[str, str] | None = None,
+) -> ApiError:
+    """The error for an HTTP answer (`status` 0: no answer)."""
+    retry_after = parse_retry_after((headers or {}).get("Retry-After"))
+    kind: type[ApiError]
+    if status == 404:
+        kind = NotFoundError
+    elif status == 409:
+        kind = ConflictError
+    elif status == 410:
+        kind = ExpiredError
+    elif status in (0, 401, 408, 429) or status >= 500 or _quota(status, message):
+        kind = RetryableError
+    else:
+        kind = PermanentError
+    return kind(status, reason, message, retry_after)
+
+
+def _quota(status: int, message: str) -> bool:
+    return status == 403 and "exceeded quota" in message
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date), capped."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        seconds = float(value)
+    else:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    return min(RETRY_AFTER_CAP, max(0.0, seconds))
+
+
+def status_message(body: bytes | str | None) -> tuple[str, str]:
+    """(reason, message) of a metav1.Status body; empty strings if it is not one."""
+    if not body:
+        return "", ""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return "", ""
+    if not isinstance(data, dict):
+        return "", ""
+    return str(data.get("reason") or ""), str(data.get("message") or "")[:1024]
+
+
+# Exceptions that mean "no answer": the request may or may not have reached the server.
+_NO_ANSWER: tuple[type[BaseException], ...] = (OSError,)  # resets, timeouts, ssl.SSLError
+
+
+def classify(exc: BaseException) -> ApiError:
+    """Whatever a client call raised, as one of the kinds above."""
+    if isinstance(exc, ApiError):
+        return exc
+    status = getattr(exc, "status", None)
+    if isinstance(status, int) and status > 0:  # kubernetes.client.ApiException
+        reason, message = status_message(getattr(exc, "body", None))
+        headers = getattr(exc, "headers", None) or {}
+        return from_status(status, reason or str(getattr(exc, "reason", "")), message, headers)
+    if isinstance(exc, _NO_ANSWER) or _is_urllib3_error(exc):
+        return RetryableError(0, type(exc).__name__, str(exc)[:256])
+    raise exc
+
+
+def _is_urllib3_error(exc: BaseException) -> bool:
+    try:
+        from urllib3.exceptions import HTTPError
+    except ImportError:  # pragma: no cover - the client depends on urllib3
+        return False
+    return isinstance(exc, HTTPError)
+
+
+@contextlib.contextmanager
+def translate() -> Iterator[None]:
+    """Re-raise what an API call raises as an `ApiError` of the right kind.
+
+    Programming errors (TypeError, KeyError, ...) pass through unchanged."""
+    try:
+        yield
+    except ApiError:
+        raise
+    except Exception as exc:
+        raise classify(exc) from exc
+
+
+def delay(err: ApiError, fallback: float) -> float:
+    """How long to wait before retrying after `err`: the server's word, else ours."""
+    return max(fallback, err.retry_after) if err.retry_after is not None else fallback
+
+
+def code(err: BaseException) -> str:
+    """The status as a metric label value ("0": no answer, "error": not an API error)."""
+    return str(err.status) if isinstance(err, ApiError) else "error"
+
+
+def as_dict(err: ApiError) -> dict[str, Any]:
+    """For structured logs."""
+    return {"status": err.status, "kind": type(err).__name__, "reason": err.reason}

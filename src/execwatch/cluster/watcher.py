@@ -1,0 +1,176 @@
+"""List + watch the ExecFailure records into the work queue (client-go's reflector).
+
+A watch broken by an API server restart resumes from the last resourceVersion; if that
+is too old (410 Gone) the watcher lists again. Records are deleted once handled, so a
+list sees exactly the unhandled ones: nothing is lost. The watch response is read
+unparsed so that `interrupt()` (stop, lost Lease) can shut its socket and end a blocked
+read at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from execwatch.cluster import crd, errors
+from execwatch.cluster.metrics import HandlerMetrics
+from execwatch.cluster.rest import Rest, path
+from execwatch.cluster.workqueue import WorkQueue
+
+log = logging.getLogger(__name__)
+
+MAX_EVENT = 4 * 1024 * 1024  # bytes of one watch line; a record is at most ~20 KiB
+
+
+def records_path(namespace: str, name: str | None = None) -> str:
+    parts = ("apis", crd.GROUP, crd.VERSION, "namespaces", namespace, crd.PLURAL)
+    return path(*parts, *((name,) if name else ()))
+
+
+@dataclass(frozen=True)
+class WatchConfig:
+    namespace: str
+    watch_timeout: int = 300  # seconds; the server ends each watch after this
+    resync_period: float = 300.0
+    request_timeout: float = 10.0
+    retry_initial: float = 0.5
+    retry_max: float = 30.0
+    list_page: int = 500
+
+
+@dataclass
+class RecordWatcher:
+    config: WatchConfig
+    rest: Rest
+    queue: WorkQueue
+    metrics: HandlerMetrics
+    on_deleted: Callable[[str, str], None] = lambda name, uid: None
+    clock: Callable[[], float] = time.monotonic
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _resp: Any = None
+
+    def uids_named(self, name: str) -> list[str]:
+        """UIDs of the record called `name` now (a quorum list; the handler has no get)."""
+        result = self.rest.call(
+            "GET",
+            records_path(self.config.namespace),
+            query={"fieldSelector": f"metadata.name={name}"},
+        )
+        return [str((o.get("metadata") or {}).get("uid")) for o in result.get("items") or []]
+
+    def _list(self) -> str:
+        """Queue every record that exists now, in pages; return the snapshot's
+        resourceVersion (the same on every page) to watch from."""
+        token: str | None = None
+        while True:
+            query: dict[str, str | int] = {"limit": self.config.list_page}
+            if token:
+                query["continue"] = token
+            result = self.rest.call("GET", records_path(self.config.namespace), query=query)
+            for obj in result.get("items") or []:
+                self.queue.add(obj)
+            meta = result.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                return str(meta["resourceVersion"])
+
+    def run(self, term: threading.Event) -> None:
+        rv: str | None = None
+        backoff = self.config.retry_initial
+        last_list = 0.0
+        while not term.is_set():
+            try:
+                if rv is None or self.clock() - last_list > self.config.resync_period:
+                    rv = self._list()
+                    last_list = self.clock()
+                rv = self._watch_once(rv, term)
+                backoff = self.config.retry_initial
+            except errors.ApiError as err:
+                if term.is_set():
+                    return
+                if isinstance(err, errors.ExpiredError):
+                    rv = None
+                self.metrics.api_errors.labels("watch", errors.code(err)).inc()
+                log.warning("watch interrupted", extra={"kv": errors.as_dict(err)})
+                term.wait(errors.delay(err, backoff * random.uniform(0.8, 1.2)))
+                backoff = min(self.config.retry_max, backoff * 2)
+
+    def _watch_once(self, rv: str, term: threading.Event) -> str | None:
+        """One watch request from `rv`; returns where to resume (None: list again)."""
+        query: dict[str, str | int] = {
+            "watch": "true",
+            "resourceVersion": rv,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": self.config.watch_timeout,
+        }
+        timeouts = (self.config.request_timeout, self.config.watch_timeout + 30.0)
+        resp = self.rest.stream(records_path(self.config.namespace), query, timeouts)
+        with self._lock:
+            self._resp = resp
+        try:
+            if term.is_set():
+                return rv
+            for event in _events(resp):
+                if term.is_set():
+                    break
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    err = errors.from_status(int(obj.get("code") or 0), str(obj.get("reason")))
+                    if isinstance(err, errors.ExpiredError):
+                        log.info("watch expired, listing again")
+                        return None
+                    raise err
+                meta = obj.get("metadata") or {}
+                rv = str(meta.get("resourceVersion") or rv)
+                if kind in ("ADDED", "MODIFIED"):
+                    self.queue.add(obj)
+                elif kind == "DELETED":
+                    self.queue.forget(str(meta.get("name")))
+                    self.on_deleted(str(meta.get("name")), str(meta.get("uid")))
+            return rv
+        except (OSError, ValueError) as exc:  # the stream broke, or a torn line
+            raise errors.RetryableError(0, type(exc).__name__, str(exc)[:200]) from exc
+        except Exception as exc:
+            if _is_stream_error(exc):
+                raise errors.RetryableError(0, type(exc).__name__, str(exc)[:200]) from exc
+            raise
+        finally:
+            with self._lock:
+                self._resp = None
+            with contextlib.suppress(Exception):
+                resp.release_conn()
+
+    def interrupt(self) -> None:
+        with self._lock:
+            resp = self._resp
+        if resp is not None:
+            with contextlib.suppress(Exception):
+                resp.shutdown()
+
+
+def _is_stream_error(exc: Exception) -> bool:
+    from urllib3.exceptions import HTTPError
+
+    return isinstance(exc, HTTPError)
+
+
+def _events(resp: Any) -> Iterator[dict[str, Any]]:
+    """The watch events of a streamed response, one JSON document per line."""
+    buf = b""
+    for chunk in resp.stream(64 * 1024, decode_content=True):
+        buf += chunk
+        if len(buf) > MAX_EVENT:
+            raise ValueError(f"watch event longer than {MAX_EVENT} bytes")
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            if line.strip():
+                event = json.loads(line)
+                if isinstance(event, dict):
+                    yield event

@@ -1,0 +1,607 @@
+"""Images straight from an OCI/Docker registry, following the OCI distribution spec.
+
+The HTTP side is python-dxf: it answers the registry's `WWW-Authenticate` challenge
+(bearer token or basic), verifies TLS against a given CA, speaks plain HTTP only when asked,
+and streams blobs while checking their sha256. This module adds what a scanner needs on
+top: reference parsing, the Docker/Podman credential files, bounded and digest-checked
+manifests, and a bounded on-disk blob cache keyed by digest, so that a layer shared by
+several platforms, or met again in a later scan, is fetched once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import requests
+from dxf import DXF, DXFBase
+from dxf import exceptions as dxf_errors
+
+from execwatch.scan.errors import ScanInputError
+from execwatch.scan.limits import Limits
+from execwatch.scan.model import ImageResult
+from execwatch.scan.sources import (
+    INDEX_TYPES,
+    LAYER_TYPES,
+    MANIFEST_TYPES,
+    ImageSource,
+    Layer,
+    check_digest,
+    is_attestation,
+)
+from execwatch.scan.sources import _descriptor_platform as descriptor_platform
+
+
+class RegistryError(ScanInputError):
+    """The registry could not be read: authentication, TLS, network, HTTP status, digest."""
+
+
+DOCKER_HUB = "docker.io"
+DOCKER_HUB_API = "registry-1.docker.io"
+ACCEPT = ", ".join(sorted(INDEX_TYPES | MANIFEST_TYPES))
+CHUNK = 1 << 20
+DEFAULT_CACHE_BYTES = 2 << 30
+TIMEOUT_SECONDS = 30.0
+
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN = (
+    r"(?:\[[0-9a-fA-F:.]+\]|[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9-]+)*)"
+    r"(?::[0-9]+)?"
+)
+_REFERENCE = re.compile(
+    rf"^(?P<name>(?:(?P<domain>{_DOMAIN})/)?{_COMPONENT}(?:/{_COMPONENT})*)"
+    r"(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>sha256:[a-f0-9]{64}))?$"
+)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """`host[:port]/repo[:tag][@sha256:…]`, normalised as the Docker CLI does."""
+
+    registry: str
+    repository: str
+    tag: str | None
+    digest: str | None
+
+    @classmethod
+    def parse(cls, text: str) -> Reference:
+        raw = text.removeprefix("docker://")
+        m = _REFERENCE.match(raw)
+        if m is None or len(raw) > 512:
+            raise ScanInputError(f"{text}: not a valid image reference")
+        name = m.group("name")
+        first, _, rest = name.partition("/")
+        if rest and ("." in first or ":" in first or first == "localhost"):
+            registry, repository = first, rest
+        else:
+            registry, repository = DOCKER_HUB, name
+        if registry == DOCKER_HUB and "/" not in repository:
+            repository = f"library/{repository}"
+        tag = m.group("tag") or (None if m.group("digest") else "latest")
+        return cls(registry, repository, tag, m.group("digest"))
+
+    @property
+    def api_host(self) -> str:
+        return DOCKER_HUB_API if self.registry == DOCKER_HUB else self.registry
+
+    def __str__(self) -> str:
+        tag = f":{self.tag}" if self.tag else ""
+        digest = f"@{self.digest}" if self.digest else ""
+        return f"{self.registry}/{self.repository}{tag}{digest}"
+
+
+def looks_like_reference(target: str) -> bool:
+    """A target that is no local path is a registry reference if it names its registry."""
+    if target.startswith("docker://"):
+        return True
+    first, _, rest = target.partition("/")
+    names_host = "." in first or ":" in first or first == "localhost"
+    return bool(rest) and names_host and re.fullmatch(_DOMAIN, first) is not None
+
+
+@dataclass
+class RegistryOptions:
+    config_files: list[str] = field(default_factory=list)  # --registry-config, searched first
+    ca_file: str | None = None
+    insecure: frozenset[str] = frozenset()  # hosts spoken to over plain HTTP
+    cache_dir: str | None = None
+    cache_bytes: int = DEFAULT_CACHE_BYTES
+    timeout: float = TIMEOUT_SECONDS
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("registry references")
+    g.add_argument(
+        "--registry-config",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="credentials file (Docker config.json or containers auth.json), read before"
+        " the standard ones",
+    )
+    g.add_argument("--registry-ca", metavar="FILE", help="PEM CA bundle for registry TLS")
+    g.add_argument(
+        "--insecure-registry",
+        action="append",
+        default=[],
+        metavar="HOST[:PORT]",
+        help="speak plain HTTP to this registry (never sends credentials)",
+    )
+    g.add_argument("--cache-dir", metavar="DIR", help="blob cache (default ~/.cache/execwatch)")
+    g.add_argument(
+        "--cache-size",
+        type=_size,
+        default=DEFAULT_CACHE_BYTES,
+        metavar="BYTES",
+        help="bound of the blob cache, e.g. 2G; 0 disables it (default 2G)",
+    )
+
+
+def options_from(args: argparse.Namespace) -> RegistryOptions:
+    return RegistryOptions(
+        config_files=list(args.registry_config),
+        ca_file=args.registry_ca,
+        insecure=frozenset(args.insecure_registry),
+        cache_dir=args.cache_dir,
+        cache_bytes=args.cache_size,
+    )
+
+
+def _size(text: str) -> int:
+    m = re.fullmatch(r"(\d+)([KMGT]?)I?B?", text.strip().upper())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r}")
+    return int(m.group(1)) << (10 * " KMGT".index(m.group(2) or " "))
+
+
+# --- credentials -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Credentials:
+    username: str
+    password: str
+    source: str
+
+
+def credential_files(explicit: list[str]) -> list[str]:
+    """Where Podman and Docker look, in the order skopeo/podman use them, after `explicit`."""
+    env = os.environ
+    home = os.path.expanduser("~")
+    files = list(explicit)
+    if env.get("REGISTRY_AUTH_FILE"):
+        files.append(env["REGISTRY_AUTH_FILE"])
+    if env.get("XDG_RUNTIME_DIR"):
+        files.append(os.path.join(env["XDG_RUNTIME_DIR"], "containers", "auth.json"))
+    files.append(os.path.join(home, ".config", "containers", "auth.json"))
+    files.append(
+        os.path.join(env.get("DOCKER_CONFIG") or os.path.join(home, ".docker"), "config.json")
+    )
+    return files
+
+
+def find_credentials(ref: Reference, files: list[str], limits: Limits) -> Credentials | None:
+    """The most specific `auths` entry (host, host/namespace, host/repo) of the first file."""
+    for path in files:
+        auths = _auths(path, limits)
+        best: tuple[int, dict[str, Any]] | None = None
+        for key, entry in auths.items():
+            scope = _auth_key(key)
+            full = f"{ref.registry}/{ref.repository}"
+            matches = full == scope or full.startswith(scope + "/")
+            if isinstance(entry, dict) and matches and (best is None or len(scope) > best[0]):
+                best = (len(scope), entry)
+        if best is not None:
+            return _decode(best[1], path)
+    return None
+
+
+def _auths(path: str, limits: Limits) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(limits.max_json_bytes + 1)
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise ScanInputError(f"{path}: {exc.strerror}") from exc
+    try:
+        doc = json.loads(raw) if len(raw) <= limits.max_json_bytes else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        raise ScanInputError(f"{path}: not a credentials file (JSON object)")
+    auths = doc.get("auths", {})
+    return auths if isinstance(auths, dict) else {}
+
+
+def _auth_key(key: str) -> str:
+    key = re.sub(r"^[a-z]+://", "", key).rstrip("/")
+    key = key.removesuffix("/v1").removesuffix("/v2")
+    return DOCKER_HUB if key in ("index.docker.io", "registry-1.docker.io") else key
+
+
+def _decode(entry: dict[str, Any], path: str) -> Credentials:
+    if isinstance(entry.get("auth"), str) and entry["auth"]:
+        try:
+            user, sep, password = base64.b64decode(entry["auth"]).decode().partition(":")
+        except (ValueError, UnicodeDecodeError):
+            sep = ""
+        if not sep:
+            raise ScanInputError(f"{path}: an auth entry is not base64 of user:password")
+        return Credentials(user, password, path)
+    name, secret = entry.get("username"), entry.get("password")
+    if isinstance(name, str) and isinstance(secret, str):
+        return Credentials(name, secret, path)
+    raise ScanInputError(f"{path}: an auth entry has neither auth nor username/password")
+
+
+# --- blob cache ----------------------------------------------------------------------------
+
+
+class BlobCache:
+    """Verified blobs by digest, at most `max_bytes` in total, least recently used evicted."""
+
+    def __init__(self, root: str, max_bytes: int) -> None:
+        self.root = os.path.join(root, "blobs", "sha256")
+        self.max_bytes = max_bytes
+
+    def path(self, digest: str) -> str:
+        return os.path.join(self.root, digest.split(":", 1)[1])
+
+    def open(self, digest: str) -> IO[bytes] | None:
+        try:
+            f = open(self.path(digest), "rb")  # noqa: SIM115
+        except OSError:
+            return None
+        os.utime(f.fileno())  # mark as recently used
+        return f
+
+    def writer(self, size: int) -> IO[bytes] | None:
+        if size > self.max_bytes:
+            return None
+        os.makedirs(self.root, exist_ok=True)
+        return tempfile.NamedTemporaryFile(dir=self.root, prefix=".part-", delete=False)
+
+    def commit(self, tmp: IO[bytes], digest: str) -> None:
+        tmp.close()
+        os.replace(tmp.name, self.path(digest))
+        self._evict()
+
+    def _evict(self) -> None:
+        entries = []
+        with os.scandir(self.root) as it:
+            for e in it:
+                if not e.name.startswith("."):
+                    st = e.stat()
+                    entries.append((st.st_mtime, st.st_size, e.path))
+        total = sum(size for _, size, _ in entries)
+        for _, size, path in sorted(entries):
+            if total <= self.max_bytes:
+                break
+            os.unlink(path)
+            total -= size
+
+
+def default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "execwatch", "registry")
+
+
+# --- the registry client -------------------------------------------------------------------
+
+
+@dataclass
+class FetchStats:
+    """What a registry scan cost: bytes over the network, from the cache, and the image size."""
+
+    fetched: int = 0
+    cached: int = 0
+    layer_bytes: dict[str, int] = field(default_factory=dict)  # digest -> size, all platforms
+
+
+class RegistryClient:
+    """One repository of one registry; every failure becomes a one-line ScanInputError."""
+
+    def __init__(self, ref: Reference, options: RegistryOptions, limits: Limits) -> None:
+        self.ref = ref
+        self.limits = limits
+        self.stats = FetchStats()
+        insecure = ref.registry in options.insecure
+        self.credentials = find_credentials(ref, credential_files(options.config_files), limits)
+        self.cache = (
+            BlobCache(options.cache_dir or default_cache_dir(), options.cache_bytes)
+            if options.cache_bytes > 0
+            else None
+        )
+        self.dxf = DXF(
+            ref.api_host,
+            ref.repository,
+            auth=self._authenticate,
+            insecure=insecure,
+            tlsverify=options.ca_file or True,
+            timeout=options.timeout,
+        )
+
+    def _authenticate(self, dxf: DXFBase, response: requests.Response) -> None:
+        creds = self.credentials
+        dxf.authenticate(
+            creds.username if creds else None,
+            creds.password if creds else None,
+            actions=["pull"],
+            response=response,
+        )
+
+    def manifest(self, reference: str) -> tuple[dict[str, Any], str]:
+        """A manifest or index by tag or digest, bounded, checked against a requested digest."""
+        with self._errors(f"manifest {reference}"):
+            r = self.dxf._request(  # type: ignore[no-untyped-call]  # public getter: unbounded
+                "get", "manifests/" + reference, headers={"Accept": ACCEPT}, stream=True
+            )
+            with r:
+                raw = r.raw.read(self.limits.max_json_bytes + 1, decode_content=True)
+                media_type = r.headers.get("Content-Type", "").split(";")[0].strip()
+        if len(raw) > self.limits.max_json_bytes:
+            raise ScanInputError(f"{self.ref}: manifest larger than {self.limits.max_json_bytes}")
+        digest = "sha256:" + hashlib.sha256(raw).hexdigest()
+        if reference.startswith("sha256:"):
+            check_digest(raw, reference, f"{self.ref}: manifest")
+        try:
+            doc = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            raise ScanInputError(f"{self.ref}: manifest {reference} is not JSON") from exc
+        if not isinstance(doc, dict):
+            raise ScanInputError(f"{self.ref}: manifest {reference} is not an object")
+        if not isinstance(doc.get("mediaType"), str) and media_type:
+            doc["mediaType"] = media_type
+        self.stats.fetched += len(raw)
+        return doc, digest
+
+    def json_blob(self, digest: str) -> Any:
+        with self.open_blob(digest, self.limits.max_json_bytes) as f:
+            raw = f.read(self.limits.max_json_bytes + 1)
+        if len(raw) > self.limits.max_json_bytes:
+            raise ScanInputError(
+                f"{self.ref}: blob {digest} larger than {self.limits.max_json_bytes}"
+            )
+        check_digest(raw, digest, f"{self.ref}: blob")  # a cached copy is checked too
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            raise ScanInputError(f"{self.ref}: blob {digest} is not JSON") from exc
+
+    def open_blob(self, digest: str, size: int) -> IO[bytes]:
+        """The blob's bytes as a stream: from the cache, or from the registry through it."""
+        if not digest.startswith("sha256:"):
+            raise ScanInputError(f"{self.ref}: only sha256 blob digests are supported: {digest}")
+        cached = self.cache.open(digest) if self.cache else None
+        if cached is not None:
+            self.stats.cached += os.fstat(cached.fileno()).st_size
+            return cached
+        with self._errors(f"blob {digest[:19]}"):
+            chunks = self.dxf.pull_blob(digest, chunk_size=CHUNK)
+        tee = self.cache.writer(size) if self.cache else None
+        return _BlobStream(iter(chunks), self, digest, tee)  # type: ignore[arg-type, return-value]
+
+    def _errors(self, what: str) -> _Translate:
+        return _Translate(self.ref, what, self.credentials)
+
+
+class _Translate:
+    """requests/dxf exceptions -> one line a user can act on."""
+
+    def __init__(self, ref: Reference, what: str, creds: Credentials | None) -> None:
+        self.ref, self.what, self.creds = ref, what, creds
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is None or isinstance(exc, ScanInputError):
+            return
+        message = describe_error(exc, self.ref, self.creds)
+        if message is not None:
+            raise RegistryError(f"{self.ref}: {self.what}: {message}") from exc
+
+
+def describe_error(exc: BaseException, ref: Reference, creds: Credentials | None) -> str | None:
+    if isinstance(exc, dxf_errors.DXFUnauthorizedError):  # dxf's name for HTTP 401
+        who = f"as {creds.username} (from {creds.source})" if creds else "anonymously"
+        return f"authentication failed {who}"
+    if isinstance(exc, requests.HTTPError) and exc.response is not None:
+        status = exc.response.status_code
+        if status == 403:
+            return "access denied (HTTP 403)"
+        if status == 404:
+            return "not found in the registry (HTTP 404)"
+        return f"registry answered HTTP {status}"
+    if isinstance(exc, requests.exceptions.SSLError):
+        return f"TLS failure talking to {ref.api_host} (use --registry-ca FILE): {_first_line(exc)}"
+    if isinstance(exc, requests.Timeout):
+        return f"no answer from {ref.api_host} within the timeout"
+    if isinstance(exc, requests.exceptions.ChunkedEncodingError | requests.ConnectionError):
+        return f"connection to {ref.api_host} failed: {_first_line(exc)}"
+    if isinstance(exc, dxf_errors.DXFDigestMismatchError):
+        return f"content does not match its digest ({exc})"
+    if isinstance(exc, dxf_errors.DXFAuthInsecureError):
+        return "the registry wants credentials, which are never sent over plain HTTP"
+    if isinstance(exc, dxf_errors.DXFError | requests.RequestException):
+        return f"{type(exc).__name__}: {_first_line(exc)}"
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
+class _BlobStream:
+    """A file-like view of dxf's verified chunk iterator, copied into the cache as it goes."""
+
+    def __init__(
+        self, chunks: Iterator[bytes], client: RegistryClient, digest: str, tee: IO[bytes] | None
+    ) -> None:
+        self.chunks = chunks
+        self.client = client
+        self.digest = digest
+        self.tee = tee
+        self.buffer = b""
+        self.done = False
+
+    def read(self, size: int = -1) -> bytes:
+        while not self.done and (size < 0 or len(self.buffer) < size):
+            try:
+                with self.client._errors(f"blob {self.digest[:19]}"):
+                    chunk = next(self.chunks)
+            except StopIteration:
+                self._finish()
+                break
+            self.client.stats.fetched += len(chunk)
+            if self.tee is not None:
+                self.tee.write(chunk)
+            self.buffer += chunk
+        if size < 0:
+            size = len(self.buffer)
+        data, self.buffer = self.buffer[:size], self.buffer[size:]
+        return data
+
+    def _finish(self) -> None:
+        self.done = True  # dxf raised already if the digest did not match
+        if self.tee is not None and self.client.cache is not None:
+            self.client.cache.commit(self.tee, self.digest)
+            self.tee = None
+
+    def close(self) -> None:
+        if self.tee is not None:  # incomplete: never cached
+            self.tee.close()
+            os.unlink(self.tee.name)
+            self.tee = None
+
+    def __enter__(self) -> _BlobStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --- images ---------------------------------------------------------------------------------
+
+
+@dataclass
+class RegistryImages:
+    ref: Reference
+    digest: str  # of the manifest or index the reference names
+    images: list[ImageSource]
+    client: RegistryClient
+
+    def annotate(self, results: list[ImageResult]) -> None:
+        """Say which digest was scanned and what the scan cost against the image's size."""
+        stats = self.client.stats
+        size = sum(stats.layer_bytes.values())
+        for result in results:
+            result.notes.append(f"{self.ref} is {self.digest}")
+        if results:
+            results[-1].notes.append(
+                f"registry: fetched {_human(stats.fetched)} over the network and"
+                f" {_human(stats.cached)} from the cache; the image's distinct layers:"
+                f" {_human(size)} compressed"
+            )
+
+
+def registry_images(target: str, options: RegistryOptions, limits: Limits) -> RegistryImages:
+    """Every image manifest the reference names (all platforms of an index)."""
+    client, top, digest = resolve(target, options, limits)
+    return RegistryImages(client.ref, digest, images_of(client, top, digest), client)
+
+
+def resolve(
+    target: str, options: RegistryOptions, limits: Limits
+) -> tuple[RegistryClient, dict[str, Any], str]:
+    """The top manifest or index the reference names, and its digest (one small request)."""
+    ref = Reference.parse(target)
+    client = RegistryClient(ref, options, limits)
+    top, digest = client.manifest(ref.digest or str(ref.tag))
+    return client, top, digest
+
+
+def images_of(client: RegistryClient, top: dict[str, Any], digest: str) -> list[ImageSource]:
+    """Manifests and configs of every platform; layers are opened only when scanned."""
+    images: list[ImageSource] = []
+    _walk(client, top, digest, None, images, depth=0, seen=set())
+    return images
+
+
+def _walk(
+    client: RegistryClient,
+    doc: dict[str, Any],
+    digest: str,
+    desc: dict[str, Any] | None,
+    out: list[ImageSource],
+    depth: int,
+    seen: set[str],
+) -> None:
+    limits, ref = client.limits, client.ref
+    media_type = doc.get("mediaType") or (desc or {}).get("mediaType")
+    if media_type in MANIFEST_TYPES or (media_type is None and "layers" in doc):
+        out.append(_image(client, doc, digest, desc))
+        return
+    if media_type not in INDEX_TYPES and not (media_type is None and "manifests" in doc):
+        raise ScanInputError(f"{ref}: unsupported manifest media type {media_type!r}")
+    if depth >= limits.max_index_depth:
+        raise ScanInputError(f"{ref}: indexes nested deeper than {limits.max_index_depth}")
+    manifests = doc.get("manifests")
+    if not isinstance(manifests, list):
+        raise ScanInputError(f"{ref}: index has no manifests list")
+    for child in manifests:
+        if not isinstance(child, dict) or not isinstance(child.get("digest"), str):
+            raise ScanInputError(f"{ref}: malformed descriptor in index")
+        if is_attestation(child) or child["digest"] in seen:
+            continue
+        seen.add(child["digest"])
+        if len(seen) > limits.max_manifests:
+            raise ScanInputError(f"{ref}: more than {limits.max_manifests} manifests")
+        body, _ = client.manifest(child["digest"])
+        _walk(client, body, child["digest"], child, out, depth + 1, seen)
+
+
+def _image(
+    client: RegistryClient, manifest: dict[str, Any], digest: str, desc: dict[str, Any] | None
+) -> ImageSource:
+    ref, limits = client.ref, client.limits
+    config_desc = manifest.get("config")
+    if not isinstance(config_desc, dict) or not isinstance(config_desc.get("digest"), str):
+        raise ScanInputError(f"{ref}: manifest {digest[:19]} has no config")
+    config = client.json_blob(config_desc["digest"])
+    if not isinstance(config, dict):
+        raise ScanInputError(f"{ref}: config of {digest[:19]} is not an object")
+    layers_desc = manifest.get("layers")
+    if not isinstance(layers_desc, list) or len(layers_desc) > limits.max_layers:
+        raise ScanInputError(f"{ref}: manifest {digest[:19]} has no usable layers list")
+    layers = []
+    for ld in layers_desc:
+        if not isinstance(ld, dict) or not isinstance(ld.get("digest"), str):
+            raise ScanInputError(f"{ref}: malformed layer descriptor")
+        if ld.get("mediaType") not in LAYER_TYPES:
+            raise ScanInputError(f"{ref}: unknown layer media type {ld.get('mediaType')!r}")
+        size = ld["size"] if isinstance(ld.get("size"), int) else 0
+        client.stats.layer_bytes[ld["digest"]] = size
+        layers.append(
+            Layer(ld["digest"], ld["mediaType"], ld["digest"], _opener(client, ld["digest"], size))
+        )
+    label = f"{ref.registry}/{ref.repository}@{digest}"
+    return ImageSource(label, descriptor_platform(desc or {}), config, layers, digest)
+
+
+def _opener(client: RegistryClient, digest: str, size: int) -> Callable[[], IO[bytes]]:
+    return lambda: client.open_blob(digest, size)
+
+
+def _human(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n} B"

@@ -1,0 +1,392 @@
+"""`execwatch audit` against a real kube-apiserver whose workloads use images in a real
+registry: a mix of ready and broken workloads, an amd64 node, and arm64 nodes to be added."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from execwatch.cli import main
+from execwatch.scan.limits import Limits
+from execwatch.scan.registry import RegistryOptions, resolve
+from tests.kube.cluster import ADMIN_TOKEN, KubeCluster
+from tests.registry.server import Registry
+
+NS = "shop"
+ARM64_ONLY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {
+                    "matchExpressions": [
+                        {"key": "kubernetes.io/arch", "operator": "In", "values": ["arm64"]}
+                    ]
+                }
+            ]
+        }
+    }
+}
+READ_ONLY = [
+    {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["list"]},
+    {
+        "apiGroups": ["apps"],
+        "verbs": ["list"],
+        "resources": ["deployments", "replicasets", "statefulsets", "daemonsets"],
+    },
+    {"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"], "verbs": ["list"]},
+]
+
+
+def pod_spec(image: str, **extra: Any) -> dict[str, Any]:
+    return {"containers": [{"name": "main", "image": image}], **extra}
+
+
+def template(app: str, image: str, **extra: Any) -> dict[str, Any]:
+    return {"metadata": {"labels": {"app": app}}, "spec": pod_spec(image, **extra)}
+
+
+def sel(app: str) -> dict[str, Any]:
+    return {"matchLabels": {"app": app}}
+
+
+def owner(obj: Any, kind: str, api_version: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "apiVersion": api_version,
+            "kind": kind,
+            "name": obj.metadata.name,
+            "uid": obj.metadata.uid,
+            "controller": True,
+        }
+    ]
+
+
+@pytest.fixture(scope="module")
+def cluster(kube: KubeCluster, registry: Registry, pushed: dict[str, str]) -> dict[str, str]:
+    """One amd64 node and workloads over the pushed images; returns the index digest of hello."""
+    with kube.client() as api:
+        core, apps, batch = client.CoreV1Api(api), client.AppsV1Api(api), client.BatchV1Api(api)
+        core.create_namespace({"metadata": {"name": NS}})
+        core.create_node(
+            {
+                "metadata": {
+                    "name": "node-a",
+                    "labels": {"kubernetes.io/arch": "amd64", "kubernetes.io/os": "linux"},
+                }
+            }
+        )
+        web = apps.create_namespaced_deployment(
+            NS,
+            {
+                "metadata": {"name": "web"},
+                "spec": {"selector": sel("web"), "template": template("web", pushed["hello"])},
+            },
+        )
+        apps.create_namespaced_deployment(
+            NS,
+            {
+                "metadata": {"name": "legacy"},
+                "spec": {"selector": sel("legacy"), "template": template("legacy", pushed["musl"])},
+            },
+        )
+        apps.create_namespaced_daemon_set(
+            NS,
+            {
+                "metadata": {"name": "agent"},
+                "spec": {
+                    "selector": sel("agent"),
+                    "template": template(
+                        "agent", pushed["hello"], nodeSelector={"kubernetes.io/arch": "amd64"}
+                    ),
+                },
+            },
+        )
+        apps.create_namespaced_stateful_set(
+            NS,
+            {
+                "metadata": {"name": "db"},
+                "spec": {
+                    "serviceName": "db",
+                    "selector": sel("db"),
+                    "template": template("db", pushed["whiteout"], affinity=ARM64_ONLY),
+                },
+            },
+        )
+        batch.create_namespaced_cron_job(
+            NS,
+            {
+                "metadata": {"name": "report"},
+                "spec": {
+                    "schedule": "0 3 * * *",
+                    "jobTemplate": {
+                        "spec": {
+                            "template": template("report", pushed["multi"], restartPolicy="Never")
+                        }
+                    },
+                },
+            },
+        )
+        # A Deployment's pod, owned through its ReplicaSet, pinned by the digest it pulled.
+        rs = apps.create_namespaced_replica_set(
+            NS,
+            {
+                "metadata": {
+                    "name": "web-5d9",
+                    "ownerReferences": owner(web, "Deployment", "apps/v1"),
+                },
+                "spec": {"selector": sel("web"), "template": template("web", pushed["hello"])},
+            },
+        )
+        pod = core.create_namespaced_pod(
+            NS,
+            {
+                "metadata": {
+                    "name": "web-5d9-x1",
+                    "labels": {"app": "web"},
+                    "ownerReferences": owner(rs, "ReplicaSet", "apps/v1"),
+                },
+                "spec": pod_spec(pushed["hello"]),
+            },
+        )
+        _, _, digest = resolve(
+            pushed["hello"],
+            RegistryOptions(
+                config_files=[str(registry.auth_file(Path(kube.workdir) / "auth.json"))],
+                ca_file=str(registry.ca),
+                cache_bytes=0,
+            ),
+            Limits(),
+        )
+        repo = pushed["hello"].rsplit(":", 1)[0]
+        core.patch_namespaced_pod_status(
+            pod.metadata.name,
+            NS,
+            {
+                "status": {
+                    "phase": "Running",
+                    "containerStatuses": [
+                        {
+                            "name": "main",
+                            "image": pushed["hello"],
+                            "imageID": f"{repo}@{digest}",
+                            "ready": True,
+                            "restartCount": 0,
+                        }
+                    ],
+                }
+            },
+        )
+        core.create_namespaced_pod(
+            NS, {"metadata": {"name": "debug"}, "spec": pod_spec(pushed["ready"])}
+        )
+    return {"hello": digest}
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache the tests that do not count scans share: each image is scanned once."""
+    return tmp_path_factory.mktemp("audit-cache")
+
+
+def audit(
+    capsys: pytest.CaptureFixture[str],
+    kube: KubeCluster,
+    registry: Registry,
+    tmp_path: Path,
+    *argv: str,
+    token: str = ADMIN_TOKEN,
+    cache: Path | None = None,
+) -> tuple[int, str, str]:
+    kubeconfig = kube.kubeconfig(token, tmp_path / "kubeconfig")
+    auth = registry.auth_file(tmp_path / "auth.json")
+    capsys.readouterr()
+    code = main(
+        [
+            "audit",
+            "--kubeconfig",
+            str(kubeconfig),
+            "-n",
+            NS,
+            "--no-progress",
+            "--registry-config",
+            str(auth),
+            "--registry-ca",
+            str(registry.ca),
+            "--cache-dir",
+            str(cache or tmp_path / "cache"),
+            *argv,
+        ]
+    )
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def statuses(doc: dict[str, Any]) -> dict[str, dict[str, str]]:
+    return {
+        f"{w['kind']}/{w['name']}": {a: r["status"] for a, r in w["architectures"].items()}
+        for w in doc["workloads"]
+    }
+
+
+def test_migration_readiness_of_a_mixed_cluster(
+    cluster: dict[str, str],
+    kube: KubeCluster,
+    registry: Registry,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    warm: Path,
+) -> None:
+    code, out, _ = audit(
+        capsys,
+        kube,
+        registry,
+        tmp_path,
+        "--cache-dir",
+        str(warm),
+        "--arch",
+        "arm64",
+        "--format",
+        "json",
+    )
+    doc = json.loads(out)
+    assert code == 1
+    assert doc["architectures"] == {"amd64": "1 node", "arm64": "planned"}
+    assert statuses(doc) == {
+        "CronJob/report": {"amd64": "missing-platform", "arm64": "ready"},
+        "DaemonSet/agent": {"amd64": "ready"},
+        "Deployment/legacy": {"amd64": "would-fail", "arm64": "missing-platform"},
+        "Deployment/web": {"amd64": "ready", "arm64": "ready"},
+        "Pod/debug": {"amd64": "missing-platform", "arm64": "ready"},
+        "StatefulSet/db": {"arm64": "would-fail"},
+    }
+    by_key = {f"{w['kind']}/{w['name']}": w for w in doc["workloads"]}
+    assert by_key["DaemonSet/agent"]["notScheduledOn"] == ["arm64"]
+    (web,) = by_key["Deployment/web"]["architectures"]["arm64"]["containers"]
+    assert web["reference"].endswith("@" + cluster["hello"])  # what the kubelet pulled
+    (db,) = by_key["StatefulSet/db"]["architectures"]["arm64"]["containers"]
+    assert {
+        "check": "missing-interpreter",
+        "path": "/usr/bin/hello",
+        "entrypoint": True,
+    }.items() <= db["findings"][0].items()
+    (legacy,) = by_key["Deployment/legacy"]["architectures"]["amd64"]["containers"]
+    assert [f["check"] for f in legacy["findings"]] == ["libc-mismatch"]
+
+
+def test_a_re_audit_scans_only_what_changed(
+    cluster: dict[str, str],
+    kube: KubeCluster,
+    registry: Registry,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cache = tmp_path / "shared-cache"
+    _, out, _ = audit(capsys, kube, registry, tmp_path, "--format", "json", cache=cache)
+    first = json.loads(out)
+    assert first["fromCache"] == 0 and first["scanned"] > 0
+    _, out, _ = audit(
+        capsys, kube, registry, tmp_path, "--format", "json", "--arch", "arm64", cache=cache
+    )
+    second = json.loads(out)
+    assert second["fromCache"] >= first["scanned"]  # amd64 verdicts come from the cache
+    assert second["scanned"] > 0  # arm64 ones are new
+    _, out, _ = audit(
+        capsys, kube, registry, tmp_path, "--format", "json", "--arch", "arm64", cache=cache
+    )
+    third = json.loads(out)
+    assert third["scanned"] == 0 and statuses(third) == statuses(second)
+
+
+def test_sarif_and_table(
+    cluster: dict[str, str],
+    kube: KubeCluster,
+    registry: Registry,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    warm: Path,
+) -> None:
+    code, out, _ = audit(
+        capsys,
+        kube,
+        registry,
+        tmp_path,
+        "--cache-dir",
+        str(warm),
+        "--arch",
+        "arm64",
+        "--format",
+        "sarif",
+    )
+    rules = {r["ruleId"] for r in json.loads(out)["runs"][0]["results"]}
+    assert code == 1 and rules == {"audit/would-fail", "audit/missing-platform"}
+    table = tmp_path / "report.txt"
+    code, out, _ = audit(
+        capsys,
+        kube,
+        registry,
+        tmp_path,
+        "--cache-dir",
+        str(warm),
+        "--arch",
+        "arm64",
+        "-o",
+        str(table),
+    )
+    text = table.read_text()
+    assert code == 1 and out == ""
+    assert "Migration readiness" in text and "main: /usr/bin/hello ★ missing-interpreter" in text
+    assert (
+        "6 workloads; per workload and architecture: 5 ready, 3 missing-platform, 2 would-fail"
+        in text
+    )
+
+
+def test_read_only_service_account_and_a_denied_one(
+    cluster: dict[str, str],
+    kube: KubeCluster,
+    registry: Registry,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    admin: client.ApiClient,
+    warm: Path,
+) -> None:
+    core, rbac = client.CoreV1Api(admin), client.RbacAuthorizationV1Api(admin)
+    for name in ("auditor", "nobody"):
+        core.create_namespaced_service_account(NS, {"metadata": {"name": name}})
+    rbac.create_cluster_role({"metadata": {"name": "execwatch-audit"}, "rules": READ_ONLY})
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": "execwatch-audit"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "execwatch-audit",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "auditor", "namespace": NS}],
+        }
+    )
+    code, out, _ = audit(
+        capsys,
+        kube,
+        registry,
+        tmp_path,
+        "--format",
+        "json",
+        token=kube.service_account_token(NS, "auditor"),
+    )
+    assert code == 1 and len(json.loads(out)["workloads"]) == 6
+    code, out, err = audit(
+        capsys,
+        kube,
+        registry,
+        tmp_path,
+        "--cache-dir",
+        str(warm),
+        token=kube.service_account_token(NS, "nobody"),
+    )
+    assert (code, out) == (2, "")
+    assert err.startswith("execwatch audit: error: cluster: Forbidden") and err.count("\n") == 1
