@@ -21,7 +21,7 @@ from tests.kernels.guest import FOREIGN_TRIES
 from tests.kernels.vm import REPO, Boot, Kernel, Vm
 
 RELEASES = ("bullseye", "bookworm", "trixie", "sid")  # dev/fetch-kernels.sh
-BOOT_BUDGET_S = 300  # each guest, all running at once under TCG on a loaded 2-core host
+BOOT_BUDGET_S = 420  # each guest, all running at once under TCG on a loaded 2-core host
 RECORD_KEYS = ("errno", "reason", "path", "count", "interpreter", "binary_arch", "comm", "detail")
 GUEST_COMMAND = ".venv/bin/python -m tests.kernels.guest /tmp/out"
 
