@@ -2,7 +2,9 @@
 //   execgen success N            fork+exec /bin/true N times (successful execs)
 //   execgen fail PATH N          call execve(PATH) N times in this process (each fails)
 //   execgen storm RATE SECS P..  failing execve at RATE/s for SECS, cycling over paths P..
-// Prints the number of failed execs it caused, so the benchmark can check exactness.
+//   execgen deaths RATE SECS P   fork+exec P at RATE/s for SECS; P dies in its loader
+// Prints the number of failed execs (or of children that exited 127) it caused, so the
+// benchmark can check exactness.
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,8 +58,34 @@ int main(int argc, char **argv)
 				failed += try_exec(argv[4 + done++ % npaths]);
 			usleep(200);
 		}
+	} else if (argc == 5 && !strcmp(argv[1], "deaths")) {
+		/* Up to 8 children in flight: one at a time caps the rate at the fork+exec latency. */
+		double rate = atof(argv[2]), secs = atof(argv[3]);
+		double start = now(), end = start + secs;
+		long done = 0, running = 0;
+		int status;
+		for (double t = start; t < end || running; t = now()) {
+			long due = t < end ? (long)((t - start) * rate) : done;
+			for (; done < due && running < 8; done++, running++) {
+				if (fork() == 0) {
+					char *a[] = { argv[4], NULL };
+					char *e[] = { NULL };
+					execve(a[0], a, e);
+					_exit(126);
+				}
+			}
+			pid_t pid;
+			while ((pid = waitpid(-1, &status, running >= 8 || t >= end ? 0 : WNOHANG)) > 0) {
+				running--;
+				failed += WIFEXITED(status) && WEXITSTATUS(status) == 127;
+				if (running < 8 && t < end)
+					break;
+			}
+			if (done >= due)
+				usleep(200);
+		}
 	} else {
-		fprintf(stderr, "usage: execgen success N | fail PATH N | storm RATE SECS PATH...\n");
+		fprintf(stderr, "usage: execgen success N | fail PATH N | storm RATE SECS PATH... | deaths RATE SECS PATH\n");
 		return 2;
 	}
 	printf("%ld\n", failed);

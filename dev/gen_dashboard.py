@@ -282,6 +282,22 @@ def dashboard() -> dict[str, Any]:
     )
     g.add(
         timeseries(
+            "Early deaths in the kernel (all nodes)",
+            "Processes that died within the window after a successful exec, counted "
+            "exactly in the kernel: EXIT127/EXIT1 from inside the ELF loader, or a fatal "
+            "signal. Their diagnoses (MissingLibrary, LibcMismatch, ...) are in the panels "
+            "by reason.",
+            target(
+                f"sum by (status) (rate(execwatch_kernel_early_deaths_total[{RI}]))",
+                "{{status}}",
+            ),
+            unit="ops",
+            stack=False,
+        ),
+        w=12,
+    )
+    g.add(
+        timeseries(
             "Drops",
             "Records lost: in the kernel (ring buffer full) and in the "
             "publisher (spool full, rejected). Should be zero.",

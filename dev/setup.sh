@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 runtime_pkgs=(clang llvm libbpf-dev libbpf1 linux-libc-dev make python3-venv)
-test_pkgs=(bpftool bpftrace runc containerd musl musl-tools prometheus file pax-utils binutils busybox-static gcc libc6-dev qemu-system-x86 libfuse3-3 skopeo python3-pyelftools)
+test_pkgs=(bpftool bpftrace runc containerd musl musl-tools prometheus file pax-utils binutils busybox-static gcc libc6-dev qemu-system-x86 libfuse3-3 skopeo python3-pyelftools groff-base)
 
 want=("${runtime_pkgs[@]}")
 [ "${1:-}" = "--test" ] && want+=("${test_pkgs[@]}")
@@ -40,6 +40,7 @@ make -s bpf
 
 if [ "${1:-}" = "--test" ]; then
   dev/fetch-foreign.sh .cache/foreign
+  dev/fetch-newer.sh .cache/newer
   dev/fetch-kernels.sh .cache/kernels
   dev/k8s-tools.sh .cache/k8s-bin
   dev/registry-tool.sh .cache/registry-bin

@@ -24,6 +24,7 @@ from execwatch.record import Reason
 
 class KernelCounters(Protocol):
     def errno_totals(self) -> dict[int, int]: ...
+    def death_totals(self) -> dict[str, int]: ...
     def stats(self) -> dict[str, int]: ...
 
 
@@ -96,8 +97,17 @@ class KernelCollector(Collector):
         )
         for kind, n in self._probe.stats().items():
             drops.add_metric([kind], n)
+        deaths = CounterMetricFamily(
+            "execwatch_kernel_early_deaths",
+            "Processes that died within the window after their exec, counted in the kernel"
+            " (exact): a fatal signal (SIGSEGV) or an exit from the ELF loader (EXIT127).",
+            labels=["status"],
+        )
+        for status, n in sorted(self._probe.death_totals().items()):
+            deaths.add_metric([status], n)
         yield failures
         yield drops
+        yield deaths
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
@@ -136,8 +146,11 @@ class NodeMetrics:
         if probe is not None:
             registry.register(KernelCollector(probe))
 
-    def delivered(self, errno: int, reason: Reason, *, aggregated: bool, count: int = 1) -> None:
-        self.events.labels(errno_name(errno), str(reason)).inc(count)
+    def delivered(
+        self, errno: int | str, reason: Reason, *, aggregated: bool, count: int = 1
+    ) -> None:
+        name = errno if isinstance(errno, str) else errno_name(errno)
+        self.events.labels(name, str(reason)).inc(count)
         if aggregated:
             self.aggregated_events.inc(count)
 

@@ -27,6 +27,11 @@ def human_line(failure: ExecFailure) -> str:
         parts.append(f"({d.binary_arch} on {d.node_arch})")
     if d.interpreter:
         parts.append(f"interpreter={safe_text(d.interpreter)}")
+    for key in ("library", "symbol", "version"):
+        if j[key]:
+            parts.append(f"{key}={safe_text(j[key])}")
+    if e.age_ms is not None:
+        parts.append(f"age={e.age_ms:.0f}ms")
     parts.append(
         f"pid={e.tgid} ppid={e.ppid} comm={safe_text(e.comm)} parent={safe_text(e.parent_comm)}"
     )

@@ -20,15 +20,16 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
-from execwatch.diagnosis.budget import Budget, Overrun, SlowMounts
+from execwatch.diagnosis.budget import Attempt, SlowMounts
 from execwatch.probe import layout
-from execwatch.probe.events import decode
-from execwatch.record import Attribution, Diagnosis, ExecFailure, KernelEvent, Reason
+from execwatch.probe.events import decode_record as decode
+from execwatch.record import QUIET_REASONS, Attribution, Diagnosis, ExecFailure, KernelEvent, Reason
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 Sink = Callable[[ExecFailure], None]
 # Records submitted without a wakeup wait at most this long (see wakeup_flag in the BPF C).
 POLL_TIMEOUT_MS = 50
@@ -57,8 +58,9 @@ class PipelineObserver(Protocol):
     """What the pipeline reports about itself (metrics); see execwatch.metrics."""
 
     def delivered(
-        self, errno: int, reason: Reason, *, aggregated: bool, count: int = 1
-    ) -> None: ...
+        self, errno: int | str, reason: Reason, *, aggregated: bool, count: int = 1
+    ) -> None:
+        """errno: the number, or a name (EXIT127, SIGSEGV for an early death)."""
 
     def dropped(self, kind: str, count: int = 1) -> None: ...
 
@@ -124,6 +126,19 @@ class Heartbeat:
         return None
 
 
+@dataclass(eq=False)
+class _Worker:
+    """One diagnosis thread and what it is doing, for the watchdog."""
+
+    thread: threading.Thread = dataclasses.field(default_factory=threading.Thread)
+    slot: _Slot | None = None
+    stage: str = ""  # "diagnosis" or "attribution" while a call runs
+    started: float = 0.0
+    attempt: Attempt | None = None
+    diagnosis: Diagnosis | None = None  # done, while attribution runs
+    abandoned: bool = False
+
+
 @dataclass
 class _Slot:
     key: AggregationKey
@@ -138,7 +153,10 @@ class _Slot:
 def aggregation_key(raw: bytes) -> AggregationKey:
     """(cgroup, mntns, errno, filename, fd name) straight from the record's bytes.
 
-    Strings are cut at their NUL: the ring buffer does not zero what follows it."""
+    Strings are cut at their NUL: the ring buffer does not zero what follows it. An early
+    death's key is (cgroup, mntns, -signal or -256 - exit code, exe device, exe inode)."""
+    if len(raw) == layout.DEATH_STRUCT.size:
+        return death_key(raw)
     f, order = layout.EVENT_FIELDS, sys.byteorder
     return (
         int.from_bytes(raw[f.cgroup], order),
@@ -146,6 +164,19 @@ def aggregation_key(raw: bytes) -> AggregationKey:
         int.from_bytes(raw[f.err], order),
         raw[f.filename].split(b"\0", 1)[0],
         raw[f.fd_name].split(b"\0", 1)[0],
+    )
+
+
+def death_key(raw: bytes) -> AggregationKey:
+    d, order = layout.DEATH_FIELDS, sys.byteorder
+    sig = int.from_bytes(raw[d.signal], order, signed=True)
+    code = int.from_bytes(raw[d.exit_code], order, signed=True)
+    return (
+        int.from_bytes(raw[d.cgroup], order),
+        int.from_bytes(raw[d.mntns], order),
+        -sig if sig else -256 - code,
+        raw[d.exe_dev],
+        raw[d.exe_ino],
     )
 
 
@@ -165,6 +196,7 @@ class NodePipeline:
         attributor: Attributor | None = None,
         observer: PipelineObserver | None = None,
         show_not_found: bool = False,
+        show_crashes: bool = False,
         window: float = 1.0,
         max_slots: int = 8192,
         budget: float = DIAGNOSIS_BUDGET_S,
@@ -172,31 +204,33 @@ class NodePipeline:
         workers: int = 2,
         queue_size: int = 1024,
         heartbeat: Heartbeat | None = None,
+        max_stuck: int = 8,
     ) -> None:
         self._diagnoser = diagnoser
         self._sink = sink
         self._epoch_offset = epoch_offset
         self._attributor = attributor
         self._observer = observer
-        self._show_not_found = show_not_found
+        self._show = {Reason.NOT_FOUND: show_not_found, Reason.STARTUP_CRASH: show_crashes}
         self._window = window
         self._max_slots = max_slots
         self.slow = slow if slow is not None else SlowMounts()
-        self._budget = Budget(budget, self.slow)
+        self._budget = budget
+        self._max_stuck = max_stuck
         self.heartbeat = heartbeat if heartbeat is not None else Heartbeat()
         self._slots: OrderedDict[AggregationKey, _Slot] = OrderedDict()
-        self._lock = threading.Lock()  # slots; never held while calling out
+        self._lock = threading.Lock()  # slots and workers; never held while calling out
         self._sink_lock = threading.Lock()  # one record at a time into the sink
         self._queue: queue.Queue[_Slot | None] = queue.Queue(queue_size)
         self._idle = threading.Condition(self._lock)
         self._unsettled = 0
         self._error: BaseException | None = None  # a worker's sink failed (a closed pipe)
-        self._workers = [
-            threading.Thread(target=self._work, name=f"diagnosis-{i}", daemon=True)
-            for i in range(workers)
-        ]
-        for worker in self._workers:
-            worker.start()
+        self._workers: list[_Worker] = []
+        self._stop = threading.Event()
+        for _ in range(workers):
+            self._start_worker()
+        self._watchdog = threading.Thread(target=self._watch, name="watchdog", daemon=True)
+        self._watchdog.start()
 
     def __enter__(self) -> NodePipeline:
         return self
@@ -270,17 +304,20 @@ class NodePipeline:
         return True
 
     def close(self) -> None:
-        """Drain (within two budgets per worker), stop the workers, flush everything."""
+        """Drain (within two budgets per queued record), stop the workers, flush all."""
         if self._error is None:
-            self.drain(2 * self._budget.seconds * max(1, self._queue.qsize()) + 1.0)
-        for _ in self._workers:
+            self.drain(2 * self._budget * max(1, self._queue.qsize()) + 1.0)
+        self._stop.set()
+        with self._lock:
+            live = [w for w in self._workers if not w.abandoned]
+        for _ in live:
             try:
                 self._queue.put(None, timeout=1.0)
             except queue.Full:
                 break
-        for worker in self._workers:
-            worker.join(timeout=1.0)
-        self._budget.close()
+        for worker in live:
+            worker.thread.join(timeout=1.0)
+        self._watchdog.join(timeout=1.0)
         self.flush(final=True)
 
     def flush(self, *, final: bool = False) -> None:
@@ -297,19 +334,120 @@ class NodePipeline:
                     if self._slots.get(key) is slot:
                         del self._slots[key]
 
-    def _work(self) -> None:
+    def _start_worker(self) -> None:
+        worker = _Worker()
+        worker.thread = threading.Thread(
+            target=self._work, args=(worker,), name="diagnosis", daemon=True
+        )
+        with self._lock:
+            self._workers.append(worker)
+        worker.thread.start()
+
+    def _work(self, worker: _Worker) -> None:
+        """Diagnoses inline (no hand-off: a dying container's rootfs is there for only
+        milliseconds); the watchdog takes over a call that overruns its budget."""
         while (slot := self._queue.get()) is not None:
+            with self._lock:
+                worker.slot, worker.diagnosis = slot, None
             try:
-                failure = self._build(decode(slot.latest, self._epoch_offset))
+                failure = self._build(worker, decode(slot.latest, self._epoch_offset))
             except Exception as exc:  # never lose a record, whatever broke
                 log.exception("building a record failed")
                 event = decode(slot.latest, self._epoch_offset)
                 failure = ExecFailure(event, _undiagnosed(f"failed: {exc!r}"), Attribution())
+            with self._lock:
+                worker.slot = None
+                if worker.abandoned:  # the watchdog settled this slot and replaced us
+                    self._workers.remove(worker)
+                    return
             try:
                 self._settle(slot, failure)
             except BaseException as exc:  # the sink's: raised again by the consume loop
                 self._error = exc
                 return
+
+    def _build(self, worker: _Worker, event: KernelEvent) -> ExecFailure:
+        """A bug in diagnosis or attribution degrades the record; it never loses it."""
+        try:
+            diagnosis = self._timed(worker, "diagnosis", lambda: self._diagnoser.diagnose(event))
+        except Exception as exc:
+            log.exception("diagnosis failed", extra={"kv": {"path": event.path}})
+            diagnosis = _undiagnosed(f"diagnosis failed: {exc!r}")
+        with self._lock:
+            worker.diagnosis = diagnosis
+        attributor = self._attributor
+        try:
+            attribution = (
+                self._timed(
+                    worker,
+                    "attribution",
+                    lambda: attributor.resolve(
+                        event.cgroup_id,
+                        event.tgid,
+                        name=event.cgroup_name,
+                        parent_id=event.cgroup_parent_id,
+                    ),
+                )
+                if attributor
+                else Attribution()
+            )
+        except Exception:
+            log.exception("attribution failed", extra={"kv": {"cgroup_id": event.cgroup_id}})
+            attribution = Attribution()
+        return ExecFailure(event=event, diagnosis=diagnosis, attribution=attribution)
+
+    def _timed(self, worker: _Worker, stage: str, call: Callable[[], T]) -> T:
+        attempt = Attempt()
+        with self._lock:
+            worker.stage, worker.started, worker.attempt = stage, time.monotonic(), attempt
+        self.slow.attach(attempt)
+        try:
+            return call()
+        finally:
+            self.slow.attach(None)
+            with self._lock:
+                worker.stage = ""
+
+    def _watch(self) -> None:
+        """Settles, as Undiagnosed, a record whose diagnosis or attribution overran its
+        budget (a read blocked in the kernel cannot be interrupted), remembers the mount it
+        was blocked in, and starts a fresh worker in place of the blocked one."""
+        period = min(0.1, self._budget / 4)
+        while not self._stop.wait(period):
+            now = time.monotonic()
+            with self._lock:
+                overdue = [
+                    w
+                    for w in self._workers
+                    if w.stage and not w.abandoned and now - w.started > self._budget
+                ]
+                for worker in overdue:
+                    worker.abandoned = True
+                stuck = sum(w.abandoned for w in self._workers)
+            for worker in overdue:
+                self._overran(worker)
+                if stuck <= self._max_stuck:
+                    self._start_worker()
+
+    def _overran(self, worker: _Worker) -> None:
+        stage, attempt, slot = worker.stage, worker.attempt, worker.slot
+        if slot is None or attempt is None:
+            return
+        if self._observer:
+            self._observer.overran(stage)
+        mount = attempt.mount
+        where = f" in {mount}" if mount else ""
+        cause = f"{stage} overran its {self._budget:g} s budget{where}"
+        log.warning("budget overran", extra={"kv": {"cause": cause}})
+        if mount is not None:
+            self.slow.mark(mount)
+            cause += "; later events there are not waited for"
+        diagnosis = worker.diagnosis if stage == "attribution" else None
+        event = decode(slot.latest, self._epoch_offset)
+        try:
+            self._settle(slot, ExecFailure(event, diagnosis or _undiagnosed(cause)))
+        except BaseException as exc:  # the sink's: raised again by the consume loop
+            self._error = exc
 
     def _settle(self, slot: _Slot, failure: ExecFailure) -> None:
         with self._lock:
@@ -346,50 +484,10 @@ class NodePipeline:
             self._report(failure, aggregated=True, count=failure.count - 1)
         self._emit(failure)
 
-    def _build(self, event: KernelEvent) -> ExecFailure:
-        """A bug or a stall in diagnosis or attribution degrades the record; never loses it."""
-        try:
-            diagnosis = self._budget.call(lambda: self._diagnoser.diagnose(event))
-        except Overrun as exc:
-            diagnosis = _undiagnosed(f"diagnosis {exc}" + self._overran("diagnosis", exc))
-        except Exception as exc:
-            log.exception("diagnosis failed", extra={"kv": {"path": event.path}})
-            diagnosis = _undiagnosed(f"diagnosis failed: {exc!r}")
-        attributor = self._attributor
-        try:
-            attribution = (
-                self._budget.call(
-                    lambda: attributor.resolve(
-                        event.cgroup_id,
-                        event.tgid,
-                        name=event.cgroup_name,
-                        parent_id=event.cgroup_parent_id,
-                    )
-                )
-                if attributor
-                else Attribution()
-            )
-        except Overrun as exc:
-            self._overran("attribution", exc)
-            attribution = Attribution()
-        except Exception:
-            log.exception("attribution failed", extra={"kv": {"cgroup_id": event.cgroup_id}})
-            attribution = Attribution()
-        return ExecFailure(event=event, diagnosis=diagnosis, attribution=attribution)
-
-    def _overran(self, stage: str, exc: Overrun) -> str:
-        if self._observer:
-            self._observer.overran(stage)
-        log.warning("budget overran", extra={"kv": {"stage": stage, "cause": str(exc)}})
-        if exc.mount is None:
-            return ""
-        self.slow.mark(exc.mount)
-        return "; later events there are not waited for"
-
     def _report(self, failure: ExecFailure, *, aggregated: bool, count: int) -> None:
         if self._observer:
             self._observer.delivered(
-                failure.event.errno, failure.diagnosis.reason, aggregated=aggregated, count=count
+                failure.event.status, failure.diagnosis.reason, aggregated=aggregated, count=count
             )
 
     def _report_drop(self, kind: str) -> None:
@@ -407,7 +505,8 @@ class NodePipeline:
         )
 
     def _emit(self, failure: ExecFailure) -> None:
-        if failure.diagnosis.reason is Reason.NOT_FOUND and not self._show_not_found:
-            return
+        reason = failure.diagnosis.reason
+        if reason in QUIET_REASONS and not self._show.get(reason, False):
+            return  # counted by _report, not printed nor published
         with self._sink_lock:
             self._sink(failure)

@@ -13,7 +13,10 @@ from typing import Any
 
 
 class Reason(enum.StrEnum):
-    """Why an exec failed. Values are stable: they become metric labels and Event reasons."""
+    """Why an exec failed, or why a process died right after its exec.
+
+    Values are stable: they become metric labels, Event reasons and the CRD's enum; the
+    deploy tests compare those (and the docs tables) against this enum."""
 
     FOREIGN_ARCHITECTURE = "ForeignArchitecture"
     MISSING_INTERPRETER = "MissingInterpreter"
@@ -24,6 +27,21 @@ class Reason(enum.StrEnum):
     PERMISSION_DENIED = "PermissionDenied"
     NOT_FOUND = "NotFound"
     UNDIAGNOSED = "Undiagnosed"
+    # After a successful exec: the dynamic loader gave up, or the program died at once.
+    MISSING_LIBRARY = "MissingLibrary"
+    MISSING_SYMBOL_VERSION = "MissingSymbolVersion"
+    MISSING_SYMBOL = "MissingSymbol"
+    LIBC_MISMATCH = "LibcMismatch"
+    UNSUPPORTED_CPU = "UnsupportedCPU"
+    STARTUP_CRASH = "StartupCrash"
+    BENIGN_EXIT = "BenignExit"  # e.g. a shell's "command not found" (127): counted, not reported
+
+
+# Counted in metrics but not reported unless asked for: noise or the program's own bug.
+QUIET_REASONS = frozenset({Reason.NOT_FOUND, Reason.BENIGN_EXIT, Reason.STARTUP_CRASH})
+# Not a platform problem: alerts and the Argo analysis leave these out (their selectors are
+# tested against this set).
+NOT_ALERTED = frozenset({*QUIET_REASONS, Reason.NO_SHEBANG})
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +53,9 @@ class Diagnosis:
     binary_arch: str | None = None
     interpreter: str | None = None
     detail: str = ""
+    library: str | None = None  # the library the loader could not find or that lacks something
+    symbol: str | None = None
+    version: str | None = None  # a symbol version (GLIBC_2.38) or an ISA level (x86-64-v3)
 
 
 class AttributionStatus(enum.StrEnum):
@@ -63,7 +84,10 @@ class Attribution:
 
 @dataclass(frozen=True, slots=True)
 class KernelEvent:
-    """One failed exec exactly as the BPF program captured it."""
+    """One failed exec, or one early death after a successful exec, as the BPF program saw it.
+
+    For an early death errno is 0, path is the executable (mm->exe_file) and exit_code or
+    signal says how it died."""
 
     time: float  # seconds since the epoch
     errno: int
@@ -91,6 +115,30 @@ class KernelEvent:
     base_ino: int = 0  # (dirfd or cwd) a relative path resolves against
     base_mnt_id: int = 0
     base_path: str | None = None  # the base's path inside the caller's root, when whole
+    exit_code: int | None = None  # early death: exit_group status from inside the loader
+    signal: int | None = None  # early death: fatal signal with its default action
+    age_ms: float | None = None  # early death: time since the task started
+    exe_ino: int = 0  # early death: the executable's inode and device (os.makedev form)
+    exe_dev: int = 0
+
+    @property
+    def early_death(self) -> bool:
+        return self.exit_code is not None or self.signal is not None
+
+    @property
+    def status(self) -> str:
+        """The errno's name for a failed exec; SIGSEGV or EXIT127 for an early death."""
+        import errno as errno_mod
+        import signal as signal_mod
+
+        if self.signal is not None:
+            try:
+                return signal_mod.Signals(self.signal).name
+            except ValueError:
+                return f"SIG{self.signal}"
+        if self.exit_code is not None:
+            return f"EXIT{self.exit_code}"
+        return errno_mod.errorcode.get(self.errno, str(self.errno))
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,18 +151,22 @@ class ExecFailure:
     count: int = 1  # identical failures folded into this one
 
     def to_json(self) -> dict[str, Any]:
-        import errno as errno_mod
-
         e, d = self.event, self.diagnosis
         out: dict[str, Any] = {
             "time": e.time,
-            "errno": errno_mod.errorcode.get(e.errno, str(e.errno)),
+            "errno": e.status,
             "reason": str(d.reason),
             "path": e.path,
             "binary_arch": d.binary_arch,
             "node_arch": d.node_arch,
             "interpreter": d.interpreter,
             "detail": d.detail,
+            "library": d.library,
+            "symbol": d.symbol,
+            "version": d.version,
+            "exit_code": e.exit_code,
+            "signal": e.signal,
+            "age_ms": e.age_ms,
             "pid": e.tgid,
             "tid": e.pid,
             "ppid": e.ppid,

@@ -29,13 +29,29 @@ log = logging.getLogger(__name__)
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = subparsers.add_parser("trace", help="print diagnosed failed execs on this host (root)")
+    p = subparsers.add_parser(
+        "trace",
+        help="print diagnosed failed execs, and deaths right after exec, on this host (root)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument("--metrics-address", metavar="HOST:PORT", help="serve Prometheus metrics")
     p.add_argument(
         "--show-not-found",
         action="store_true",
         help="also print ENOENT for files that do not exist (PATH-search noise)",
+    )
+    p.add_argument(
+        "--show-crashes",
+        action="store_true",
+        help="also print StartupCrash: a fatal signal soon after exec that no loader rule"
+        " explains (the program's own bug; always counted)",
+    )
+    p.add_argument(
+        "--death-window",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="a process dying this soon after it started is diagnosed as an early death",
     )
     p.add_argument(
         "--all-errnos", action="store_true", help="report every errno, not only exec ones"
@@ -67,7 +83,13 @@ def stop_on_signals() -> Iterator[threading.Event]:
 def run(args: argparse.Namespace) -> int:
     try:
         address = parse_address(args.metrics_address) if args.metrics_address else None
-        options = ProbeOptions(ringbuf_bytes=args.ringbuf_mb << 20, all_errnos=args.all_errnos)
+        if not 0 < args.death_window <= 3600:
+            raise ValueError(f"--death-window wants 0 < SECONDS <= 3600, got {args.death_window}")
+        options = ProbeOptions(
+            ringbuf_bytes=args.ringbuf_mb << 20,
+            all_errnos=args.all_errnos,
+            death_window_ms=args.death_window * 1000,
+        )
         with Probe(options) as probe, stop_on_signals() as stop, attribution(args) as attributor:
             return trace_loop(probe, args, address, stop, attributor)
     except BrokenPipeError:  # `execwatch trace | head`: the reader is done, so are we
@@ -104,6 +126,7 @@ def trace_loop(
         attributor=attributor,
         observer=metrics,
         show_not_found=args.show_not_found,
+        show_crashes=args.show_crashes,
         window=args.window,
         slow=slow,
     )

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from types import TracebackType
 
 from execwatch.probe import Probe
-from execwatch.probe.events import boot_to_epoch_offset, decode
+from execwatch.probe.events import boot_to_epoch_offset, decode_record
 from execwatch.record import KernelEvent
 
 MAX_EVENTS = 10000
@@ -28,7 +28,7 @@ class ProbeRecorder:
     def __enter__(self) -> ProbeRecorder:
         self._probe.open()
         offset = boot_to_epoch_offset()
-        self._probe.open_ring_buffer(lambda raw: self._append(decode(raw, offset)))
+        self._probe.open_ring_buffer(lambda raw: self._append(decode_record(raw, offset)))
         self._thread = threading.Thread(target=self._poll, name="probe-recorder", daemon=True)
         self._thread.start()
         return self

@@ -92,14 +92,16 @@ def test_cgroups_nested_inside_a_container_belong_to_that_container() -> None:
         assert (got.pod_uid, got.container_id) == (UID, CID)
 
 
+# kind and similar nodes run the kubelet with --cgroup-root=/kubelet.
+KIND_SYSTEMD = (
+    "/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice"
+    f"/kubelet-kubepods-besteffort-pod{UID_}.slice/cri-containerd-{CID}.scope"
+)
+KIND_CGROUPFS = f"/kubelet/kubepods/besteffort/pod{UID}/{CID}"
+
+
 def test_kubelet_under_a_custom_cgroup_root() -> None:
-    # kind and similar nodes run the kubelet with --cgroup-root=/kubelet.
-    systemd = (
-        "/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice"
-        f"/kubelet-kubepods-besteffort-pod{UID_}.slice/cri-containerd-{CID}.scope"
-    )
-    cgroupfs = f"/kubelet/kubepods/besteffort/pod{UID}/{CID}"
-    for path in (systemd, cgroupfs):
+    for path in (KIND_SYSTEMD, KIND_CGROUPFS):
         got = parse_cgroup_path(path)
         assert (got.kind, got.pod_uid, got.container_id) == (CgroupKind.KUBERNETES, UID, CID)
         assert got.qos is QosClass.BESTEFFORT
@@ -147,6 +149,16 @@ def test_an_unrecognised_child_of_a_pod_keeps_the_pod_but_names_no_container() -
         f"/kubepods/besteffort/../pod{UID}/{CID}",
         f"/kubepods//pod{UID}/{CID}",
         f"/kubepods/ pod{UID}/{CID}",
+        # not at the kubelet's cgroup root: a user's delegated tree (systemd
+        # user@.service) may name its cgroups as it likes
+        "/user.slice/user-1000.slice/user@1000.service/app.slice/kubepods.slice"
+        f"/kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope",
+        "/user.slice/user-1000.slice/user@1000.service/user-kubepods.slice"
+        f"/user-kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope",
+        f"/x.slice/kubepods.slice/kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope",
+        f"/kubelet.slice/other-kubepods.slice/other-kubepods-pod{UID_}.slice",
+        f"/user.slice/user-1000.slice/user@1000.service/kubepods/pod{UID}/{CID}",
+        f"/system.slice/evil.service/kubepods/besteffort/pod{UID}/{CID}",
     ],
 )
 def test_malformed_kubernetes_paths_are_unknown_and_name_no_pod(path: str) -> None:
@@ -229,34 +241,8 @@ def test_anything_else_is_unknown_with_the_raw_path_kept(path: str) -> None:
     assert path.startswith(got.path[:100])
 
 
-@pytest.mark.parametrize(
-    "path",
-    [
-        # A user's delegated tree (systemd user@.service): kubepods names there are the
-        # user's own, and must not pass for a pod of the node.
-        "/user.slice/user-1000.slice/user@1000.service/app.slice/kubepods.slice"
-        f"/kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope",
-        "/user.slice/user-1000.slice/user@1000.service/user-kubepods.slice"
-        f"/user-kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope",
-        f"/x.slice/kubepods.slice/kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope",
-        f"/kubelet.slice/other-kubepods.slice/other-kubepods-pod{UID_}.slice",
-        f"/user.slice/user-1000.slice/user@1000.service/kubepods/pod{UID}/{CID}",
-        f"/system.slice/evil.service/kubepods/besteffort/pod{UID}/{CID}",
-    ],
-)
-def test_kubepods_counts_only_at_the_kubelet_cgroup_root(path: str) -> None:
-    got = parse_cgroup_path(path)
-    assert got.kind is CgroupKind.UNKNOWN
-    assert (got.pod_uid, got.container_id) == (None, None)
-
-
 def test_a_configured_kubelet_cgroup_root_is_the_only_anchor() -> None:
-    systemd = (
-        "/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice"
-        f"/kubelet-kubepods-besteffort-pod{UID_}.slice/cri-containerd-{CID}.scope"
-    )
-    cgroupfs = f"/kubelet/kubepods/besteffort/pod{UID}/{CID}"
-    for path in (systemd, cgroupfs):
+    for path in (KIND_SYSTEMD, KIND_CGROUPFS):
         assert parse_cgroup_path(path, kubelet_root="/kubelet").pod_uid == UID
         assert parse_cgroup_path(path, kubelet_root="/").kind is CgroupKind.UNKNOWN
     top = f"/kubepods/pod{UID}/{CID}"

@@ -4,6 +4,7 @@ registry: a mix of ready and broken workloads, an amd64 node, and arm64 nodes to
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,7 @@ def cluster(kube: KubeCluster, registry: Registry, pushed: dict[str, str]) -> di
         core.create_node(
             {
                 "metadata": {
-                    "name": "node-a",
+                    "name": "audit-amd64-1",
                     "labels": {"kubernetes.io/arch": "amd64", "kubernetes.io/os": "linux"},
                 }
             }
@@ -390,3 +391,36 @@ def test_read_only_service_account_and_a_denied_one(
     )
     assert (code, out) == (2, "")
     assert err.startswith("execwatch audit: error: cluster: Forbidden") and err.count("\n") == 1
+
+
+def test_images_that_cannot_be_checked_are_errors_and_exit_2(
+    cluster: dict[str, str],
+    kube: KubeCluster,
+    registry: Registry,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    admin: client.ApiClient,
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{s.getsockname()[1]}"
+    core, apps = client.CoreV1Api(admin), client.AppsV1Api(admin)
+    core.create_namespace({"metadata": {"name": "gone"}})
+    images = {
+        "down": f"{closed}/team/app:1",
+        "absent": f"{registry.host}/team/absent:1",
+        "typo": f"{registry.host}/Team/App:1",
+    }
+    for name, image in images.items():
+        spec = {"selector": sel(name), "template": template(name, image)}
+        apps.create_namespaced_deployment("gone", {"metadata": {"name": name}, "spec": spec})
+    code, out, _ = audit(capsys, kube, registry, tmp_path, "-n", "gone", "--format", "json")
+    assert code == 2
+    messages = {
+        w["name"]: w["architectures"]["amd64"]["containers"][0]["message"]
+        for w in json.loads(out)["workloads"]
+    }
+    assert statuses(json.loads(out)) == {f"Deployment/{n}": {"amd64": "error"} for n in images}
+    assert "connection to" in messages["down"]
+    assert "not found in the registry" in messages["absent"]
+    assert "not a valid image reference" in messages["typo"]

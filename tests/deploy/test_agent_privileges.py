@@ -17,7 +17,6 @@ import os
 import shutil
 import struct
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from tests.deploy.test_image import (
     VENV_IN_IMAGE,
     Image,
     agent_caps,
-    exec_foreign_until,
+    trace_during_foreign_execs,
 )
 
 VFS_CAP_REVISION_2 = 0x02000000  # security.capability xattr, no effective bit
@@ -113,20 +112,7 @@ def test_a_non_root_agent_with_file_capabilities_diagnoses_and_cannot_write(
     assert "Permission denied" in out and "WROTE" not in out
     assert victim.read_text() == "original\n"
 
-    stop = threading.Event()
-    t = threading.Thread(target=exec_foreign_until, args=(stop,), daemon=True)
-    t.start()
-    try:
-        run = image.run(
-            ["execwatch", "trace", "--json", "--duration", "6", "--no-attribution"],
-            host_pid=True,
-            agent_mounts=True,
-            timeout=90,
-            **nonroot,
-        )
-    finally:
-        stop.set()
-        t.join(timeout=5)
+    run = trace_during_foreign_execs(image, **nonroot)
     assert run.returncode == 0, run.stderr
     mine = [json.loads(x) for x in run.stdout.splitlines() if str(HELLO_ARM64) in x]
     assert mine, run.stderr[-2000:]

@@ -10,21 +10,15 @@ from typing import Any
 
 import yaml
 
+from execwatch.cluster.events import event_reason
+from execwatch.record import NOT_ALERTED, Reason
 from tests.deploy.chart import REPO, find, render
 
 RULES = REPO / "deploy" / "prometheus" / "execwatch-rules.yaml"
 RULE_TESTS = Path(__file__).with_name("rules_test.yaml")
 RUNBOOKS = REPO / "docs" / "runbooks"
 BASE_URL = "https://github.com/execwatch/execwatch/blob/main/docs/runbooks/"
-REASONS_ALERTED = [
-    "ForeignArchitecture",
-    "MissingInterpreter",
-    "BadInterpreter",
-    "MissingShebangInterpreter",
-    "CorruptBinary",
-    "PermissionDenied",
-    "Undiagnosed",
-]
+REASONS_ALERTED = [str(r) for r in Reason if r not in NOT_ALERTED]
 
 
 def promtool() -> str:
@@ -107,10 +101,26 @@ def test_every_runbook_url_resolves_to_a_runbook_file_and_anchor() -> None:
         )
 
 
-def test_the_alerted_reasons_are_those_of_the_crd_minus_noise() -> None:
+def test_the_crd_enum_is_the_reason_enum() -> None:
     crd = yaml.safe_load((REPO / "deploy" / "base" / "crd.yaml").read_text())
     spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    assert set(spec["properties"]["reason"]["enum"]) == {*REASONS_ALERTED, "NotFound", "NoShebang"}
+    assert spec["properties"]["reason"]["enum"] == [str(r) for r in Reason]
+
+
+def test_every_reason_selector_leaves_out_exactly_the_reasons_not_alerted() -> None:
+    """Alerts, the Argo analysis and their tests filter with reason!~"A|B": the same set,
+    Reason's NOT_ALERTED, everywhere."""
+    files = [RULES, REPO / "deploy" / "argo" / "execwatch-exec-failures.yaml"]
+    selectors = {m for f in files for m in re.findall(r'reason!~"([^"]*)"', f.read_text())}
+    assert selectors, "no reason selector found"
+    for selector in selectors:
+        assert set(selector.split("|")) == {str(r) for r in NOT_ALERTED}, selector
+
+
+def test_every_reason_has_its_own_event_reason() -> None:
+    names = [event_reason(r) for r in Reason]
+    assert len(set(names)) == len(names), names
+    assert event_reason(Reason.MISSING_LIBRARY) == "MissingLibrary"
 
 
 def test_runbooks_link_only_to_files_that_exist() -> None:

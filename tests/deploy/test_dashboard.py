@@ -38,8 +38,11 @@ class _Probe:
     def errno_totals(self) -> dict[int, int]:
         return {8: 1}
 
+    def death_totals(self) -> dict[str, int]:
+        return {"SIGSEGV": 1}
+
     def stats(self) -> dict[str, int]:
-        return {"ringbuf_full": 0, "counter_map_full": 0}
+        return {"ringbuf_full": 0, "counter_map_full": 0, "death_ringbuf_full": 0}
 
 
 def exported_names() -> set[str]:

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from execwatch.cluster.metrics import HandlerMetrics, PublisherMetrics
 from execwatch.metrics import NodeMetrics
+from execwatch.record import Reason
 from tests.deploy.chart import REPO, base_docs, find, pod_spec, render
 from tests.deploy.test_dashboard import _Probe
 
@@ -103,3 +104,12 @@ def test_install_doc_commands_use_real_values_and_paths() -> None:
             node = node[part]
     for path in re.findall(r"(deploy/[\w/.-]+|charts/[\w/.-]+)", text):
         assert (REPO / path.rstrip(".")).exists(), path
+
+
+def test_reason_tables_list_every_reason() -> None:
+    """docs/trace.md's reason table and docs/crd.md's enum name every Reason, and no other."""
+    rows = table_rows((DOCS / "trace.md").read_text())
+    assert {name for name in rows if name[:1].isupper()} == {str(r) for r in Reason}
+    crd_doc = (DOCS / "crd.md").read_text()
+    for reason in Reason:
+        assert f"`{reason}`" in crd_doc, f"{reason} missing from docs/crd.md"

@@ -299,27 +299,32 @@ def exec_foreign_until(stop: threading.Event) -> None:
         stop.wait(0.2)
 
 
+def trace_during_foreign_execs(image: Image, **context: Any) -> subprocess.CompletedProcess[str]:
+    """`execwatch trace` for 6 s in the agent's container (host PID, the DaemonSet's host
+    mounts, the given uid and capabilities) while this host keeps failing an arm64 exec."""
+    stop = threading.Event()
+    t = threading.Thread(target=exec_foreign_until, args=(stop,), daemon=True)
+    t.start()
+    try:
+        return image.run(
+            ["execwatch", "trace", "--json", "--duration", "6", "--no-attribution"],
+            host_pid=True,
+            agent_mounts=True,
+            timeout=90,
+            **context,
+        )
+    finally:
+        stop.set()
+        t.join(timeout=5)
+
+
 def test_agent_entrypoint_with_only_the_daemonset_capabilities_diagnoses_a_host_exec(
     image: Image,
 ) -> None:
     """The capability set of the chart is enough, on this kernel, to load the probe and
     to read a failing binary through /proc/PID/root of a process outside the container."""
     assert HELLO_ARM64.exists(), "run dev/fetch-foreign.sh"
-    stop = threading.Event()
-    t = threading.Thread(target=exec_foreign_until, args=(stop,), daemon=True)
-    t.start()
-    try:
-        out = image.run(
-            ["execwatch", "trace", "--json", "--duration", "6", "--no-attribution"],
-            uid=0,
-            caps=agent_caps(),
-            host_pid=True,
-            agent_mounts=True,
-            timeout=90,
-        )
-    finally:
-        stop.set()
-        t.join(timeout=5)
+    out = trace_during_foreign_execs(image, uid=0, caps=agent_caps())
     assert out.returncode == 0, out.stderr
     records = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     mine = [r for r in records if r["path"] == str(HELLO_ARM64)]
@@ -330,22 +335,8 @@ def test_agent_entrypoint_with_only_the_daemonset_capabilities_diagnoses_a_host_
 
 def test_without_sys_ptrace_the_agent_cannot_read_the_binary(image: Image) -> None:
     """CAP_SYS_PTRACE is what makes diagnosis possible: without it, Undiagnosed."""
-    stop = threading.Event()
-    t = threading.Thread(target=exec_foreign_until, args=(stop,), daemon=True)
-    t.start()
-    try:
-        caps = [c for c in agent_caps() if c != "SYS_PTRACE"]
-        out = image.run(
-            ["execwatch", "trace", "--json", "--duration", "6", "--no-attribution"],
-            uid=0,
-            caps=caps,
-            host_pid=True,
-            agent_mounts=True,
-            timeout=90,
-        )
-    finally:
-        stop.set()
-        t.join(timeout=5)
+    caps = [c for c in agent_caps() if c != "SYS_PTRACE"]
+    out = trace_during_foreign_execs(image, uid=0, caps=caps)
     assert out.returncode == 0, out.stderr
     mine = [json.loads(x) for x in out.stdout.splitlines() if str(HELLO_ARM64) in x]
     assert mine and {r["reason"] for r in mine} == {"Undiagnosed"}, mine[:2]

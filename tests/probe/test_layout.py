@@ -40,3 +40,9 @@ def test_config_and_counter_key_match_the_header(tmp_path: Path) -> None:
     for struct, name in ((layout.Config, "ew_config"), (layout.CountKey, "ew_count_key")):
         expected = py_layout(struct)
         assert c_layout(tmp_path, name, list(expected)[1:]) == expected
+
+
+def test_death_layout_matches_the_header(tmp_path: Path) -> None:
+    expected = py_layout(layout.Death)
+    assert c_layout(tmp_path, "ew_death", list(expected)[1:]) == expected
+    assert layout.DEATH_STRUCT.size == ctypes.sizeof(layout.Death)

@@ -13,6 +13,7 @@ from execwatch.binfmt.loaders import (
     expected_loader,
     glibc_loader,
     libc_flavor,
+    loader_flavor,
     musl_arch,
     musl_loader,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "expected_loader",
     "glibc_loader",
     "libc_flavor",
+    "loader_flavor",
     "musl_arch",
     "musl_loader",
     "node_platform",

@@ -99,3 +99,16 @@ def glibc_loader(info: ElfInfo) -> str | None:
 def expected_loader(info: ElfInfo, flavor: LibcFlavor) -> str | None:
     """The PT_INTERP a `flavor` toolchain writes for this architecture."""
     return glibc_loader(info) if flavor == "glibc" else musl_loader(info)
+
+
+def loader_flavor(real_path: str, info: ElfInfo | None) -> LibcFlavor | None:
+    """Which C library a loader file really is, from its resolved path and soname.
+
+    gcompat names musl's loader /lib64/ld-linux-x86-64.so.2: the link's name says glibc,
+    its target (ld-musl-*, or libc.so under a musl directory) says musl."""
+    soname = info.soname if info is not None else None
+    if "musl" in real_path or (soname is not None and "musl" in soname):
+        return "musl"
+    if soname is not None and soname in _GLIBC_NAMES:
+        return "glibc"
+    return libc_flavor(real_path)

@@ -22,9 +22,9 @@
 #define MAX_ERRNO 256
 
 #if defined(__TARGET_ARCH_x86)
-struct pt_regs { long di, si, dx, r10, r8; } __attribute__((preserve_access_index));
+struct pt_regs { long di, si, dx, r10, r8, ip; } __attribute__((preserve_access_index));
 #elif defined(__TARGET_ARCH_arm64)
-struct user_pt_regs { __u64 regs[31]; } __attribute__((preserve_access_index));
+struct user_pt_regs { __u64 regs[31]; __u64 sp; __u64 pc; } __attribute__((preserve_access_index));
 struct pt_regs { struct user_pt_regs user_regs; } __attribute__((preserve_access_index));
 #endif
 
@@ -45,7 +45,11 @@ struct mount { /* fs/mount.h: the vfsmount is embedded */
 } __attribute__((preserve_access_index));
 struct path { struct vfsmount *mnt; struct dentry *dentry; } __attribute__((preserve_access_index));
 struct fs_struct { struct path root, pwd; } __attribute__((preserve_access_index));
-struct file { struct path f_path; } __attribute__((preserve_access_index));
+struct file { struct path f_path; struct inode *f_inode; } __attribute__((preserve_access_index));
+struct mm_struct {
+	unsigned long saved_auxv[2];
+	struct file *exe_file;
+} __attribute__((preserve_access_index));
 struct fdtable { unsigned int max_fds; struct file **fd; } __attribute__((preserve_access_index));
 struct files_struct { struct fdtable *fdt; } __attribute__((preserve_access_index));
 struct ns_common { unsigned int inum; } __attribute__((preserve_access_index));
@@ -69,6 +73,10 @@ struct task_struct {
 	struct files_struct *files;
 	struct fs_struct *fs;
 	struct css_set *cgroups;
+	struct mm_struct *mm;
+	__u64 start_boottime;
+	__u64 self_exec_id;
+	__u64 parent_exec_id;
 } __attribute__((preserve_access_index));
 
 #include "compat.bpf.h"
@@ -321,7 +329,7 @@ static __always_inline void read_paths(struct task_struct *task, struct ew_event
 
 /* The cgroup's name and parent id let user space rebuild its path even when the cgroup
  * was created and removed before anyone listed it (a container that dies at once). */
-static __always_inline void read_cgroup(struct task_struct *task, struct ew_event *e)
+static __always_inline void read_cgroup_into(struct task_struct *task, __u64 *parent_id, char *name)
 {
 	struct kernfs_node *kn = BPF_CORE_READ(task, cgroups, dfl_cgrp, kn);
 	struct kernfs_node *parent;
@@ -330,9 +338,14 @@ static __always_inline void read_cgroup(struct task_struct *task, struct ew_even
 		parent = BPF_CORE_READ((struct kernfs_node___new *)kn, __parent);
 	else
 		parent = BPF_CORE_READ((struct kernfs_node___old *)kn, parent);
-	e->cgroup_parent_id = parent ? BPF_CORE_READ(parent, id) : 0;
-	if (bpf_probe_read_kernel_str(e->cgroup_name, sizeof(e->cgroup_name), BPF_CORE_READ(kn, name)) < 0)
-		e->cgroup_name[0] = 0;
+	*parent_id = parent ? BPF_CORE_READ(parent, id) : 0;
+	if (bpf_probe_read_kernel_str(name, EW_CGROUP_NAME_LEN, BPF_CORE_READ(kn, name)) < 0)
+		name[0] = 0;
+}
+
+static __always_inline void read_cgroup(struct task_struct *task, struct ew_event *e)
+{
+	read_cgroup_into(task, &e->cgroup_parent_id, e->cgroup_name);
 }
 
 /* Not inlined: the success path then runs in a program with no stack frame to set up. */
@@ -402,6 +415,226 @@ SEC("tracepoint/syscalls/sys_exit_execveat")
 int exit_execveat(struct sys_exit_ctx *ctx)
 {
 	return ctx->ret < 0 ? on_failure(ctx->ret, EW_EXECVEAT) : 0;
+}
+
+/* ---- Early deaths ----
+ * A process that dies right after a successful exec: the dynamic loader gave up (missing
+ * library, symbol or version, wrong libc) or the program crashed before doing anything.
+ * Neither hook is on the exec path: exit_group's entry, where the exit code and the caller's
+ * address (inside the ELF interpreter's mapping?) discard every ordinary exit, and signal
+ * delivery, where only a fatal signal with its default action gets further. */
+
+#define AT_NULL 0
+#define AT_BASE 7
+#define AUXV_PAIRS 20 /* create_elf_tables() puts AT_BASE about ninth */
+/* ld.so is ~200 KiB, musl's libc.so (its own loader) ~1 MiB; the loader is mapped first, at
+ * the top of the mmap area, so nothing but the stack gap lies above it. */
+#define LOADER_SPAN (8ULL << 20)
+#define SIGILL 4
+#define SIGABRT 6
+#define SIGBUS 7
+#define SIGFPE 8
+#define SIGSEGV 11
+#define FATAL_SIGNALS ((1u << SIGILL) | (1u << SIGABRT) | (1u << SIGBUS) | (1u << SIGFPE) | (1u << SIGSEGV))
+
+struct sys_enter_exit_group_ctx {
+	__u64 common;
+	int syscall_nr;
+	long error_code;
+};
+
+/* See events/signal/signal_deliver/format. */
+struct signal_deliver_ctx {
+	__u64 common;
+	int sig;
+	int err;
+	int code;
+	unsigned long sa_handler;
+	unsigned long sa_flags;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20); /* resized at load time */
+} deaths SEC(".maps");
+
+/* Early deaths per signal number and per EW_TOTAL_EXIT + exit code: exact, never full. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, EW_DEATH_TOTALS);
+	__type(key, __u32);
+	__type(value, __u64);
+} death_totals SEC(".maps");
+
+/* An exec since the fork (each exec bumps self_exec_id; the fork copied it) and young. */
+static __always_inline __u64 early_age(struct task_struct *task, __u64 now)
+{
+	__u64 age;
+
+	if (BPF_CORE_READ(task, self_exec_id) == BPF_CORE_READ(task, parent_exec_id))
+		return 0;
+	age = now - BPF_CORE_READ(task, start_boottime);
+	return age < cfg.death_window_ns ? age + 1 : 0;
+}
+
+/* The executable's path as the task sees it, leaf first, crossing mounts up to its root.
+ * Slot i is what step i found; a mount crossing leaves its slot empty. One index, so the
+ * verifier walks the loop without a second counter's states. */
+static __noinline void read_exe(struct task_struct *task, struct ew_death *e)
+{
+	struct file *exe = BPF_CORE_READ(task, mm, exe_file);
+	struct dentry *d, *parent, *root_d;
+	struct vfsmount *vm, *root_m;
+	struct mount *m, *pm;
+	int i;
+
+	e->exe_ino = 0;
+	e->exe_dev = 0;
+	e->exe_depth = EW_EXE_TRUNCATED;
+	if (!exe)
+		return;
+	e->exe_ino = BPF_CORE_READ(exe, f_inode, i_ino);
+	e->exe_dev = BPF_CORE_READ(exe, f_inode, i_sb, s_dev);
+	d = BPF_CORE_READ(exe, f_path.dentry);
+	vm = BPF_CORE_READ(exe, f_path.mnt);
+	root_d = BPF_CORE_READ(task, fs, root.dentry);
+	root_m = BPF_CORE_READ(task, fs, root.mnt);
+	for (i = 0; i < EW_EXE_DEPTH; i++) {
+		e->exe[i][0] = 0;
+		if (d == root_d && vm == root_m)
+			break;
+		if (d == BPF_CORE_READ(vm, mnt_root)) {
+			m = (struct mount *)((void *)vm - bpf_core_field_offset(struct mount, mnt));
+			pm = BPF_CORE_READ(m, mnt_parent);
+			if (pm == m)
+				break; /* the namespace's root */
+			d = BPF_CORE_READ(m, mnt_mountpoint);
+			vm = (struct vfsmount *)((void *)pm + bpf_core_field_offset(struct mount, mnt));
+			continue;
+		}
+		bpf_probe_read_kernel_str(e->exe[i], EW_EXE_NAME_LEN, BPF_CORE_READ(d, d_name.name));
+		parent = BPF_CORE_READ(d, d_parent);
+		if (parent == d)
+			break;
+		d = parent;
+	}
+	e->exe_depth = i < EW_EXE_DEPTH ? i : EW_EXE_DEPTH | EW_EXE_TRUNCATED;
+}
+
+struct death {
+	__u64 now;
+	__u64 age;
+	__u64 ip;
+	__u64 base;
+	__u32 kind;
+	int value; /* signal or exit code */
+};
+
+static __noinline int report_death(const struct death *d)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	__u64 cgroup_id = bpf_get_current_cgroup_id();
+	__u64 id = bpf_get_current_pid_tgid();
+	struct ew_death *e;
+	__u32 idx;
+
+	idx = d->kind == EW_DEATH_SIGNAL ? (__u32)d->value : EW_TOTAL_EXIT + ((__u32)d->value & 0xff);
+	bump(&death_totals, &idx);
+	e = bpf_ringbuf_reserve(&deaths, sizeof(*e), 0);
+	if (!e) {
+		idx = EW_STAT_DEATH_DROPS;
+		bump(&stats, &idx);
+		return 0;
+	}
+	e->ktime_ns = d->now;
+	e->age_ns = d->age;
+	e->cgroup_id = cgroup_id;
+	read_cgroup_into(task, &e->cgroup_parent_id, e->cgroup_name);
+	e->mntns = BPF_CORE_READ(task, nsproxy, mnt_ns, ns.inum);
+	e->root_ino = BPF_CORE_READ(task, fs, root.dentry, d_inode, i_ino);
+	e->ip = d->ip;
+	e->interp_base = d->base;
+	e->exit_code = d->kind == EW_DEATH_SIGNAL ? -1 : d->value;
+	e->signal = d->kind == EW_DEATH_SIGNAL ? d->value : 0;
+	e->pid = (__u32)id;
+	e->tgid = id >> 32;
+	e->ppid = BPF_CORE_READ(task, real_parent, tgid);
+	e->uid = (__u32)bpf_get_current_uid_gid();
+	e->kind = d->kind;
+	bpf_get_current_comm(e->comm, sizeof(e->comm));
+	BPF_CORE_READ_STR_INTO(&e->parent_comm, task, real_parent, comm);
+	read_exe(task, e);
+	bpf_ringbuf_submit(e, wakeup_flag(d->now, cgroup_id));
+	return 0;
+}
+
+/* Reached only for exit codes 1 and 127: the auxv scan is off every ordinary exit's path. */
+static __noinline int on_loader_exit(int code)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	unsigned long pair[2];
+	struct mm_struct *mm = BPF_CORE_READ(task, mm);
+	struct death d = { .now = bpf_ktime_get_boot_ns(), .kind = EW_DEATH_LOADER_EXIT, .value = code };
+	__u64 age = early_age(task, d.now);
+	__u64 base = 0, ip;
+	struct pt_regs *regs;
+
+	if (!age || !mm)
+		return 0;
+	/* Pair by pair: a whole auxv on the stack would exceed 5.10's 512-byte limit for the
+	 * call chain. AT_BASE is about the ninth pair, so this is a few reads. */
+	for (int i = 0; i < AUXV_PAIRS; i++) {
+		if (bpf_probe_read_kernel(pair, sizeof(pair),
+					  __builtin_preserve_access_index(&mm->saved_auxv[2 * i])))
+			return 0;
+		if (pair[0] == AT_BASE) {
+			base = pair[1];
+			break;
+		}
+		if (pair[0] == AT_NULL)
+			break;
+	}
+	if (!base) /* static: no loader */
+		return 0;
+	regs = syscall_regs(current_task());
+	ip = PT_REGS_IP_CORE(regs);
+	if (ip < base || ip - base >= LOADER_SPAN)
+		return 0;
+	d.age = age - 1;
+	d.ip = ip;
+	d.base = base;
+	return report_death(&d);
+}
+
+SEC("tracepoint/syscalls/sys_enter_exit_group")
+int enter_exit_group(struct sys_enter_exit_group_ctx *ctx)
+{
+	__u32 code = (__u32)ctx->error_code & 0xff;
+
+	/* glibc's loader exits 127 (missing library or symbol) or 1 (missing version); musl's 127. */
+	return code == 127 || code == 1 ? on_loader_exit(code) : 0;
+}
+
+static __noinline int on_fatal_signal(int sig)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	struct death d = { .now = bpf_ktime_get_boot_ns(), .kind = EW_DEATH_SIGNAL, .value = sig };
+	__u64 age = early_age(task, d.now);
+
+	if (!age)
+		return 0;
+	d.age = age - 1;
+	return report_death(&d);
+}
+
+SEC("tracepoint/signal/signal_deliver")
+int signal_deliver(struct signal_deliver_ctx *ctx)
+{
+	int sig = ctx->sig;
+
+	if (ctx->sa_handler != 0 || sig <= 0 || sig >= 32 || !((1u << sig) & FATAL_SIGNALS))
+		return 0; /* handled, ignored or not fatal: SIG_DFL is 0 */
+	return on_fatal_signal(sig);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -24,6 +24,7 @@ struct ew_config {
 	__u64 wakeup_interval_ns; /* wake user space at most this often per CPU */
 	__u32 all_errnos;         /* 1: report every failure, not just the exec-relevant errnos */
 	__u32 pad;
+	__u64 death_window_ns;    /* an exit this soon after the task started is an early death */
 };
 
 struct ew_event {
@@ -67,7 +68,48 @@ struct ew_count_key {
 enum ew_stat {
 	EW_STAT_RINGBUF_DROPS = 0,  /* ring buffer full: event lost, counters still exact */
 	EW_STAT_COUNTER_FULL = 1,   /* counts map full: counted in the overflow key instead */
-	EW_STAT_MAX = 2,
+	EW_STAT_DEATH_DROPS = 2,    /* deaths ring buffer full: early death lost, totals exact */
+	EW_STAT_MAX = 3,
 };
+
+/* ---- Early deaths: a process that dies soon after a successful exec ---- */
+
+#define EW_EXE_DEPTH 8      /* steps up the executable's path kept, leaf first */
+#define EW_EXE_NAME_LEN 64
+/* death_totals index: a fatal signal is its number, a loader exit EW_TOTAL_EXIT + code. */
+#define EW_TOTAL_EXIT 64
+#define EW_DEATH_TOTALS (EW_TOTAL_EXIT + 256)
+
+enum ew_death_kind {
+	EW_DEATH_LOADER_EXIT = 0, /* exit_group called from inside the ELF interpreter's mapping */
+	EW_DEATH_SIGNAL = 1,      /* a fatal signal with its default action */
+};
+
+struct ew_death {
+	__u64 ktime_ns;         /* bpf_ktime_get_boot_ns() */
+	__u64 age_ns;           /* since the task started (its exec follows the fork) */
+	__u64 cgroup_id;
+	__u64 cgroup_parent_id;
+	__u64 mntns;
+	__u64 root_ino;
+	__u64 exe_ino;          /* mm->exe_file, to find the binary once the task is gone */
+	__u64 exe_dev;          /* its superblock's dev_t, kernel encoding (major << 20 | minor) */
+	__u64 ip;               /* user instruction pointer at exit_group */
+	__u64 interp_base;      /* AT_BASE from the saved auxv: where the loader is mapped */
+	__s32 exit_code;        /* exit_group status (loader exit) */
+	__s32 signal;           /* fatal signal number (signal death) */
+	__u32 pid;
+	__u32 tgid;
+	__u32 ppid;
+	__u32 uid;
+	__u32 kind;             /* enum ew_death_kind */
+	__u32 exe_depth;        /* steps filled in exe[]; bit 31: the walk did not reach / */
+	char comm[EW_TASK_COMM_LEN];
+	char parent_comm[EW_TASK_COMM_LEN];
+	char exe[EW_EXE_DEPTH][EW_EXE_NAME_LEN]; /* its path in the task's root; "" at mounts */
+	char cgroup_name[EW_CGROUP_NAME_LEN];
+};
+
+#define EW_EXE_TRUNCATED 0x80000000u
 
 #endif

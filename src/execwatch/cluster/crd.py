@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from execwatch.cluster.safe import printable
-from execwatch.record import AttributionStatus, ExecFailure, Reason
+from execwatch.record import AttributionStatus, ExecFailure, KernelEvent, Reason
 from execwatch.text import safe_text
 
 GROUP = "execwatch.io"
@@ -33,6 +33,16 @@ MAX_NAME = 253
 MAX_ARCH = 32
 
 _DNS_LABEL = re.compile(r"[^a-z0-9-]+")
+
+
+SYSCALLS = ("execve", "execveat", "exit_group", "signal")  # the CRD's enum
+
+
+def _status(e: KernelEvent) -> str:
+    """ENOEXEC for a failed exec; EXIT127 or SIGSEGV for a death right after one."""
+    if e.early_death:
+        return e.status
+    return errno_mod.errorcode.get(e.errno, f"E{e.errno}".replace("-", ""))
 
 
 def rfc3339(ts: float) -> str:
@@ -97,13 +107,13 @@ def to_body(
     spec: dict[str, Any] = {
         "node": safe_text(node, MAX_NAME),
         "nodeArch": safe_text(d.node_arch or "unknown", MAX_ARCH),
-        "errno": errno_mod.errorcode.get(e.errno, f"E{e.errno}".replace("-", ""))[:32],
+        "errno": _status(e)[:32],
         "reason": str(d.reason),
         "detail": safe_text(d.detail, MAX_DETAIL),
         "path": safe_text(e.path, MAX_PATH) or "?",
         "comm": safe_text(e.comm, MAX_COMM),
         "parentComm": safe_text(e.parent_comm, MAX_COMM),
-        "syscall": e.syscall if e.syscall in ("execve", "execveat") else "execve",
+        "syscall": e.syscall if e.syscall in SYSCALLS else "execve",
         "uid": max(0, min(e.uid, 4294967295)),
         "firstSeen": rfc3339(first_seen),
         "lastSeen": rfc3339(max(first_seen, last_seen)),

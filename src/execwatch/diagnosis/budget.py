@@ -1,28 +1,22 @@
-"""A time budget for work that touches tenant file systems, and memory of the slow ones.
+"""Memory of slow file systems, for the diagnosis time budget (see pipeline.py).
 
 A read on a FUSE file system that never answers, or on a hung NFS mount, blocks its
-thread in the kernel and cannot be interrupted from Python. So each call runs on a
-helper thread and the caller waits at most the budget: a helper that overruns is
-abandoned (it ends when the kernel lets it go) and a fresh one takes the next call.
-The mount the overrunning call was in is remembered, and later diagnoses refuse to
-open files there instead of waiting for it again.
+thread in the kernel and cannot be interrupted from Python. The pipeline's watchdog
+gives up on such a call after its budget; the mount the call was in (noted here as it
+entered it) is remembered, and later diagnoses refuse to open files there instead of
+waiting for it again.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, TypeVar
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -43,19 +37,13 @@ class SlowFileSystem(Exception):
     """Raised instead of opening a file on a mount where a diagnosis already overran."""
 
 
-class Overrun(Exception):
-    def __init__(self, message: str, mount: Mount | None) -> None:
-        super().__init__(message)
-        self.mount = mount
-
-
 @dataclass(eq=False)
 class Attempt:
-    """Where the current call is: set by SlowMounts.enter on the helper thread."""
+    """Where the current call is: set by SlowMounts.enter on the thread making it."""
 
     mount: Mount | None = None
     since: float = 0.0  # when it entered that mount (monotonic)
-    tid: int = 0  # the helper thread's, to see whether the kernel holds it
+    tid: int = 0  # that thread's, to see whether the kernel holds it
 
 
 class SlowMounts:
@@ -176,86 +164,3 @@ class SlowMounts:
 
 def _same(a: Mount, b: Mount) -> bool:
     return a.mount_id == b.mount_id or bool(a.device and a.device == b.device)
-
-
-@dataclass
-class _Job(Generic[T]):
-    fn: Callable[[], T]
-    attempt: Attempt = field(default_factory=Attempt)
-    done: threading.Event = field(default_factory=threading.Event)
-    result: T | None = None
-    error: BaseException | None = None
-    abandoned: bool = False
-
-
-class Budget:
-    """Runs calls on helper threads and waits for each at most `seconds`.
-
-    At most `max_stuck` abandoned helpers may still be blocked: past that, calls fail at
-    once instead of piling up threads on a file system that never answers."""
-
-    def __init__(self, seconds: float, slow: SlowMounts, *, max_stuck: int = 8) -> None:
-        self.seconds = seconds
-        self._slow = slow
-        self._max_stuck = max_stuck
-        self._lock = threading.Lock()
-        self._idle: list[queue.SimpleQueue[_Job[object] | None]] = []
-        self._stuck = 0
-        self._helpers: list[queue.SimpleQueue[_Job[object] | None]] = []
-
-    @property
-    def stuck(self) -> int:
-        with self._lock:
-            return self._stuck
-
-    def call(self, fn: Callable[[], T]) -> T:
-        job: _Job[T] = _Job(fn)
-        inbox = self._helper()
-        inbox.put(job)  # type: ignore[arg-type]
-        if not job.done.wait(self.seconds):
-            with self._lock:
-                if not job.done.is_set():
-                    job.abandoned = True
-                    self._stuck += 1
-            if job.abandoned:
-                where = f" in {job.attempt.mount}" if job.attempt.mount else ""
-                raise Overrun(f"overran its {self.seconds:g} s budget{where}", job.attempt.mount)
-        if job.error is not None:
-            raise job.error
-        return job.result  # type: ignore[return-value]
-
-    def close(self) -> None:
-        """Ends idle helpers; abandoned ones end on their own when the kernel lets them go."""
-        with self._lock:
-            helpers, self._helpers, self._idle = self._helpers, [], []
-        for inbox in helpers:
-            inbox.put(None)
-
-    def _helper(self) -> queue.SimpleQueue[_Job[object] | None]:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-            if self._stuck >= self._max_stuck:
-                raise Overrun(f"{self._stuck} earlier calls are still blocked", None)
-            inbox: queue.SimpleQueue[_Job[object] | None] = queue.SimpleQueue()
-            self._helpers.append(inbox)
-        threading.Thread(target=self._serve, args=(inbox,), name="budgeted", daemon=True).start()
-        return inbox
-
-    def _serve(self, inbox: queue.SimpleQueue[_Job[object] | None]) -> None:
-        while (job := inbox.get()) is not None:
-            self._slow.attach(job.attempt)
-            try:
-                job.result = job.fn()
-            except BaseException as exc:  # handed to the caller, who decides
-                job.error = exc
-            finally:
-                self._slow.attach(None)
-            with self._lock:
-                job.done.set()
-                if job.abandoned:
-                    self._stuck -= 1
-                if inbox in self._helpers:
-                    self._idle.append(inbox)
-                else:
-                    return

@@ -28,6 +28,7 @@ from execwatch.diagnosis.budget import SlowFileSystem, SlowMounts
 from execwatch.diagnosis.confined import NotRegularFile, Resolver, Root, reopen_regular
 from execwatch.diagnosis.container_rootfs import ContainerRootfs
 from execwatch.diagnosis.roots import RootLocator
+from execwatch.diagnosis.startup import StartupDiagnoser
 from execwatch.record import Diagnosis, KernelEvent, Reason
 
 HEAD_BYTES = 512  # the kernel reads 256 for #! (Linux 5.1+) and 64 for the ELF header
@@ -79,12 +80,15 @@ class FileDiagnoser:
         self._node = node or node_platform()
         self._slow = slow
         self._resolver = Resolver(slow)
+        self._startup = StartupDiagnoser(self._locator, self._node, slow)
 
     @property
     def node_arch(self) -> str:
         return self._node.architecture
 
     def diagnose(self, event: KernelEvent) -> Diagnosis:
+        if event.early_death:
+            return self._startup.diagnose(event)
         root = self._locator.open(event)
         if root is None:
             return self._result(

@@ -66,3 +66,56 @@ def leaf_first(raw: bytes) -> str:
 def user_dev(kernel_dev: int) -> int:
     """A kernel dev_t (major << 20 | minor) as st_dev encodes it."""
     return os.makedev(kernel_dev >> 20, kernel_dev & 0xFFFFF)
+
+
+def exe_path(raw_components: bytes, depth: int) -> str:
+    """The executable's path from the kernel's leaf-first dentry names ("…/" when cut short).
+
+    An empty slot is a mount crossing, not a component."""
+    n = min(depth & 0xFF, layout.EXE_DEPTH)
+    size = layout.EXE_NAME_LEN
+    names = [c_string(raw_components[i * size : (i + 1) * size]) for i in range(n)]
+    path = "/" + "/".join(name for name in reversed(names) if name)
+    return "…" + path if depth & layout.EXE_TRUNCATED else path
+
+
+def kernel_dev(dev: int) -> int:
+    """The kernel's internal dev_t (major << 20 | minor) as st_dev reports it."""
+    return os.makedev(dev >> 20, dev & 0xFFFFF)
+
+
+def decode_death(raw: bytes, epoch_offset: float) -> KernelEvent:
+    (
+        ktime, age, cgroup_id, cgroup_parent_id, mntns, root_ino, exe_ino, exe_dev, _ip, _base,
+        exit_code, sig, pid, tgid, ppid, uid, kind, depth, comm, parent_comm, exe, cgroup_name,
+    ) = layout.DEATH_STRUCT.unpack_from(raw)  # fmt: skip
+    signal_death = kind == layout.DEATH_SIGNAL
+    return KernelEvent(
+        time=epoch_offset + ktime / 1e9,
+        errno=0,
+        pid=pid,
+        tgid=tgid,
+        ppid=ppid,
+        uid=uid,
+        comm=c_string(comm),
+        parent_comm=c_string(parent_comm),
+        path=exe_path(exe, depth),
+        cgroup_id=cgroup_id,
+        mntns=mntns,
+        syscall="signal" if signal_death else "exit_group",
+        root_ino=root_ino,
+        cgroup_parent_id=cgroup_parent_id,
+        cgroup_name=c_string(cgroup_name),
+        exit_code=None if signal_death else exit_code,
+        signal=sig if signal_death else None,
+        age_ms=age / 1e6,
+        exe_ino=exe_ino,
+        exe_dev=kernel_dev(exe_dev),
+    )
+
+
+def decode_record(raw: bytes, epoch_offset: float) -> KernelEvent:
+    """Either ring buffer's record: the two structs differ in size (tests/probe/test_layout)."""
+    if len(raw) == layout.DEATH_STRUCT.size:
+        return decode_death(raw, epoch_offset)
+    return decode(raw, epoch_offset)

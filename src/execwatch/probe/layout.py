@@ -19,7 +19,19 @@ BASE_IN_ROOT = 0x4
 SYSCALLS = ("execve", "execveat")
 STAT_RINGBUF_DROPS = 0
 STAT_COUNTER_FULL = 1
-STAT_NAMES = {STAT_RINGBUF_DROPS: "ringbuf_full", STAT_COUNTER_FULL: "counter_map_full"}
+STAT_DEATH_DROPS = 2
+STAT_NAMES = {
+    STAT_RINGBUF_DROPS: "ringbuf_full",
+    STAT_COUNTER_FULL: "counter_map_full",
+    STAT_DEATH_DROPS: "death_ringbuf_full",
+}
+EXE_DEPTH = 8
+EXE_NAME_LEN = 64
+EXE_TRUNCATED = 0x80000000
+TOTAL_EXIT = 64  # death_totals: a signal is its number, a loader exit TOTAL_EXIT + code
+DEATH_TOTALS = TOTAL_EXIT + 256
+DEATH_LOADER_EXIT = 0
+DEATH_SIGNAL = 1
 
 
 class Config(ctypes.Structure):
@@ -27,6 +39,7 @@ class Config(ctypes.Structure):
         ("wakeup_interval_ns", ctypes.c_uint64),
         ("all_errnos", ctypes.c_uint32),
         ("pad", ctypes.c_uint32),
+        ("death_window_ns", ctypes.c_uint64),
     )
 
 
@@ -62,6 +75,33 @@ class Event(ctypes.Structure):
     )
 
 
+class Death(ctypes.Structure):
+    _fields_ = (
+        ("ktime_ns", ctypes.c_uint64),
+        ("age_ns", ctypes.c_uint64),
+        ("cgroup_id", ctypes.c_uint64),
+        ("cgroup_parent_id", ctypes.c_uint64),
+        ("mntns", ctypes.c_uint64),
+        ("root_ino", ctypes.c_uint64),
+        ("exe_ino", ctypes.c_uint64),
+        ("exe_dev", ctypes.c_uint64),
+        ("ip", ctypes.c_uint64),
+        ("interp_base", ctypes.c_uint64),
+        ("exit_code", ctypes.c_int32),
+        ("signal", ctypes.c_int32),
+        ("pid", ctypes.c_uint32),
+        ("tgid", ctypes.c_uint32),
+        ("ppid", ctypes.c_uint32),
+        ("uid", ctypes.c_uint32),
+        ("kind", ctypes.c_uint32),
+        ("exe_depth", ctypes.c_uint32),
+        ("comm", ctypes.c_char * TASK_COMM_LEN),
+        ("parent_comm", ctypes.c_char * TASK_COMM_LEN),
+        ("exe", ctypes.c_char * (EXE_DEPTH * EXE_NAME_LEN)),
+        ("cgroup_name", ctypes.c_char * CGROUP_NAME_LEN),
+    )
+
+
 class CountKey(ctypes.Structure):
     _fields_ = (("cgroup_id", ctypes.c_uint64), ("err", ctypes.c_int32), ("pad", ctypes.c_uint32))
 
@@ -83,3 +123,22 @@ EVENT_STRUCT = struct.Struct(
     f"=QQQQQiIIIIiII{TASK_COMM_LEN}s{TASK_COMM_LEN}s{PATH_LEN}s{FD_NAME_LEN}s{CGROUP_NAME_LEN}s"
     f"QQQIIII{DPATH_LEN}s{DPATH_LEN}s"
 )
+
+DEATH_STRUCT = struct.Struct(
+    f"=QQQQQQQQQQiiIIIIII{TASK_COMM_LEN}s{TASK_COMM_LEN}s{EXE_DEPTH * EXE_NAME_LEN}s"
+    f"{CGROUP_NAME_LEN}s"
+)
+
+
+class DeathFields:
+    """Byte slices of Death fields, for the pipeline's repeat key."""
+
+    cgroup = slice(Death.cgroup_id.offset, Death.cgroup_id.offset + 8)
+    mntns = slice(Death.mntns.offset, Death.mntns.offset + 8)
+    exe_ino = slice(Death.exe_ino.offset, Death.exe_ino.offset + 8)
+    exe_dev = slice(Death.exe_dev.offset, Death.exe_dev.offset + 8)
+    exit_code = slice(Death.exit_code.offset, Death.exit_code.offset + 4)
+    signal = slice(Death.signal.offset, Death.signal.offset + 4)
+
+
+DEATH_FIELDS = DeathFields()

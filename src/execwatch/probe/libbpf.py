@@ -50,6 +50,7 @@ def load_libbpf(name: str = "libbpf.so.1") -> ctypes.CDLL:
         "bpf_map_get_next_key": (c_int, [c_int, c_void_p, c_void_p]),
         "bpf_map_delete_elem": (c_int, [c_int, c_void_p]),
         "ring_buffer__new": (c_void_p, [c_int, RingBufferCallback, c_void_p, c_void_p]),
+        "ring_buffer__add": (c_int, [c_void_p, c_int, RingBufferCallback, c_void_p]),
         "ring_buffer__poll": (c_int, [c_void_p, c_int]),
         "ring_buffer__consume": (c_int, [c_void_p]),
         "ring_buffer__epoll_fd": (c_int, [c_void_p]),

@@ -7,6 +7,7 @@ import errno
 import itertools
 import logging
 import os
+import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -65,6 +66,8 @@ class ProbeOptions:
     all_errnos: bool = False
     wakeup_interval_ms: float = 10.0
     object_path: Path | None = None
+    death_window_ms: float = 2000.0  # a process dying this soon after it started is reported
+    death_ringbuf_bytes: int = 1 << 20
 
 
 def default_object_path() -> Path:
@@ -146,6 +149,7 @@ class Probe:
     def _configure(self) -> None:
         self._lib.bpf_map__set_max_entries(self._map("events"), self.options.ringbuf_bytes)
         self._lib.bpf_map__set_max_entries(self._map("counts"), self.options.count_entries)
+        self._lib.bpf_map__set_max_entries(self._map("deaths"), self.options.death_ringbuf_bytes)
         rodata = self._map_by_suffix(".rodata")
         size = ctypes.c_size_t()
         self._lib.bpf_map__initial_value(rodata, ctypes.byref(size))
@@ -154,6 +158,7 @@ class Probe:
         cfg = layout.Config(
             wakeup_interval_ns=int(self.options.wakeup_interval_ms * 1e6),
             all_errnos=int(self.options.all_errnos),
+            death_window_ns=int(self.options.death_window_ms * 1e6),
         )
         self._lib.bpf_map__set_initial_value(rodata, ctypes.byref(cfg), ctypes.sizeof(cfg))
 
@@ -195,7 +200,8 @@ class Probe:
         return out
 
     def open_ring_buffer(self, on_record: Callable[[bytes], None]) -> None:
-        """Deliver each raw ring-buffer record to on_record during poll()."""
+        """Deliver each raw record of both ring buffers (failed execs, early deaths) to
+        on_record during poll(); events.decode_record tells them apart by size."""
 
         def trampoline(_ctx: int, data: int, size: int) -> int:
             try:
@@ -211,6 +217,11 @@ class Probe:
         if not rb:
             raise ProbeError(f"cannot open the ring buffer: {os.strerror(ctypes.get_errno())}")
         self._ringbuf = rb
+        fd = self._lib.bpf_map__fd(self._map("deaths"))
+        if self._lib.ring_buffer__add(rb, fd, self._callback, None) < 0:
+            raise ProbeError(
+                f"cannot open the deaths ring buffer: {os.strerror(ctypes.get_errno())}"
+            )
 
     def poll(self, timeout_ms: int) -> int:
         """Wait up to timeout_ms for a wakeup, then consume every record present.
@@ -244,6 +255,16 @@ class Probe:
             n = self._percpu_sum(fd, ctypes.c_uint32(err))
             if n:
                 totals[err] = n
+        return totals
+
+    def death_totals(self) -> dict[str, int]:
+        """Exact count of early deaths since load, by "SIGSEGV"-style signal or "EXIT127"."""
+        fd = self._lib.bpf_map__fd(self._map("death_totals"))
+        totals = {}
+        for idx in range(1, layout.DEATH_TOTALS):
+            n = self._percpu_sum(fd, ctypes.c_uint32(idx))
+            if n:
+                totals[death_label(idx)] = n
         return totals
 
     def stats(self) -> dict[str, int]:
@@ -294,6 +315,15 @@ class Probe:
         if self._obj:
             self._lib.bpf_object__close(self._obj)
             self._obj = None
+
+
+def death_label(index: int) -> str:
+    if index >= layout.TOTAL_EXIT:
+        return f"EXIT{index - layout.TOTAL_EXIT}"
+    try:
+        return signal.Signals(index).name
+    except ValueError:
+        return f"SIG{index}"
 
 
 def kernel_features(lib: ctypes.CDLL, features: tuple[KernelFeature, ...]) -> dict[str, bool]:

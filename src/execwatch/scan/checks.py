@@ -206,6 +206,17 @@ class Checker:
                 f"{v.library}: version `{v.version}' not found (required by {v.needed_by})",
                 entry,
             )
+        if result.missing or result.versions:
+            return
+        for sym in self.linker.missing_symbols(result):
+            version = f", version {sym.version}" if sym.version else ""
+            self.add(
+                Check.MISSING_SYMBOL,
+                Severity.ERROR,
+                path,
+                f"undefined symbol: {sym.symbol}{version} (symbol lookup error, exit 127)",
+                entry,
+            )
 
     def _loader_check(self, path: str, info: ElfInfo, entry: bool) -> LibcFlavor | None:
         """Check PT_INTERP; return the libc rules to resolve libraries with, or None to stop."""

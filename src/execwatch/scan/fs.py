@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol
 
 from execwatch.binfmt import BinfmtError, ElfInfo, read_elf, sniff
+from execwatch.binfmt.symbols import DynamicSymbols, read_dynamic_symbols
 from execwatch.scan.errors import LimitExceeded, ScanInputError
 
 HEAD_BYTES = 256  # what the kernel's binfmt handlers look at (BINPRM_BUF_SIZE)
@@ -259,6 +260,17 @@ class DirectoryFS:
             return node
         finally:
             self.bytes_read += raw.count
+
+    def dynamic_symbols(self, path: str) -> DynamicSymbols | None:
+        node = self.node(path)
+        if node is None or node.elf is None:
+            return None
+        try:
+            fd = os.open(self._host(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            return read_dynamic_symbols(f, node.elf)
 
     def listdir(self, path: str) -> list[str]:
         try:

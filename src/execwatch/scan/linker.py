@@ -15,8 +15,10 @@ from __future__ import annotations
 import fnmatch
 import posixpath
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 from execwatch.binfmt import ElfInfo, LibcFlavor, musl_arch
+from execwatch.binfmt.symbols import DynamicSymbols, SymbolRef
 from execwatch.scan.errors import LimitExceeded
 from execwatch.scan.fs import FileSystem, Node, resolve
 
@@ -65,11 +67,28 @@ class MissingVersion:
     needed_by: str
 
 
+@dataclass(frozen=True)
+class MissingSymbol:
+    symbol: str
+    version: str | None
+    library: str | None  # the DT_NEEDED name the version is required from
+    needed_by: str
+
+
 @dataclass
 class Resolution:
     loaded: list[Loaded] = field(default_factory=list)
     missing: list[MissingLibrary] = field(default_factory=list)
     versions: list[MissingVersion] = field(default_factory=list)
+    interpreter: Loaded | None = None
+
+
+@runtime_checkable
+class SymbolSource(Protocol):
+    """A FileSystem that can read an object's dynamic symbols again (a directory or a live
+    root can; an image held in memory keeps only headers, so its symbols are unknown)."""
+
+    def dynamic_symbols(self, path: str) -> DynamicSymbols | None: ...
 
 
 def multiarch(info: ElfInfo) -> str | None:
@@ -104,7 +123,7 @@ class Linker:
         result = Resolution()
         root = Loaded(path, info)
         by_name: dict[str, Loaded] = {}
-        interp = self._interpreter(info)
+        interp = result.interpreter = self._interpreter(info)
         if interp is not None:
             by_name[posixpath.basename(interp.path)] = interp
             if interp.info.soname:
@@ -133,6 +152,27 @@ class Linker:
         if flavor == "glibc":
             result.versions = self._check_versions(result.loaded, by_name)
         return result
+
+    def missing_symbols(self, result: Resolution) -> list[MissingSymbol]:
+        """The executable's non-weak imports that no loaded object exports (with the version
+        asked for). Empty when the file system cannot read symbols, or one object is unknown:
+        a guess would be worse than no answer."""
+        if not isinstance(self.fs, SymbolSource) or not result.loaded:
+            return []
+        exe = result.loaded[0]
+        providers = [obj.path for obj in result.loaded[1:]]
+        if result.interpreter is not None:
+            providers.append(result.interpreter.path)
+        wanted = self.fs.dynamic_symbols(exe.path)
+        tables = [self.fs.dynamic_symbols(p) for p in providers]
+        if wanted is None or any(t is None for t in tables):
+            return []
+        known = [t for t in tables if t is not None]
+        return [
+            MissingSymbol(ref.name, ref.version, ref.library, exe.path)
+            for ref in wanted.imports
+            if not any(t.defines(ref) for t in known) and _checkable(ref, result)
+        ]
 
     # --- search -----------------------------------------------------------------------------
 
@@ -311,6 +351,18 @@ class Linker:
                     if not req.weak and req.name not in lib.info.version_defs:
                         out.append(MissingVersion(req.name, lib.path, obj.path))
         return out
+
+
+def _checkable(ref: SymbolRef, result: Resolution) -> bool:
+    """A versioned import from a library that did not load is already a MissingLibrary."""
+    if ref.library is None:
+        return True
+    names = {posixpath.basename(o.path) for o in result.loaded}
+    names |= {o.info.soname for o in result.loaded if o.info.soname}
+    if result.interpreter is not None:
+        names.add(posixpath.basename(result.interpreter.path))
+        names |= {result.interpreter.info.soname or ""}
+    return ref.library in names or not any(m.name == ref.library for m in result.missing)
 
 
 @dataclass

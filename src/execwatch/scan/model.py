@@ -29,6 +29,7 @@ class Check(enum.StrEnum):
     MISSING_INTERPRETER = "missing-interpreter"
     MISSING_LIBRARY = "missing-library"
     MISSING_SYMBOL_VERSION = "missing-symbol-version"
+    MISSING_SYMBOL = "missing-symbol"
     LIBC_MISMATCH = "libc-mismatch"
     MISSING_SHEBANG_INTERPRETER = "missing-shebang-interpreter"
     SHEBANG_CRLF = "shebang-crlf"
@@ -43,6 +44,7 @@ CHECK_DESCRIPTIONS: dict[Check, str] = {
     Check.MISSING_INTERPRETER: "the ELF loader named in PT_INTERP is absent from the image",
     Check.MISSING_LIBRARY: "a DT_NEEDED library cannot be found by the image's loader rules",
     Check.MISSING_SYMBOL_VERSION: "a required symbol version is not defined by the library",
+    Check.MISSING_SYMBOL: "an imported symbol no loaded library exports (a root on disk only)",
     Check.LIBC_MISMATCH: "a glibc binary on a musl image, or the reverse (gcompat included)",
     Check.MISSING_SHEBANG_INTERPRETER: "the #! interpreter is absent from the image",
     Check.SHEBANG_CRLF: "the #! line ends in CR: the kernel looks for an interpreter ending in \\r",

@@ -20,6 +20,7 @@ from execwatch.scan.errors import CorruptInput, NothingToCheck, ScanInputError
 from execwatch.scan.fs import DirectoryFS, FileSystem, MemoryFS, describe_file
 from execwatch.scan.layers import apply_layer
 from execwatch.scan.limits import Limits, decompressed
+from execwatch.scan.linker import SymbolSource
 from execwatch.scan.model import ImageResult, ScanReport
 from execwatch.scan.registry import RegistryOptions, looks_like_reference, registry_images
 from execwatch.scan.sources import (
@@ -205,7 +206,13 @@ def _check(label: str, fs: FileSystem, target: Target, progress: Progress | None
     tick = progress(label, None) if progress is not None else None
     findings, stats = Checker(target).run(tick)
     findings.sort(key=lambda f: (not f.entrypoint, -f.severity, f.check, f.path))
-    return ImageResult(label, str(target.platform), target.entrypoint, findings, stats)
+    result = ImageResult(label, str(target.platform), target.entrypoint, findings, stats)
+    if not isinstance(fs, SymbolSource):
+        result.notes.append(
+            "missing-symbol not checked: symbols are read from a root on disk"
+            " (execwatch scan DIR), not kept from image layers"
+        )
+    return result
 
 
 def _argv(cfg: dict[str, object]) -> list[str] | None:

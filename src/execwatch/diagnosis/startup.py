@@ -1,0 +1,195 @@
+"""Why did a process die right after a successful exec? The loader's rules, applied in its root.
+
+The kernel reports an early death (execwatch.bpf: the loader called exit_group, or a
+fatal signal came within the window) with the executable's path, inode and device. Here
+the executable is found again in the task's root (or a stand-in with the same root) and
+resolved with the scanner's linker, so `execwatch scan` and the node agree on what is
+missing. An early death that nothing explains is a StartupCrash when a signal killed it
+and BenignExit otherwise (a musl shell saying "command not found" exits 127 from
+inside musl's loader, which is also its libc).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from execwatch.binfmt import (
+    ElfInfo,
+    LibcFlavor,
+    Platform,
+    can_execute,
+    libc_flavor,
+    loader_flavor,
+    node_platform,
+)
+from execwatch.diagnosis.budget import SlowFileSystem, SlowMounts
+from execwatch.diagnosis.roots import RootLocator
+from execwatch.diagnosis.rootview import RootView
+from execwatch.record import Diagnosis, KernelEvent, Reason
+from execwatch.scan.fs import FileSystem, resolve
+from execwatch.scan.linker import Linker
+
+CACHE_SIZE = 1024
+
+
+@dataclass(frozen=True)
+class Finding:
+    reason: Reason
+    detail: str
+    interpreter: str | None = None
+    library: str | None = None
+    symbol: str | None = None
+    version: str | None = None
+
+
+def running_loader(fs: FileSystem, info: ElfInfo) -> tuple[str, LibcFlavor | None] | None:
+    """The file behind PT_INTERP in this root, and which C library it really belongs to."""
+    if info.interpreter is None:
+        return None
+    real = resolve(fs, info.interpreter)
+    loader = fs.node(real) if real else None
+    if real is None or loader is None:
+        return None  # the kernel would have refused the exec: not an early death
+    return real, loader_flavor(real, loader.elf)
+
+
+def explain(fs: FileSystem, path: str, info: ElfInfo) -> Finding | None:
+    """What the dynamic loader of this root cannot do for this executable, or None."""
+    found = running_loader(fs, info)
+    if found is None or info.interpreter is None:
+        return None
+    real, actual = found
+    wanted = libc_flavor(info.interpreter)
+    if wanted is not None and actual is not None and wanted != actual:
+        return Finding(
+            Reason.LIBC_MISMATCH,
+            f"a {wanted} binary run by {actual}'s loader ({info.interpreter} -> {real}),"
+            " as gcompat installs it: symbols resolve against the wrong C library",
+            interpreter=info.interpreter,
+        )
+    linker = Linker(fs, {})
+    result = linker.resolve(path, info, actual or wanted or "glibc")
+    if result.missing:
+        miss = result.missing[0]
+        by = "" if miss.needed_by == path else f" (needed by {miss.needed_by})"
+        return Finding(
+            Reason.MISSING_LIBRARY,
+            f"{miss.name}{by}: {miss.reason}",
+            interpreter=info.interpreter,
+            library=miss.name,
+        )
+    if result.versions:
+        v = result.versions[0]
+        return Finding(
+            Reason.MISSING_SYMBOL_VERSION,
+            f"{v.library}: version `{v.version}' not found (required by {v.needed_by})",
+            interpreter=info.interpreter,
+            library=v.library,
+            version=v.version,
+        )
+    for sym in linker.missing_symbols(result):
+        version = f", version {sym.version}" if sym.version else ""
+        return Finding(
+            Reason.MISSING_SYMBOL,
+            f"undefined symbol: {sym.symbol}{version}"
+            + (f" (not in {sym.library})" if sym.library else ""),
+            interpreter=info.interpreter,
+            library=sym.library,
+            symbol=sym.symbol,
+            version=sym.version,
+        )
+    return None
+
+
+class StartupDiagnoser:
+    """Diagnoses early deaths; results are cached per executable and root."""
+
+    def __init__(
+        self,
+        locator: RootLocator | None = None,
+        node: Platform | None = None,
+        slow: SlowMounts | None = None,
+    ) -> None:
+        self._locator = locator or RootLocator()
+        self._node = node or node_platform()
+        self._slow = slow
+        self._cache: OrderedDict[tuple[int, int, int, int, int | None, int | None], Diagnosis] = (
+            OrderedDict()
+        )
+
+    def diagnose(self, event: KernelEvent) -> Diagnosis:
+        key = (
+            event.mntns,
+            event.root_ino,
+            event.exe_ino,
+            event.exe_dev,
+            event.exit_code,
+            event.signal,
+        )
+        cached = self._cache.get(key)
+        if cached is not None:
+            self._cache.move_to_end(key)
+            return cached
+        diagnosis = self._diagnose(event)
+        self._cache[key] = diagnosis
+        while len(self._cache) > CACHE_SIZE:
+            self._cache.popitem(last=False)
+        return diagnosis
+
+    def _diagnose(self, event: KernelEvent) -> Diagnosis:
+        try:
+            return self._diagnose_in_root(event)
+        except SlowFileSystem as exc:
+            detail = f"not read: {exc}"
+            return Diagnosis(Reason.UNDIAGNOSED, self._node.architecture, detail=detail)
+
+    def _diagnose_in_root(self, event: KernelEvent) -> Diagnosis:
+        root = self._locator.open(event)
+        if root is None:
+            return self._unexplained(event, "the task is gone and no live task has its root")
+        try:
+            fs = RootView(root, self._slow)
+            st = fs.stat(event.path)
+            if st is None or (
+                event.exe_ino and (st.st_ino, st.st_dev) != (event.exe_ino, event.exe_dev)
+            ):
+                return self._unexplained(event, f"{event.path} is no longer the file that ran")
+            node = fs.node(event.path)
+            if node is None or node.elf is None:
+                return self._unexplained(event, "not a readable ELF file")
+            info = node.elf
+            if info.platform is not None and not can_execute(self._node, info.platform):
+                return self._unexplained(event, f"an {info.arch} binary (binfmt_misc?)")
+            finding = explain(fs, event.path, info)
+            loader = running_loader(fs, info)
+        finally:
+            root.close()
+        if finding is None:
+            flavor = loader[1] if loader else None
+            return self._unexplained(event, "its libraries and versions resolve", flavor)
+        return Diagnosis(
+            finding.reason,
+            self._node.architecture,
+            binary_arch=info.arch,
+            interpreter=finding.interpreter,
+            detail=finding.detail,
+            library=finding.library,
+            symbol=finding.symbol,
+            version=finding.version,
+        )
+
+    def _unexplained(
+        self, event: KernelEvent, why: str, flavor: LibcFlavor | None = None
+    ) -> Diagnosis:
+        """A signal: the program's own crash. An exit: benign under musl, whose loader is
+        also the libc every exit goes through; under glibc only a loader failure exits
+        from ld.so, so it is reported, undiagnosed."""
+        arch = self._node.architecture
+        if event.signal is not None:
+            detail = f"{event.status} {event.age_ms or 0:.0f} ms after it started; {why}"
+            return Diagnosis(Reason.STARTUP_CRASH, arch, detail=detail)
+        detail = f"exit {event.exit_code} from inside the ELF loader; {why}"
+        if flavor == "glibc":
+            return Diagnosis(Reason.UNDIAGNOSED, arch, detail=detail)
+        return Diagnosis(Reason.BENIGN_EXIT, arch, detail=detail)
