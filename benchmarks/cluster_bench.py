@@ -63,7 +63,8 @@ from tests.kube.processes import ExecwatchProcess
 
 from benchmarks.common import rss_mb, save
 from execwatch.cluster import crd
-from execwatch.cluster.publisher import ApiSink, Publisher, PublisherConfig
+from execwatch.cluster.kubeapi import RecordApi
+from execwatch.cluster.publisher import Publisher, PublisherConfig
 
 NODE = "bench-node"
 WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE")
@@ -237,7 +238,17 @@ def bench_latency(kube: KubeCluster, work: Path, failures: int) -> dict[str, Any
         watcher.start()
         handler = start_execwatch(handler_args(handler_cfg), work / "handler-latency.log")
         agent = start_execwatch(
-            ["agent", "--kubeconfig", str(agent_cfg), "--node", NODE, "--pod-metadata", "api"],
+            [
+                "agent",
+                "--kubeconfig",
+                str(agent_cfg),
+                "--node",
+                NODE,
+                "--pod-metadata",
+                "api",
+                "--spool-dir",
+                str(work / "spool"),
+            ],
             work / "agent.log",
         )
         name = None
@@ -292,14 +303,13 @@ def make_records(
     kube: KubeCluster, admin: client.ApiClient, ns: str, records: int, tag: str
 ) -> None:
     """`records` records from the agent identity, over 50 pods, each a new Event series."""
-    agent_api = kube.client(kube.node_token(*AGENT_SA, NODE))
     pods = [make_pod(admin, ns, f"app-5f6d7c8b9-{i:05d}") for i in range(50)]
-    sink = ApiSink(agent_api, crd.DEFAULT_NAMESPACE)
+    sink = RecordApi(kube.lightkube(kube.node_token(*AGENT_SA, NODE)), crd.DEFAULT_NAMESPACE)
 
     def create(i: int) -> None:
         p = pods[i % len(pods)]
         failure = exec_failure(
-            pod=agent_api.sanitize_for_serialization(p),
+            pod=admin.sanitize_for_serialization(p),
             path=f"/usr/bin/tool-{i}",
             node_arch="amd64",
         )
@@ -420,7 +430,6 @@ def bench_crash_loop(
     kube: KubeCluster, work: Path, seconds: float, window: float
 ) -> dict[str, Any]:
     admin = kube.client()
-    agent_api = kube.client(kube.node_token(*AGENT_SA, NODE))
     handler_cfg = kube.kubeconfig(kube.service_account_token(*HANDLER_SA), work / "handler.kcfg")
     containers, per_second = 3, 10
     with fresh_namespace(admin) as ns:
@@ -431,7 +440,7 @@ def bench_crash_loop(
         handler = start_execwatch(handler_args(handler_cfg), work / "handler-crash.log")
         publisher = Publisher(
             PublisherConfig(node=NODE, aggregation_window=window),
-            ApiSink(agent_api, crd.DEFAULT_NAMESPACE),
+            RecordApi(kube.lightkube(kube.node_token(*AGENT_SA, NODE)), crd.DEFAULT_NAMESPACE),
         )
         try:
             wait_for(lambda: lease_holder(admin), 30, "handler lease")

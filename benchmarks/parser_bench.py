@@ -29,6 +29,7 @@ from tests.scan.corpus import CORPUS as SCAN_CORPUS
 
 from benchmarks.common import save
 from execwatch.binfmt import Platform, read_elf
+from execwatch.binfmt.symbols import read_dynamic_symbols
 from execwatch.scan.runner import ScanOptions, scan
 
 TARGET_SECONDS = 0.050
@@ -142,6 +143,15 @@ def _ms(result: dict[str, object]) -> float | None:
     return round(float(seconds) * 1000, 3) if isinstance(seconds, (int, float)) else None
 
 
+def bench_symbols(name: str, data: bytes, repeat: int) -> dict[str, object]:
+    """read_dynamic_symbols (the missing-symbol check's reader) after read_elf."""
+    info = read_elf(io.BytesIO(data))
+    outcome, cost = measure(lambda: read_dynamic_symbols(io.BytesIO(data), info), repeat)
+    result = "unknown (None)" if outcome is None else type(outcome).__name__
+    return {"input": name, "bytes": len(data), "outcome": result,
+            "ms": round(cost.seconds * 1000, 3), "peak_kib": cost.peak_bytes // 1024}  # fmt: skip
+
+
 def bench_scan(name: str, target: Path) -> dict[str, object]:
     options = ScanOptions(platform=Platform.parse("linux/amd64"))
     outcome, cost = measure(lambda: scan(str(target), options), repeat=3)
@@ -157,7 +167,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    elf_rows, scan_rows = [], []
+    elf_rows, scan_rows, symbol_rows = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for name, make in ELF_CORPUS.items():
@@ -168,13 +178,21 @@ def main() -> None:
         sparse = sparse_elf(work / "sparse")
         elf_rows.append(bench_elf("2GB-sparse-file", None, sparse, args.repeat))
         sparse.unlink()
+        symbol_rows.append(
+            bench_symbols("dynsym-suffix-bomb", ELF_CORPUS["dynsym-suffix-bomb"](), args.repeat)
+        )
         for real in REAL:
             path = Path(real).resolve()
             if path.exists():
                 elf_rows.append(bench_elf(real, path.read_bytes(), path, args.repeat))
+                symbol_rows.append(bench_symbols(real, path.read_bytes(), args.repeat))
         for name, build in SCAN_CORPUS.items():
             scan_rows.append(bench_scan(name, build(work / f"scan-{name}")))
     _print(elf_rows, scan_rows)
+    print("\n| dynamic symbols of | bytes | result | ms | peak KiB (traced) |")
+    print("|---|---:|---|---:|---:|")
+    for r in symbol_rows:
+        print(f"| {r['input']} | {r['bytes']:,} | {r['outcome']} | {r['ms']} | {r['peak_kib']:,} |")
     over = [
         r["input"]
         for r in elf_rows
@@ -182,7 +200,10 @@ def main() -> None:
         and (float(str(r["ms"])) > TARGET_SECONDS * 1000 or int(str(r["peak_kib"])) > 16 << 10)
     ]
     print(f"ELF inputs <= 16 MiB over the 50 ms / 16 MiB target: {over or 'none'}")
-    path = save("parser_bench", {"elf": elf_rows, "scan": scan_rows, "over_target": over})
+    path = save(
+        "parser_bench",
+        {"elf": elf_rows, "symbols": symbol_rows, "scan": scan_rows, "over_target": over},
+    )
     print(f"saved {path}")
 
 

@@ -7,7 +7,7 @@
 # Result: CACHE_DIR/<release>/{vmlinuz,version,modules/...}; a kernel that cannot be
 # fetched fails the script (and so `make test`).
 set -euo pipefail
-. "$(dirname "$0")/private-apt.sh"
+source "$(dirname "$0")/private-apt.sh"
 cache=$(realpath -m "${1:-.cache/kernels}")
 mirror=http://deb.debian.org
 # release name -> apt sources (one per line)

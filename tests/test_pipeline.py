@@ -10,7 +10,7 @@ import pytest
 
 from execwatch.pipeline import Heartbeat, NodePipeline
 from execwatch.probe import layout
-from execwatch.record import Diagnosis, ExecFailure, KernelEvent, Reason
+from execwatch.record import Attribution, Diagnosis, ExecFailure, KernelEvent, Reason
 
 
 def raw_event(path: bytes, *, cgroup: int = 7, err: int = 8, stale: bytes = b"") -> bytes:
@@ -231,3 +231,25 @@ def test_the_heartbeat_fails_only_when_the_loop_stops() -> None:
     assert "has not run for" in (beat.problem() or "")
     beat.beat()
     assert beat.problem() is None
+
+
+def test_a_hung_attribution_keeps_the_diagnosis(
+    emitted: list[ExecFailure], pipeline: Callable[..., NodePipeline]
+) -> None:
+    release = threading.Event()
+
+    class HungAttributor:
+        def resolve(self, cgroup_id: int, pid: int | None = None, **kw: object) -> Attribution:
+            release.wait()
+            return Attribution()
+
+    observer = Observer()
+    p = pipeline(
+        CountingDiagnoser(), emitted, attributor=HungAttributor(), budget=0.3, observer=observer
+    )
+    p.on_record(raw_event(b"/app/server"))
+    settled(p)
+    release.set()
+    assert [f.diagnosis.reason for f in emitted] == [Reason.FOREIGN_ARCHITECTURE]
+    assert emitted[0].attribution == Attribution()
+    assert observer.overruns == ["attribution"]

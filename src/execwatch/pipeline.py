@@ -139,6 +139,16 @@ class _Worker:
     abandoned: bool = False
 
 
+@dataclass(frozen=True)
+class _Overdue:
+    """What a worker was doing when it overran, taken under the lock."""
+
+    stage: str
+    attempt: Attempt | None
+    slot: _Slot | None
+    diagnosis: Diagnosis | None
+
+
 @dataclass
 class _Slot:
     key: AggregationKey
@@ -415,22 +425,20 @@ class NodePipeline:
         period = min(0.1, self._budget / 4)
         while not self._stop.wait(period):
             now = time.monotonic()
+            overdue: list[_Overdue] = []
             with self._lock:
-                overdue = [
-                    w
-                    for w in self._workers
-                    if w.stage and not w.abandoned and now - w.started > self._budget
-                ]
-                for worker in overdue:
-                    worker.abandoned = True
+                for w in self._workers:
+                    if w.stage and not w.abandoned and now - w.started > self._budget:
+                        w.abandoned = True
+                        overdue.append(_Overdue(w.stage, w.attempt, w.slot, w.diagnosis))
                 stuck = sum(w.abandoned for w in self._workers)
-            for worker in overdue:
-                self._overran(worker)
+            for late in overdue:
+                self._overran(late)
                 if stuck <= self._max_stuck:
                     self._start_worker()
 
-    def _overran(self, worker: _Worker) -> None:
-        stage, attempt, slot = worker.stage, worker.attempt, worker.slot
+    def _overran(self, late: _Overdue) -> None:
+        stage, attempt, slot = late.stage, late.attempt, late.slot
         if slot is None or attempt is None:
             return
         if self._observer:
@@ -442,7 +450,7 @@ class NodePipeline:
         if mount is not None:
             self.slow.mark(mount)
             cause += "; later events there are not waited for"
-        diagnosis = worker.diagnosis if stage == "attribution" else None
+        diagnosis = late.diagnosis if stage == "attribution" else None
         event = decode(slot.latest, self._epoch_offset)
         try:
             self._settle(slot, ExecFailure(event, diagnosis or _undiagnosed(cause)))

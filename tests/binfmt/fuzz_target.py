@@ -3,10 +3,10 @@
     python -m tests.binfmt.fuzz_target -runs=N -max_total_time=S CORPUS_DIR...
 
 Run by tests/binfmt/test_coverage_fuzz.py in a subprocess, because libFuzzer owns the
-process and exits it. Each input is given to one parser, chosen by its first byte: ELF,
-`#!`, OCI JSON, ld.so.conf, a layer tar. Besides "only the parser's own error", every
-input must stay within PEAK_BYTES of traced Python memory and SECONDS of time: either
-failing is a crash, which atheris reports with the input that caused it.
+process and exits it. Each input is given to one parser, chosen by its first byte: ELF
+(headers, then dynamic symbols), `#!`, OCI JSON, ld.so.conf, a layer tar. Besides "only
+the parser's own error", every input must stay within PEAK_BYTES of traced Python memory
+and SECONDS of time: either failing is a crash, which atheris reports with the input.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import atheris
 
 with atheris.instrument_imports():
     from execwatch.binfmt import BinfmtError, parse_shebang, read_elf
+    from execwatch.binfmt.symbols import read_dynamic_symbols
     from execwatch.scan.errors import ScanInputError
     from execwatch.scan.fs import MemoryFS
     from execwatch.scan.layers import apply_layer
@@ -45,7 +46,8 @@ def one_input(data: bytes) -> None:
     start = time.perf_counter()
     try:
         if selector == 0:
-            read_elf(io.BytesIO(b"\x7fELF" + body))
+            elf = io.BytesIO(b"\x7fELF" + body)
+            read_dynamic_symbols(elf, read_elf(elf))
         elif selector == 1:
             parse_shebang(b"#!" + body)
         elif selector == 2:

@@ -17,9 +17,9 @@ from execwatch.cluster import crd
 from execwatch.cluster.handler import Handler, HandlerConfig
 from execwatch.cluster.metrics import HandlerMetrics
 from tests.kube.cluster import KubeCluster
-from tests.kube.fixtures import AGENT_NODE, admin, agent_api, handler_api, kube
+from tests.kube.fixtures import AGENT_NODE, admin, agent_api, agent_lightkube, handler_api, kube
 
-__all__ = ["admin", "agent_api", "handler_api", "kube"]
+__all__ = ["admin", "agent_api", "agent_lightkube", "handler_api", "kube"]
 
 NODE = AGENT_NODE
 

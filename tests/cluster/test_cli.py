@@ -4,6 +4,10 @@
 from __future__ import annotations
 
 import argparse
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 from execwatch.cluster import cli
 from execwatch.metrics import parse_address
@@ -60,3 +64,39 @@ def test_bad_metrics_address_is_refused() -> None:
         raise AssertionError("accepted an address without a port separator")
     assert parse_address(":9090") == ("0.0.0.0", 9090)
     assert parse_address("[::1]:9") == ("::1", 9)
+
+
+def test_agent_spool_defaults() -> None:
+    args = parser().parse_args(["agent"])
+    assert args.spool_dir == "/var/lib/execwatch" and args.spool_bytes == 32 << 20
+    assert args.spool_owner
+
+
+def run_agent(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    kubeconfig = tmp_path / "kc.yaml"  # a server nobody answers at: credentials parse
+    kubeconfig.write_text(
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
+    )
+    argv = [sys.executable, "-m", "execwatch.cli", "agent", "--kubeconfig", str(kubeconfig)]
+    return subprocess.run([*argv, *extra], capture_output=True, text=True, timeout=60)
+
+
+def test_agent_with_an_unusable_spool_directory_exits_2_with_one_line(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    done = run_agent(
+        tmp_path, "--spool-dir", str(tmp_path / "file" / "spool"), "--metrics-address", ":0"
+    )
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "spool" in done.stderr, done.stderr
+
+
+def test_agent_with_a_busy_metrics_port_exits_2_with_one_line(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = run_agent(tmp_path, "--metrics-address", f"127.0.0.1:{port}")
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "Address already in use" in done.stderr

@@ -9,24 +9,18 @@ from __future__ import annotations
 
 import secrets
 import shutil
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
-from prometheus_client import CollectorRegistry
 
-from execwatch.attribution import Attributor
-from execwatch.attribution.cri.client import CriContainers
-from execwatch.cluster import agent, crd
 from execwatch.cluster.handler import LABEL, Handler
-from execwatch.cluster.metrics import PublisherMetrics
-from execwatch.cluster.publisher import ApiSink, Publisher, PublisherConfig
 from tests.attribution.containerd_env import LIBRARY_MISSING, LIBRARY_MISSING_FILES
 from tests.attribution.runc_env import KubeletCgroup, Runc, remove_pod_cgroups
 from tests.cluster.conftest import NODE, PodFactory, wait_until
-from tests.cluster.test_end_to_end import pod_reader_rbac
+from tests.cluster.test_end_to_end import pod_reader_rbac, running_agent
 from tests.cluster.test_handler import events_of, failures_total
 
 __all__ = ["pod_reader_rbac"]
@@ -45,7 +39,7 @@ def runc(tmp_path: Path) -> Iterator[Runc]:
 
 def test_a_side_process_dying_in_its_loader_ends_in_a_missing_library_event(
     admin: client.ApiClient,
-    agent_api: client.ApiClient,
+    agent_lightkube: Any,
     make_pod: PodFactory,
     namespace: str,
     start_handler: Callable[..., Handler],
@@ -55,37 +49,13 @@ def test_a_side_process_dying_in_its_loader_ends_in_a_missing_library_event(
     container_id = secrets.token_hex(32)
     pod = make_pod(container_ids={"app": container_id})
     cgroup = KubeletCgroup("systemd", "besteffort", pod["metadata"]["uid"], container_id)
-    registry = CollectorRegistry()
-    publisher = Publisher(
-        PublisherConfig(node=NODE, aggregation_window=3.0),
-        ApiSink(agent_api, crd.DEFAULT_NAMESPACE),
-        PublisherMetrics(registry=registry),
-    )
-    pods = agent.pod_cache(NODE, agent_api)
-    attributor = Attributor(containers=CriContainers(sockets=[]), pods=pods)
-    stop, ready = threading.Event(), threading.Event()
-    loop = threading.Thread(
-        target=agent.run,
-        args=(publisher, attributor, stop),
-        kwargs={"registry": registry, "ready": ready},
-        daemon=True,
-    )
     handler = start_handler()
     try:
-        attributor.start()
-        assert pods.synced.wait(10), "the agent's pod watch did not sync"
-        publisher.start()
-        loop.start()
-        assert ready.wait(15), "the probe did not start"
-
-        name = runc.start_detached(cgroup, ["/bin/sleep", "300"])
-        assert runc.exec(name, [LIBRARY_MISSING]) == 127  # the loader's exit code
-        [event] = wait_until(lambda: events_of(admin, namespace), timeout=15)
+        with running_agent(agent_lightkube):
+            name = runc.start_detached(cgroup, ["/bin/sleep", "300"])
+            assert runc.exec(name, [LIBRARY_MISSING]) == 127  # the loader's exit code
+            [event] = wait_until(lambda: events_of(admin, namespace), timeout=15)
     finally:
-        stop.set()
-        loop.join(timeout=10)
-        publisher.stop(flush_timeout=0)
-        attributor.close()
         runc.cleanup()
         remove_pod_cgroups(cgroup.pod_path)
 

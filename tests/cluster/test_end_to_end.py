@@ -26,8 +26,9 @@ from execwatch.attribution import Attributor
 from execwatch.attribution.cri.client import CriContainers
 from execwatch.cluster import agent, crd
 from execwatch.cluster.handler import LABEL, Handler
+from execwatch.cluster.kubeapi import RecordApi
 from execwatch.cluster.metrics import PublisherMetrics
-from execwatch.cluster.publisher import ApiSink, Publisher, PublisherConfig
+from execwatch.cluster.publisher import Publisher, PublisherConfig
 from tests.attribution.runc_env import KubeletCgroup, Runc, remove_pod_cgroups
 from tests.cluster.conftest import NODE, PodFactory, wait_until
 from tests.cluster.test_handler import events_of, failures_total
@@ -58,9 +59,43 @@ def runc(tmp_path: Path) -> Iterator[Runc]:
     runtime.cleanup()
 
 
+@contextlib.contextmanager
+def running_agent(agent_lightkube: Any) -> Iterator[None]:
+    """The node agent as the DaemonSet runs it (probe, diagnosis, attribution with the
+    node-scoped pod watch, publisher with the agent's token), started and ready."""
+    registry = CollectorRegistry()
+    publisher = Publisher(
+        PublisherConfig(node=NODE, aggregation_window=3.0),
+        RecordApi(agent_lightkube, crd.DEFAULT_NAMESPACE),
+        PublisherMetrics(registry=registry),
+    )
+    pods = agent.pod_cache(NODE, agent_lightkube)
+    attributor = Attributor(containers=CriContainers(sockets=[]), pods=pods)
+    stop, ready = threading.Event(), threading.Event()
+    loop = threading.Thread(
+        target=agent.run,
+        args=(publisher, attributor, stop),
+        kwargs={"registry": registry, "ready": ready},
+        daemon=True,
+    )
+    try:
+        attributor.start()
+        assert pods.synced.wait(10), "the agent's pod watch did not sync"
+        publisher.start()
+        loop.start()
+        assert ready.wait(15), "the probe did not start"
+        yield
+    finally:
+        stop.set()
+        if loop.is_alive():
+            loop.join(timeout=10)
+        publisher.stop(flush_timeout=0)
+        attributor.close()
+
+
 def test_a_foreign_binary_failing_in_a_runc_container_ends_in_one_event_a_label_a_metric(
     admin: client.ApiClient,
-    agent_api: client.ApiClient,
+    agent_lightkube: Any,
     make_pod: PodFactory,
     namespace: str,
     start_handler: Callable[..., Handler],
@@ -70,46 +105,22 @@ def test_a_foreign_binary_failing_in_a_runc_container_ends_in_one_event_a_label_
     container_id = secrets.token_hex(32)
     pod = make_pod(container_ids={"app": container_id})
     cgroup = KubeletCgroup("systemd", "besteffort", pod["metadata"]["uid"], container_id)
-    registry = CollectorRegistry()
-    publisher = Publisher(
-        PublisherConfig(node=NODE, aggregation_window=3.0),
-        ApiSink(agent_api, crd.DEFAULT_NAMESPACE),
-        PublisherMetrics(registry=registry),
-    )
-    pods = agent.pod_cache(NODE, agent_api)
-    attributor = Attributor(containers=CriContainers(sockets=[]), pods=pods)
-    stop, ready = threading.Event(), threading.Event()
-    loop = threading.Thread(
-        target=agent.run,
-        args=(publisher, attributor, stop),
-        kwargs={"registry": registry, "ready": ready},
-        daemon=True,
-    )
     handler = start_handler()
     try:
-        attributor.start()
-        assert pods.synced.wait(10), "the agent's pod watch did not sync"
-        publisher.start()
-        loop.start()
-        assert ready.wait(15), "the probe did not start"
-
-        # The container keeps running (its root stays readable for the diagnosis) while
-        # its command fails to start again and again, as a liveness/exec probe or a
-        # supervisor inside the container would.
-        name = runc.start_detached(cgroup, ["/bin/sleep", "300"])
-        foreign = runc.foreign_path(container_id[:16])
-        started = time.monotonic()
-        assert runc.exec(name, [foreign, "true"]) != 0  # "exec format error"
-        [event] = wait_until(lambda: events_of(admin, namespace), timeout=10)
-        first_event_after = time.monotonic() - started
-        for _ in range(2):  # it goes on failing: the same Event grows
-            assert runc.exec(name, [foreign, "true"]) != 0
-        wait_until(lambda: series_count(events_of(admin, namespace)[0]) == 3, timeout=15)
+        with running_agent(agent_lightkube):
+            # The container keeps running (its root stays readable for the diagnosis) while
+            # its command fails to start again and again, as a liveness/exec probe or a
+            # supervisor inside the container would.
+            name = runc.start_detached(cgroup, ["/bin/sleep", "300"])
+            foreign = runc.foreign_path(container_id[:16])
+            started = time.monotonic()
+            assert runc.exec(name, [foreign, "true"]) != 0  # "exec format error"
+            [event] = wait_until(lambda: events_of(admin, namespace), timeout=10)
+            first_event_after = time.monotonic() - started
+            for _ in range(2):  # it goes on failing: the same Event grows
+                assert runc.exec(name, [foreign, "true"]) != 0
+            wait_until(lambda: series_count(events_of(admin, namespace)[0]) == 3, timeout=15)
     finally:
-        stop.set()
-        loop.join(timeout=10)
-        publisher.stop(flush_timeout=0)
-        attributor.close()
         runc.cleanup()
         remove_pod_cgroups(cgroup.pod_path)
 

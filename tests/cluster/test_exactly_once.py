@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from execwatch.cluster import crd
+from execwatch.cluster import crd, kubeapi
 from execwatch.cluster.handler import Handler, HandlerConfig
-from execwatch.cluster.publisher import ApiSink, Publisher, PublisherConfig
+from execwatch.cluster.kubeapi import RecordApi
+from execwatch.cluster.publisher import Publisher, PublisherConfig
 from execwatch.cluster.rest import Rest
 from tests.cluster.conftest import NODE, PodFactory, list_records, wait_until
 from tests.cluster.records import exec_failure
@@ -62,7 +63,7 @@ def test_counts_are_exact_through_injected_faults_and_leader_changes(
     proxy: FaultProxy,
 ) -> None:
     pods = [make_pod(name=f"app-7d9f8b6c5d-{i:05d}") for i in range(12)]
-    agent_api = via(kube, proxy, kube.node_token(*AGENT_SA, NODE))
+    agent_token = kube.node_token(*AGENT_SA, NODE)
     handler_token = kube.service_account_token(*HANDLER_SA)
     handlers: list[Handler] = []
 
@@ -94,7 +95,10 @@ def test_counts_are_exact_through_injected_faults_and_leader_changes(
             backoff_initial=0.05,
             backoff_max=0.5,
         ),
-        ApiSink(agent_api, crd.DEFAULT_NAMESPACE, timeout=5.0),
+        RecordApi(  # the agent's own client, through the proxy
+            kubeapi.client_for(proxy.url, str(kube.ca), agent_token, timeout=5.0),
+            crd.DEFAULT_NAMESPACE,
+        ),
     )
     rng = random.Random(4)
     caused = 0
@@ -296,7 +300,9 @@ def test_a_date_the_schema_allows_but_nothing_can_use_is_counted_invalid_once(
         count=2,
     )
     body["spec"]["firstSeen"] = body["spec"]["lastSeen"] = "0001-01-01T00:00:00+14:00"
-    ApiSink(agent_api, crd.DEFAULT_NAMESPACE).create(body)  # the schema takes it
+    client.CustomObjectsApi(agent_api).create_namespaced_custom_object(
+        crd.GROUP, crd.VERSION, crd.DEFAULT_NAMESPACE, crd.PLURAL, body
+    )  # the schema takes it
     handler = start_handler()
     wait_until(lambda: not list_records(admin) and handler.idle(), timeout=15)
     assert sample(handler, "execwatch_handler_invalid_records_total", type="malformed") == 1

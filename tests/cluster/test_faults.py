@@ -16,12 +16,13 @@ from kubernetes import client
 
 from execwatch.cluster import crd
 from execwatch.cluster.handler import Handler
-from execwatch.cluster.publisher import ApiSink, Publisher, PublisherConfig
+from execwatch.cluster.kubeapi import RecordApi
+from execwatch.cluster.publisher import Publisher, PublisherConfig
 from tests.cluster.conftest import NODE, PodFactory, list_records, wait_until
 from tests.cluster.records import exec_failure
 from tests.cluster.test_handler import events_of, failures_total, publish
 from tests.kube.cluster import KubeCluster
-from tests.kube.fixtures import HANDLER_SA
+from tests.kube.fixtures import AGENT_SA, HANDLER_SA
 from tests.kube.processes import ExecwatchProcess
 
 LEASE_DURATION = 4.0
@@ -138,7 +139,6 @@ def test_a_clean_shutdown_hands_the_lease_over_at_once(
 def test_an_api_server_restart_under_a_live_watch_loses_nothing(
     kube: KubeCluster,
     admin: client.ApiClient,
-    agent_api: client.ApiClient,
     make_pod: PodFactory,
     namespace: str,
     start_handler: Callable[..., Handler],
@@ -149,7 +149,10 @@ def test_an_api_server_restart_under_a_live_watch_loses_nothing(
     wait_until(handler.elector.is_leader)
     publisher = Publisher(
         PublisherConfig(node=NODE, aggregation_window=3600, backoff_initial=0.2, backoff_max=1.0),
-        ApiSink(agent_api, crd.DEFAULT_NAMESPACE, timeout=2.0),
+        RecordApi(
+            kube.lightkube(kube.node_token(*AGENT_SA, NODE), timeout=2.0),
+            crd.DEFAULT_NAMESPACE,
+        ),
     )
     publisher.start()
     submitted = 0

@@ -15,7 +15,6 @@ from kubernetes import client
 from execwatch.cluster import crd
 from execwatch.cluster.events import RECORDS_ANNOTATION
 from execwatch.cluster.handler import LABEL, Handler, HandlerConfig, Retry
-from execwatch.cluster.publisher import ApiSink
 from execwatch.cluster.safe import is_label_value
 from execwatch.record import AttributionStatus, ExecFailure, Reason
 from tests.cluster.conftest import NODE, PodFactory, list_records, wait_until
@@ -36,7 +35,11 @@ def publish(
     """Create one record as the agent would (agent credentials)."""
     name = name or f"{node}-{uuid.uuid4().hex[:16]}"
     t = failure.event.time
-    ApiSink(api, crd.DEFAULT_NAMESPACE).create(
+    client.CustomObjectsApi(api).create_namespaced_custom_object(
+        crd.GROUP,
+        crd.VERSION,
+        crd.DEFAULT_NAMESPACE,
+        crd.PLURAL,
         crd.to_body(
             failure,
             name=name,
@@ -45,7 +48,7 @@ def publish(
             first_seen=t,
             last_seen=t,
             count=count or failure.count,
-        )
+        ),
     )
     return name
 

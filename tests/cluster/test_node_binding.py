@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from execwatch.cluster import crd
-from execwatch.cluster.publisher import ApiSink, SinkError
+from execwatch.cluster import crd, errors
+from execwatch.cluster.kubeapi import RecordApi
 from tests.cluster.conftest import list_records, wait_until
 from tests.cluster.records import exec_failure
 from tests.kube.cluster import KubeCluster
@@ -38,24 +39,24 @@ def record(node: str) -> dict[str, object]:
 
 
 @pytest.fixture
-def agents(kube: KubeCluster) -> Iterator[dict[str, ApiSink]]:
-    """An agent on each node, with its own pod-bound token."""
-    apis = {node: kube.client(kube.node_token(*AGENT_SA, node)) for node in NODES}
-    yield {node: ApiSink(api, crd.DEFAULT_NAMESPACE) for node, api in apis.items()}
+def agents(kube: KubeCluster) -> Iterator[dict[str, RecordApi]]:
+    """An agent on each node, with its own pod-bound token and its own client."""
+    apis = {node: kube.lightkube(kube.node_token(*AGENT_SA, node)) for node in NODES}
+    yield {node: RecordApi(api, crd.DEFAULT_NAMESPACE) for node, api in apis.items()}
     for api in apis.values():
         api.close()
 
 
-def refused(sink: ApiSink, body: dict[str, object]) -> SinkError | None:
+def refused(sink: RecordApi, body: dict[str, Any]) -> errors.ApiError | None:
     try:
         sink.create(body)
-    except SinkError as err:
+    except errors.ApiError as err:
         return err
     return None
 
 
 def test_an_agent_reports_for_its_own_node_and_is_refused_for_another(
-    agents: dict[str, ApiSink], admin: client.ApiClient
+    agents: dict[str, RecordApi], admin: client.ApiClient
 ) -> None:
     east, west = agents["node-east"], agents["node-west"]
     # The policy is enforced once the API server's policy informer has seen it.
@@ -65,18 +66,19 @@ def test_an_agent_reports_for_its_own_node_and_is_refused_for_another(
     west.create(record("node-west"))
     for sink, other in ((east, "node-west"), (west, "node-east"), (east, "node-a")):
         err = refused(sink, record(other))
-        assert err is not None and err.status == 403 and err.permanent
+        assert err is not None and err.status == 403
+        assert isinstance(err, errors.PermanentError)
         assert "own node" in str(err)
     assert sorted(r["spec"]["node"] for r in list_records(admin)) == sorted(NODES)
 
 
 def test_a_token_not_bound_to_a_pod_cannot_create_records(
-    kube: KubeCluster, agents: dict[str, ApiSink], admin: client.ApiClient
+    kube: KubeCluster, agents: dict[str, RecordApi], admin: client.ApiClient
 ) -> None:
     """A plain ServiceAccount token (not minted for an agent pod) names no node."""
     wait_until(lambda: refused(agents["node-east"], record("node-west")) is not None, timeout=15)
-    with kube.client(kube.service_account_token(*AGENT_SA)) as api:
-        err = refused(ApiSink(api, crd.DEFAULT_NAMESPACE), record("node-east"))
+    with kube.lightkube(kube.service_account_token(*AGENT_SA)) as api:
+        err = refused(RecordApi(api, crd.DEFAULT_NAMESPACE), record("node-east"))
     assert err is not None and err.status == 403
     assert list_records(admin) == []
 
@@ -87,8 +89,8 @@ def test_a_token_outlives_its_pod_only_until_the_pod_is_gone(
     """Deleting the agent pod invalidates its bound token: a stolen token of a deleted
     agent pod is refused by authentication before admission."""
     node = f"node-{uuid.uuid4().hex[:6]}"
-    with kube.client(kube.node_token(*AGENT_SA, node)) as api:
-        sink = ApiSink(api, crd.DEFAULT_NAMESPACE)
+    with kube.lightkube(kube.node_token(*AGENT_SA, node)) as api:
+        sink = RecordApi(api, crd.DEFAULT_NAMESPACE)
         sink.create(record(node))
         client.CoreV1Api(admin).delete_namespaced_pod(
             f"{AGENT_SA[1]}-{node}", AGENT_SA[0], grace_period_seconds=0

@@ -6,22 +6,27 @@ runs against the real API server with the agent's ServiceAccount.
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
-from execwatch.cluster import crd
+from execwatch.cluster import crd, errors
+from execwatch.cluster.kubeapi import RecordApi
 from execwatch.cluster.metrics import PublisherMetrics
-from execwatch.cluster.publisher import ApiSink, Publisher, PublisherConfig, SinkError
+from execwatch.cluster.publisher import Publisher, PublisherConfig
+from execwatch.cluster.spool import Spool
 from execwatch.record import AttributionStatus
 from tests.cluster.conftest import NODE, list_records, wait_until
 from tests.cluster.records import exec_failure
 from tests.cluster.test_crd import set_quota_usage
 from tests.kube.cluster import KubeCluster
+from tests.kube.fixtures import AGENT_SA
 
 
 class MemorySink:
@@ -31,6 +36,8 @@ class MemorySink:
         self.objects: dict[str, dict[str, Any]] = {}
         self.attempts = 0
         self.fail_with: int | None = None
+        self.fail_message = "injected"
+        self.refuse: dict[str, int] = {}  # path -> status, for that path's records only
         self.lose_answers = 0  # store the object, then raise as if the answer was lost
         self.times: list[float] = []
         self.lock = threading.Lock()
@@ -40,18 +47,31 @@ class MemorySink:
             self.attempts += 1
             name = body["metadata"]["name"]
             if self.fail_with is not None:
-                raise SinkError(self.fail_with, "injected")
+                raise errors.from_status(self.fail_with, "Injected", self.fail_message)
+            if body["spec"]["path"] in self.refuse:
+                raise errors.from_status(self.refuse[body["spec"]["path"]], "Injected")
             if name in self.objects:
-                raise SinkError(409, "AlreadyExists")
+                raise errors.from_status(409, "AlreadyExists")
             self.objects[name] = body
             self.times.append(time.monotonic())
             if self.lose_answers:
                 self.lose_answers -= 1
-                raise SinkError(0, "ReadTimeoutError")
+                raise errors.from_status(0, "ReadTimeoutError")
 
     def counts(self) -> int:
         with self.lock:
             return sum(o["spec"]["count"] for o in self.objects.values())
+
+
+class HangingSink:
+    """A create that stays on the wire until released."""
+
+    def __init__(self) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def create(self, body: dict[str, Any]) -> None:
+        self.entered.set()
+        self.release.wait(timeout=10)
 
 
 def sample(m: PublisherMetrics, name: str, **labels: str) -> float:
@@ -67,14 +87,14 @@ def sink() -> MemorySink:
 def make_publisher() -> Iterator[Any]:
     started: list[Publisher] = []
 
-    def make(sink: Any, **config: Any) -> Publisher:
+    def make(sink: Any, spool: Spool | None = None, **config: Any) -> Publisher:
         settings: dict[str, Any] = {
             "aggregation_window": 60.0,
             "backoff_initial": 0.05,
             "backoff_max": 0.2,
         }
         settings.update(config)
-        p = Publisher(PublisherConfig(node=NODE, **settings), sink)
+        p = Publisher(PublisherConfig(node=NODE, **settings), sink, spool=spool)
         p.start()
         started.append(p)
         return p
@@ -99,22 +119,27 @@ def test_the_first_failure_is_published_at_once_with_the_full_record(
 def test_a_record_being_sent_still_counts_as_spooled(make_publisher: Any) -> None:
     """While its create is on the wire the record is held by nobody else: the spool (and
     its gauge) must not read 0, or a full quota would look like an empty spool."""
-
-    class SlowSink:
-        def __init__(self) -> None:
-            self.entered, self.release = threading.Event(), threading.Event()
-
-        def create(self, body: dict[str, Any]) -> None:
-            self.entered.set()
-            self.release.wait(timeout=10)
-
-    sink = SlowSink()
+    sink = HangingSink()
     p = make_publisher(sink)
     p.submit(exec_failure(pod_name="web-0", namespace="shop"))
     assert sink.entered.wait(timeout=5)
     assert p.spooled() == 1
     sink.release.set()
     wait_until(lambda: p.spooled() == 0, timeout=5)
+
+
+def test_a_record_is_sealed_on_disk_before_its_create_is_sent(
+    make_publisher: Any, tmp_path: Path
+) -> None:
+    """Killed while the create is on the wire, the next agent must re-send it unchanged
+    (it may exist): folding more failures into it would lose them behind a 409."""
+    sink = HangingSink()
+    p = make_publisher(sink, spool=Spool(tmp_path, "agent"))
+    p.submit(exec_failure(pod_name="a", namespace="n", count=2))
+    assert sink.entered.wait(timeout=5)
+    with sqlite3.connect(f"file:{tmp_path / 'spool-agent.db'}?mode=ro", uri=True) as db:
+        assert db.execute("SELECT count, sealed FROM records").fetchall() == [(2, 1)]
+    sink.release.set()
 
 
 def test_a_crash_loop_becomes_one_record_per_window_with_exact_counts(
@@ -183,7 +208,7 @@ def test_records_the_api_server_refuses_are_dropped_and_counted(
     sink: MemorySink, make_publisher: Any
 ) -> None:
     sink.fail_with = 422
-    p = make_publisher(sink)
+    p = make_publisher(sink, refusal_grace=0.0)
     p.submit(exec_failure(pod_name="a", namespace="n", count=3))
     wait_until(
         lambda: sample(p.metrics, "execwatch_publisher_dropped_total", type="rejected"), timeout=2
@@ -216,13 +241,210 @@ def test_failures_without_a_pod_are_published_and_counted_as_unattributed(
     assert {b["spec"]["attribution"] for b in sink.objects.values()} == {"host", "unattributed"}
 
 
+def test_a_record_refused_forever_does_not_delay_healthy_ones(
+    sink: MemorySink, make_publisher: Any
+) -> None:
+    """Issue 9: one record answered 500 again and again blocked 20 healthy ones."""
+    sink.refuse["/poison"] = 500
+    p = make_publisher(sink, backoff_initial=0.2, backoff_max=5.0)
+    p.submit(exec_failure(pod_name="bad", namespace="n", path="/poison"))
+    wait_until(lambda: sink.attempts >= 1, timeout=2)
+    started = time.monotonic()
+    for i in range(20):
+        p.submit(exec_failure(pod_name=f"ok{i}", namespace="n"))
+    wait_until(lambda: len(sink.objects) == 20, timeout=5)
+    assert time.monotonic() - started < 2.0
+    assert p.spooled() == 1  # the poisoned one still waits its turn, alone
+    assert sample(p.metrics, "execwatch_publisher_api_errors_total", code="500") >= 1
+
+
+def test_each_record_backs_off_on_its_own(sink: MemorySink, make_publisher: Any) -> None:
+    sink.refuse["/poison"] = 500
+    p = make_publisher(sink, backoff_initial=0.1, backoff_max=1.0)
+    p.submit(exec_failure(pod_name="bad", namespace="n", path="/poison"))
+    time.sleep(2.0)
+    first = sink.attempts
+    # 0.1, 0.2, 0.4, 0.8 ... (jitter in [0.5, 1]): a handful of tries in 2 s, not hundreds.
+    assert 3 <= first <= 12, first
+    for i in range(5):  # healthy records meanwhile go straight through
+        p.submit(exec_failure(pod_name=f"ok{i}", namespace="n"))
+    wait_until(lambda: len(sink.objects) == 5, timeout=2)
+
+
+@pytest.mark.parametrize(
+    ("status", "message"),
+    [(400, "bad request"), (403, "denied by webhook"), (422, "spec.path: Too long")],
+)
+def test_permanent_refusals_are_dropped_and_counted_not_retried(
+    sink: MemorySink, make_publisher: Any, status: int, message: str
+) -> None:
+    sink.fail_with, sink.fail_message = status, message
+    p = make_publisher(sink, refusal_grace=0.0)
+    p.submit(exec_failure(pod_name="a", namespace="n", count=3))
+    wait_until(lambda: p.spooled() == 0, timeout=2)
+    time.sleep(0.3)
+    assert sink.attempts == 1
+    assert sample(p.metrics, "execwatch_publisher_dropped_total", type="rejected") == 3
+
+
+def test_a_refusal_must_last_the_grace_period_before_the_record_is_dropped(
+    sink: MemorySink, make_publisher: Any
+) -> None:
+    """A kube-apiserver that has just started answers 403 until its RBAC caches fill."""
+    sink.fail_with = 403
+    p = make_publisher(sink, refusal_grace=0.6, backoff_initial=0.05, backoff_max=0.1)
+    p.submit(exec_failure(pod_name="transient", namespace="n", count=2))
+    wait_until(lambda: sink.attempts >= 2, timeout=2)
+    sink.fail_with = None
+    wait_until(lambda: sink.counts() == 2, timeout=2)
+
+    sink.fail_with = 403
+    started = time.monotonic()
+    p.submit(exec_failure(pod_name="forever", namespace="n", count=5))
+    wait_until(
+        lambda: sample(p.metrics, "execwatch_publisher_dropped_total", type="rejected") == 5,
+        timeout=5,
+    )
+    assert time.monotonic() - started >= 0.6 and p.spooled() == 0
+
+
+def test_a_quota_refusal_is_not_permanent(sink: MemorySink, make_publisher: Any) -> None:
+    sink.fail_with = 403
+    sink.fail_message = 'execfailures "x" is forbidden: exceeded quota: execwatch-records'
+    p = make_publisher(sink)
+    p.submit(exec_failure(pod_name="a", namespace="n", count=2))
+    wait_until(lambda: sink.attempts >= 2, timeout=3)
+    assert p.spooled() == 1
+    sink.fail_with = None
+    wait_until(lambda: sink.counts() == 2, timeout=3)
+
+
+def test_a_restart_replays_the_spool_with_exact_counts(
+    sink: MemorySink, make_publisher: Any, tmp_path: Path
+) -> None:
+    sink.fail_with = 503
+    p = make_publisher(sink, spool=Spool(tmp_path, "agent"))
+    for i in range(10):
+        p.submit(exec_failure(pod_name=f"p{i}", namespace="n", count=i + 1))
+    for i in range(10):  # repeats fold into the held records
+        p.submit(exec_failure(pod_name=f"p{i}", namespace="n", count=100))
+    wait_until(lambda: sink.attempts >= 1, timeout=2)
+    p.stop(flush_timeout=0)
+    assert sink.objects == {}
+
+    sink.fail_with = None
+    again = make_publisher(sink, spool=Spool(tmp_path, "agent"))
+    wait_until(lambda: again.spooled() == 0, timeout=5)
+    assert sink.counts() == sum(range(1, 11)) + 10 * 100
+    assert len(sink.objects) == 10
+    assert sample(again.metrics, "execwatch_publisher_replayed_total") == 10
+
+
+def test_a_record_that_may_exist_is_resent_unchanged_after_a_restart(
+    sink: MemorySink, make_publisher: Any, tmp_path: Path
+) -> None:
+    """The create reached the server but the answer was lost, then the agent died: the
+    next agent re-sends the same name, gets 409, and nothing is counted twice."""
+    sink.lose_answers = 1
+    p = make_publisher(sink, spool=Spool(tmp_path, "agent"), backoff_initial=30.0)
+    p.submit(exec_failure(pod_name="a", namespace="n", count=4))
+    wait_until(lambda: sink.attempts == 1, timeout=2)
+    p.submit(exec_failure(pod_name="a", namespace="n", count=6))  # after the seal: new record
+    p.stop(flush_timeout=0)
+    again = make_publisher(sink, spool=Spool(tmp_path, "agent"))
+    wait_until(lambda: again.spooled() == 0, timeout=5)
+    assert sink.counts() == 10 and len(sink.objects) == 2
+    assert sample(again.metrics, "execwatch_publisher_published_failures_total") == 10
+
+
+def test_a_damaged_spool_entry_is_counted_as_a_drop(
+    sink: MemorySink, make_publisher: Any, tmp_path: Path
+) -> None:
+    sink.fail_with = 503
+    p = make_publisher(sink, spool=Spool(tmp_path, "agent"))
+    p.submit(exec_failure(pod_name="a", namespace="n", count=3))
+    p.submit(exec_failure(pod_name="b", namespace="n", count=4))
+    wait_until(lambda: sink.attempts >= 1, timeout=2)
+    p.stop(flush_timeout=0)
+    with sqlite3.connect(tmp_path / "spool-agent.db") as db:
+        db.execute("UPDATE records SET body = replace(body, '\"b\"', '\"B\"')")
+    sink.fail_with = None
+    again = make_publisher(sink, spool=Spool(tmp_path, "agent"))
+    wait_until(lambda: again.spooled() == 0, timeout=5)
+    assert sink.counts() == 3
+    assert sample(again.metrics, "execwatch_publisher_dropped_total", type="corrupt") == 4
+
+
+def test_the_byte_bound_of_the_spool_is_kept(sink: MemorySink, make_publisher: Any) -> None:
+    sink.fail_with = 503
+    p = make_publisher(sink, spool_bytes=4000)
+    for i in range(10):
+        p.submit(exec_failure(pod_name=f"p{i}", namespace="n"))
+    held = p.spooled()
+    assert 1 <= held < 10
+    assert sample(p.metrics, "execwatch_publisher_dropped_total", type="spool_full") == 10 - held
+    assert sample(p.metrics, "execwatch_publisher_spool_bytes") <= 4000
+
+
+def test_two_agents_on_one_node_publish_each_failure_once(
+    sink: MemorySink, make_publisher: Any, tmp_path: Path
+) -> None:
+    """An upgrade's surge: both agents' probes see every failure; the new one stands by
+    until the old one hands over, then publishes only what came after."""
+    offset = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    old = make_publisher(sink, spool=Spool(tmp_path, "pod-old"))
+    new = make_publisher(sink, spool=Spool(tmp_path, "pod-new"))
+    t0 = time.time() - 60  # kernel times of failures, all in the past
+
+    def both(i: int) -> None:  # one failure, seen by both probes
+        for p in (old, new):
+            p.submit(exec_failure(pod_name=f"p{i}", namespace="n", when=t0 + i, count=i + 1))
+
+    for i in range(5):
+        both(i)
+    wait_until(lambda: len(sink.objects) == 5, timeout=3)
+    assert new.spooled() == 0  # standing by: nothing of its own
+    old.stop(handover_at=t0 + 4.5 - offset)  # consumed everything up to failure 4
+    for i in range(5, 8):
+        both(i)
+    wait_until(lambda: len(sink.objects) == 8, timeout=5)
+    assert sink.counts() == sum(range(1, 9))
+    assert sample(new.metrics, "execwatch_publisher_handed_over_total") == sum(range(1, 6))
+
+
+def test_the_new_agent_adopts_what_the_old_one_left_in_its_spool(
+    sink: MemorySink, make_publisher: Any, tmp_path: Path
+) -> None:
+    sink.fail_with = 503
+    old = make_publisher(sink, spool=Spool(tmp_path, "pod-old"))
+    new = make_publisher(sink, spool=Spool(tmp_path, "pod-new"), adopt_interval=0.2)
+    old.submit(exec_failure(pod_name="a", namespace="n", count=7))
+    wait_until(lambda: sink.attempts >= 1, timeout=2)
+    old.stop(flush_timeout=0)  # the API server is back only after the old pod is gone
+    sink.fail_with = None
+    wait_until(lambda: sink.counts() == 7, timeout=5)
+    assert sample(new.metrics, "execwatch_publisher_replayed_total") == 1
+    assert not (tmp_path / "spool-pod-old.db").exists()
+
+
+def test_without_a_handover_the_next_agent_publishes_all_it_saw(
+    sink: MemorySink, make_publisher: Any, tmp_path: Path
+) -> None:
+    """The old agent was killed and said nothing: publishing twice beats losing."""
+    old = make_publisher(sink, spool=Spool(tmp_path, "pod-old"))
+    new = make_publisher(sink, spool=Spool(tmp_path, "pod-new"))
+    new.submit(exec_failure(pod_name="p", namespace="n", count=3))
+    old.stop(flush_timeout=0)
+    wait_until(lambda: sink.counts() == 3, timeout=5)
+
+
 # -- against the real API server -------------------------------------------------------
 
 
 def test_records_reach_the_api_server_with_the_agents_credentials(
-    agent_api: client.ApiClient, admin: client.ApiClient, make_publisher: Any
+    agent_lightkube: Any, admin: client.ApiClient, make_publisher: Any
 ) -> None:
-    p = make_publisher(ApiSink(agent_api, crd.DEFAULT_NAMESPACE), aggregation_window=0.5)
+    p = make_publisher(RecordApi(agent_lightkube, crd.DEFAULT_NAMESPACE), aggregation_window=0.5)
     p.submit(exec_failure(pod_name="web-0", namespace="shop", pod_uid="u1"))
     wait_until(lambda: list_records(admin), timeout=5)
     for _ in range(49):
@@ -233,10 +455,11 @@ def test_records_reach_the_api_server_with_the_agents_credentials(
 
 
 def test_an_api_server_outage_loses_nothing_within_the_spool(
-    kube: KubeCluster, agent_api: client.ApiClient, admin: client.ApiClient, make_publisher: Any
+    kube: KubeCluster, admin: client.ApiClient, make_publisher: Any
 ) -> None:
+    agent = kube.lightkube(kube.node_token(*AGENT_SA, NODE), timeout=2.0)
     p = make_publisher(
-        ApiSink(agent_api, crd.DEFAULT_NAMESPACE, timeout=2.0), backoff_initial=0.2, backoff_max=1.0
+        RecordApi(agent, crd.DEFAULT_NAMESPACE), backoff_initial=0.2, backoff_max=1.0
     )
     assert kube.apiserver is not None
     kube.apiserver.stop()
@@ -254,11 +477,11 @@ def test_an_api_server_outage_loses_nothing_within_the_spool(
 
 
 def test_a_full_quota_keeps_records_spooled_until_there_is_room(
-    agent_api: client.ApiClient, admin: client.ApiClient, make_publisher: Any
+    agent_lightkube: Any, admin: client.ApiClient, make_publisher: Any
 ) -> None:
     set_quota_usage(admin, 5000)
     try:
-        p = make_publisher(ApiSink(agent_api, crd.DEFAULT_NAMESPACE))
+        p = make_publisher(RecordApi(agent_lightkube, crd.DEFAULT_NAMESPACE))
         p.submit(exec_failure(pod_name="a", namespace="n", count=2))
         wait_until(
             lambda: sample(p.metrics, "execwatch_publisher_api_errors_total", code="403"), timeout=5
@@ -268,3 +491,63 @@ def test_a_full_quota_keeps_records_spooled_until_there_is_room(
         set_quota_usage(admin, 0)
     wait_until(lambda: list_records(admin), timeout=10)
     assert sample(p.metrics, "execwatch_publisher_dropped_total", type="spool_full") == 0
+
+
+@pytest.fixture
+def poison_webhook(admin: client.ApiClient) -> Iterator[str]:
+    """A real admission webhook that fails (500 from the API server) for records of one
+    path only: its URL is a closed loopback port, and failurePolicy is Fail."""
+    path = "/poison/never-created"
+    name = "execwatch-test-poison"
+    body = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [
+            {
+                "name": "poison.execwatch.io",
+                "clientConfig": {"url": "https://127.0.0.1:1/validate"},
+                "rules": [
+                    {
+                        "apiGroups": [crd.GROUP],
+                        "apiVersions": [crd.VERSION],
+                        "operations": ["CREATE"],
+                        "resources": [crd.PLURAL],
+                    }
+                ],
+                "matchConditions": [
+                    {"name": "poisoned-path", "expression": f"object.spec.path == '{path}'"}
+                ],
+                "failurePolicy": "Fail",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 2,
+            }
+        ],
+    }
+    api = client.AdmissionregistrationV1Api(admin)
+    api.create_validating_webhook_configuration(body)
+    try:
+        yield path
+    finally:
+        api.delete_validating_webhook_configuration(name)
+
+
+def test_a_record_the_api_server_fails_forever_does_not_delay_healthy_ones(
+    agent_lightkube: Any, admin: client.ApiClient, make_publisher: Any, poison_webhook: str
+) -> None:
+    p = make_publisher(
+        RecordApi(agent_lightkube, crd.DEFAULT_NAMESPACE), backoff_initial=0.5, backoff_max=30.0
+    )
+    p.submit(exec_failure(pod_name="bad", namespace="n", path=poison_webhook, count=5))
+    wait_until(
+        lambda: sample(p.metrics, "execwatch_publisher_api_errors_total", code="500"), timeout=10
+    )
+    started = time.monotonic()
+    for i in range(20):
+        p.submit(exec_failure(pod_name=f"ok{i}", namespace="n"))
+    wait_until(lambda: len(list_records(admin)) == 20, timeout=10)
+    took = time.monotonic() - started
+    assert took < 5.0, took  # on main: 0 of 20 in 5 s
+    assert p.spooled() == 1
+    assert all(r["spec"]["path"] != poison_webhook for r in list_records(admin))

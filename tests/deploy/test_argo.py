@@ -27,7 +27,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from execwatch.cluster.publisher import ApiSink, Publisher, PublisherConfig
+from execwatch.cluster.kubeapi import RecordApi
+from execwatch.cluster.publisher import Publisher, PublisherConfig
 from execwatch.diagnosis import FileDiagnoser
 from execwatch.pipeline import NodePipeline
 from execwatch.probe import Probe
@@ -360,9 +361,9 @@ def in_pod(failure: ExecFailure, pod: client.V1Pod) -> ExecFailure:
 
 def publish(kube: KubeCluster, failures: list[ExecFailure]) -> None:
     """The agent's publisher, with the agent ServiceAccount's token."""
-    with kube.client(kube.node_token("execwatch", "execwatch-agent", NODE)) as api:
+    with kube.lightkube(kube.node_token("execwatch", "execwatch-agent", NODE)) as api:
         publisher = Publisher(
-            PublisherConfig(node=NODE, namespace="execwatch"), ApiSink(api, "execwatch")
+            PublisherConfig(node=NODE, namespace="execwatch"), RecordApi(api, "execwatch")
         )
         publisher.start()
         for f in failures:

@@ -215,11 +215,40 @@ def test_agent_mounts_host_paths_read_only_and_nothing_else_of_the_host() -> Non
         "btf": "/sys/kernel/btf",
         "cgroup": "/sys/fs/cgroup",
         "cri-socket": "/run/containerd/containerd.sock",
+        "spool": "/var/lib/execwatch",
     }
+    # The one writable host path: the agent's own spool directory.
+    spool = host.pop("spool")
+    assert spool["type"] == "DirectoryOrCreate"
+    assert mounts["spool"]["mountPath"] == "/var/lib/execwatch"
+    assert not mounts["spool"].get("readOnly")
     for name in host:
         assert mounts[name]["readOnly"] is True, name
         assert mounts[name]["mountPath"] == host[name]["path"]
     assert host["cri-socket"]["type"] == "Socket"
+
+
+def test_the_spool_follows_its_host_path_or_stays_in_memory() -> None:
+    args = agent_container(render())["args"]
+    assert "--spool-dir=/var/lib/execwatch" in args and "--spool-bytes=33554432" in args
+    custom = pod_spec(find(render("agent.spoolHostPath=/data/ew"), "DaemonSet"))
+    assert {
+        "name": "spool",
+        "hostPath": {"path": "/data/ew", "type": "DirectoryOrCreate"},
+    } in custom["volumes"]
+    docs = render("agent.spoolHostPath=")
+    assert all(v["name"] != "spool" for v in pod_spec(find(docs, "DaemonSet"))["volumes"])
+    assert "--spool-dir=" in agent_container(docs)["args"]
+
+
+def test_the_agent_rolls_with_a_surge_so_no_node_is_unwatched() -> None:
+    ds = find(render(), "DaemonSet", "execwatch-agent")
+    assert ds["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    env = {e["name"]: e for e in agent_container(render())["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
 
 
 def test_cri_socket_follows_the_value_or_is_left_out() -> None:

@@ -284,6 +284,12 @@ class KubeCluster:
     def client(self, token: str = ADMIN_TOKEN) -> client.ApiClient:
         return client.ApiClient(self.config(token))
 
+    def lightkube(self, token: str, timeout: float = 10.0) -> Any:
+        """A lightkube Client for `token`: the agent's own API client (cluster.kubeapi)."""
+        from execwatch.cluster import kubeapi
+
+        return kubeapi.client_for(self.url, str(self.ca), token, timeout)
+
     def service_account_token(self, namespace: str, name: str, seconds: int = 3600) -> str:
         """A real ServiceAccount token from the TokenRequest API."""
         with self.client() as api:

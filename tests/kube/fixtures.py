@@ -7,6 +7,7 @@ Tests that need a clean queue use `clean_records`; tests share nothing else.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -54,4 +55,12 @@ def agent_api(kube: KubeCluster) -> Iterator[client.ApiClient]:
 def handler_api(kube: KubeCluster) -> Iterator[client.ApiClient]:
     """An ApiClient authenticated as the handler's ServiceAccount."""
     with kube.client(kube.service_account_token(*HANDLER_SA)) as api:
+        yield api
+
+
+@pytest.fixture
+def agent_lightkube(kube: KubeCluster) -> Iterator[Any]:
+    """The agent's own client (lightkube, `cluster.kubeapi`) with the token of an agent pod
+    on AGENT_NODE, as `agent_api`."""
+    with kube.lightkube(kube.node_token(*AGENT_SA, AGENT_NODE)) as api:
         yield api

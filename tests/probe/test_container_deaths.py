@@ -3,29 +3,18 @@ attributed to the pod, for a dying entrypoint and for a side process of a health
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-import pytest
-
-from execwatch.attribution import Attributor
-from execwatch.attribution.cri.client import CriContainers
-from execwatch.probe import Probe
 from execwatch.record import AttributionStatus, ExecFailure, Reason
 from tests.attribution.containerd_env import LIBRARY_MISSING, Containerd
 from tests.probe.conftest import Tracer
+from tests.probe.test_container_diagnosis import pod_tracer
+
+__all__ = ["pod_tracer"]
 
 
 def died_in_pod(uid: str) -> Callable[[ExecFailure], bool]:
     return lambda r: r.event.path == LIBRARY_MISSING and r.attribution.pod_uid == uid
-
-
-@pytest.fixture
-def pod_tracer(containerd: Containerd) -> Iterator[Tracer]:
-    with (
-        Attributor(containers=CriContainers(sockets=[containerd.socket])) as attributor,
-        Probe() as probe,
-    ):
-        yield Tracer(probe, attributor)
 
 
 def test_entrypoint_whose_library_is_missing(containerd: Containerd, pod_tracer: Tracer) -> None:

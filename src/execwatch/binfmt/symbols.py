@@ -1,15 +1,17 @@
 """Dynamic symbols: what an ELF object imports (with the version it asks for) and exports.
 
 Read from the section headers' .dynsym, its string table and the GNU version sections,
-all bounded (MAX_TABLE_BYTES per table, MAX_SYMBOLS symbols, MAX_VERSION_ENTRIES
-versions). An object without section headers, or over a bound, gives None: unknown,
-never "nothing missing". Only read on demand (one executable and what it loads), never
-for every file of an image: libLLVM's 89,000 exports take 250 ms in Python.
+all bounded (MAX_TABLE_BYTES per table, MAX_SYMBOLS symbols, MAX_IMPORTS imports,
+MAX_NAME_BYTES of distinct names, MAX_VERSION_ENTRIES versions). An object without section
+headers, or over a bound, gives None: unknown, never "nothing missing". Only read on
+demand (one executable and what it loads), never for every file of an image: libLLVM's
+89,000 exports take 250 ms in Python.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -22,6 +24,8 @@ SHT_GNU_VERSYM = 0x6FFFFFFF
 STB_GLOBAL, STB_WEAK, STB_GNU_UNIQUE = 1, 2, 10
 MAX_TABLE_BYTES = 16 << 20
 MAX_SYMBOLS = 1 << 18  # libLLVM exports 89,000; more is treated as unknown
+MAX_IMPORTS = 1 << 15  # undefined symbols kept; python3.11 imports 511, libLLVM 524
+MAX_NAME_BYTES = 6 << 20  # distinct names decoded, each once; libLLVM's are 3 MiB
 MAX_SECTIONS = 1 << 16
 MAX_VERSION_ENTRIES = 1 << 14
 
@@ -79,9 +83,14 @@ def read_dynamic_symbols(f: BinaryIO, info: ElfInfo) -> DynamicSymbols | None:
     needs = _verneeds(r, by_type.get(SHT_GNU_VERNEED), strtab)
     imports: list[SymbolRef] = []
     exports: set[str] = set()
+    names = _Names(strtab)
     for i, (name_off, bind, shndx) in enumerate(_symbols(r, table, entsize)):
-        name = _string(strtab, name_off)
-        if not name or bind not in (STB_GLOBAL, STB_WEAK, STB_GNU_UNIQUE):
+        if bind not in (STB_GLOBAL, STB_WEAK, STB_GNU_UNIQUE):
+            continue
+        name = names.get(name_off)
+        if name is None or len(imports) > MAX_IMPORTS:
+            return None  # over a bound: unknown
+        if not name:
             continue
         ver = versym[i] & 0x7FFF if i < len(versym) else 0
         if shndx == 0:
@@ -126,19 +135,36 @@ def _sections(r: _File) -> list[tuple[int, int, int, int, int]] | None:
     return out
 
 
-def _symbols(r: _File, table: bytes, entsize: int) -> list[tuple[int, int, int]]:
+class _Names:
+    """Symbol names, each offset decoded once: 262,000 symbols naming suffixes of one long
+    string would otherwise hold a copy each (a 6 MB file, 560 MB). None past MAX_NAME_BYTES."""
+
+    def __init__(self, strtab: bytes) -> None:
+        self.strtab = strtab
+        self.cache: dict[int, str] = {}
+        self.decoded = 0
+
+    def get(self, offset: int) -> str | None:
+        name = self.cache.get(offset)
+        if name is None:
+            name = self.cache[offset] = _string(self.strtab, offset)
+            self.decoded += len(name)
+            if self.decoded > MAX_NAME_BYTES:
+                return None
+        return name
+
+
+def _symbols(r: _File, table: bytes, entsize: int) -> Iterator[tuple[int, int, int]]:
     """(name offset, binding, section index) of each symbol."""
     if r.wide:
         fmt, size, name_at, info_at, shndx_at = r.e + "IBBHQQ", 24, 0, 1, 3
     else:
         fmt, size, name_at, info_at, shndx_at = r.e + "IIIBBH", 16, 0, 3, 5
     if entsize < size:
-        return []
-    out = []
+        return
     for off in range(0, len(table) - size + 1, entsize):
         fields = struct.unpack_from(fmt, table, off)
-        out.append((fields[name_at], fields[info_at] >> 4, fields[shndx_at]))
-    return out
+        yield fields[name_at], fields[info_at] >> 4, fields[shndx_at]
 
 
 def _string(strtab: bytes, offset: int) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
@@ -17,21 +18,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def pod_cache(node: str, api_client: Any) -> Any:
-    """A node-scoped pod watch for attribution (`--pod-metadata=api`).
+def pod_cache(node: str, api: Any) -> Any:
+    """A node-scoped pod watch for attribution (`--pod-metadata=api`), over the agent's
+    lightkube client (`cluster.kubeapi`).
 
     Needs deploy/base/optional/agent-pod-reader.yaml: it fills pod and container names
     when the container runtime cannot (containers it does not know, already gone)."""
-    from kubernetes import client, watch
-
     from execwatch.attribution.kube import KubernetesPodCache
+    from execwatch.cluster.kubeapi import PodApi
 
+    pods = PodApi(api)
     return KubernetesPodCache(
-        node,
-        core_api=client.CoreV1Api(api_client),
-        apps_api=client.AppsV1Api(api_client),
-        batch_api=client.BatchV1Api(api_client),
-        watch_stream=watch.Watch().stream,
+        node, core_api=pods, apps_api=pods, batch_api=pods, watch_stream=pods.watch_stream
     )
 
 
@@ -44,8 +42,11 @@ def run(
     window: float = 1.0,
     ready: threading.Event | None = None,
     heartbeat: Heartbeat | None = None,
-) -> None:
-    """Trace failed execs and publish them until `stop`; needs root and BPF."""
+) -> float:
+    """Trace failed execs and publish them until `stop`; needs root and BPF.
+
+    Returns the CLOCK_BOOTTIME before which every event of the probe was consumed and
+    submitted: what this agent hands over to the next one on the node."""
     from execwatch.diagnosis import FileDiagnoser
     from execwatch.diagnosis.budget import SlowMounts
     from execwatch.metrics import NodeMetrics
@@ -70,5 +71,26 @@ def run(
         log.info("agent tracing", extra={"kv": {"node": publisher.config.node}})
         if ready is not None:
             ready.set()
+        source = _PollClock(probe)
         with CountsPruner(probe, attributor.cgroup_alive):
-            pipeline.run(probe, stop)
+            pipeline.run(source, stop)
+        return source.consumed_until
+
+
+class _PollClock:
+    """The probe as the pipeline polls it, remembering when the last poll began: every
+    event the kernel committed before that was consumed by that poll. The margin keeps an
+    event whose timestamp was taken just before, but committed just after, on the side of
+    being published twice rather than never."""
+
+    MARGIN = 0.01
+
+    def __init__(self, probe: Any) -> None:
+        self._probe = probe
+        self.consumed_until = 0.0
+
+    def poll(self, timeout_ms: int) -> int:
+        started = time.clock_gettime(time.CLOCK_BOOTTIME) - self.MARGIN
+        n: int = self._probe.poll(timeout_ms)
+        self.consumed_until = started
+        return n

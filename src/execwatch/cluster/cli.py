@@ -11,15 +11,18 @@ import os
 import socket
 import sys
 import uuid
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
 from execwatch.cluster import crd
-from execwatch.cluster.handler import Handler, HandlerConfig
 from execwatch.cluster.metrics import HandlerMetrics, PublisherMetrics
-from execwatch.cluster.publisher import ApiSink, Publisher, PublisherConfig
+from execwatch.cluster.publisher import Publisher, PublisherConfig
 from execwatch.metrics import parse_address, serve
+
+if TYPE_CHECKING:
+    from execwatch.pipeline import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +80,24 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="records kept while the API server is unreachable",
     )
     a.add_argument(
+        "--spool-bytes",
+        type=int,
+        default=32 << 20,
+        help="bytes of records kept (their JSON), on disk and in memory",
+    )
+    a.add_argument(
+        "--spool-dir",
+        default="/var/lib/execwatch",
+        help="directory of the on-disk spool, replayed on start (a hostPath in the "
+        "DaemonSet); '' keeps the spool in memory only",
+    )
+    a.add_argument(
+        "--spool-owner",
+        default=os.environ.get("POD_NAME") or socket.gethostname(),
+        help="name of this agent's spool file (default: $POD_NAME): a restarted "
+        "container reopens its own; files of agents that are gone are adopted",
+    )
+    a.add_argument(
         "--pod-metadata",
         choices=["runtime", "api"],
         default="runtime",
@@ -123,6 +144,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run_handler(args: argparse.Namespace) -> int:
+    from execwatch.cluster.handler import Handler, HandlerConfig  # not loaded by the agent
     from execwatch.trace import stop_on_signals
 
     registry = CollectorRegistry()
@@ -155,14 +177,37 @@ def run_handler(args: argparse.Namespace) -> int:
 
 def run_agent(args: argparse.Namespace) -> int:
     """Probe + attribution + publisher: what the DaemonSet runs on every node."""
-    from execwatch.attribution import Attributor
-    from execwatch.cluster import agent
     from execwatch.pipeline import Heartbeat
+
+    registry = CollectorRegistry()
+    heartbeat = Heartbeat()  # /healthz: the consume loop goes round
+    try:
+        server = serve(parse_address(args.metrics_address), registry, heartbeat.problem)
+    except (OSError, ValueError) as exc:
+        print(f"execwatch: --metrics-address {args.metrics_address}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _agent(args, registry, heartbeat)
+    finally:
+        server.shutdown()
+
+
+def _agent(args: argparse.Namespace, registry: CollectorRegistry, heartbeat: Heartbeat) -> int:
+    from execwatch.attribution import Attributor
+    from execwatch.cluster import agent, kubeapi
+    from execwatch.cluster.spool import Spool, SpoolError
     from execwatch.probe import ProbeError
     from execwatch.trace import stop_on_signals
 
-    registry = CollectorRegistry()
-    api = api_client(args.kubeconfig)
+    try:
+        api = kubeapi.client(args.kubeconfig)
+        spool = Spool(Path(args.spool_dir), args.spool_owner) if args.spool_dir else None
+    except SpoolError as exc:
+        print(f"execwatch: {exc} (--spool-dir '' keeps it in memory)", file=sys.stderr)
+        return 2
+    except Exception as exc:  # lightkube's ConfigError, a missing kubeconfig
+        print(f"execwatch: no API server credentials: {exc}", file=sys.stderr)
+        return 2
     publisher = Publisher(
         PublisherConfig(
             node=args.node,
@@ -171,17 +216,18 @@ def run_agent(args: argparse.Namespace) -> int:
             rate=args.rate,
             burst=args.burst,
             spool_size=args.spool_size,
+            spool_bytes=args.spool_bytes,
         ),
-        ApiSink(api, args.namespace),
+        kubeapi.RecordApi(api, args.namespace),
         PublisherMetrics(registry=registry),
+        spool=spool,
     )
     pods = agent.pod_cache(args.node, api) if args.pod_metadata == "api" else None
-    heartbeat = Heartbeat()  # /healthz: the consume loop goes round
-    server = serve(parse_address(args.metrics_address), registry, heartbeat.problem)
+    publisher.start()  # replays the spool before the probe starts
+    handover = None
     try:
         with stop_on_signals() as stop, Attributor(pods=pods) as attributor:
-            publisher.start()
-            agent.run(
+            handover = agent.run(
                 publisher,
                 attributor,
                 stop,
@@ -193,6 +239,5 @@ def run_agent(args: argparse.Namespace) -> int:
         print(f"execwatch: {exc}", file=sys.stderr)
         return 2
     finally:
-        publisher.stop()
-        server.shutdown()
+        publisher.stop(handover_at=handover)
     return 0

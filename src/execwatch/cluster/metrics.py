@@ -105,9 +105,39 @@ class PublisherMetrics:
             "Records waiting to be created (aggregating or awaiting a retry).",
             registry=r,
         )
+        self.spool_bytes = Gauge(
+            "execwatch_publisher_spool_bytes",
+            "Bytes of the records waiting (their JSON bodies), against --spool-bytes.",
+            registry=r,
+        )
+        self.replayed = Counter(
+            "execwatch_publisher_replayed",
+            "Records read back from the node's spool: after a restart, or adopted from an "
+            "agent that is gone.",
+            registry=r,
+        )
+        self.active = Gauge(
+            "execwatch_publisher_active",
+            "1 while this agent publishes for its node; 0 while another agent on the node "
+            "does (the new pod of an upgrade's surge stands by until the old one hands over).",
+            registry=r,
+        )
+        self.handed_over = Counter(
+            "execwatch_publisher_handed_over",
+            "Failed execs seen while another agent published for this node (an upgrade's "
+            "surge) and left to it: not published twice.",
+            registry=r,
+        )
+        self.spool_errors = Counter(
+            "execwatch_publisher_spool_errors",
+            "Failed writes or adoptions of the on-disk spool (records stay in memory).",
+            registry=r,
+        )
         self.dropped = Counter(
             "execwatch_publisher_dropped",
-            "Failed execs lost, by type: spool_full (bound reached), rejected (API said invalid).",
+            "Failed execs lost, by type: spool_full (bound reached), rejected (the API "
+            "refused the record for good), corrupt (a damaged spool entry; at least 1 each), "
+            "standby_full (buffer of a standing-by agent full).",
             ["type"],
             registry=r,
         )
@@ -122,7 +152,7 @@ class PublisherMetrics:
             ["code"],
             registry=r,
         )
-        for kind in ("spool_full", "rejected"):
+        for kind in ("spool_full", "rejected", "corrupt", "standby_full"):
             self.dropped.labels(kind)
 
 

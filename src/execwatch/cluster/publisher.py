@@ -7,18 +7,33 @@ What it guarantees, and how:
   `aggregation_window` (the first one goes out at once, so detection stays fast).
 - **Rate limit.** A token bucket bounds creates per second across all keys; what waits
   keeps aggregating.
-- **API server outages lose nothing within a bound.** Records that could not be created
-  stay in the spool (pending, being sent or awaiting retry: at most `spool_size` records) and are
-  retried with exponential backoff and jitter. A failure that would need a new record
-  while the spool is full is dropped and counted (`dropped_total{type="spool_full"}`).
-- **A retry never makes a second record.** A record's name is fixed when it is sealed,
-  so re-sending after a lost answer gets 409 AlreadyExists, which counts as success.
+- **Outages and restarts lose nothing within a bound.** Every record held (pending,
+  being sent, awaiting a retry) is written to the node's spool (`cluster/spool.py`) by
+  the worker thread, and replayed when the agent starts again. At most `spool_size`
+  records and `spool_bytes` bytes are held; a failure that would need a new record
+  beyond that is dropped and counted (`dropped_total{type="spool_full"}`).
+- **A retry never makes a second record.** A record's name is fixed when it is created,
+  so re-sending it after a lost answer (or after a restart) gets 409 AlreadyExists,
+  which counts as success.
+- **Two agents on a node (an upgrade's surge) publish each failure once.** Only the agent
+  holding the node's active lock publishes; a new one buffers what its probe sees until
+  the old one hands over, then publishes only what came after (`cluster/spool.py`).
+- **One bad record never blocks the rest.** Each record backs off on its own
+  (exponential, with jitter); the worker always sends the record that has been ready
+  longest, so a record refused forever waits its turn instead of going first. Only
+  errors that say the *server* is unavailable (no answer, 429, 503) also pause the
+  others, briefly. A record refused for good (`errors.PermanentError`: 400, 403, 422,
+  ...) is retried only while the refusal is younger than `refusal_grace` (an API server
+  that has just started answers 403 until its RBAC caches are filled), then dropped and
+  counted (`type="rejected"`).
 
-`submit` never blocks on the network: the probe's ring buffer must keep draining.
+`submit` never blocks on the network or the file system: the probe must keep draining.
 """
 
 from __future__ import annotations
 
+import heapq
+import json
 import logging
 import os
 import random
@@ -30,6 +45,7 @@ from typing import Any, Protocol
 
 from execwatch.cluster import crd, errors
 from execwatch.cluster.metrics import PublisherMetrics
+from execwatch.cluster.spool import MAX_COUNT, Loaded, Spool, StoredRecord
 from execwatch.record import AttributionStatus, ExecFailure
 from execwatch.text import safe_text
 
@@ -39,60 +55,10 @@ Key = tuple[str, str, str, int]
 
 
 class RecordSink(Protocol):
-    """Where sealed records go; the Kubernetes implementation is `ApiSink`."""
+    """Where records go; the Kubernetes implementation is `cluster.kubeapi.RecordApi`."""
 
     def create(self, body: dict[str, Any]) -> None:
-        """Create the object; raise `SinkError` on failure."""
-
-
-class SinkError(Exception):
-    """A create that failed. `status` is the HTTP status, 0 if there was no answer; what
-    it means is decided once, by `execwatch.cluster.errors`."""
-
-    def __init__(self, status: int, message: str, error: errors.ApiError | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.error = error if error is not None else errors.from_status(status, message=message)
-
-    @property
-    def already_exists(self) -> bool:
-        return isinstance(self.error, errors.ConflictError)
-
-    @property
-    def ambiguous(self) -> bool:
-        """The object may have been created although the call failed: no answer, or a
-        server-side timeout (500/504). Such a record is retried under the same name."""
-        return self.error.may_have_acted
-
-    @property
-    def permanent(self) -> bool:
-        """The API server refused the object itself: retrying cannot help."""
-        return isinstance(self.error, errors.PermanentError)
-
-
-class ApiSink:
-    """Creates records through the official client's CustomObjectsApi."""
-
-    def __init__(self, api_client: Any, namespace: str, timeout: float = 10.0) -> None:
-        from kubernetes import client
-
-        self._api = client.CustomObjectsApi(api_client)
-        self._namespace = namespace
-        self._timeout = timeout
-
-    def create(self, body: dict[str, Any]) -> None:
-        try:
-            with errors.translate():
-                self._api.create_namespaced_custom_object(
-                    crd.GROUP,
-                    crd.VERSION,
-                    self._namespace,
-                    crd.PLURAL,
-                    body,
-                    _request_timeout=self._timeout,
-                )
-        except errors.ApiError as err:
-            raise SinkError(err.status, str(err), err) from None
+        """Create the object; raise an `errors.ApiError` on failure."""
 
 
 @dataclass(frozen=True)
@@ -103,27 +69,75 @@ class PublisherConfig:
     rate: float = 20.0  # creates per second
     burst: int = 50
     spool_size: int = 2000  # records held: pending, being sent, awaiting retry
+    spool_bytes: int = 32 << 20  # their JSON bodies, summed
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
+    flush_interval: float = 0.2  # how long a change may wait before it is on disk
+    adopt_interval: float = 10.0  # how often to look for spool files of gone agents
+    standby_buffer: int = 10000  # failures held while another agent on the node publishes
+    # A permanent refusal must last this long before the record is dropped: an API server
+    # that has just started answers 403 until its RBAC caches are filled (seen here).
+    refusal_grace: float = 30.0
 
 
 @dataclass
-class _Pending:
-    failure: ExecFailure
-    first_seen: float
-    last_seen: float
-    count: int
-    due: float
+class _Entry:
+    """One record held by the publisher. Until `sealed` its body may still change (repeats
+    fold into it). It is sealed, on disk first, before each create; a definite refusal
+    unseals it again unless an earlier create may have reached the server
+    (`maybe_created`): from then on it is only ever re-sent as it is."""
 
-
-@dataclass
-class _Sealed:
+    name: str
     key: Key
     body: dict[str, Any]
     count: int
-    source: _Pending
+    first_seen: float
+    last_seen: float
+    ready_at: float  # monotonic: when it is due (aggregation) or may be retried
+    size: int
     attempts: int = 0
-    maybe_created: bool = False  # an earlier attempt may have created it
+    refused_since: float | None = None  # monotonic: first permanent refusal
+    sealed: bool = False
+    maybe_created: bool = False
+
+    def render(self) -> dict[str, Any]:
+        spec = self.body["spec"]
+        spec["count"] = self.count
+        spec["firstSeen"] = crd.rfc3339(self.first_seen)
+        spec["lastSeen"] = crd.rfc3339(max(self.first_seen, self.last_seen))
+        return self.body
+
+    def stored(self) -> StoredRecord:
+        return StoredRecord(
+            name=self.name,
+            key=json.dumps(self.key),
+            body=json.dumps(self.render(), separators=(",", ":")),
+            count=self.count,
+            first_seen=self.first_seen,
+            last_seen=self.last_seen,
+            sealed=self.sealed,
+        )
+
+    def fold(self, count: int, first_seen: float, last_seen: float) -> None:
+        self.count = min(MAX_COUNT, self.count + count)
+        self.first_seen = min(self.first_seen, first_seen)
+        self.last_seen = max(self.last_seen, last_seen)
+
+
+def _entry(record: StoredRecord, now: float) -> _Entry:
+    key = json.loads(record.key)
+    return _Entry(
+        name=record.name,
+        key=(str(key[0]), str(key[1]), str(key[2]), int(key[3])),
+        body=json.loads(record.body),
+        count=record.count,
+        first_seen=record.first_seen,
+        last_seen=record.last_seen,
+        ready_at=now,
+        size=len(record.body),
+        sealed=record.sealed,
+        maybe_created=record.sealed,
+    )
 
 
 def aggregation_key(failure: ExecFailure) -> Key:
@@ -158,34 +172,67 @@ class _TokenBucket:
         self.tokens -= 1
 
 
+def _backoff(attempts: int, initial: float, cap: float) -> float:
+    """Exponential in the attempts, with full jitter in [0.5, 1] of the step."""
+    step = min(cap, initial * 2.0 ** max(0, attempts - 1))
+    return step * random.uniform(0.5, 1.0)
+
+
 @dataclass
 class Publisher:
-    """Aggregates, rate-limits, spools and creates records; one worker thread."""
+    """Aggregates, rate-limits, spools and creates records; one worker thread.
+
+    With `spool` (a `cluster.spool.Spool`) what it holds survives a restart; without, the
+    spool is memory only."""
 
     config: PublisherConfig
     sink: RecordSink
     metrics: PublisherMetrics = field(default_factory=PublisherMetrics)
+    spool: Spool | None = None
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
 
     def __post_init__(self) -> None:
         self._lock = threading.Condition()
-        self._pending: dict[Key, _Pending] = {}
-        self._retry: list[_Sealed] = []
-        self._sending: _Sealed | None = None  # taken off the lists while its create runs
+        self._entries: dict[str, _Entry] = {}
+        self._open: dict[Key, str] = {}  # the entry of each key that repeats fold into
+        self._ready: list[tuple[float, int, str]] = []  # heap: (ready_at, seq, name)
+        self._sending: str | None = None
+        self._bytes = 0
         self._last_sent: dict[Key, float] = {}
+        self._dirty: set[str] = set()
+        self._gone: set[str] = set()
         self._bucket = _TokenBucket(self.config.rate, self.config.burst, self.clock)
         self._nonce = os.urandom(6).hex()
         self._seq = 0
-        self._backoff = 0.0
-        self._retry_at = 0.0
+        self._server_backoff = 0.0
+        self._server_retry_at = 0.0
+        self._next_flush = 0.0
+        self._next_adopt = 0.0
+        self._standby: list[ExecFailure] | None = None  # None: this agent publishes
+        self._handed_over_until = 0.0  # epoch: failures up to then were the previous agent's
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     # -- producer side ---------------------------------------------------------------
 
     def submit(self, failure: ExecFailure) -> None:
-        """Take one failure (or a pre-folded run of them); never blocks on the network."""
+        """Take one failure (or a pre-folded run of them); never blocks on I/O."""
+        with self._lock:
+            if self._standby is not None:
+                if len(self._standby) < self.config.standby_buffer:
+                    self._standby.append(failure)
+                else:
+                    self.metrics.dropped.labels("standby_full").inc(max(1, failure.count))
+                return
+        if failure.event.time and failure.event.time <= self._handed_over_until:
+            # Seen by this probe, but consumed by the agent before (its folded repeats
+            # may reach us only now, after the handover).
+            self.metrics.handed_over.inc(max(1, failure.count))
+            return
+        self._accept(failure)
+
+    def _accept(self, failure: ExecFailure) -> None:
         now, wall = self.clock(), failure.event.time or self.wall()
         n = max(1, failure.count)
         key = aggregation_key(failure)
@@ -196,94 +243,227 @@ class Publisher:
         ):
             self.metrics.unattributed.inc(n)
         with self._lock:
-            pending = self._pending.get(key)
-            if pending is not None:
-                pending.count += n
-                pending.first_seen = min(pending.first_seen, wall)
-                pending.last_seen = max(pending.last_seen, wall)
+            name = self._open.get(key)
+            if name is not None:
+                self._entries[name].fold(n, wall, wall)
+                self._dirty.add(name)
                 self.metrics.aggregated.inc(n)
                 return
-            if self._spooled() >= self.config.spool_size:
+            last = self._last_sent.get(key)
+            due = now if last is None else max(now, last + self.config.aggregation_window)
+            self._seq += 1
+            name = crd.record_name(self.config.node, self._nonce, self._seq)
+            body = crd.to_body(
+                failure,
+                name=name,
+                namespace=self.config.namespace,
+                node=self.config.node,
+                first_seen=wall,
+                last_seen=wall,
+                count=n,
+            )
+            entry = _Entry(name, key, body, n, wall, wall, due, size=len(json.dumps(body)))
+            if not self._admit(entry):
                 self.metrics.dropped.labels("spool_full").inc(n)
                 log.warning(
                     "spool full, dropping failure",
                     extra={"kv": {"path": safe_text(failure.event.path, 256), "count": n}},
                 )
                 return
-            last = self._last_sent.get(key)
-            due = now if last is None else max(now, last + self.config.aggregation_window)
-            self._pending[key] = _Pending(failure, wall, wall, n, due)
-            self._update_gauge()
+            self._open[key] = name
             self._lock.notify()
+
+    def _admit(self, entry: _Entry) -> bool:
+        """Hold `entry` if the bounds allow. Called with the lock held."""
+        if (
+            len(self._entries) >= self.config.spool_size
+            or self._bytes + entry.size > self.config.spool_bytes
+        ):
+            return False
+        self._entries[entry.name] = entry
+        self._bytes += entry.size
+        self._dirty.add(entry.name)
+        self._schedule(entry)
+        self._update_gauges()
+        return True
 
     # -- lifecycle -------------------------------------------------------------------
 
     def start(self) -> None:
+        """Replay the spool (records of a previous run of this agent, or of an agent that
+        is gone), then start the worker."""
+        if self.spool is not None:
+            self._replay(self.spool)
+        if self.spool is None or self.spool.try_activate():
+            self.metrics.active.set(1)
+        else:
+            self._standby = []
+            log.info("another agent publishes on this node: standing by")
+            threading.Thread(
+                target=self._await_turn,
+                args=(self.spool,),
+                name="execwatch-standby",
+                daemon=True,
+            ).start()
         self._thread = threading.Thread(target=self._run, name="execwatch-publisher", daemon=True)
         self._thread.start()
 
-    def stop(self, flush_timeout: float = 5.0) -> None:
-        """Stop the worker, first trying for `flush_timeout` to send what is spooled."""
+    def _await_turn(self, spool: Spool) -> None:
+        while not self._stop.wait(0.2):
+            if spool.try_activate():
+                self._activate(spool.take_handover())
+                return
+
+    def _activate(self, handed_over_at: float | None) -> None:
+        """Publish what was seen while standing by, except what the agent before had
+        consumed (kernel times up to `handed_over_at`, CLOCK_BOOTTIME)."""
+        if handed_over_at is not None:
+            offset = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+            self._handed_over_until = handed_over_at + offset
+        with self._lock:
+            seen, self._standby = self._standby or [], None
+        self.metrics.active.set(1)
+        for failure in seen:
+            self.submit(failure)
+        log.info(
+            "publishing for this node",
+            extra={"kv": {"buffered": len(seen), "handover": handed_over_at}},
+        )
+
+    def stop(self, flush_timeout: float = 5.0, handover_at: float | None = None) -> None:
+        """Try for `flush_timeout` to send what is held, then stop; what is left stays in
+        the spool for the next start. `handover_at`: the CLOCK_BOOTTIME up to which the
+        probe's events were all submitted, for the agent that publishes next on this
+        node. Idempotent."""
+        if self._stop.is_set():
+            return
         deadline = self.clock() + flush_timeout
         with self._lock:
-            for p in self._pending.values():
-                p.due = min(p.due, self.clock())
+            now = self.clock()
+            for entry in self._entries.values():
+                if entry.attempts == 0 and entry.ready_at > now:
+                    entry.ready_at = now
+                    self._schedule(entry)
             self._lock.notify()
         while self.spooled() and self.clock() < deadline and self._thread is not None:
             time.sleep(0.05)
         self._stop.set()
         with self._lock:
+            left, self._standby = self._standby, None
             self._lock.notify()
+        if left:  # never published: the active agent saw all of it
+            self.metrics.handed_over.inc(sum(max(1, f.count) for f in left))
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=15)
+        if self.spool is not None:
+            self._flush()
+            if handover_at is not None:
+                self.spool.hand_over(handover_at)
+            self.spool.close()
 
     def spooled(self) -> int:
+        """Records held: pending, awaiting a retry, and the one being sent."""
         with self._lock:
-            return self._spooled()
+            return len(self._entries)
 
-    def _spooled(self) -> int:
-        """Records held: pending, awaiting retry, and the one being sent."""
-        return len(self._pending) + len(self._retry) + (self._sending is not None)
+    def _update_gauges(self) -> None:
+        self.metrics.spool_size.set(len(self._entries))
+        self.metrics.spool_bytes.set(self._bytes)
 
-    def _update_gauge(self) -> None:
-        self.metrics.spool_size.set(self._spooled())
+    def _schedule(self, entry: _Entry) -> None:
+        heapq.heappush(self._ready, (entry.ready_at, self._tiebreak(), entry.name))
+
+    def _tiebreak(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    # -- the spool on disk -----------------------------------------------------------
+
+    def _replay(self, spool: Spool) -> None:
+        loaded = spool.load()
+        self._take_over(loaded)
+        if loaded.records or loaded.corrupt:
+            log.info(
+                "spool replayed",
+                extra={
+                    "kv": {
+                        "records": len(loaded.records),
+                        "corrupt": loaded.corrupt,
+                        "adopted_files": loaded.files,
+                    }
+                },
+            )
+
+    def _take_over(self, loaded: Loaded) -> None:
+        """Hold records read from disk (this agent's, or adopted) as if just submitted."""
+        if loaded.corrupt:
+            self.metrics.dropped.labels("corrupt").inc(loaded.corrupt)
+        now = self.clock()
+        with self._lock:
+            for record in loaded.records:
+                entry = _entry(record, now)
+                if entry.name in self._entries:
+                    continue
+                if not self._admit(entry):
+                    self.metrics.dropped.labels("spool_full").inc(entry.count)
+                    self._gone.add(entry.name)
+                    continue
+                self._dirty.discard(entry.name)  # it is on disk already
+                self.metrics.replayed.inc()
+                if not entry.sealed and entry.key not in self._open:
+                    self._open[entry.key] = entry.name
+            self._lock.notify()
+
+    def _flush(self) -> None:
+        """Write what changed since the last flush, in one transaction."""
+        if self.spool is None:
+            return
+        with self._lock:
+            upserts = [self._entries[n].stored() for n in self._dirty if n in self._entries]
+            deletes = list(self._gone)
+            self._dirty.clear()
+            self._gone.clear()
+        try:
+            self.spool.write(upserts, deletes)
+        except Exception as exc:  # a full or failing disk: keep going from memory
+            self.metrics.spool_errors.inc()
+            log.error("spool write failed", extra={"kv": {"error": str(exc)}})
+            with self._lock:
+                self._dirty.update(r.name for r in upserts)
+                self._gone.update(deletes)
+
+    def _adopt(self) -> None:
+        """Take over the spool files of agents that are gone (the old pod of a surge)."""
+        if self.spool is None:
+            return
+        try:
+            loaded = self.spool.adopt()
+        except Exception as exc:
+            self.metrics.spool_errors.inc()
+            log.error("spool adoption failed", extra={"kv": {"error": str(exc)}})
+            return
+        if loaded.files:
+            self._take_over(loaded)
 
     # -- worker ----------------------------------------------------------------------
 
-    def _next(self) -> tuple[_Sealed | None, float]:
-        """The next record to send now, or how long to wait. Called with the lock held."""
+    def _next(self) -> tuple[_Entry | None, float]:
+        """The record that has been ready longest, or how long to wait. Lock held."""
         now = self.clock()
-        if now < self._retry_at:
-            return None, self._retry_at - now
-        if self._retry:
-            return self._retry.pop(0), 0.0
-        due_key, due_at = None, None
-        for key, p in self._pending.items():
-            if due_at is None or p.due < due_at:
-                due_key, due_at = key, p.due
-        if due_key is None or due_at is None:
-            self._prune(now)
-            return None, 1.0
-        if due_at > now:
-            return None, due_at - now
-        p = self._pending.pop(due_key)
-        # The window starts when a record is sealed, so a repeat arriving while it is in
-        # flight waits for the next window instead of making a second record at once.
-        self._last_sent[due_key] = now
-        if len(self._last_sent) > 4 * self.config.spool_size:
-            self._prune(now)
-        self._seq += 1
-        name = crd.record_name(self.config.node, self._nonce, self._seq)
-        body = crd.to_body(
-            p.failure,
-            name=name,
-            namespace=self.config.namespace,
-            node=self.config.node,
-            first_seen=p.first_seen,
-            last_seen=p.last_seen,
-            count=p.count,
-        )
-        return _Sealed(due_key, body, p.count, p), 0.0
+        if now < self._server_retry_at:
+            return None, self._server_retry_at - now
+        while self._ready:
+            ready_at, _, name = self._ready[0]
+            entry = self._entries.get(name)
+            if entry is None or entry.ready_at != ready_at or name == self._sending:
+                heapq.heappop(self._ready)  # stale: rescheduled, sent or dropped
+                continue
+            if ready_at > now:
+                return None, ready_at - now
+            heapq.heappop(self._ready)
+            return entry, 0.0
+        self._prune(now)
+        return None, 1.0
 
     def _prune(self, now: float) -> None:
         """Forget keys quiet for a full window: they no longer delay anything."""
@@ -293,90 +473,132 @@ class Publisher:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            now = self.clock()
+            if now >= self._next_adopt:
+                self._next_adopt = now + self.config.adopt_interval
+                self._adopt()
+            if now >= self._next_flush:
+                self._next_flush = now + self.config.flush_interval
+                self._flush()
             with self._lock:
-                sealed, wait = self._next()
-                if sealed is None:
-                    self._lock.wait(timeout=min(wait, 1.0))
+                entry, wait = self._next()
+                if entry is None:
+                    self._lock.wait(timeout=min(wait, self.config.flush_interval))
                     continue
-                self._sending = sealed
-            token_wait = self._bucket.wait_time()
-            if token_wait > 0:
-                with self._lock:
-                    self._retry.insert(0, sealed)
-                    self._sending = None
-                time.sleep(token_wait)
-                continue
-            self._bucket.take()
-            self._send(sealed)
+                token_wait = self._bucket.wait_time()
+                if token_wait > 0:
+                    entry.ready_at = self.clock() + token_wait
+                    self._schedule(entry)
+                    continue
+                self._bucket.take()
+                self._sending = entry.name
+                self._close_window(entry)
+                entry.render()
+                entry.sealed = True
+                self._dirty.add(entry.name)
+            self._flush()  # the record is on disk, under its name, before it is sent
+            self._send(entry)
 
-    def _send(self, sealed: _Sealed) -> None:
-        name = sealed.body["metadata"]["name"]
-        sealed.attempts += 1
+    def _close_window(self, entry: _Entry) -> None:
+        """Repeats of its key now go to a new record, due a window after this one was
+        first sent (not after a retry). Lock held."""
+        if self._open.get(entry.key) == entry.name:
+            del self._open[entry.key]
+            if entry.attempts == 0:
+                self._last_sent[entry.key] = self.clock()
+                if len(self._last_sent) > 4 * self.config.spool_size:
+                    self._prune(self.clock())
+
+    def _send(self, entry: _Entry) -> None:
+        entry.attempts += 1
         try:
-            self.sink.create(sealed.body)
-        except SinkError as err:
-            if err.already_exists:
-                self._sent(sealed, retried=True)
-                return
-            self.metrics.api_errors.labels(str(err.status)).inc()
-            if err.permanent:
-                self.metrics.dropped.labels("rejected").inc(sealed.count)
-                log.error("record rejected", extra={"kv": {"record": name, "status": err.status}})
-                with self._lock:
-                    self._sending = None
-                    self._update_gauge()
-                return
-            with self._lock:
-                self._sending = None
-                if sealed.attempts == 1:
-                    self.metrics.spooled.inc()
-                # Once an attempt may have created the record, only its own name may carry
-                # these failures: a later definite refusal does not undo that creation.
-                sealed.maybe_created |= err.ambiguous
-                if sealed.maybe_created:
-                    self._retry.append(sealed)
-                else:
-                    self._unseal(sealed)
-                self._backoff = min(
-                    self.config.backoff_max,
-                    max(self.config.backoff_initial, self._backoff * 2),
-                )
-                self._retry_at = self.clock() + self._backoff * random.uniform(0.5, 1.0)
-                self._update_gauge()
-            log.warning(
-                "create failed, will retry",
-                extra={
-                    "kv": {"record": name, "status": err.status, "backoff": round(self._backoff, 2)}
-                },
-            )
-            return
-        self._sent(sealed, retried=sealed.attempts > 1)
-
-    def _unseal(self, sealed: _Sealed) -> None:
-        """The API server answered that it did not create the record: put its failures
-        back with the pending ones of its key, so later repeats keep folding into it
-        instead of needing a new spool slot. Called with the lock held."""
-        src = sealed.source
-        pending = self._pending.get(sealed.key)
-        if pending is None:
-            self._pending[sealed.key] = src
-            src.due = self.clock()
+            self.sink.create(entry.body)
+        except errors.ConflictError:
+            self._done(entry, published=True)
+        except errors.ApiError as err:
+            self._failed(entry, err)
         else:
-            pending.count += src.count
-            pending.first_seen = min(pending.first_seen, src.first_seen)
-            pending.last_seen = max(pending.last_seen, src.last_seen)
-            pending.failure = src.failure
-            pending.due = self.clock()
+            self._done(entry, published=True)
 
-    def _sent(self, sealed: _Sealed, retried: bool) -> None:
+    def _done(self, entry: _Entry, *, published: bool) -> None:
         with self._lock:
             self._sending = None
-            self._backoff = 0.0
-            self._retry_at = 0.0
-            self._update_gauge()
-        self.metrics.published.inc()
-        self.metrics.published_failures.inc(sealed.count)
-        log.info(
-            "record created",
-            extra={"kv": {"record": sealed.body["metadata"]["name"], "count": sealed.count}},
+            if self._entries.pop(entry.name, None) is not None:
+                self._bytes -= entry.size
+            if self._open.get(entry.key) == entry.name:
+                del self._open[entry.key]
+            self._dirty.discard(entry.name)
+            self._gone.add(entry.name)
+            self._server_backoff = 0.0
+            self._server_retry_at = 0.0
+            self._update_gauges()
+        if published:
+            self.metrics.published.inc()
+            self.metrics.published_failures.inc(entry.count)
+            log.info("record created", extra={"kv": {"record": entry.name, "count": entry.count}})
+
+    def _failed(self, entry: _Entry, err: errors.ApiError) -> None:
+        self.metrics.api_errors.labels(_code_label(err.status)).inc()
+        refused = isinstance(err, errors.PermanentError)
+        if refused and entry.refused_since is None:
+            entry.refused_since = self.clock()
+        if refused and self.clock() - (entry.refused_since or 0.0) >= self.config.refusal_grace:
+            self.metrics.dropped.labels("rejected").inc(entry.count)
+            log.error(
+                "record rejected",
+                extra={"kv": {"record": entry.name, "message": err.message, **errors.as_dict(err)}},
+            )
+            self._done(entry, published=False)
+            return
+        cfg = self.config
+        with self._lock:
+            self._sending = None
+            if entry.attempts == 1:
+                self.metrics.spooled.inc()
+            entry.maybe_created = entry.maybe_created or err.may_have_acted
+            entry.sealed = entry.maybe_created
+            if not refused:  # a refused record takes in no new failures
+                self._reopen(entry)
+            delay = errors.delay(
+                err, _backoff(entry.attempts, cfg.backoff_initial, cfg.backoff_max)
+            )
+            entry.ready_at = self.clock() + delay
+            self._schedule(entry)
+            self._dirty.add(entry.name)
+            if err.status in (0, 429, 503):  # the server, not this record: pause everyone
+                self._server_backoff = min(
+                    cfg.backoff_max, max(cfg.backoff_initial, self._server_backoff * 2)
+                )
+                self._server_retry_at = self.clock() + errors.delay(
+                    err, self._server_backoff * random.uniform(0.5, 1.0)
+                )
+            else:
+                self._server_backoff = 0.0
+                self._server_retry_at = 0.0
+        log.warning(
+            "create failed, will retry",
+            extra={"kv": {"record": entry.name, "status": err.status, "retry_in": round(delay, 2)}},
         )
+
+    def _reopen(self, entry: _Entry) -> None:
+        """The server said it did not create the record: let later repeats of its key
+        fold into it again instead of taking a new spool slot. Lock held."""
+        if entry.sealed:
+            return
+        other = self._open.get(entry.key)
+        if other is not None and other != entry.name:
+            newer = self._entries.pop(other)
+            self._bytes -= newer.size
+            self._gone.add(newer.name)
+            self._dirty.discard(newer.name)
+            entry.fold(newer.count, newer.first_seen, newer.last_seen)
+        self._open[entry.key] = entry.name
+        self._update_gauges()
+
+
+_CODES = frozenset({0, 400, 401, 403, 404, 408, 409, 413, 422, 429, 500, 502, 503, 504})
+
+
+def _code_label(status: int) -> str:
+    """A bounded label: a proxy inventing statuses cannot create series."""
+    return str(status) if status in _CODES else "other"
