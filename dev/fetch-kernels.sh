@@ -7,6 +7,7 @@
 # Result: CACHE_DIR/<release>/{vmlinuz,version,modules/...}; a kernel that cannot be
 # fetched fails the script (and so `make test`).
 set -euo pipefail
+source "$(dirname "$0")/private-apt.sh"
 cache=$(realpath -m "${1:-.cache/kernels}")
 mirror=http://deb.debian.org
 # release name -> apt sources (one per line)
@@ -26,22 +27,9 @@ module_dirs=(drivers/virtio net/9p fs/9p fs/netfs fs/fscache)
 fetch() {
   local release=$1 dir="$cache/$1" apt_root="$cache/apt/$1"
   [ -f "$dir/.complete-v1" ] && return 0
-  mkdir -p "$apt_root"/{lists/partial,archives/partial,etc/preferences.d,state}
+  private_apt "$apt_root" amd64
   printf '%s\n' "${sources[$release]}" > "$apt_root/etc/sources.list"
-  : > "$apt_root/state/status"
-  local opts=(
-    -o "Dir::Etc::sourcelist=$apt_root/etc/sources.list"
-    -o "Dir::Etc::sourceparts=-"
-    -o "Dir::Etc::preferencesparts=$apt_root/etc/preferences.d"
-    -o "Dir::State::lists=$apt_root/lists"
-    -o "Dir::State::status=$apt_root/state/status"
-    -o "Dir::Cache::archives=$apt_root/archives"
-    -o "Dir::Cache=$apt_root"
-    -o "APT::Architectures=amd64"
-    -o "Acquire::Languages=none"
-    -o "Debug::NoLocking=1"
-    -o "APT::Sandbox::User=root"
-  )
+  local opts=("${apt_opts[@]}")
   apt-get "${opts[@]}" -qq update
   # The metapackage names the current ABI's image package (signed or not, same kernel).
   local image

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import threading
+import os
 import time
 from collections.abc import Callable, Iterator
 
@@ -169,12 +169,25 @@ def test_a_crashing_diagnosis_degrades_the_record_instead_of_losing_it(
     assert "diagnosis failed: RuntimeError('bug')" in emitted[0].diagnosis.detail
 
 
+class Hang:
+    """A read blocked in the kernel (a pipe nobody writes), like one on a hung mount."""
+
+    def __init__(self) -> None:
+        self._r, self._w = os.pipe()
+
+    def wait(self) -> None:
+        os.read(self._r, 1)
+
+    def set(self) -> None:
+        os.write(self._w, b"x" * 16)
+
+
 class Blocking:
     """A diagnosis that hangs for one path, like a read on a file system that never answers."""
 
     def __init__(self, hang_on: str) -> None:
         self.hang_on = hang_on
-        self.release = threading.Event()
+        self.release = Hang()
 
     def diagnose(self, event: KernelEvent) -> Diagnosis:
         if event.path == self.hang_on:
@@ -236,7 +249,7 @@ def test_the_heartbeat_fails_only_when_the_loop_stops() -> None:
 def test_a_hung_attribution_keeps_the_diagnosis(
     emitted: list[ExecFailure], pipeline: Callable[..., NodePipeline]
 ) -> None:
-    release = threading.Event()
+    release = Hang()
 
     class HungAttributor:
         def resolve(self, cgroup_id: int, pid: int | None = None, **kw: object) -> Attribution:
@@ -253,3 +266,23 @@ def test_a_hung_attribution_keeps_the_diagnosis(
     assert [f.diagnosis.reason for f in emitted] == [Reason.FOREIGN_ARCHITECTURE]
     assert emitted[0].attribution == Attribution()
     assert observer.overruns == ["attribution"]
+
+
+def test_a_diagnosis_that_is_only_slow_is_left_to_finish(
+    emitted: list[ExecFailure], pipeline: Callable[..., NodePipeline]
+) -> None:
+    """Running Python on a starved CPU is not a hung mount: no overrun, no Undiagnosed."""
+
+    class Slow:
+        def diagnose(self, event: KernelEvent) -> Diagnosis:
+            deadline = time.monotonic() + 0.5
+            while time.monotonic() < deadline:  # busy, not blocked in the kernel
+                pass
+            return Diagnosis(Reason.FOREIGN_ARCHITECTURE, "amd64", "arm64")
+
+    observer = Observer()
+    p = pipeline(Slow(), emitted, budget=0.1, observer=observer)
+    p.on_record(raw_event(b"/app/server"))
+    settled(p)
+    assert [f.diagnosis.reason for f in emitted] == [Reason.FOREIGN_ARCHITECTURE]
+    assert observer.overruns == []

@@ -35,7 +35,9 @@ Sink = Callable[[ExecFailure], None]
 POLL_TIMEOUT_MS = 50
 AggregationKey = tuple[int, int, int, bytes, bytes]
 DIAGNOSIS_BUDGET_S = 1.0  # a local diagnosis takes about a millisecond
-STALL_AFTER_S = 20.0  # the consume loop goes round every POLL_TIMEOUT_MS
+STALL_AFTER_S = 20.0
+# A call running (not blocked in the kernel) is abandoned only after this many budgets.
+STARVED_FACTOR = 10  # the consume loop goes round every POLL_TIMEOUT_MS
 
 
 class Diagnoser(Protocol):
@@ -147,6 +149,8 @@ class _Overdue:
     attempt: Attempt | None
     slot: _Slot | None
     diagnosis: Diagnosis | None
+    blocked: bool  # in the kernel (a FUSE or NFS wait), not running Python
+    age: float
 
 
 @dataclass
@@ -318,6 +322,7 @@ class NodePipeline:
         if self._error is None:
             self.drain(2 * self._budget * max(1, self._queue.qsize()) + 1.0)
         self._stop.set()
+        self._watchdog.join(timeout=1.0)  # first: it may be starting a worker
         with self._lock:
             live = [w for w in self._workers if not w.abandoned]
         for _ in live:
@@ -327,7 +332,6 @@ class NodePipeline:
                 break
         for worker in live:
             worker.thread.join(timeout=1.0)
-        self._watchdog.join(timeout=1.0)
         self.flush(final=True)
 
     def flush(self, *, final: bool = False) -> None:
@@ -349,9 +353,9 @@ class NodePipeline:
         worker.thread = threading.Thread(
             target=self._work, args=(worker,), name="diagnosis", daemon=True
         )
+        worker.thread.start()  # before it is listed: close() joins what it lists
         with self._lock:
             self._workers.append(worker)
-        worker.thread.start()
 
     def _work(self, worker: _Worker) -> None:
         """Diagnoses inline (no hand-off: a dying container's rootfs is there for only
@@ -420,17 +424,25 @@ class NodePipeline:
 
     def _watch(self) -> None:
         """Settles, as Undiagnosed, a record whose diagnosis or attribution overran its
-        budget (a read blocked in the kernel cannot be interrupted), remembers the mount it
-        was blocked in, and starts a fresh worker in place of the blocked one."""
+        budget blocked in the kernel (a read on a hung mount cannot be interrupted),
+        remembers that mount, and starts a fresh worker in place of the blocked one.
+        A call that is merely slow, running Python on a starved CPU, is left to finish
+        up to STARVED_FACTOR budgets and never makes its mount look slow."""
         period = min(0.1, self._budget / 4)
         while not self._stop.wait(period):
             now = time.monotonic()
             overdue: list[_Overdue] = []
             with self._lock:
                 for w in self._workers:
-                    if w.stage and not w.abandoned and now - w.started > self._budget:
+                    age = now - w.started
+                    if not w.stage or w.abandoned or age <= self._budget:
+                        continue
+                    blocked = w.attempt is not None and self.slow.held_by_kernel(w.attempt.tid)
+                    if blocked or age > self._budget * STARVED_FACTOR:
                         w.abandoned = True
-                        overdue.append(_Overdue(w.stage, w.attempt, w.slot, w.diagnosis))
+                        overdue.append(
+                            _Overdue(w.stage, w.attempt, w.slot, w.diagnosis, blocked, age)
+                        )
                 stuck = sum(w.abandoned for w in self._workers)
             for late in overdue:
                 self._overran(late)
@@ -443,9 +455,12 @@ class NodePipeline:
             return
         if self._observer:
             self._observer.overran(stage)
-        mount = attempt.mount
-        where = f" in {mount}" if mount else ""
-        cause = f"{stage} overran its {self._budget:g} s budget{where}"
+        mount = attempt.mount if late.blocked else None
+        if late.blocked:
+            where = f" in {mount}" if mount else ""
+            cause = f"{stage} overran its {self._budget:g} s budget{where}"
+        else:
+            cause = f"{stage} still running after {late.age:.1f} s (a starved CPU?)"
         log.warning("budget overran", extra={"kv": {"cause": cause}})
         if mount is not None:
             self.slow.mark(mount)

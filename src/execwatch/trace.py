@@ -20,7 +20,7 @@ from execwatch.diagnosis import FileDiagnoser
 from execwatch.diagnosis.budget import SlowMounts
 from execwatch.metrics import NodeMetrics, parse_address, serve
 from execwatch.output import Printer
-from execwatch.pipeline import CountsPruner, NodePipeline
+from execwatch.pipeline import DIAGNOSIS_BUDGET_S, CountsPruner, NodePipeline
 from execwatch.probe import Probe, ProbeError
 from execwatch.probe.events import boot_to_epoch_offset
 from execwatch.probe.loader import ProbeOptions
@@ -62,6 +62,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--ringbuf-mb", type=int, default=4, help="ring buffer size in MiB (power of 2)")
     p.add_argument("--duration", type=float, help="stop after this many seconds")
     p.add_argument("--no-attribution", action="store_true", help="skip container/pod attribution")
+    p.add_argument(
+        "--diagnosis-budget",
+        type=float,
+        default=DIAGNOSIS_BUDGET_S,
+        metavar="SECONDS",
+        help="longest wait for one diagnosis; a mount where one overran is not waited on again",
+    )
     p.set_defaults(func=run)
 
 
@@ -85,6 +92,10 @@ def run(args: argparse.Namespace) -> int:
         address = parse_address(args.metrics_address) if args.metrics_address else None
         if not 0 < args.death_window <= 3600:
             raise ValueError(f"--death-window wants 0 < SECONDS <= 3600, got {args.death_window}")
+        if not 0 < args.diagnosis_budget <= 600:
+            raise ValueError(
+                f"--diagnosis-budget wants 0 < SECONDS <= 600, got {args.diagnosis_budget}"
+            )
         options = ProbeOptions(
             ringbuf_bytes=args.ringbuf_mb << 20,
             all_errnos=args.all_errnos,
@@ -129,6 +140,7 @@ def trace_loop(
         show_crashes=args.show_crashes,
         window=args.window,
         slow=slow,
+        budget=args.diagnosis_budget,
     )
     server = serve(address, registry, pipeline.heartbeat.problem) if address else None
     probe.open_ring_buffer(pipeline.on_record)

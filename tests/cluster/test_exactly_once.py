@@ -28,6 +28,7 @@ from execwatch.cluster.rest import Rest
 from tests.cluster.conftest import NODE, PodFactory, list_records, wait_until
 from tests.cluster.records import exec_failure
 from tests.cluster.test_handler import events_of, failures_total, sample
+from tests.cluster.test_node_binding import record
 from tests.kube.cluster import KubeCluster
 from tests.kube.faultproxy import FaultProxy
 from tests.kube.fixtures import AGENT_SA, HANDLER_SA
@@ -120,8 +121,8 @@ def test_counts_are_exact_through_injected_faults_and_leader_changes(
                 live.remove(leader)
                 live.append(start_replica())
                 changes += 1
-        wait_until(lambda: publisher.spooled() == 0, timeout=120)
-        wait_until(lambda: not list_records(admin) and all(h.idle() for h in handlers), timeout=120)
+        wait_until(lambda: publisher.spooled() == 0, timeout=300)
+        wait_until(lambda: not list_records(admin) and all(h.idle() for h in handlers), timeout=300)
     except BaseException:
         for h in handlers:  # what is stuck where
             print(h.config.identity, h.elector.is_leader(), len(h.queue), h.idle(), h._unsure)
@@ -290,15 +291,7 @@ def test_a_date_the_schema_allows_but_nothing_can_use_is_counted_invalid_once(
     agent_api: client.ApiClient,
     start_handler: Any,
 ) -> None:
-    body = crd.to_body(
-        exec_failure(),
-        name=f"{NODE}-badtime",
-        namespace=crd.DEFAULT_NAMESPACE,
-        node=NODE,
-        first_seen=1.7e9,
-        last_seen=1.7e9,
-        count=2,
-    )
+    body: dict[str, Any] = record(NODE)
     body["spec"]["firstSeen"] = body["spec"]["lastSeen"] = "0001-01-01T00:00:00+14:00"
     client.CustomObjectsApi(agent_api).create_namespaced_custom_object(
         crd.GROUP, crd.VERSION, crd.DEFAULT_NAMESPACE, crd.PLURAL, body

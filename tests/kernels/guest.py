@@ -5,7 +5,7 @@
 Starts the real `execwatch trace --json --metrics-address ...`, causes the real
 failures of CASES, waits for their records, reads the kernel's exact counts from the
 metrics endpoint, stops trace with SIGTERM and writes OUT_DIR/result.json for
-test_matrix.py to judge. Standard library only: every import costs seconds under TCG.
+test_matrix.py to judge. Few imports: every import costs seconds under TCG.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from tests.probe.roots import Keepers, glibc_root
+
 REPO = Path(__file__).resolve().parents[2]
 FOREIGN_HELLO = REPO / ".cache/foreign/arm64/root/usr/bin/hello"
 MUSL_LOADER = Path("/lib/ld-musl-x86_64.so.1")
@@ -32,6 +34,7 @@ GLIBC_TRUE = Path("/usr/bin/true")
 BUSYBOX = Path("/bin/busybox")
 PORT = 9477
 FOREIGN_TRIES = 3
+MISSING = "libselinux.so.1"
 
 
 def build_musl_root(root: Path) -> None:
@@ -44,7 +47,7 @@ def build_musl_root(root: Path) -> None:
     shutil.copy(GLIBC_TRUE, root / "usr/bin/app")
 
 
-def cause_failures(work: Path) -> dict[str, str]:
+def cause_failures(work: Path, keepers: Keepers) -> dict[str, str]:
     """Each case once (the foreign binary FOREIGN_TRIES times); returns case -> path."""
     # On the guest's tmpfs: under TCG on a loaded host one 9p read can outlast the
     # diagnosis budget, and the matrix is about the kernel, not about 9p.
@@ -59,6 +62,11 @@ def cause_failures(work: Path) -> dict[str, str]:
     subprocess.run(
         ["/usr/sbin/chroot", root, "/bin/sh", "-c", "/usr/bin/app; /bin/busybox sleep 1"]
     )
+    # Early death: the exec succeeds, glibc's loader then misses a library and exits 127.
+    no_selinux = glibc_root(
+        work / "no-selinux", {"/usr/bin/ls": Path("/usr/bin/ls")}, omit=[MISSING]
+    )
+    keepers.run(["/usr/bin/ls", "/"], root=no_selinux, linger=15)
     script = work / "run.sh"
     script.write_text("#!/opt/nowhere/bash -e\necho hi\n")
     script.chmod(0o755)
@@ -67,6 +75,7 @@ def cause_failures(work: Path) -> dict[str, str]:
         "foreign": str(foreign),
         "glibc_in_musl_root": "/usr/bin/app",
         "missing_shebang_interpreter": str(script),
+        "missing_library": "/usr/bin/ls",
     }
 
 
@@ -130,7 +139,8 @@ def records_cover(paths: dict[str, str]) -> Callable[[list[str]], bool]:
 def main() -> int:
     out = Path(sys.argv[1])
     result: dict[str, object] = {"release": os.uname().release}
-    argv = ["trace", "--json", "--window", "0.2", "--show-not-found"]
+    # A diagnosis takes a millisecond on a node, and much longer in a starved TCG guest.
+    argv = ["trace", "--json", "--window", "0.2", "--show-not-found", "--diagnosis-budget", "60"]
     trace = subprocess.Popen(
         [sys.executable, "-m", "execwatch.cli", *argv, "--metrics-address", f"127.0.0.1:{PORT}"],
         stdout=subprocess.PIPE,
@@ -144,10 +154,12 @@ def main() -> int:
             raise RuntimeError("trace did not start")
         result["trace_start_s"] = round(time.monotonic() - t0, 1)
         result["warm_up"] = warm_up(stdout)
+        keepers = Keepers()  # a missing library's caller lingers: the root is looked up there
         with tempfile.TemporaryDirectory() as work:
-            paths = cause_failures(Path(work))
+            paths = cause_failures(Path(work), keepers)
             result["cases"] = paths
             result["all_records_seen"] = stdout.wait_for(records_cover(paths), 60)
+            keepers.reap()
         result["kernel_counts"] = scrape()
     finally:
         trace.send_signal(signal.SIGTERM)

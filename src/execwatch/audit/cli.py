@@ -11,15 +11,13 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
-from kubernetes import client, config
-from kubernetes.config.config_exception import ConfigException
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 from execwatch.audit.engine import AuditReport, ImageAuditor, Status, Tick, audit
-from execwatch.audit.inventory import read_cluster
 from execwatch.audit.report import print_table, to_json, to_sarif
 from execwatch.scan import registry
 from execwatch.scan.cli import write_report
@@ -54,6 +52,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run(args: argparse.Namespace) -> int:
+    # The official client (58 MB of models) loads for `execwatch audit` only, not for
+    # every command: the node agent must stay small (docs/cluster.md, "Memory").
+    from kubernetes import client
+    from kubernetes.config.config_exception import ConfigException
+
+    from execwatch.audit.inventory import read_cluster
+
     err = Console(stderr=True)
     try:
         api = _api_client(args)
@@ -77,7 +82,9 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_FAILING if worst is not None and worst > Status.READY else EXIT_CLEAN
 
 
-def _api_client(args: argparse.Namespace) -> client.ApiClient:
+def _api_client(args: argparse.Namespace) -> Any:
+    from kubernetes import client, config
+
     path = args.kubeconfig or os.environ.get("KUBECONFIG")
     if path or os.path.exists(os.path.expanduser("~/.kube/config")):
         cfg = client.Configuration()

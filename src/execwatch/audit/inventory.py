@@ -12,8 +12,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes import client
-
 PAGE = 500
 _DIGEST = re.compile(r"@(sha256:[a-f0-9]{64})$")
 
@@ -63,7 +61,11 @@ class Inventory:
     nodes: list[Node]
 
 
-def read_cluster(api: client.ApiClient, namespace: str | None = None) -> Inventory:
+def read_cluster(api: Any, namespace: str | None = None) -> Inventory:
+    """`api`: a kubernetes.client.ApiClient (imported here, not with the package: the
+    node agent imports execwatch.cli too and must not load the 58 MB client)."""
+    from kubernetes import client
+
     apps, batch, core = client.AppsV1Api(api), client.BatchV1Api(api), client.CoreV1Api(api)
 
     def listing(all_ns: Lister, one_ns: Lister) -> Iterator[dict[str, Any]]:

@@ -103,11 +103,11 @@ class SlowMounts:
             if other is attempt or other.mount is None or not _same(other.mount, mount):
                 continue
             waited = now - other.since
-            if waited > self._suspect_after and self._held_by_kernel(other.tid):
+            if waited > self._suspect_after and self.held_by_kernel(other.tid):
                 return f"another diagnosis there has been waiting for {waited:.1f} s"
         return None
 
-    def _held_by_kernel(self, tid: int) -> bool:
+    def held_by_kernel(self, tid: int) -> bool:
         """Blocked in the kernel on something other than a futex: a FUSE or NFS request
         waits there; a thread parsing a file, or waiting for the GIL (a futex), does not,
         so a slow parse never makes its mount look slow."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fnmatch
 import posixpath
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -26,6 +27,9 @@ MUSL_RESERVED = ("c", "pthread", "rt", "m", "dl", "util", "xnet")
 MAX_CONF_FILES = 256  # ld.so.conf and everything it includes, each file read once
 MAX_CONF_DIRS = 4096  # distinct directories: each one is a candidate for every library
 MUSL_DEFAULT_PATH = "/lib:/usr/local/lib:/usr/lib"
+# Symbol tables kept across executables: every binary of an image asks libc and its few
+# neighbours again, and reading a table is the costly part of the missing-symbol check.
+MAX_SYMBOL_TABLES = 64
 
 # OCI architecture (or label) -> Debian multiarch tuple, for the default search directories.
 MULTIARCH = {
@@ -116,6 +120,7 @@ class Linker:
         self._conf_dirs: list[str] | None = None
         self._musl_paths: dict[str, list[str]] = {}
         self._lookups: dict[tuple[str, tuple[str, ...], str], tuple[str | None, str]] = {}
+        self._symbols: OrderedDict[str, DynamicSymbols | None] = OrderedDict()
 
     # --- public ---------------------------------------------------------------------------
 
@@ -164,8 +169,10 @@ class Linker:
         if result.interpreter is not None:
             providers.append(result.interpreter.path)
         wanted = self.fs.dynamic_symbols(exe.path)
-        tables = [self.fs.dynamic_symbols(p) for p in providers]
-        if wanted is None or any(t is None for t in tables):
+        if wanted is None or not wanted.imports:
+            return []
+        tables = [self._symbols_of(self.fs, p) for p in providers]
+        if any(t is None for t in tables):
             return []
         known = [t for t in tables if t is not None]
         return [
@@ -173,6 +180,16 @@ class Linker:
             for ref in wanted.imports
             if not any(t.defines(ref) for t in known) and _checkable(ref, result)
         ]
+
+    def _symbols_of(self, fs: SymbolSource, path: str) -> DynamicSymbols | None:
+        if path in self._symbols:
+            self._symbols.move_to_end(path)
+            return self._symbols[path]
+        table = fs.dynamic_symbols(path)
+        self._symbols[path] = table
+        if len(self._symbols) > MAX_SYMBOL_TABLES:
+            self._symbols.popitem(last=False)
+        return table
 
     # --- search -----------------------------------------------------------------------------
 
