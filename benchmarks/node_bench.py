@@ -70,7 +70,7 @@ def leader(node: Node) -> str:
     lease = client.CoordinationV1Api(node.client()).read_namespaced_lease(
         "execwatch-handler", NAMESPACE
     )
-    return str(lease.spec.holder_identity)
+    return str(lease.spec.holder_identity).split("_")[0]  # <pod name>_<suffix>
 
 
 def sample_resources(node: Node, seconds: float, every: float = 5.0) -> dict[str, Any]:
@@ -128,7 +128,7 @@ class EventWatch:
             self.seen.setdefault(ev.involved_object.name, (ev, time.time()))
 
     def stop(self) -> None:
-        self._watch.stop()
+        self._watch.stop()  # the stream may end with a ProtocolError in its thread: harmless
 
 
 def bench_latency(node: Node, count: int) -> dict[str, Any]:
