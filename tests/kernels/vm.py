@@ -33,6 +33,10 @@ MODULES = (
     "9p",
 )
 GUEST_OUT = "/tmp/out"  # where the writable export is mounted, inside the chroot
+GUEST_TMPFS = ("/tmp", "/run")
+# A clone under /tmp (as CI may make) would vanish under the guest's tmpfs: it is bound
+# here first and bound back over the tmpfs. /mnt exists on every Debian root.
+REPO_KEEP = "/mnt"
 NINEP = "trans=virtio,version=9p2000.L,msize=262144,cache=loose"
 
 
@@ -63,13 +67,17 @@ class Kernel:
         return [(name, found[name]) for name in MODULES if name in found]
 
 
+def _masked(path: Path) -> bool:
+    return any(path.is_relative_to(d) for d in GUEST_TMPFS)
+
+
 def init_script(modules: list[str], command: str) -> str:
+    keep_repo = _masked(REPO)
     mounts = [
         ("proc", "proc", "/proc"),
         ("sysfs", "sysfs", "/sys"),
         ("devtmpfs", "devtmpfs", "/dev"),
-        ("tmpfs", "tmpfs", "/tmp"),
-        ("tmpfs", "tmpfs", "/run"),
+        *(("tmpfs", "tmpfs", d) for d in GUEST_TMPFS),
         ("tracefs", "tracefs", "/sys/kernel/tracing"),
         ("debugfs", "debugfs", "/sys/kernel/debug"),
         ("bpf", "bpf", "/sys/fs/bpf"),
@@ -89,7 +97,13 @@ def init_script(modules: list[str], command: str) -> str:
         "  left=$next; done",
         '[ -z "$left" ] || { echo "ew-init: cannot load$left"; dmesg | tail -5; }',
         f"mount -t 9p -o {NINEP},ro host /host || echo 'ew-init: no host root'",
+        *([f"mount -o bind /host{REPO} /host{REPO_KEEP}"] if keep_repo else []),
         *(f"mount -t {t} {s} /host{d} || echo 'ew-init: mount {d} failed'" for t, s, d in mounts),
+        *(
+            [f"mkdir -p /host{REPO} && mount -o bind /host{REPO_KEEP} /host{REPO}"]
+            if keep_repo
+            else []
+        ),
         f"mkdir -p /host{GUEST_OUT} && mount -t 9p -o {NINEP} out /host{GUEST_OUT}",
         "ip link set lo up",
         "echo ew-init: ready",
