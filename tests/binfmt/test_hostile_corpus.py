@@ -17,6 +17,7 @@ import pytest
 
 from execwatch.binfmt import BinfmtError, ElfInfo, read_elf
 from execwatch.binfmt.errors import LimitExceeded, TruncatedFile
+from execwatch.binfmt.symbols import read_dynamic_symbols
 from tests.binfmt.corpus import CORPUS, measure, sparse_elf
 
 SECONDS = 0.25
@@ -103,3 +104,12 @@ def test_peak_rss_over_the_whole_corpus() -> None:
     )  # fmt: skip
     growth = json.loads(out.stdout)["growth_kib"]
     assert growth < 32 << 10, f"RSS grew by {growth} KiB"
+
+
+@pytest.mark.parametrize("shoff", [1 << 63, (1 << 64) - 1])
+def test_a_section_table_past_any_seekable_offset_is_unknown_not_a_crash(shoff: int) -> None:
+    """Found by the coverage fuzzer: an e_shoff that no seek can reach raised OverflowError."""
+    data = bytearray(Path("/bin/true").read_bytes())
+    data[0x28:0x30] = shoff.to_bytes(8, "little")
+    elf = io.BytesIO(bytes(data))
+    assert read_dynamic_symbols(elf, read_elf(elf)) is None

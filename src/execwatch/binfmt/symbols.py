@@ -28,6 +28,7 @@ MAX_IMPORTS = 1 << 15  # undefined symbols kept; python3.11 imports 511, libLLVM
 MAX_NAME_BYTES = 6 << 20  # distinct names decoded, each once; libLLVM's are 3 MiB
 MAX_SECTIONS = 1 << 16
 MAX_VERSION_ENTRIES = 1 << 14
+MAX_OFFSET = 1 << 62  # beyond any file; a larger one would not even fit a seek (ssize_t)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +56,7 @@ class _File:
         self.wide = info.bits == 64
 
     def read(self, offset: int, size: int) -> bytes | None:
-        if offset < 0 or size < 0 or size > MAX_TABLE_BYTES:
+        if not 0 <= offset <= MAX_OFFSET or size < 0 or size > MAX_TABLE_BYTES:
             return None
         self.f.seek(offset)
         data = self.f.read(size)
