@@ -89,7 +89,9 @@ def test_whiteout_deleting_the_loader_and_a_digest_reference(
     args = registry_args(registry, tmp_path)
     _, doc = scan_json(capsys, pushed["whiteout"], *args)
     assert ("missing-interpreter", "/usr/bin/hello") in checks(doc)
-    digest = doc["images"][0]["notes"][0].split(" is ")[1]
+    said = [n for n in doc["images"][0]["notes"] if n.startswith(f"{pushed['whiteout']} is ")]
+    assert len(said) == 1, doc["images"][0]["notes"]
+    digest = said[0].split(" is ")[1]
     by_digest = pushed["whiteout"].rsplit(":", 1)[0] + "@" + digest
     _, again = scan_json(capsys, by_digest, *args)
     assert again["findings"] == doc["findings"]
