@@ -148,13 +148,13 @@ static __always_inline void bump(void *map, const void *key)
 		*v += 1; /* per-CPU value: no atomic needed */
 }
 
+/* Per (cgroup, errno); errno_totals has it already. */
 static __always_inline void count(__u64 cgroup_id, int err)
 {
 	struct ew_count_key key = { .cgroup_id = cgroup_id, .err = err };
-	__u32 idx = err;
+	__u32 idx;
 	__u64 one = 1;
 
-	bump(&errno_totals, &idx);
 	__u64 *v = bpf_map_lookup_elem(&counts, &key);
 	if (v) {
 		*v += 1;
@@ -383,8 +383,7 @@ static __always_inline struct ew_fold_key *fold_key(struct task_struct *task, __
 	if (n <= 1 || n >= (long)sizeof(k->filename) || k->filename[0] != '/')
 		return 0;
 	k->cgroup_id = cgroup_id;
-	k->mntns = BPF_CORE_READ(task, nsproxy, mnt_ns, ns.inum);
-	k->root_ino = BPF_CORE_READ(task, fs, root.dentry, d_inode, i_ino);
+	caller_root(task, &k->mntns, &k->root_ino);
 	k->err = err;
 	k->pad = 0;
 	return k;
@@ -414,10 +413,13 @@ static __noinline int on_failure(long ret, enum ew_syscall sc)
 	const char *name;
 	__u32 idx;
 
+	idx = (__u32)-ret;
+	bump(&errno_totals, &idx);
 	cgroup_id = bpf_get_current_cgroup_id();
-	count(cgroup_id, (int)-ret);
-	if (!reported((int)-ret))
+	if (!reported((int)-ret)) {
+		count(cgroup_id, (int)-ret);
 		return 0;
+	}
 
 	task = current_task();
 	regs = syscall_regs(task);
@@ -432,8 +434,9 @@ static __noinline int on_failure(long ret, enum ew_syscall sc)
 		fold->folded += 1;
 		idx = EW_STAT_FOLDED;
 		bump(&stats, &idx);
-		return 0;
+		return 0; /* counted per cgroup in its fold entry */
 	}
+	count(cgroup_id, (int)-ret);
 
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
@@ -446,8 +449,7 @@ static __noinline int on_failure(long ret, enum ew_syscall sc)
 
 	e->ktime_ns = now;
 	e->cgroup_id = cgroup_id;
-	e->mntns = BPF_CORE_READ(task, nsproxy, mnt_ns, ns.inum);
-	e->root_ino = BPF_CORE_READ(task, fs, root.dentry, d_inode, i_ino);
+	caller_root(task, &e->mntns, &e->root_ino);
 	read_cgroup(task, e);
 	e->err = (int)-ret;
 	e->pid = (__u32)id;

@@ -76,19 +76,22 @@ enum ew_stat {
 
 /* ---- Folding: a PATH search's misses, counted in the kernel instead of sent ----
  * One entry per (cgroup, mount namespace, root, errno, absolute name) that was sent; a
- * repeat within fold_window_ns of the record this CPU sent for it is only counted. */
+ * repeat within fold_window_ns of the record this CPU sent for it is only counted. Longer
+ * names are never folded: the key is hashed and compared whole on every miss. */
+#define EW_FOLD_NAME_LEN 128
+
 struct ew_fold_key {
 	__u64 cgroup_id;
 	__u64 mntns;
 	__u64 root_ino;
 	__s32 err;
 	__u32 pad;
-	char filename[EW_PATH_LEN];
+	char filename[EW_FOLD_NAME_LEN];
 };
 
 struct ew_fold {              /* per CPU */
 	__u64 since;          /* when this CPU last sent a record for the key (boot ns) */
-	__u64 folded;         /* repeats counted here since load: never reset, never sent */
+	__u64 folded;         /* repeats counted here, not sent nor in counts: never reset */
 };
 
 /* ---- Early deaths: a process that dies soon after a successful exec ---- */

@@ -13,6 +13,7 @@ PATH_LEN = 256
 FD_NAME_LEN = TASK_COMM_LEN * 4
 CGROUP_NAME_LEN = 128
 DPATH_LEN = 256
+FOLD_NAME_LEN = 128  # names this long or longer are never folded
 ROOT_PATH_OK = 0x1
 BASE_SET = 0x2
 BASE_IN_ROOT = 0x4
@@ -115,7 +116,7 @@ class FoldKey(ctypes.Structure):
         ("root_ino", ctypes.c_uint64),
         ("err", ctypes.c_int32),
         ("pad", ctypes.c_uint32),
-        ("filename", ctypes.c_char * PATH_LEN),
+        ("filename", ctypes.c_char * FOLD_NAME_LEN),
     )
 
 

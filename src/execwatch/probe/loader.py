@@ -285,9 +285,14 @@ class Probe:
         }
 
     def counts_by_cgroup(self) -> dict[tuple[int, int], int]:
-        """(cgroup id, errno) -> exact count, unless the map filled up (see stats())."""
-        fd = self._lib.bpf_map__fd(self._map("counts"))
-        return dict(self._iter_counts(fd))
+        """(cgroup id, errno) -> exact count, unless the map filled up (see stats()). A
+        folded repeat is counted in its fold entry only: those are added here."""
+        counts = dict(self._iter_counts(self._lib.bpf_map__fd(self._map("counts"))))
+        fd = self._lib.bpf_map__fd(self._map("folds"))
+        for key in self._keys(fd, layout.FoldKey):
+            pair = (key.cgroup_id, key.err)
+            counts[pair] = counts.get(pair, 0) + self._folds_total(fd, key)
+        return counts
 
     def forget_counts(self, keep: Callable[[int], bool]) -> int:
         """Delete the per-cgroup counts and folds of every cgroup `keep` rejects (the removed
