@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -149,7 +150,9 @@ def test_search_storm_is_folded_in_the_kernel_and_counted_exactly(
     traced: Traced, own_cgroup: Path, tmp_path: Path, loaderless: int, found: bool
 ) -> None:
     dirs = search_path(tmp_path, loaderless=loaderless, found=found)
+    started = time.monotonic()
     search_in(own_cgroup, dirs, SEARCHES)
+    windows = (time.monotonic() - started) / WINDOW_S + 1
     traced.stop()
 
     cgroup_id = own_cgroup.stat().st_ino
@@ -159,7 +162,7 @@ def test_search_storm_is_folded_in_the_kernel_and_counted_exactly(
     sent = [raw for raw in traced.raw if aggregation_key(raw)[0] == cgroup_id]
     folded = sum(n for name, n in traced.folds.taken.items() if name[0] == cgroup_id)
     assert len(sent) + folded == failures
-    assert len(sent) < SEARCHES  # a handful per name, CPU and window, not one per miss
+    assert len(sent) <= len(dirs) * (os.cpu_count() or 1) * windows  # not one per miss
 
     expected = Counter(
         {(str(d / NAME), Reason.NOT_FOUND): SEARCHES for i, d in enumerate(dirs) if i != loaderless}
@@ -203,3 +206,33 @@ def test_one_name_in_two_roots_is_never_folded_together(
         (with_tool.stat().st_ino, Reason.MISSING_INTERPRETER): SEARCHES,
         (without.stat().st_ino, Reason.NOT_FOUND): SEARCHES,
     }
+
+
+def test_a_removed_cgroups_last_folds_are_handed_over_once(
+    own_cgroup: Path, tmp_path: Path
+) -> None:
+    """The pruner deletes a removed cgroup's fold entries; what they held since the last
+    take_folds() comes with the next one, and never again."""
+    dirs = [tmp_path / f"d{i}" for i in range(5)]
+    for d in dirs:
+        d.mkdir()
+    cgroup_id = own_cgroup.stat().st_ino
+    sent: list[bytes] = []
+    taken: Counter[layout.FoldedName] = Counter()
+    with Probe(ProbeOptions(fold_window_ms=60_000)) as probe:
+        probe.open_ring_buffer(sent.append)
+        search_in(own_cgroup, dirs, SEARCHES)  # NAME is nowhere: five misses per search
+        taken.update(probe.take_folds())
+        search_in(own_cgroup, dirs, SEARCHES)
+        while probe.poll(10):
+            pass
+        assert probe.counts_by_cgroup()[(cgroup_id, errno.ENOENT)] == 10 * SEARCHES
+
+        assert probe.forget_counts(lambda cgroup: cgroup != cgroup_id) >= len(dirs)
+        taken.update(probe.take_folds())
+        assert (cgroup_id, errno.ENOENT) not in probe.counts_by_cgroup()
+        assert not [name for name in probe.take_folds() if name[0] == cgroup_id]
+    ours = [raw for raw in sent if aggregation_key(raw)[0] == cgroup_id]
+    folded = sum(n for name, n in taken.items() if name[0] == cgroup_id)
+    assert len(ours) + folded == 10 * SEARCHES
+    assert len(ours) <= len(dirs) * (os.cpu_count() or 1)  # one per name and CPU at most
