@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from execwatch.attribution.mounts import cgroup_mounts
 from execwatch.diagnosis import FileDiagnoser
 from execwatch.pipeline import NodePipeline, aggregation_key
 from execwatch.probe import Probe, layout
@@ -31,16 +30,6 @@ from tests.probe.roots import GLIBC_LOADER
 SEARCHES = 400
 WINDOW_S = 0.2
 NAME = "ewprog"
-
-
-@pytest.fixture
-def own_cgroup() -> Iterator[Path]:
-    unified = cgroup_mounts().unified
-    assert unified is not None, "these tests need a cgroup v2 hierarchy"
-    path = unified.mountpoint / f"execwatch-fold-{os.getpid()}"
-    path.mkdir()
-    yield path
-    path.rmdir()
 
 
 class KernelFoldsSeen:
