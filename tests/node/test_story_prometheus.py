@@ -57,6 +57,7 @@ def test_the_shipped_alert_goes_pending_then_fires_for_the_crash_looping_workloa
             if (
                 labels["alertname"] == "ExecwatchExecFailures"
                 and labels.get("namespace") == NS
+                and labels["reason"] == "ForeignArchitecture"
                 and alert["state"] == wanted
             ):
                 return dict(alert)
