@@ -145,8 +145,15 @@ def test_an_arm64_entrypoint_crash_loops_and_execwatch_says_why(
     assert 'container "web" could not exec /bin/server (ENOEXEC)' in event.message
     assert "a arm64 binary on a amd64 node" in event.message
 
-    labelled = node.core().read_namespaced_pod(name, NS)
-    assert labelled.metadata.labels[LABEL] == "ExecFormatError"
+    # The handler labels the pod right after posting the Event (a second API call).
+    wait_for(
+        "the pod labelled ExecFormatError",
+        lambda: (
+            node.core().read_namespaced_pod(name, NS).metadata.labels.get(LABEL)
+            == "ExecFormatError"
+        ),
+        15,
+    )
     # What NOTES.txt tells users to run finds both.
     listed = node.core().list_event_for_all_namespaces(
         field_selector="type=Warning,reportingComponent=execwatch.io/handler"
