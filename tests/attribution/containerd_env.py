@@ -149,6 +149,19 @@ def oci_archive(
     return dest
 
 
+def oci_archive_of(dest: Path, image_name: str, root: Path, entrypoint: list[str]) -> Path:
+    """The same, from a directory tree: its regular files and symbolic links."""
+    files: dict[str, Path] = {}
+    symlinks: dict[str, str] = {}
+    for path in sorted(root.rglob("*")):
+        name = str(path.relative_to(root))
+        if path.is_symlink():
+            symlinks[name] = os.readlink(path)
+        elif path.is_file():
+            files[name] = path
+    return oci_archive(dest, image_name, files, symlinks, entrypoint)
+
+
 def _digest(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
@@ -291,23 +304,26 @@ class Containerd:
             ),
         ]
         for archive in archives:
-            subprocess.run(
-                [
-                    "ctr",
-                    "--address",
-                    str(self.socket),
-                    "-n",
-                    NAMESPACE,
-                    "images",
-                    "import",
-                    "--snapshotter",
-                    "overlayfs",
-                    str(archive),
-                ],
-                check=True,
-                capture_output=True,
-                timeout=60,
-            )
+            self.import_image(archive)
+
+    def import_image(self, archive: Path) -> None:
+        subprocess.run(
+            [
+                "ctr",
+                "--address",
+                str(self.socket),
+                "-n",
+                NAMESPACE,
+                "images",
+                "import",
+                "--snapshotter",
+                "overlayfs",
+                str(archive),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
 
     def _rpc(
         self, method: str, request: object, response: type[object], timeout: float = 30
@@ -366,7 +382,14 @@ class Containerd:
             os.link(self.workdir / "images" / "app-foreign", host_dir / "app")
         return f"/x/{pod.uid}/app"
 
-    def create_container(self, pod: Pod, name: str, command: list[str], start: bool = True) -> str:
+    def create_container(
+        self,
+        pod: Pod,
+        name: str,
+        command: list[str],
+        start: bool = True,
+        image: str = APP_IMAGE,
+    ) -> str:
         mounts = [
             pb.Mount(
                 container_path=f"/x/{pod.uid}",
@@ -377,7 +400,7 @@ class Containerd:
         self.foreign_path(pod)
         config = pb.ContainerConfig(
             metadata=pb.ContainerMetadata(name=name, attempt=0),
-            image=pb.ImageSpec(image=APP_IMAGE),
+            image=pb.ImageSpec(image=image),
             command=command,
             mounts=mounts,
             labels={

@@ -66,6 +66,19 @@ def glibc_root(
     return root
 
 
+def gcompat_root(root: Path, *, loader_link: bool) -> Path:
+    """A musl root holding a glibc C++ program; with loader_link, gcompat's
+    /lib64/ld-linux-x86-64.so.2 -> musl's loader."""
+    glibc_root(root, {"/usr/bin/tbl": Path("/usr/bin/tbl")})
+    os.remove(root / "lib64/ld-linux-x86-64.so.2")
+    copy_into(root, Path(MUSL_LOADER).resolve(), MUSL_LOADER)
+    if loader_link:
+        os.symlink(MUSL_LOADER, root / "lib64/ld-linux-x86-64.so.2")
+    (root / "etc").mkdir()
+    (root / "etc/ld-musl-x86_64.path").write_text("/usr/lib/x86_64-linux-gnu\n")
+    return root
+
+
 def newer_package(name: str) -> Path:
     """A package of a newer Debian release, unpacked by dev/fetch-newer.sh."""
     if not (NEWER / ".complete-v1").exists():
@@ -130,10 +143,11 @@ def keepers() -> Iterator[Keepers]:
     k.reap()
 
 
-def build_musl(tmp_path: Path, name: str, source: str) -> Path:
-    """A small program built with Debian's musl-gcc (musl-tools): PT_INTERP is musl's."""
+def build_musl(tmp_path: Path, name: str, source: str, compiler: str = "musl-gcc") -> Path:
+    """A small program built with Debian's musl-gcc (musl-tools): PT_INTERP is musl's
+    (with compiler="gcc", glibc's)."""
     c = tmp_path / f"{name}.c"
     c.write_text(source)
     binary = tmp_path / name
-    subprocess.run(["musl-gcc", "-O2", "-o", binary, c], check=True)
+    subprocess.run([compiler, "-O2", "-o", binary, c], check=True)
     return binary
