@@ -9,6 +9,7 @@ conclude, or that the kernel must send nothing at all.
 
 from __future__ import annotations
 
+import shutil
 import signal
 import threading
 import time
@@ -22,6 +23,7 @@ from execwatch.pipeline import NodePipeline
 from execwatch.probe import Probe
 from execwatch.probe.events import boot_to_epoch_offset, decode_record
 from execwatch.record import QUIET_REASONS, ExecFailure, KernelEvent, Reason
+from tests.attribution.runc_env import FOREIGN_BUSYBOX, HOST_BUSYBOX
 from tests.probe.roots import (
     MUSL_LOADER,
     build_musl,
@@ -32,6 +34,8 @@ from tests.probe.roots import (
     newer_package,
 )
 
+KEEPALIVE = ["/busybox", "sleep", "300"]  # static: runs in every case's root
+MARKER = "/foreign"  # an arm64 busybox: ENOEXEC, reported as ForeignArchitecture
 LATE_MS = 3000  # past the probe's window in every test (1 s) and the agent's default (2 s)
 CRASHER = "int main(int argc, char **argv) { return *(volatile int *)(long)(argc - 1); }\n"
 EXITER = r"""
@@ -65,9 +69,25 @@ class Death:
     def path(self) -> str:
         return self.argv[0]
 
+    @property
+    def exit_status(self) -> int:
+        """What a container runtime reports: the exit code, or 128 + the signal."""
+        return 128 + self.signal if self.signal is not None else self.exit_code or 0
+
     def build(self, root: Path) -> Path:
         root.mkdir(parents=True, exist_ok=True)
         return self.fill(root)
+
+    def container_root(self, root: Path) -> Path:
+        """The case's root, plus what a container of it needs: a static sleeper to keep it
+        running (KEEPALIVE), a foreign binary whose failed exec marks a point in time
+        (MARKER), and mount points."""
+        self.build(root)
+        shutil.copy2(HOST_BUSYBOX, root / KEEPALIVE[0].lstrip("/"))
+        shutil.copy2(FOREIGN_BUSYBOX, root / MARKER.lstrip("/"))
+        for mountpoint in ("proc", "dev", "sys"):
+            (root / mountpoint).mkdir(exist_ok=True)
+        return root
 
     def check(self, record: ExecFailure) -> None:
         """The record says what this case must say (its diagnosis and how it died)."""

@@ -9,6 +9,7 @@ finds a container's through its rootfs mount.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import shutil
@@ -24,6 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 NEWER = REPO / ".cache" / "newer"
 GLIBC_LOADER = "/lib64/ld-linux-x86-64.so.2"
 MUSL_LOADER = "/lib/ld-musl-x86_64.so.1"
+CLONE_NEWNS = 0x00020000
 LDD_LINE = re.compile(r"^\s*(\S+) => (/\S+) \(")
 
 
@@ -99,13 +101,24 @@ class Keepers:
     def __init__(self) -> None:
         self._pids: list[int] = []
 
-    def run(self, argv: list[str], *, root: Path | None = None, linger: float = 2.0) -> Outcome:
+    def run(
+        self,
+        argv: list[str],
+        *,
+        root: Path | None = None,
+        linger: float = 2.0,
+        own_mounts: bool = False,
+    ) -> Outcome:
+        """own_mounts: the keeper first enters a mount namespace of its own (a container's
+        root is in one), so once it is gone nothing on the host leads to that root."""
         r, w = os.pipe()
         keeper = os.fork()
         if keeper == 0:  # never returns
             os.close(r)
             null = os.open("/dev/null", os.O_RDWR)  # before the chroot: the root has no /dev
             try:
+                if own_mounts and ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNS):
+                    raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
                 if root is not None:
                     os.chroot(root)
                     os.chdir("/")

@@ -10,7 +10,8 @@ container, StartupCrash is shown only with the flag, and the benign exits never 
 
 from __future__ import annotations
 
-import shutil
+import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,34 +20,27 @@ import pytest
 
 from execwatch.attribution import Attributor
 from execwatch.attribution.cri.client import CriContainers
+from execwatch.diagnosis import FileDiagnoser
 from execwatch.probe import Probe
-from execwatch.record import AttributionStatus, ExecFailure, Reason
+from execwatch.probe.events import decode_record
+from execwatch.record import AttributionStatus, ExecFailure, KernelEvent, Reason
 from tests.attribution.containerd_env import Containerd, oci_archive_of
 from tests.attribution.runc_env import (
-    HOST_BUSYBOX,
     KubeletCgroup,
     Runc,
     remove_empty_kubepods,
     remove_pod_cgroups,
 )
-from tests.probe.deaths import DEATHS, Death, DeathTracer
+from tests.probe.deaths import BY_NAME, DEATHS, KEEPALIVE, Death, DeathTracer
+from tests.probe.roots import Keepers, keepers
 
-KEEPALIVE = ["/busybox", "sleep", "300"]  # static: runs in every case's root
-
-
-def case_root(death: Death, root: Path) -> Path:
-    """The case's root, plus what any container root needs: a static sleeper, mount points."""
-    death.build(root)
-    shutil.copy2(HOST_BUSYBOX, root / "busybox")
-    for mountpoint in ("proc", "dev", "sys"):
-        (root / mountpoint).mkdir(exist_ok=True)
-    return root
+__all__ = ["keepers"]
 
 
 @pytest.fixture(scope="module")
 def roots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     top = tmp_path_factory.mktemp("death-roots")
-    return {death.name: case_root(death, top / death.name) for death in DEATHS}
+    return {death.name: death.container_root(top / death.name) for death in DEATHS}
 
 
 @pytest.fixture(scope="module")
@@ -133,11 +127,6 @@ def host_tracers() -> Iterator[Tracers]:
     yield from tracers(Attributor(containers=CriContainers(sockets=[])))
 
 
-def exit_status(death: Death) -> int:
-    """What a runtime reports for the process: its exit code, or 128 + the signal."""
-    return 128 + death.signal if death.signal is not None else death.exit_code or 0
-
-
 @pytest.mark.parametrize("death", DEATHS, ids=lambda d: d.name)
 def test_containerd_entrypoint_and_side_process(
     death: Death, containerd: Containerd, images: dict[str, str], cri_tracers: Tracers
@@ -149,7 +138,7 @@ def test_containerd_entrypoint_and_side_process(
         image = images[death.name]
         sidecar = containerd.create_container(pod, "sidecar", KEEPALIVE, image=image)
         entrypoint = containerd.create_container(pod, "app", list(death.argv), image=image)
-        assert containerd.exec_sync(sidecar, list(death.argv)) == exit_status(death)
+        assert containerd.exec_sync(sidecar, list(death.argv)) == death.exit_status
         containerd.wait_exited(entrypoint)
 
         dead = cri_tracers.expect(death, entrypoint)
@@ -175,7 +164,7 @@ def test_runc_side_process(
     cgroup = KubeletCgroup.new("systemd", "burstable")
     name = runc.start_detached(cgroup, KEEPALIVE, rootfs=roots[death.name])
     try:
-        assert runc.exec(name, list(death.argv)) == exit_status(death)
+        assert runc.exec(name, list(death.argv)) == death.exit_status
 
         record = host_tracers.expect(death, cgroup.container_id)
     finally:
@@ -190,3 +179,31 @@ def test_runc_side_process(
             "containerd",
             cgroup.pod_uid,
         )
+
+
+def test_an_exit_whose_root_is_gone_is_reported_undiagnosed_never_benign(
+    keepers: Keepers, tmp_path: Path
+) -> None:
+    """A container whose entrypoint died and whose rootfs the runtime unmounted first: the
+    binary cannot be read, so nothing says the exit was harmless."""
+    root = BY_NAME["missing-library"].build(tmp_path)
+    raw: list[bytes] = []
+    with Probe() as probe:
+        probe.open_ring_buffer(raw.append)
+        ran = keepers.run(["/usr/bin/ls", "/"], root=root, linger=0, own_mounts=True)
+        keepers.reap()  # the keeper, its mount namespace and the last task in that root
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not (
+            events := [e for e in map(decode, raw) if e.tgid == ran.pid]
+        ):
+            probe.poll(50)
+
+    [event] = events
+    assert (event.exit_code, event.mntns != os.stat("/proc/self/ns/mnt").st_ino) == (127, True)
+    diagnosis = FileDiagnoser.for_host(None).diagnose(event)
+    assert diagnosis.reason is Reason.UNDIAGNOSED
+    assert "the task is gone" in diagnosis.detail
+
+
+def decode(raw: bytes) -> KernelEvent:
+    return decode_record(raw, 0)
