@@ -41,17 +41,6 @@ from tests.attribution.runc_env import (
 NAMESPACE = "k8s.io"
 PAUSE_IMAGE = "docker.io/execwatch/pause:test"
 APP_IMAGE = "docker.io/execwatch/app:test"
-# Debian's ls with glibc and libpcre2 but without libselinux: the exec succeeds, then the
-# loader exits 127 (the early-death tests).
-LIBRARY_MISSING = "/usr/bin/ls-without-libselinux"
-LIBRARY_MISSING_FILES = {
-    LIBRARY_MISSING.lstrip("/"): Path("/usr/bin/ls"),
-    "lib64/ld-linux-x86-64.so.2": Path("/lib64/ld-linux-x86-64.so.2").resolve(),
-    "usr/lib/x86_64-linux-gnu/libc.so.6": Path("/lib/x86_64-linux-gnu/libc.so.6").resolve(),
-    "usr/lib/x86_64-linux-gnu/libpcre2-8.so.0": Path(
-        "/lib/x86_64-linux-gnu/libpcre2-8.so.0"
-    ).resolve(),
-}
 PAUSE_C = """
 #include <signal.h>
 #include <unistd.h>
@@ -297,7 +286,6 @@ class Containerd:
                 {
                     "bin/busybox": HOST_BUSYBOX,
                     FOREIGN_IN_ROOTFS.lstrip("/"): FOREIGN_BUSYBOX,
-                    **LIBRARY_MISSING_FILES,
                 },
                 applets,
                 ["/bin/sh"],
