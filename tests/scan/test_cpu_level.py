@@ -1,9 +1,10 @@
 """cpu-level: an executable, or a library it loads, needs an x86-64 level the nodes lack.
 
-The programs are built here by gcc with `-Wl,-z,x86-64-v3` (tests/binfmt/cbuild.py) into a
-root of this host's real glibc files. What the nodes have comes from `--cpu-level`, else
-the amd64 platform's variant (an index entry `linux/amd64/v2`), else plain amd64, which
-promises only the baseline: a warning, since the level was never stated. A guest CPU
+The programs are built here by gcc and musl-gcc (static) with `-Wl,-z,x86-64-v3`
+(tests/binfmt/cbuild.py) into a root of this host's real glibc files. What the nodes have
+comes from `--cpu-level`, else the amd64 platform's variant (an index entry
+`linux/amd64/v2`), else plain amd64, which promises only the baseline: a warning, since
+the level was never stated. A guest CPU
 without v3 refuses the same programs for real (tests/kernels/test_cpu_level.py).
 """
 
@@ -19,8 +20,8 @@ from tests.probe.roots import glibc_root
 from tests.scan.helpers import checks, run, scan_json
 from tests.scan.imagebuild import Image, oci_layout, tree
 
-NEEDS, USES = "/app/needs-v3", "/app/uses-v3-lib"
-REFUSED = {("cpu-level", NEEDS), ("cpu-level", USES)}
+NEEDS, USES, STATIC = "/app/needs-v3", "/app/uses-v3-lib", "/app/static-v3"
+REFUSED = {("cpu-level", NEEDS), ("cpu-level", USES), ("cpu-level", STATIC)}
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +46,7 @@ def test_nodes_stated_below_the_level(root: Path, capsys: pytest.CaptureFixture[
     assert code == 1 and checks(doc) == REFUSED and severities(doc) == {"error"}
     assert message(doc, NEEDS).startswith("needs x86-64-v3, the nodes have x86-64-v2")
     assert "(/app/libv3.so)" in message(doc, USES)  # the program is baseline: its library
+    assert message(doc, STATIC).startswith("needs x86-64-v3, the nodes")  # no loader at all
     code, doc = scan_json(capsys, str(root), "--cpu-level", "x86-64-v2")
     assert code == 1 and checks(doc) == REFUSED and severities(doc) == {"error"}
 
