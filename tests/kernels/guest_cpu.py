@@ -12,17 +12,14 @@ glibc-hwcaps levels the guest's own ld.so reports as supported.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from execwatch.binfmt.isa import read_cpu_levels
-from tests.kernels.guest import PORT, Lines, scrape, warm_up
+from tests.kernels.guest import tracing
 
 PROGRAMS = ("needs-v3", "uses-v3-lib", "static-v3")  # run; uses-v3-lib loads libv3.so
 LIBRARY = "libv3.so"
@@ -40,41 +37,17 @@ def run_programs(source: Path, work: Path) -> dict[str, dict[str, object]]:
 
 
 def main() -> int:
-    out = Path(sys.argv[1])
-    result: dict[str, object] = {"release": os.uname().release}
-    result["cpu_levels"] = read_cpu_levels()
-    result["ldso_help"] = subprocess.run([LDSO, "--help"], capture_output=True, text=True).stdout
     argv = ["trace", "--json", "--window", "0.2", "--diagnosis-budget", "60"]
-    trace = subprocess.Popen(
-        [sys.executable, "-m", "execwatch.cli", *argv, "--metrics-address", f"127.0.0.1:{PORT}"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    stdout, stderr = Lines(trace.stdout), Lines(trace.stderr)
-    try:
-        if not stderr.wait_for(lambda ls: any("tracing failed execs" in x for x in ls), 240):
-            raise RuntimeError("trace did not start")
-        result["warm_up"] = warm_up(stdout)
+    with tracing(Path(sys.argv[1]), argv) as (result, stdout):
+        result["cpu_levels"] = read_cpu_levels()
+        result["ldso_help"] = subprocess.run([LDSO, "--help"], capture_output=True).stdout.decode()
         with tempfile.TemporaryDirectory() as work:
-            runs = run_programs(out, Path(work))
+            runs = run_programs(Path(sys.argv[1]), Path(work))
             result["runs"] = runs
             paths = {str(r["path"]) for r in runs.values()}
             result["all_records_seen"] = stdout.wait_for(
                 lambda ls: paths <= {json.loads(x)["path"] for x in ls if x.startswith("{")}, 120
             )
-        result["kernel_counts"] = scrape()
-    finally:
-        trace.send_signal(signal.SIGTERM)
-        try:
-            result["trace_rc"] = trace.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            trace.kill()
-            result["trace_rc"] = trace.wait()
-        time.sleep(0.2)  # the reader threads take the last lines
-        result["records"] = [json.loads(x) for x in stdout.lines if x.startswith("{")]
-        result["stderr"] = stderr.lines
-        (out / "result.json").write_text(json.dumps(result, indent=1))
     return 0
 
 
