@@ -219,7 +219,7 @@ class StartupDiagnoser:
         short = first_shortfall([(path, info.x86_isa_needed)], self._cpu_levels)
         if short is None:
             return None
-        return cpu_finding(short, path, info, "SIGILL at its first instruction of that level")
+        return cpu_finding(short, path, info, "no loader checks it, the CPU stops it with SIGILL")
 
     def _unexplained(
         self, event: KernelEvent, why: str, flavor: LibcFlavor | None = None
