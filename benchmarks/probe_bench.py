@@ -64,6 +64,7 @@ ONE_LINER = (
     "tracepoint:syscalls:sys_exit_execve /args->ret == -8/ "
     '{ printf("Exec format error detected for PPID %d\\n", curtask->real_parent->pid); }'
 )
+BPFTRACE_PROG = "sys_exit_execve"  # what bpftrace names the one-liner's program
 FOREIGN = Path(__file__).resolve().parent.parent / ".cache/foreign/arm64/root/usr/bin/hello"
 HERE = Path(__file__).resolve().parent
 
@@ -131,20 +132,25 @@ def prog_stats(prog_id: int) -> tuple[int, int]:
     return int(info.get("run_time_ns", 0)), int(info.get("run_cnt", 0))
 
 
-def tracepoint_prog_ids() -> set[int]:
+def tracepoint_prog_ids(name: str) -> set[int]:
+    """By name too: other engineers' tests load and unload their probes meanwhile."""
     out = subprocess.run([bpftool(), "prog", "show", "-j"], check=True, capture_output=True)
-    return {p["id"] for p in json.loads(out.stdout) if p.get("type") == "tracepoint"}
+    return {
+        p["id"]
+        for p in json.loads(out.stdout)
+        if p.get("type") == "tracepoint" and p.get("name") == name
+    }
 
 
 @contextmanager
 def bpftrace_one_liner() -> Iterator[int]:
-    before = tracepoint_prog_ids()
+    before = tracepoint_prog_ids(BPFTRACE_PROG)
     proc = subprocess.Popen(
         [shutil.which("bpftrace") or "bpftrace", "-e", ONE_LINER], stdout=subprocess.DEVNULL
     )
     try:
         deadline = time.monotonic() + 60
-        while not (new := tracepoint_prog_ids() - before):
+        while not (new := tracepoint_prog_ids(BPFTRACE_PROG) - before):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("bpftrace did not attach its program")
             time.sleep(0.2)
@@ -486,8 +492,15 @@ def path_search(
     dirs = search_dirs(gen.parent)
     result: dict[str, object] = {}
     for label, window_ms in (("fold_off", 0.0), ("fold_on", 1000.0)):
-        with Probe(ProbeOptions(fold_window_ms=window_ms)) as probe:
-            result[label] = search_storm(probe, attributor, gen, cgroup, dirs, args, success_ns)
+        with (
+            return_only_program(gen.parent) as baseline,
+            Probe(ProbeOptions(fold_window_ms=window_ms)) as probe,
+        ):
+            before = prog_stats(baseline)
+            storm = search_storm(probe, attributor, gen, cgroup, dirs, args, success_ns)
+            # The empty program's cost per run in the same storm: what cold caches cost
+            storm["return_only"] = per_exec(before, prog_stats(baseline))
+            result[label] = storm
     return result
 
 
@@ -504,7 +517,7 @@ def search_storm(
     dirs: list[Path],
     args: argparse.Namespace,
     success_ns: float,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     cg_id = os.stat(cgroup).st_ino
     consumer = Consumer(probe, attributor, watch_cgroup=cg_id)
     try:
