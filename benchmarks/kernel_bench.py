@@ -7,8 +7,9 @@ Each kernel boots under QEMU as in the matrix and runs this module with --guest:
 real probe and benchmarks/return_only.bpf.c attached together, then `execgen success N`
 (fork+exec of /bin/true; half with each program attached first), then each program's
 run_time_ns / run_cnt. A guest runs nothing else, so no other process's failed exec
-lands in the batch (on the host, probe_bench keeps only the rounds without one). Under TCG every instruction is emulated: compare the two programs
-on one kernel, not kernels with each other or with the host.
+lands in the batch (on the host, probe_bench keeps only the rounds without one). Under
+TCG every instruction is emulated: compare the two programs on one kernel, not kernels
+with each other or with the host.
 """
 
 from __future__ import annotations
