@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     death = BY_NAME[args.case] if args.case else None
     command = list(death.argv) if death else [FOREIGN_IN_ROOTFS]
     reasons: dict[str, int] = {}
+    why: dict[str, int] = {}  # the detail of each miss: what the diagnosis could not read
     with tempfile.TemporaryDirectory() as tmp:
         containerd = Containerd(Path(tmp))
         containerd.start()
@@ -90,6 +91,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
                             else (str(record.diagnosis.reason) if record else "missing")
                         )
                         reasons[key] = reasons.get(key, 0) + 1
+                        if record is not None and key != "diagnosed":
+                            why.setdefault(record.diagnosis.detail, 0)
+                            why[record.diagnosis.detail] += 1
                         tracer.records.clear()
                 finally:
                     tracer.close()
@@ -99,6 +103,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "case": args.case or "foreign-architecture",
         "tries": args.tries,
         "outcomes": reasons,
+        "misses": why,
         "diagnosis_rate": round(reasons.get("diagnosed", 0) / args.tries, 4),
     }
     print(json.dumps(result, indent=2))
