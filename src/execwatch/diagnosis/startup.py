@@ -237,12 +237,13 @@ class StartupDiagnoser:
     ) -> Diagnosis:
         """A signal: the program's own crash. An exit: benign under musl, whose loader is
         also the libc every exit goes through; under glibc only a loader failure exits
-        from ld.so, so it is reported, undiagnosed."""
+        from ld.so, so it is reported, undiagnosed. So is an exit whose binary was not
+        read (a dead container's rootfs already unmounted): never a silent all clear."""
         arch = self._node.architecture
         if event.signal is not None:
             detail = f"{event.status} {event.age_ms or 0:.0f} ms after it started; {why}"
             return Diagnosis(Reason.STARTUP_CRASH, arch, detail=detail)
         detail = f"exit {event.exit_code} from inside the ELF loader; {why}"
-        if flavor == "glibc":
-            return Diagnosis(Reason.UNDIAGNOSED, arch, detail=detail)
-        return Diagnosis(Reason.BENIGN_EXIT, arch, detail=detail)
+        if flavor == "musl":
+            return Diagnosis(Reason.BENIGN_EXIT, arch, detail=detail)
+        return Diagnosis(Reason.UNDIAGNOSED, arch, detail=detail)
