@@ -54,3 +54,27 @@ def test_the_hosts_own_curl_closure_has_nothing_missing(
     )
     _, doc = scan_json(capsys, str(root))
     assert doc["findings"] == []
+
+
+def test_a_symlinked_loader_as_debian_ships_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Debian's PT_INTERP, /lib64/ld-linux-x86-64.so.2, is a chain of symlinks (merged /usr):
+    the loader's own symbols are read from the file the chain ends at."""
+    root = curl_root(tmp_path / "root")
+    real = root / "usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
+    (root / "lib64/ld-linux-x86-64.so.2").rename(real)
+    (root / "lib64").rmdir()
+    (root / "usr/lib64").mkdir()
+    (root / "usr/lib64/ld-linux-x86-64.so.2").symlink_to(
+        "../lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
+    )
+    (root / "lib64").symlink_to("usr/lib64")
+    loader = subprocess.run(
+        ["chroot", root, "/usr/bin/curl", "--version"], capture_output=True, text=True
+    )
+    assert loader.returncode == 127 and "undefined symbol: curl_global_trace" in loader.stderr
+
+    _, doc = scan_json(capsys, str(root))
+
+    assert checks(doc) == {("missing-symbol", "/usr/bin/curl")}
