@@ -43,6 +43,9 @@ MAX_OFFSET = 1 << 62  # beyond any file; a larger one would not even fit a seek 
 # Symbols compared along one hash chain. ld sizes the buckets for chains of a few symbols
 # (libLLVM's longest is 17); a chain without its end mark would walk the whole table.
 MAX_CHAIN_STEPS = 1024
+# Chain entries walked in one object over all its lookups (a scan asks each name once): the
+# busiest library of a whole Debian /usr walks 5,784. Past it, its exports are unknown.
+MAX_LOOKUP_STEPS = 1 << 18
 HASH_CACHE = 1 << 16  # names whose hashes are kept: every executable asks for libc's again
 
 Section = tuple[int, int, int, int, int]  # type, offset, size, link, entsize
@@ -217,6 +220,7 @@ class _Exports:
         self.gnu = kind == SHT_GNU_HASH
         parse = _gnu_hash_table if self.gnu else _sysv_hash_table
         self.buckets, self.chain, self.symoffset = parse(data, symbols)
+        self.steps = 0  # chain entries walked, over every lookup
         self.size = (
             len(symbols.table)
             + len(symbols.strtab)
@@ -225,8 +229,8 @@ class _Exports:
         )
 
     def defines(self, ref: SymbolRef) -> bool | None:
-        if not self.buckets:
-            return None  # a hash section we cannot read: unknown
+        if not self.buckets or self.steps > MAX_LOOKUP_STEPS:
+            return None  # a hash section we cannot read, or one that made us walk too far
         key = ref.key
         return self._gnu(key, ref.version) if self.gnu else self._sysv(key, ref.version)
 
@@ -235,28 +239,34 @@ class _Exports:
         i = self.buckets[h % len(self.buckets)]
         if i == 0:
             return False
-        for _ in range(MAX_CHAIN_STEPS):
+        for step in range(MAX_CHAIN_STEPS):
             j = i - self.symoffset
             if not 0 <= j < len(self.chain) or i >= self.symbols.count:
-                return None
+                break
             entry = self.chain[j]
             if entry | 1 == h | 1 and self._matches(i, key, version):
+                self.steps += step + 1
                 return True
             if entry & 1:
+                self.steps += step + 1
                 return False
             i += 1
+        self.steps = MAX_LOOKUP_STEPS + 1  # broken: every later answer is unknown too
         return None
 
     def _sysv(self, key: bytes, version: str | None) -> bool | None:
         i = self.buckets[_sysv_hash(key) % len(self.buckets)]
-        for _ in range(MAX_CHAIN_STEPS):
+        for step in range(MAX_CHAIN_STEPS):
             if i == 0:
+                self.steps += step + 1
                 return False
             if i >= self.symbols.count or i >= len(self.chain):
-                return None
+                break
             if self._matches(i, key, version):
+                self.steps += step + 1
                 return True
             i = self.chain[i]
+        self.steps = MAX_LOOKUP_STEPS + 1
         return None
 
     def _matches(self, i: int, key: bytes, version: str | None) -> bool:
