@@ -3,8 +3,9 @@
 //   execgen fail PATH N          call execve(PATH) N times in this process (each fails)
 //   execgen storm RATE SECS P..  failing execve at RATE/s for SECS, cycling over paths P..
 //   execgen deaths RATE SECS P   fork+exec P at RATE/s for SECS; P dies in its loader
-// Prints the number of failed execs (or of children that exited 127) it caused, so the
-// benchmark can check exactness.
+//   execgen search RATE SECS N   fork+execvp N at RATE/s for SECS: glibc tries each PATH entry
+// Prints the number of failed execs (or of children that exited 127, or of searches that
+// found N and ran it to exit 0) it caused, so the benchmark can check exactness.
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +27,41 @@ static long try_exec(const char *path)
 	char *envp[] = { NULL };
 	execve(path, argv, envp);
 	return errno != 0;
+}
+
+/* Up to 8 children in flight: one at a time caps the rate at the fork+exec latency. Each
+ * runs P (search: looks P up in PATH like execvp). Returns how many exited 127 (deaths) or
+ * 0 (search: found and ran). */
+static long children(int search, double rate, double secs, const char *p)
+{
+	double start = now(), end = start + secs;
+	long done = 0, running = 0, counted = 0;
+	int status;
+
+	for (double t = start; t < end || running; t = now()) {
+		long due = t < end ? (long)((t - start) * rate) : done;
+		for (; done < due && running < 8; done++, running++) {
+			if (fork() == 0) {
+				char *a[] = { (char *)p, NULL };
+				char *e[] = { NULL };
+				if (search)
+					execvp(a[0], a);
+				else
+					execve(a[0], a, e);
+				_exit(126);
+			}
+		}
+		pid_t pid;
+		while ((pid = waitpid(-1, &status, running >= 8 || t >= end ? 0 : WNOHANG)) > 0) {
+			running--;
+			counted += WIFEXITED(status) && WEXITSTATUS(status) == (search ? 0 : 127);
+			if (running < 8 && t < end)
+				break;
+		}
+		if (done >= due)
+			usleep(200);
+	}
+	return counted;
 }
 
 int main(int argc, char **argv)
@@ -58,34 +94,10 @@ int main(int argc, char **argv)
 				failed += try_exec(argv[4 + done++ % npaths]);
 			usleep(200);
 		}
-	} else if (argc == 5 && !strcmp(argv[1], "deaths")) {
-		/* Up to 8 children in flight: one at a time caps the rate at the fork+exec latency. */
-		double rate = atof(argv[2]), secs = atof(argv[3]);
-		double start = now(), end = start + secs;
-		long done = 0, running = 0;
-		int status;
-		for (double t = start; t < end || running; t = now()) {
-			long due = t < end ? (long)((t - start) * rate) : done;
-			for (; done < due && running < 8; done++, running++) {
-				if (fork() == 0) {
-					char *a[] = { argv[4], NULL };
-					char *e[] = { NULL };
-					execve(a[0], a, e);
-					_exit(126);
-				}
-			}
-			pid_t pid;
-			while ((pid = waitpid(-1, &status, running >= 8 || t >= end ? 0 : WNOHANG)) > 0) {
-				running--;
-				failed += WIFEXITED(status) && WEXITSTATUS(status) == 127;
-				if (running < 8 && t < end)
-					break;
-			}
-			if (done >= due)
-				usleep(200);
-		}
+	} else if (argc == 5 && (!strcmp(argv[1], "deaths") || !strcmp(argv[1], "search"))) {
+		failed = children(argv[1][0] == 's', atof(argv[2]), atof(argv[3]), argv[4]);
 	} else {
-		fprintf(stderr, "usage: execgen success N | fail PATH N | storm RATE SECS PATH... | deaths RATE SECS PATH\n");
+		fprintf(stderr, "usage: execgen success N | fail PATH N | storm RATE SECS PATH... | deaths|search RATE SECS PATH\n");
 		return 2;
 	}
 	printf("%ld\n", failed);

@@ -14,10 +14,17 @@
    per-cgroup count equals the number of failures the generator caused.
 3. The early-death hooks: in the same batches, the kernel time per process exit of the
    exit_group program, and of execwatch's exec program next to a program that only
-   returns (benchmarks/return_only.bpf.c) on the same tracepoint.
+   returns (benchmarks/return_only.bpf.c) on the same tracepoint. Programs on one
+   tracepoint run in the order they were attached, and the first ones pay more (cold
+   lines: a return-only program measured 80-95 ns first and 51-55 ns last here), so the
+   batches run twice, once in each order, and the figures add both.
 4. An early-death storm: --death-rate processes per second for --death-seconds, each a
    real binary whose DT_NEEDED library was deleted, so glibc's loader exits 127. Reports
    the kernel's exact count, delivered / folded, and agent user CPU per delivered event.
+5. PATH-search noise: --search-rate execvp-style searches per second for --search-seconds
+   (four PATH directories lack the program, the fifth has it), once with the kernel's
+   folding off and once on, each with a fresh probe and the same pipeline. Reports the
+   kernel time and agent CPU per suppressed ENOENT and the exact counts.
 
 The machine is shared by several engineers: figures are noisy, compare within one run.
 """
@@ -32,11 +39,12 @@ import os
 import resource
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +54,7 @@ from execwatch.attribution.mounts import cgroup_mounts
 from execwatch.diagnosis import FileDiagnoser
 from execwatch.output import Printer
 from execwatch.pipeline import NodePipeline
-from execwatch.probe import Probe
+from execwatch.probe import Probe, layout
 from execwatch.probe.events import boot_to_epoch_offset
 from execwatch.probe.libbpf import load_libbpf
 from execwatch.probe.loader import ProbeOptions
@@ -165,13 +173,14 @@ def own_cgroup(name: str) -> Iterator[Path]:
                 time.sleep(0.1)
 
 
-def run_in(cgroup: Path, argv: list[str]) -> int:
+def run_in(cgroup: Path, argv: list[str], env: dict[str, str] | None = None) -> int:
     """Run argv inside cgroup; return the failed-exec count it prints."""
     out = subprocess.run(
         argv,
         check=True,
         capture_output=True,
         text=True,
+        env=env,
         preexec_fn=lambda: (cgroup / "cgroup.procs").write_text(str(os.getpid())),
     )
     return int(out.stdout.strip() or 0)
@@ -180,9 +189,12 @@ def run_in(cgroup: Path, argv: list[str]) -> int:
 class Consumer:
     """The agent's node pipeline, polled on a thread like `execwatch trace` does."""
 
-    def __init__(self, probe: Probe, attributor: Attributor) -> None:
+    def __init__(self, probe: Probe, attributor: Attributor, watch_cgroup: int = 0) -> None:
         self.probe = probe
         self.sink = open(os.devnull, "w")  # noqa: SIM115 - closed in stop()
+        self.watch_cgroup = watch_cgroup  # records sent and repeats folded for it, counted
+        self.watched_records = 0
+        self.watched_folds = 0
         self.delivered_count = 0
         self.aggregated_count = 0
         self.dropped_count = 0
@@ -191,14 +203,16 @@ class Consumer:
         self.deaths_delivered = 0
         self.deaths_aggregated = 0
         self.death_reasons: dict[str, int] = {}
+        self.not_found_reasons: dict[str, int] = {}
         self.pipeline = NodePipeline(
             FileDiagnoser.for_host(attributor),
             Printer(self.sink, as_json=True),
             epoch_offset=boot_to_epoch_offset(),
             attributor=attributor,
             observer=self,
+            folds=self,
         )
-        probe.open_ring_buffer(self.pipeline.on_record)
+        probe.open_ring_buffer(self.on_record if watch_cgroup else self.pipeline.on_record)
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self.pipeline.run, args=(probe, self._stop), daemon=True
@@ -212,10 +226,23 @@ class Consumer:
             self.delivered_count += count
             self.aggregated_count += count if aggregated else 0
             self.reasons[str(reason)] = self.reasons.get(str(reason), 0) + count
+        elif err in (errno.ENOENT, "ENOENT"):
+            self.not_found_reasons[str(reason)] = self.not_found_reasons.get(str(reason), 0) + count
         elif err == "EXIT127":
             self.deaths_delivered += count
             self.deaths_aggregated += count if aggregated else 0
             self.death_reasons[str(reason)] = self.death_reasons.get(str(reason), 0) + count
+
+    def on_record(self, raw: bytes) -> None:
+        if len(raw) == layout.EVENT_STRUCT.size:
+            cgroup = int.from_bytes(raw[layout.EVENT_FIELDS.cgroup], sys.byteorder)
+            self.watched_records += cgroup == self.watch_cgroup
+        self.pipeline.on_record(raw)
+
+    def take_folds(self) -> dict[layout.FoldedName, int]:
+        folds = self.probe.take_folds()
+        self.watched_folds += sum(n for name, n in folds.items() if name[0] == self.watch_cgroup)
+        return folds
 
     def dropped(self, kind: str, count: int = 1) -> None:
         self.dropped_count += count
@@ -224,7 +251,7 @@ class Consumer:
         self.overrun_count += 1
 
     def drain(self) -> None:
-        time.sleep(0.5)
+        time.sleep(1.5)  # past the pipeline's next flush (1 s), which takes the kernel's folds
 
     def stop(self) -> None:
         self._stop.set()
@@ -241,22 +268,77 @@ def host_failures(probe: Probe) -> int:
     return sum(probe.errno_totals().values())
 
 
-def kernel_cost(
-    probe: Probe, gen: Path, cgroup: Path, args: argparse.Namespace
-) -> dict[str, object]:
-    fds = probe.program_fds()
-    ours = fdinfo_prog_id(fds["exit_execve"])
-    exits = fdinfo_prog_id(fds["enter_exit_group"])
-    signals = fdinfo_prog_id(fds["signal_deliver"])
+ORDERS = ("execwatch_first", "return_only_first")
+
+
+@contextmanager
+def drained(probe: Probe) -> Iterator[None]:
+    """Consume (and drop) the probe's records on a thread: with a full ring buffer the
+    failure path would skip its record and look cheaper than it is."""
+    probe.open_ring_buffer(lambda raw: None)
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            probe.poll(50)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def kernel_cost(gen: Path, cgroup: Path, args: argparse.Namespace) -> dict[str, object]:
+    """Both attach orders, each with a fresh probe; the figures add both orders up."""
+    by_order = {order: kernel_cost_in_order(order, gen, cgroup, args) for order in ORDERS}
     result: dict[str, object] = {}
-    with bpftrace_one_liner() as theirs, return_only_program(gen.parent) as baseline:
+    for phase in ("successful_exec", "failing_exec", "successful_exec_clean_rounds"):
+        parts = [by_order[o][phase] for o in ORDERS]
+        result[phase] = {name: add_up([p[name] for p in parts]) for name in PROGRAMS}
+    clean = result["successful_exec_clean_rounds"]
+    assert isinstance(clean, dict)
+    clean["rounds"] = sum(by_order[o]["rounds"] for o in ORDERS)
+    clean["of"] = sum(by_order[o]["of"] for o in ORDERS)
+    ours, base = clean["execwatch"]["ns_per_run"], clean["return_only"]["ns_per_run"]
+    result["successful_exec_vs_return_only"] = round(ours / base, 2) if base else None
+    result["kernel_ns_per_process_exit"] = clean["execwatch_exit_group"]["ns_per_run"]
+    result["by_attach_order"] = by_order
+    return result
+
+
+PROGRAMS = (
+    "execwatch",
+    "bpftrace_one_liner",
+    "return_only",
+    "execwatch_exit_group",
+    "execwatch_signal_deliver",
+)
+
+
+def kernel_cost_in_order(
+    order: str, gen: Path, cgroup: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        if order == "return_only_first":
+            baseline = stack.enter_context(return_only_program(tmp))
+        probe = stack.enter_context(Probe())
+        if order == "execwatch_first":
+            baseline = stack.enter_context(return_only_program(tmp))
+        theirs = stack.enter_context(bpftrace_one_liner())
+        stack.enter_context(drained(probe))
+        fds = probe.program_fds()
         progs = {
-            "execwatch": ours,
+            "execwatch": fdinfo_prog_id(fds["exit_execve"]),
             "bpftrace_one_liner": theirs,
             "return_only": baseline,
-            "execwatch_exit_group": exits,
-            "execwatch_signal_deliver": signals,
+            "execwatch_exit_group": fdinfo_prog_id(fds["enter_exit_group"]),
+            "execwatch_signal_deliver": fdinfo_prog_id(fds["signal_deliver"]),
         }
+        result: dict[str, Any] = {}
         for phase, argv in (
             ("successful_exec", [str(gen), "success", str(args.success_execs)]),
             ("failing_exec", [str(gen), "fail", str(FOREIGN), str(args.fail_execs)]),
@@ -270,20 +352,14 @@ def kernel_cost(
         ]
         clean = [r for r in rounds if r["failed_execs_on_host"] == 0]
         result["successful_exec_clean_rounds"] = {
-            name: per_exec(
-                (0, 0),
-                (sum(r[name]["ns"] for r in clean), sum(r[name]["runs"] for r in clean)),
-            )
-            for name in progs
-        } | {"rounds": len(clean), "of": len(rounds)}
-    result["successful_exec_corrected_ns"] = corrected_success_cost(result)
-    ok = result["successful_exec"]
-    clean_ok = result["successful_exec_clean_rounds"]
-    assert isinstance(ok, dict) and isinstance(clean_ok, dict)
-    ours_ns, base = clean_ok["execwatch"]["ns_per_run"], clean_ok["return_only"]["ns_per_run"]
-    result["successful_exec_vs_return_only"] = round(ours_ns / base, 2) if base else None
-    result["kernel_ns_per_process_exit"] = ok["execwatch_exit_group"]["ns_per_run"]
+            name: add_up([r[name] for r in clean]) for name in progs
+        }
+        result["rounds"], result["of"] = len(clean), len(rounds)
     return result
+
+
+def add_up(parts: list[dict[str, Any]]) -> dict[str, float]:
+    return per_exec((0, 0), (sum(p["ns"] for p in parts), sum(p["runs"] for p in parts)))
 
 
 def measure(probe: Probe, progs: dict[str, int], cgroup: Path, argv: list[str]) -> dict[str, Any]:
@@ -294,19 +370,6 @@ def measure(probe: Probe, progs: dict[str, int], cgroup: Path, argv: list[str]) 
     return {name: per_exec(before[name], after[name]) for name in progs} | {
         "failed_execs_on_host": host_failures(probe) - failures_before
     }
-
-
-def corrected_success_cost(result: dict[str, object]) -> float:
-    """Other processes' failed execs land in the success phase too (each costing the failure
-    path); remove them using the failure phase's per-run cost."""
-    ok = result["successful_exec"]
-    fail = result["failing_exec"]
-    assert isinstance(ok, dict) and isinstance(fail, dict)
-    ours = ok["execwatch"]
-    n_fail = ok["failed_execs_on_host"]
-    clean_runs = ours["runs"] - n_fail
-    clean_ns = ours["ns"] - n_fail * fail["execwatch"]["ns_per_run"]
-    return round(clean_ns / clean_runs, 1) if clean_runs > 0 else 0.0
 
 
 def fdinfo_prog_id(fd: int) -> int:
@@ -404,6 +467,97 @@ def death_storm(
     }
 
 
+SEARCH_NAME = "ewprog"
+
+
+def search_dirs(tmp: Path) -> list[Path]:
+    """Five PATH directories; only the last holds the program (a copy of /bin/true)."""
+    dirs = [tmp / "path" / f"d{i}" for i in range(5)]
+    for d in dirs:
+        d.mkdir(parents=True)
+    shutil.copy("/bin/true", dirs[-1] / SEARCH_NAME)
+    return dirs
+
+
+def path_search(
+    gen: Path, cgroup: Path, attributor: Attributor, args: argparse.Namespace, success_ns: float
+) -> dict[str, object]:
+    """The same search storm with the kernel's folding off, then on."""
+    dirs = search_dirs(gen.parent)
+    result: dict[str, object] = {}
+    for label, window_ms in (("fold_off", 0.0), ("fold_on", 1000.0)):
+        with Probe(ProbeOptions(fold_window_ms=window_ms)) as probe:
+            result[label] = search_storm(probe, attributor, gen, cgroup, dirs, args, success_ns)
+    return result
+
+
+def cpu_s() -> tuple[float, float]:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime, usage.ru_stime
+
+
+def search_storm(
+    probe: Probe,
+    attributor: Attributor,
+    gen: Path,
+    cgroup: Path,
+    dirs: list[Path],
+    args: argparse.Namespace,
+    success_ns: float,
+) -> dict[str, object]:
+    cg_id = os.stat(cgroup).st_ino
+    consumer = Consumer(probe, attributor, watch_cgroup=cg_id)
+    try:
+        prog = fdinfo_prog_id(probe.program_fds()["exit_execve"])
+        idle_before = cpu_s()
+        time.sleep(3)
+        idle = [(b - a) / 3 for a, b in zip(idle_before, cpu_s(), strict=True)]
+        kernel_before = probe.counts_by_cgroup().get((cg_id, errno.ENOENT), 0)
+        folded_before, drops_before = probe.folded_total(), probe.stats()["ringbuf_full"]
+        stats_before, cpu_before = prog_stats(prog), cpu_s()
+        t0 = time.monotonic()
+        env = {"PATH": ":".join(map(str, dirs))}
+        argv = [str(gen), "search", str(args.search_rate), str(args.search_seconds), SEARCH_NAME]
+        searches = run_in(cgroup, argv, env)
+        elapsed = time.monotonic() - t0
+        consumer.drain()
+        spent = [b - a for a, b in zip(cpu_before, cpu_s(), strict=True)]
+        stats_after, waited = prog_stats(prog), time.monotonic() - t0
+    finally:
+        consumer.stop()  # its last flush takes the kernel's last folds
+    misses = 4 * searches
+    kernel = probe.counts_by_cgroup().get((cg_id, errno.ENOENT), 0) - kernel_before
+    run_ns, runs = stats_after[0] - stats_before[0], stats_after[1] - stats_before[1]
+    user, system = (max(c - i * waited, 0.0) for c, i in zip(spent, idle, strict=True))
+    return {
+        "searches_that_ran_the_program": searches,
+        "misses_caused": misses,
+        "seconds": round(elapsed, 2),
+        "misses_per_s": round(misses / elapsed),
+        "kernel_count_enoent": kernel,
+        "kernel_count_exact": kernel == misses,
+        "records_sent": consumer.watched_records,
+        "folded_in_kernel": consumer.watched_folds,
+        "folded_in_kernel_host": probe.folded_total() - folded_before,
+        "dropped_ringbuf_full_host": probe.stats()["ringbuf_full"] - drops_before,
+        "sent_plus_folded_equals_kernel": consumer.watched_records + consumer.watched_folds
+        == kernel,
+        "exit_execve_runs": runs,
+        "exit_execve_ns": run_ns,
+        "kernel_ns_per_miss": round((run_ns - searches * success_ns) / misses, 1)
+        if misses
+        else None,
+        "agent_user_cpu_s": round(spent[0], 3),
+        "agent_sys_cpu_s": round(spent[1], 3),
+        "agent_idle_cpu_per_s": [round(i, 4) for i in idle],
+        "agent_cpu_us_per_miss_minus_idle": round((user + system) * 1e6 / misses, 2)
+        if misses
+        else None,
+        "agent_user_cpu_us_per_miss_minus_idle": round(user * 1e6 / misses, 2) if misses else None,
+        "diagnosis": dict(consumer.not_found_reasons),
+    }
+
+
 def main(argv: list[str] | None = None) -> dict[str, object]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--success-execs", type=int, default=3000)
@@ -412,26 +566,35 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--storm-seconds", type=float, default=10)
     parser.add_argument("--death-rate", type=int, default=1000)
     parser.add_argument("--death-seconds", type=float, default=10)
+    parser.add_argument("--search-rate", type=int, default=1000)
+    parser.add_argument("--search-seconds", type=float, default=10)
     args = parser.parse_args(argv)
     require_root()
     if not FOREIGN.exists() or not shutil.which("bpftrace"):
         raise SystemExit("needs dev/fetch-foreign.sh and bpftrace (make setup-test)")
+    result: dict[str, object] = {"load_average_at_start": os.getloadavg()}
     with (
         tempfile.TemporaryDirectory() as tmp,
         sysctl("kernel.bpf_stats_enabled", "1"),
         own_cgroup(f"execwatch-bench-{os.getpid()}") as cgroup,
-        Probe(ProbeOptions()) as probe,
         Attributor() as attributor,
     ):
         gen = build_c("execgen.c", Path(tmp))
-        consumer = Consumer(probe, attributor)
-        try:
-            result: dict[str, object] = {"kernel_cost": kernel_cost(probe, gen, cgroup, args)}
-            result["storm"] = storm(probe, consumer, gen, cgroup, args)
-            result["early_death_storm"] = death_storm(probe, consumer, gen, cgroup, args)
-        finally:
-            consumer.stop()
-        result["diagnosis_of_storm_events"] = consumer.reasons
+        cost = kernel_cost(gen, cgroup, args)
+        result["kernel_cost"] = cost
+        with Probe(ProbeOptions()) as probe:
+            consumer = Consumer(probe, attributor)
+            try:
+                result["storm"] = storm(probe, consumer, gen, cgroup, args)
+                result["early_death_storm"] = death_storm(probe, consumer, gen, cgroup, args)
+            finally:
+                consumer.stop()
+            result["diagnosis_of_storm_events"] = consumer.reasons
+        clean = cost["successful_exec_clean_rounds"]
+        assert isinstance(clean, dict)
+        success_ns = clean["execwatch"]["ns_per_run"]
+        result["path_search"] = path_search(gen, cgroup, attributor, args, success_ns)
+    result["load_average_at_end"] = os.getloadavg()
     print(json.dumps(result, indent=2))
     print(f"saved {save('probe', result)}")
     return result

@@ -145,6 +145,42 @@ def test_path_search_noise_is_counted_but_not_emitted(
     ]
 
 
+class KernelFolds:
+    def __init__(self, *batches: dict[layout.FoldedName, int]) -> None:
+        self.batches = list(batches)
+
+    def take_folds(self) -> dict[layout.FoldedName, int]:
+        return self.batches.pop(0) if self.batches else {}
+
+
+def test_repeats_folded_in_the_kernel_are_credited_to_their_records_slot(
+    emitted: list[ExecFailure], pipeline: Callable[..., NodePipeline]
+) -> None:
+    """The kernel sent the first miss and counted 999 repeats: one record says 999 more."""
+    observer = Observer()
+    name = (7, 4026531840, 2, 2, b"/usr/local/bin/git")
+    other_root = (7, 4026531840, 3, 2, b"/usr/local/bin/git")
+    folds = KernelFolds({name: 999, other_root: 5})
+    p = pipeline(
+        CountingDiagnoser(Reason.NOT_FOUND),
+        emitted,
+        observer=observer,
+        folds=folds,
+        show_not_found=True,
+    )
+    p.on_record(raw_event(b"/usr/local/bin/git", err=2))
+    settled(p).flush()
+    assert [(f.event.path, f.count) for f in emitted] == [
+        ("/usr/local/bin/git", 1),
+        ("/usr/local/bin/git", 999),
+    ]
+    assert observer.seen == [
+        ("ENOENT", Reason.NOT_FOUND, False, 1),
+        ("ENOENT", Reason.NOT_FOUND, True, 999),
+        ("ENOENT", Reason.UNDIAGNOSED, True, 5),  # no record of that root reached us
+    ]
+
+
 def test_not_found_is_emitted_when_asked(
     emitted: list[ExecFailure], pipeline: Callable[..., NodePipeline]
 ) -> None:

@@ -6,12 +6,15 @@ systems, so they run on worker threads, each call within a time budget (see
 execwatch.diagnosis.budget). A burst of identical failures (one container retrying one
 binary) is diagnosed once and folded: the first occurrence is emitted when diagnosed,
 the repeats as one record with their exact count per window. Repeats are recognised on
-the raw record, before decoding, so a failure storm stays cheap.
+the raw record, before decoding, so a failure storm stays cheap. The kernel folds a PATH
+search's repeated misses itself (see ew_fold_key): their counts are credited, once per
+window, to the slot of the record each followed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import queue
 import sys
@@ -33,7 +36,7 @@ T = TypeVar("T")
 Sink = Callable[[ExecFailure], None]
 # Records submitted without a wakeup wait at most this long (see wakeup_flag in the BPF C).
 POLL_TIMEOUT_MS = 50
-AggregationKey = tuple[int, int, int, bytes, bytes]
+AggregationKey = tuple[int, int, int, int, bytes, bytes]
 DIAGNOSIS_BUDGET_S = 1.0  # a local diagnosis takes about a millisecond
 STALL_AFTER_S = 20.0
 # A call running (not blocked in the kernel) is abandoned only after this many budgets.
@@ -67,6 +70,10 @@ class PipelineObserver(Protocol):
     def dropped(self, kind: str, count: int = 1) -> None: ...
 
     def overran(self, stage: str) -> None: ...
+
+
+class KernelFolds(Protocol):
+    def take_folds(self) -> dict[layout.FoldedName, int]: ...
 
 
 class PrunableCounts(Protocol):
@@ -165,16 +172,19 @@ class _Slot:
 
 
 def aggregation_key(raw: bytes) -> AggregationKey:
-    """(cgroup, mntns, errno, filename, fd name) straight from the record's bytes.
+    """(cgroup, mntns, root, errno, filename, fd name) straight from the record's bytes.
 
     Strings are cut at their NUL: the ring buffer does not zero what follows it. An early
-    death's key is (cgroup, mntns, -signal or -256 - exit code, exe device, exe inode)."""
+    death's key is (cgroup, mntns, root, -signal or -256 - exit code, exe device, exe
+    inode). The root keeps two chroots of one mount namespace apart: one name can be
+    missing in one and a binary without its loader in the other."""
     if len(raw) == layout.DEATH_STRUCT.size:
         return death_key(raw)
     f, order = layout.EVENT_FIELDS, sys.byteorder
     return (
         int.from_bytes(raw[f.cgroup], order),
         int.from_bytes(raw[f.mntns], order),
+        int.from_bytes(raw[f.root_ino], order),
         int.from_bytes(raw[f.err], order),
         raw[f.filename].split(b"\0", 1)[0],
         raw[f.fd_name].split(b"\0", 1)[0],
@@ -188,6 +198,7 @@ def death_key(raw: bytes) -> AggregationKey:
     return (
         int.from_bytes(raw[d.cgroup], order),
         int.from_bytes(raw[d.mntns], order),
+        int.from_bytes(raw[d.root_ino], order),
         -sig if sig else -256 - code,
         raw[d.exe_dev],
         raw[d.exe_ino],
@@ -219,6 +230,7 @@ class NodePipeline:
         queue_size: int = 1024,
         heartbeat: Heartbeat | None = None,
         max_stuck: int = 8,
+        folds: KernelFolds | None = None,
     ) -> None:
         self._diagnoser = diagnoser
         self._sink = sink
@@ -231,6 +243,7 @@ class NodePipeline:
         self.slow = slow if slow is not None else SlowMounts()
         self._budget = budget
         self._max_stuck = max_stuck
+        self._folds = folds
         self.heartbeat = heartbeat if heartbeat is not None else Heartbeat()
         self._slots: OrderedDict[AggregationKey, _Slot] = OrderedDict()
         self._lock = threading.Lock()  # slots and workers; never held while calling out
@@ -336,6 +349,8 @@ class NodePipeline:
 
     def flush(self, *, final: bool = False) -> None:
         """Emit folded repeats; forget slots idle for ten windows (or all, when final)."""
+        if self._folds is not None:
+            self._absorb(self._folds.take_folds())
         now = time.monotonic()
         with self._lock:
             slots = list(self._slots.items())
@@ -347,6 +362,23 @@ class NodePipeline:
                 with self._lock:
                     if self._slots.get(key) is slot:
                         del self._slots[key]
+
+    def _absorb(self, folded: dict[layout.FoldedName, int]) -> None:
+        """Credit the kernel's folded repeats to the slot of the record each followed."""
+        now = time.monotonic()
+        for (cgroup, mntns, root, err, name), n in folded.items():
+            with self._lock:
+                slot = self._slots.get((cgroup, mntns, root, err, name, b""))
+                known = slot.failure if slot is not None else None
+                if slot is not None:
+                    slot.pending += n
+                    slot.last_seen = now
+                    slot.unreported += n if known is None else 0
+            if known is not None:
+                self._report(known, aggregated=True, count=n)
+            elif slot is None and self._observer:  # its slot was evicted (max_slots)
+                status = errno.errorcode.get(err, str(err))
+                self._observer.delivered(status, Reason.UNDIAGNOSED, aggregated=True, count=n)
 
     def _start_worker(self) -> None:
         worker = _Worker()

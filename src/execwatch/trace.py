@@ -100,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
             ringbuf_bytes=args.ringbuf_mb << 20,
             all_errnos=args.all_errnos,
             death_window_ms=args.death_window * 1000,
+            fold_window_ms=args.window * 1000,
         )
         with Probe(options) as probe, stop_on_signals() as stop, attribution(args) as attributor:
             return trace_loop(probe, args, address, stop, attributor)
@@ -141,6 +142,7 @@ def trace_loop(
         window=args.window,
         slow=slow,
         budget=args.diagnosis_budget,
+        folds=probe,
     )
     server = serve(address, registry, pipeline.heartbeat.problem) if address else None
     probe.open_ring_buffer(pipeline.on_record)

@@ -19,7 +19,7 @@ from typing import TypeVar
 from tests.binfmt.elfbuild import DT
 
 EM_AARCH64, EM_ARM = 183, 40
-PT_LOAD, PT_DYNAMIC, PT_INTERP = 1, 2, 3
+PT_LOAD, PT_DYNAMIC, PT_INTERP, PT_NOTE = 1, 2, 3, 4
 BASE = 0x400000
 T = TypeVar("T")
 
@@ -175,6 +175,21 @@ def dynsym_suffix_bomb() -> bytes:
     return ehdr + dynsym + dynstr + shdrs
 
 
+def note_segments() -> bytes:
+    """An x86-64 file with 1170 PT_NOTE segments, each 4 KiB of notes that are not GNU
+    property notes: the ISA-level reader looks at the last 16 and needs nothing."""
+    count = 65536 // 56
+    phoff = 64
+    notes_off = phoff + count * 56
+    one = struct.pack("<III", 4, 8, 1) + b"GNU\0" + b"abcdefgh"
+    notes = one * (4096 // len(one) + 1)
+    ehdr = struct.pack("<16sHHIQQQIHHHHHH", b"\x7fELF\x02\x01\x01" + bytes(9), 2, 62, 1, 0,
+                       phoff, 0, 0, 64, 56, count, 64, 0, 0)  # fmt: skip
+    note = struct.pack("<IIQQQQQQ", PT_NOTE, 4, notes_off, BASE + notes_off, BASE + notes_off,
+                       len(notes), len(notes), 8)  # fmt: skip
+    return ehdr + note * count + notes
+
+
 CORPUS: dict[str, Callable[[], bytes]] = {
     "string-reuse-bomb": string_reuse_bomb,
     "string-offsets-bomb": string_offsets_bomb,
@@ -187,6 +202,7 @@ CORPUS: dict[str, Callable[[], bytes]] = {
     "overlapping-tables": overlapping_tables,
     "16MiB-unterminated-string": long_unterminated_string,
     "dynsym-suffix-bomb": dynsym_suffix_bomb,
+    "1170-note-segments": note_segments,
 }
 
 

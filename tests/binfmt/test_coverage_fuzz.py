@@ -1,5 +1,5 @@
-"""Coverage-guided fuzzing (atheris/libFuzzer) of the ELF, `#!`, OCI JSON, ld.so.conf
-and layer tar parsers.
+"""Coverage-guided fuzzing (atheris/libFuzzer) of the ELF, `#!`, OCI JSON, ld.so.conf,
+layer tar and x86 ISA-level note parsers.
 
 The harness (tests/binfmt/fuzz_target.py) fails an input that raises anything but the
 parser's own error, peaks above 16 MiB of traced memory or takes over 5 s instrumented.
@@ -19,6 +19,7 @@ import pytest
 
 from tests.binfmt.corpus import CORPUS, SYMBOL_CORPUS
 from tests.binfmt.test_fuzz import seeds
+from tests.binfmt.test_isa import HOSTILE_NOTES
 from tests.scan.imagebuild import file, layer_tar, symlink
 
 REPO = Path(__file__).parents[2]
@@ -41,6 +42,8 @@ def write_seeds(directory: Path, foreign_root: Path, host_binaries: dict[str, Pa
         file("etc/a.conf", b"/x"),
     ]
     (directory / "tar").write_bytes(b"\x04" + layer_tar(entries))
+    for name, (data, _) in HOSTILE_NOTES.items():
+        (directory / f"note-{name}").write_bytes(b"\x05\x00" + data)
 
 
 @pytest.mark.timeout(300)

@@ -35,6 +35,7 @@ EXPECTED: dict[str, type[BaseException] | type[ElfInfo]] = {
     "overlapping-tables": BinfmtError,
     "16MiB-unterminated-string": BinfmtError,
     "dynsym-suffix-bomb": ElfInfo,
+    "1170-note-segments": ElfInfo,
 }
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from execwatch.attribution import Attributor
+from execwatch.attribution.mounts import cgroup_mounts
 from execwatch.diagnosis import FileDiagnoser
 from execwatch.pipeline import NodePipeline
 from execwatch.probe import Probe
@@ -104,6 +105,17 @@ def _try_exec(path: str | bytes, root: Path | None, via_fd: bool) -> int:
     except OSError as exc:
         return exc.errno or 0
     return 0
+
+
+@pytest.fixture
+def own_cgroup() -> Iterator[Path]:
+    """A cgroup v2 directory of its own, so a test's failures can be counted apart."""
+    unified = cgroup_mounts().unified
+    assert unified is not None, "these tests need a cgroup v2 hierarchy"
+    path = unified.mountpoint / f"execwatch-test-{os.getpid()}"
+    path.mkdir()
+    yield path
+    path.rmdir()
 
 
 @pytest.fixture

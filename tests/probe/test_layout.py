@@ -36,8 +36,13 @@ def test_event_layout_matches_the_header(tmp_path: Path) -> None:
     assert layout.EVENT_STRUCT.size == ctypes.sizeof(layout.Event)
 
 
-def test_config_and_counter_key_match_the_header(tmp_path: Path) -> None:
-    for struct, name in ((layout.Config, "ew_config"), (layout.CountKey, "ew_count_key")):
+def test_config_counter_and_fold_keys_match_the_header(tmp_path: Path) -> None:
+    for struct, name in (
+        (layout.Config, "ew_config"),
+        (layout.CountKey, "ew_count_key"),
+        (layout.FoldKey, "ew_fold_key"),
+        (layout.Fold, "ew_fold"),
+    ):
         expected = py_layout(struct)
         assert c_layout(tmp_path, name, list(expected)[1:]) == expected
 

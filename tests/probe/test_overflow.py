@@ -5,27 +5,15 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from execwatch.attribution.mounts import cgroup_mounts
 from execwatch.pipeline import aggregation_key
 from execwatch.probe import Probe
 from execwatch.probe.loader import ProbeOptions
 
 FAILURES = 500
-
-
-@pytest.fixture
-def own_cgroup() -> Iterator[Path]:
-    unified = cgroup_mounts().unified
-    assert unified is not None, "these tests need a cgroup v2 hierarchy"
-    path = unified.mountpoint / f"execwatch-test-{os.getpid()}"
-    path.mkdir()
-    yield path
-    path.rmdir()
 
 
 def fail_execs_in(cgroup: Path, binary: Path, n: int) -> None:

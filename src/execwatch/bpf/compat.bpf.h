@@ -33,4 +33,19 @@ static __always_inline struct pt_regs *syscall_regs(struct task_struct *task)
 	return (struct pt_regs *)(stack + EW_THREAD_SIZE - bpf_core_type_size(struct pt_regs));
 }
 
+/* The caller's mount namespace and root directory inode: what keeps two roots apart. With
+ * the BTF-typed task (5.11+) these are plain loads, faulting safely to 0; before, one probe
+ * read per pointer. Needs nsproxy, mnt_namespace, fs_struct, dentry and inode declared. */
+static __always_inline void caller_root(struct task_struct *task, __u64 *mntns, __u64 *root_ino)
+{
+	if (bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_get_current_task_btf)) {
+		task = bpf_get_current_task_btf();
+		*mntns = task->nsproxy->mnt_ns->ns.inum;
+		*root_ino = task->fs->root.dentry->d_inode->i_ino;
+		return;
+	}
+	*mntns = BPF_CORE_READ(task, nsproxy, mnt_ns, ns.inum);
+	*root_ino = BPF_CORE_READ(task, fs, root.dentry, d_inode, i_ino);
+}
+
 #endif

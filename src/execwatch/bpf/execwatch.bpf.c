@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
 /* Failed-exec probe. Only the syscall-exit tracepoints are hooked, so a
  * successful exec costs one load and one compare; everything else happens
- * on the failure path. No vmlinux.h: the few kernel types read here are
+ * on the failure path. A PATH search's repeated misses are folded: counted in
+ * the kernel, one record per name, CPU and window sent (see ew_fold_key). No vmlinux.h: the few kernel types read here are
  * declared below and relocated by CO-RE against the running kernel's BTF. */
 #define __VMLINUX_H__ /* kernel register names in bpf_tracing.h */
 #include <linux/types.h>
@@ -147,13 +148,13 @@ static __always_inline void bump(void *map, const void *key)
 		*v += 1; /* per-CPU value: no atomic needed */
 }
 
+/* Per (cgroup, errno); errno_totals has it already. */
 static __always_inline void count(__u64 cgroup_id, int err)
 {
 	struct ew_count_key key = { .cgroup_id = cgroup_id, .err = err };
-	__u32 idx = err;
+	__u32 idx;
 	__u64 one = 1;
 
-	bump(&errno_totals, &idx);
 	__u64 *v = bpf_map_lookup_elem(&counts, &key);
 	if (v) {
 		*v += 1;
@@ -348,20 +349,94 @@ static __always_inline void read_cgroup(struct task_struct *task, struct ew_even
 	read_cgroup_into(task, &e->cgroup_parent_id, e->cgroup_name);
 }
 
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 4096); /* resized at load time; when full, new names are not folded */
+	__type(key, struct ew_fold_key);
+	__type(value, struct ew_fold);
+} folds SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ew_fold_key);
+} fold_scratch SEC(".maps");
+
+/* The fold key of an execve ENOENT with a whole absolute name (a PATH search's miss, or a
+ * missing loader: either way its first record in each window is sent), else 0: never
+ * folded. The name goes into a zeroed key, or bytes after its NUL would split one name. */
+static __always_inline struct ew_fold_key *fold_key(struct task_struct *task, __u64 cgroup_id,
+						     int err, const char *name)
+{
+	__u32 zero = 0;
+	struct ew_fold_key *k;
+	long n;
+
+	if (!cfg.fold_window_ns || err != ENOENT)
+		return 0;
+	k = bpf_map_lookup_elem(&fold_scratch, &zero);
+	if (!k)
+		return 0;
+	__builtin_memset(k->filename, 0, sizeof(k->filename));
+	n = bpf_probe_read_user_str(k->filename, sizeof(k->filename), name);
+	if (n <= 1 || n >= (long)sizeof(k->filename) || k->filename[0] != '/')
+		return 0;
+	k->cgroup_id = cgroup_id;
+	caller_root(task, &k->mntns, &k->root_ino);
+	k->err = err;
+	k->pad = 0;
+	return k;
+}
+
+/* A record for the key is on its way: this CPU's window for it starts now. Per-CPU values:
+ * no other CPU writes them, so the counts need no atomics and lose nothing. */
+static __always_inline void fold_arm(struct ew_fold_key *key, struct ew_fold *fold, __u64 now)
+{
+	struct ew_fold fresh = { .since = now };
+
+	if (fold)
+		fold->since = now;
+	else if (key)
+		bpf_map_update_elem(&folds, key, &fresh, BPF_NOEXIST);
+}
+
 /* Not inlined: the success path then runs in a program with no stack frame to set up. */
 static __noinline int on_failure(long ret, enum ew_syscall sc)
 {
 	struct task_struct *task;
+	struct ew_fold_key *key = 0;
+	struct ew_fold *fold = 0;
 	struct pt_regs *regs;
 	struct ew_event *e;
-	__u64 cgroup_id;
+	__u64 cgroup_id, now;
 	const char *name;
 	__u32 idx;
 
+	idx = (__u32)-ret;
+	bump(&errno_totals, &idx);
 	cgroup_id = bpf_get_current_cgroup_id();
-	count(cgroup_id, (int)-ret);
-	if (!reported((int)-ret))
+	if (!reported((int)-ret)) {
+		count(cgroup_id, (int)-ret);
 		return 0;
+	}
+
+	task = current_task();
+	regs = syscall_regs(task);
+	name = (const char *)(sc == EW_EXECVEAT ? PT_REGS_PARM2_CORE_SYSCALL(regs)
+					       : PT_REGS_PARM1_CORE_SYSCALL(regs));
+	now = bpf_ktime_get_boot_ns();
+	if (sc == EW_EXECVE)
+		key = fold_key(task, cgroup_id, (int)-ret, name);
+	if (key)
+		fold = bpf_map_lookup_elem(&folds, key);
+	if (fold && now - fold->since < cfg.fold_window_ns) {
+		fold->folded += 1;
+		idx = EW_STAT_FOLDED;
+		bump(&stats, &idx);
+		return 0; /* counted per cgroup in its fold entry */
+	}
+	count(cgroup_id, (int)-ret);
 
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
@@ -369,14 +444,12 @@ static __noinline int on_failure(long ret, enum ew_syscall sc)
 		bump(&stats, &idx);
 		return 0;
 	}
-	task = current_task();
-	regs = syscall_regs(task);
+	fold_arm(key, fold, now); /* only once a record is sure to go: it carries the key */
 	__u64 id = bpf_get_current_pid_tgid();
 
-	e->ktime_ns = bpf_ktime_get_boot_ns();
+	e->ktime_ns = now;
 	e->cgroup_id = cgroup_id;
-	e->mntns = BPF_CORE_READ(task, nsproxy, mnt_ns, ns.inum);
-	e->root_ino = BPF_CORE_READ(task, fs, root.dentry, d_inode, i_ino);
+	caller_root(task, &e->mntns, &e->root_ino);
 	read_cgroup(task, e);
 	e->err = (int)-ret;
 	e->pid = (__u32)id;
@@ -389,11 +462,9 @@ static __noinline int on_failure(long ret, enum ew_syscall sc)
 	e->fd_name[0] = 0;
 	if (sc == EW_EXECVEAT) {
 		e->dirfd = (int)PT_REGS_PARM1_CORE_SYSCALL(regs);
-		name = (const char *)PT_REGS_PARM2_CORE_SYSCALL(regs);
 		e->flags = (__u32)PT_REGS_PARM5_CORE_SYSCALL(regs);
 	} else {
-		e->dirfd = -100; /* AT_FDCWD */
-		name = (const char *)PT_REGS_PARM1_CORE_SYSCALL(regs);
+		e->dirfd = AT_FDCWD;
 		e->flags = 0;
 	}
 	if (bpf_probe_read_user_str(e->filename, sizeof(e->filename), name) < 0)
@@ -401,7 +472,7 @@ static __noinline int on_failure(long ret, enum ew_syscall sc)
 	if (sc == EW_EXECVEAT && (e->flags & AT_EMPTY_PATH) && !e->filename[0])
 		read_fd_name(task, e->dirfd, e->fd_name, sizeof(e->fd_name));
 	read_paths(task, e);
-	bpf_ringbuf_submit(e, wakeup_flag(e->ktime_ns, cgroup_id));
+	bpf_ringbuf_submit(e, wakeup_flag(now, cgroup_id));
 	return 0;
 }
 

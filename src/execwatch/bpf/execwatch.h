@@ -25,6 +25,7 @@ struct ew_config {
 	__u32 all_errnos;         /* 1: report every failure, not just the exec-relevant errnos */
 	__u32 pad;
 	__u64 death_window_ns;    /* an exit this soon after the task started is an early death */
+	__u64 fold_window_ns;     /* ENOENT repeats within this of a sent record are only counted; 0: off */
 };
 
 struct ew_event {
@@ -69,7 +70,28 @@ enum ew_stat {
 	EW_STAT_RINGBUF_DROPS = 0,  /* ring buffer full: event lost, counters still exact */
 	EW_STAT_COUNTER_FULL = 1,   /* counts map full: counted in the overflow key instead */
 	EW_STAT_DEATH_DROPS = 2,    /* deaths ring buffer full: early death lost, totals exact */
-	EW_STAT_MAX = 3,
+	EW_STAT_FOLDED = 3,         /* ENOENT repeats counted in folds instead of sent */
+	EW_STAT_MAX = 4,
+};
+
+/* ---- Folding: a PATH search's misses, counted in the kernel instead of sent ----
+ * One entry per (cgroup, mount namespace, root, errno, absolute name) that was sent; a
+ * repeat within fold_window_ns of the record this CPU sent for it is only counted. Longer
+ * names are never folded: the key is hashed and compared whole on every miss. */
+#define EW_FOLD_NAME_LEN 128
+
+struct ew_fold_key {
+	__u64 cgroup_id;
+	__u64 mntns;
+	__u64 root_ino;
+	__s32 err;
+	__u32 pad;
+	char filename[EW_FOLD_NAME_LEN];
+};
+
+struct ew_fold {              /* per CPU */
+	__u64 since;          /* when this CPU last sent a record for the key (boot ns) */
+	__u64 folded;         /* repeats counted here, not sent nor in counts: never reset */
 };
 
 /* ---- Early deaths: a process that dies soon after a successful exec ---- */

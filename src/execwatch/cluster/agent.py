@@ -53,8 +53,9 @@ def run(
     from execwatch.pipeline import CountsPruner, NodePipeline
     from execwatch.probe import Probe
     from execwatch.probe.events import boot_to_epoch_offset
+    from execwatch.probe.loader import ProbeOptions
 
-    with Probe() as probe:
+    with Probe(ProbeOptions(fold_window_ms=window * 1000)) as probe:
         node_metrics = NodeMetrics(registry, probe)
         slow = SlowMounts()
         pipeline = NodePipeline(
@@ -66,6 +67,7 @@ def run(
             window=window,
             slow=slow,
             heartbeat=heartbeat,
+            folds=probe,
         )
         probe.open_ring_buffer(pipeline.on_record)
         log.info("agent tracing", extra={"kv": {"node": publisher.config.node}})

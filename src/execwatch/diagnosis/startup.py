@@ -7,10 +7,16 @@ resolved with the scanner's linker, so `execwatch scan` and the node agree on wh
 missing. An early death that nothing explains is a StartupCrash when a signal killed it
 and BenignExit otherwise (a musl shell saying "command not found" exits 127 from
 inside musl's loader, which is also its libc).
+
+The checks run in ld.so's order: libraries, symbol versions, the CPU's x86-64 level
+(`dl_isa_level_check`, glibc only, against this node's /proc/cpuinfo read once), then
+symbols. A static or musl binary that needs a level the CPU lacks is not refused by a
+loader: it dies of SIGILL at its first such instruction, which is then the explanation.
 """
 
 from __future__ import annotations
 
+import signal
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -23,6 +29,7 @@ from execwatch.binfmt import (
     loader_flavor,
     node_platform,
 )
+from execwatch.binfmt.isa import Shortfall, first_shortfall, read_cpu_levels
 from execwatch.diagnosis.budget import SlowFileSystem, SlowMounts
 from execwatch.diagnosis.roots import RootLocator
 from execwatch.diagnosis.rootview import RootView
@@ -54,8 +61,12 @@ def running_loader(fs: FileSystem, info: ElfInfo) -> tuple[str, LibcFlavor | Non
     return real, loader_flavor(real, loader.elf)
 
 
-def explain(fs: FileSystem, path: str, info: ElfInfo) -> Finding | None:
-    """What the dynamic loader of this root cannot do for this executable, or None."""
+def explain(
+    fs: FileSystem, path: str, info: ElfInfo, cpu_levels: int | None = None
+) -> Finding | None:
+    """What the dynamic loader of this root cannot do for this executable, or None.
+
+    `cpu_levels`: the x86-64 levels of the CPU it ran on (binfmt.isa), None if unknown."""
     found = running_loader(fs, info)
     if found is None or info.interpreter is None:
         return None
@@ -88,6 +99,11 @@ def explain(fs: FileSystem, path: str, info: ElfInfo) -> Finding | None:
             library=v.library,
             version=v.version,
         )
+    if (actual or wanted or "glibc") == "glibc" and cpu_levels is not None:
+        objects = [(o.path, o.info.x86_isa_needed) for o in result.loaded]
+        short = first_shortfall(objects, cpu_levels)
+        if short is not None:
+            return cpu_finding(short, path, info, "CPU ISA level is lower than required")
     for sym in linker.missing_symbols(result):
         version = f", version {sym.version}" if sym.version else ""
         return Finding(
@@ -102,6 +118,17 @@ def explain(fs: FileSystem, path: str, info: ElfInfo) -> Finding | None:
     return None
 
 
+def cpu_finding(short: Shortfall, path: str, info: ElfInfo, symptom: str) -> Finding:
+    lib = None if short.path == path else short.path
+    return Finding(
+        Reason.UNSUPPORTED_CPU,
+        f"{short.path} requires {short.required}, this CPU has {short.has}: {symptom}",
+        interpreter=info.interpreter,
+        library=lib,
+        version=short.required,
+    )
+
+
 class StartupDiagnoser:
     """Diagnoses early deaths; results are cached per executable and root."""
 
@@ -114,6 +141,9 @@ class StartupDiagnoser:
         self._locator = locator or RootLocator()
         self._node = node or node_platform()
         self._slow = slow
+        self._cpu_levels = (
+            read_cpu_levels() if self._node.architecture in ("amd64", "386") else None
+        )
         self._cache: OrderedDict[tuple[int, int, int, int, int | None, int | None], Diagnosis] = (
             OrderedDict()
         )
@@ -161,7 +191,9 @@ class StartupDiagnoser:
             info = node.elf
             if info.platform is not None and not can_execute(self._node, info.platform):
                 return self._unexplained(event, f"an {info.arch} binary (binfmt_misc?)")
-            finding = explain(fs, event.path, info)
+            finding = explain(fs, event.path, info, self._cpu_levels)
+            if finding is None and event.signal == signal.SIGILL:
+                finding = self._illegal_instruction(event.path, info)
             loader = running_loader(fs, info)
         finally:
             root.close()
@@ -178,6 +210,16 @@ class StartupDiagnoser:
             symbol=finding.symbol,
             version=finding.version,
         )
+
+    def _illegal_instruction(self, path: str, info: ElfInfo) -> Finding | None:
+        """SIGILL from a binary that no loader checked (static, musl) and that says it
+        needs a level this CPU lacks."""
+        if self._cpu_levels is None:
+            return None
+        short = first_shortfall([(path, info.x86_isa_needed)], self._cpu_levels)
+        if short is None:
+            return None
+        return cpu_finding(short, path, info, "no loader checks it, the CPU stops it with SIGILL")
 
     def _unexplained(
         self, event: KernelEvent, why: str, flavor: LibcFlavor | None = None

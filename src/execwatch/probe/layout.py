@@ -13,6 +13,7 @@ PATH_LEN = 256
 FD_NAME_LEN = TASK_COMM_LEN * 4
 CGROUP_NAME_LEN = 128
 DPATH_LEN = 256
+FOLD_NAME_LEN = 128  # names this long or longer are never folded
 ROOT_PATH_OK = 0x1
 BASE_SET = 0x2
 BASE_IN_ROOT = 0x4
@@ -20,6 +21,7 @@ SYSCALLS = ("execve", "execveat")
 STAT_RINGBUF_DROPS = 0
 STAT_COUNTER_FULL = 1
 STAT_DEATH_DROPS = 2
+STAT_FOLDED = 3  # not a drop: every folded repeat is in the folds map, by key
 STAT_NAMES = {
     STAT_RINGBUF_DROPS: "ringbuf_full",
     STAT_COUNTER_FULL: "counter_map_full",
@@ -40,6 +42,7 @@ class Config(ctypes.Structure):
         ("all_errnos", ctypes.c_uint32),
         ("pad", ctypes.c_uint32),
         ("death_window_ns", ctypes.c_uint64),
+        ("fold_window_ns", ctypes.c_uint64),
     )
 
 
@@ -106,11 +109,31 @@ class CountKey(ctypes.Structure):
     _fields_ = (("cgroup_id", ctypes.c_uint64), ("err", ctypes.c_int32), ("pad", ctypes.c_uint32))
 
 
+class FoldKey(ctypes.Structure):
+    _fields_ = (
+        ("cgroup_id", ctypes.c_uint64),
+        ("mntns", ctypes.c_uint64),
+        ("root_ino", ctypes.c_uint64),
+        ("err", ctypes.c_int32),
+        ("pad", ctypes.c_uint32),
+        ("filename", ctypes.c_char * FOLD_NAME_LEN),
+    )
+
+
+# (cgroup id, mount namespace, root inode, errno, name): what the kernel folds repeats of.
+FoldedName = tuple[int, int, int, int, bytes]
+
+
+class Fold(ctypes.Structure):
+    _fields_ = (("since", ctypes.c_uint64), ("folded", ctypes.c_uint64))
+
+
 class EventFields:
     """Byte slices of Event fields, for reading a few fields without decoding the record."""
 
     cgroup = slice(Event.cgroup_id.offset, Event.cgroup_id.offset + 8)
     mntns = slice(Event.mntns.offset, Event.mntns.offset + 8)
+    root_ino = slice(Event.root_ino.offset, Event.root_ino.offset + 8)
     err = slice(Event.err.offset, Event.err.offset + 4)
     filename = slice(Event.filename.offset, Event.filename.offset + PATH_LEN)
     fd_name = slice(Event.fd_name.offset, Event.fd_name.offset + FD_NAME_LEN)
@@ -135,6 +158,7 @@ class DeathFields:
 
     cgroup = slice(Death.cgroup_id.offset, Death.cgroup_id.offset + 8)
     mntns = slice(Death.mntns.offset, Death.mntns.offset + 8)
+    root_ino = slice(Death.root_ino.offset, Death.root_ino.offset + 8)
     exe_ino = slice(Death.exe_ino.offset, Death.exe_ino.offset + 8)
     exe_dev = slice(Death.exe_dev.offset, Death.exe_dev.offset + 8)
     exit_code = slice(Death.exit_code.offset, Death.exit_code.offset + 4)

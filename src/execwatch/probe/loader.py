@@ -8,15 +8,18 @@ import itertools
 import logging
 import os
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TypeVar
 
 from execwatch.probe import caps, layout
 from execwatch.probe.libbpf import LibbpfMissing, RingBufferCallback, load_libbpf
 
 log = logging.getLogger(__name__)
+K = TypeVar("K", bound=ctypes.Structure)
 
 VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
 LIBBPF_NAME = "libbpf.so.1"
@@ -68,6 +71,8 @@ class ProbeOptions:
     object_path: Path | None = None
     death_window_ms: float = 2000.0  # a process dying this soon after it started is reported
     death_ringbuf_bytes: int = 1 << 20
+    fold_window_ms: float = 1000.0  # ENOENT repeats of one name this soon are only counted
+    fold_entries: int = 4096  # names folded at once; past that, repeats are sent as before
 
 
 def default_object_path() -> Path:
@@ -116,6 +121,9 @@ class Probe:
             raise ProbeError(str(exc)) from exc
         self._ncpus = self._lib.libbpf_num_possible_cpus()
         self.features: dict[str, bool] = {}
+        self._folds_lock = threading.Lock()  # take_folds and forget_counts run on two threads
+        self._folds_taken: dict[layout.FoldedName, int] = {}
+        self._folds_forgotten: dict[layout.FoldedName, int] = {}
 
     def __enter__(self) -> Probe:
         self.open()
@@ -150,6 +158,7 @@ class Probe:
         self._lib.bpf_map__set_max_entries(self._map("events"), self.options.ringbuf_bytes)
         self._lib.bpf_map__set_max_entries(self._map("counts"), self.options.count_entries)
         self._lib.bpf_map__set_max_entries(self._map("deaths"), self.options.death_ringbuf_bytes)
+        self._lib.bpf_map__set_max_entries(self._map("folds"), self.options.fold_entries)
         rodata = self._map_by_suffix(".rodata")
         size = ctypes.c_size_t()
         self._lib.bpf_map__initial_value(rodata, ctypes.byref(size))
@@ -159,6 +168,7 @@ class Probe:
             wakeup_interval_ns=int(self.options.wakeup_interval_ms * 1e6),
             all_errnos=int(self.options.all_errnos),
             death_window_ns=int(self.options.death_window_ms * 1e6),
+            fold_window_ns=int(self.options.fold_window_ms * 1e6),
         )
         self._lib.bpf_map__set_initial_value(rodata, ctypes.byref(cfg), ctypes.sizeof(cfg))
 
@@ -275,33 +285,74 @@ class Probe:
         }
 
     def counts_by_cgroup(self) -> dict[tuple[int, int], int]:
-        """(cgroup id, errno) -> exact count, unless the map filled up (see stats())."""
-        fd = self._lib.bpf_map__fd(self._map("counts"))
-        return dict(self._iter_counts(fd))
+        """(cgroup id, errno) -> exact count, unless the map filled up (see stats()). A
+        folded repeat is counted in its fold entry only: those are added here."""
+        counts = dict(self._iter_counts(self._lib.bpf_map__fd(self._map("counts"))))
+        fd = self._lib.bpf_map__fd(self._map("folds"))
+        for key in self._keys(fd, layout.FoldKey):
+            pair = (key.cgroup_id, key.err)
+            counts[pair] = counts.get(pair, 0) + self._folds_total(fd, key)
+        return counts
 
     def forget_counts(self, keep: Callable[[int], bool]) -> int:
-        """Delete the per-cgroup counts of every cgroup `keep` rejects (the removed ones),
-        so the map never fills up with the dead; returns how many entries went."""
+        """Delete the per-cgroup counts and folds of every cgroup `keep` rejects (the removed
+        ones), so the maps never fill up with the dead; returns how many entries went. A
+        removed cgroup's last folds are kept for the next take_folds()."""
         fd = self._lib.bpf_map__fd(self._map("counts"))
-        doomed = [key for key in self._count_keys(fd) if not keep(key.cgroup_id)]
+        doomed = [key for key in self._keys(fd, layout.CountKey) if not keep(key.cgroup_id)]
         for key in doomed:
             self._lib.bpf_map_delete_elem(fd, ctypes.byref(key))
-        return len(doomed)
+        fd = self._lib.bpf_map__fd(self._map("folds"))
+        gone = [key for key in self._keys(fd, layout.FoldKey) if not keep(key.cgroup_id)]
+        for fold_key in gone:
+            name, total = fold_name(fold_key), self._folds_total(fd, fold_key)
+            self._lib.bpf_map_delete_elem(fd, ctypes.byref(fold_key))
+            with self._folds_lock:
+                new = total - self._folds_taken.pop(name, 0)
+                self._folds_forgotten[name] = self._folds_forgotten.get(name, 0) + new
+        return len(doomed) + len(gone)
+
+    def take_folds(self) -> dict[layout.FoldedName, int]:
+        """Repeats the kernel counted instead of sending (see ew_fold_key), per name, since
+        the last call. Each came after a record of that name, sent within the fold window."""
+        fd = self._lib.bpf_map__fd(self._map("folds"))
+        totals = {
+            fold_name(key): self._folds_total(fd, key) for key in self._keys(fd, layout.FoldKey)
+        }
+        with self._folds_lock:
+            new, self._folds_forgotten = self._folds_forgotten, {}
+            for name, total in totals.items():
+                delta = total - self._folds_taken.get(name, 0)
+                if delta:
+                    new[name] = new.get(name, 0) + delta
+                    self._folds_taken[name] = total
+        return {name: n for name, n in new.items() if n}
+
+    def folded_total(self) -> int:
+        """Every repeat the kernel folded since load (exact: a per-CPU array)."""
+        fd = self._lib.bpf_map__fd(self._map("stats"))
+        return self._percpu_sum(fd, ctypes.c_uint32(layout.STAT_FOLDED))
+
+    def _folds_total(self, fd: int, key: layout.FoldKey) -> int:
+        values = (layout.Fold * self._ncpus)()
+        if self._lib.bpf_map_lookup_elem(fd, ctypes.byref(key), values) != 0:
+            return 0
+        return sum(v.folded for v in values)
 
     def _iter_counts(self, fd: int) -> Iterator[tuple[tuple[int, int], int]]:
-        for key in self._count_keys(fd):
+        for key in self._keys(fd, layout.CountKey):
             yield (key.cgroup_id, key.err), self._percpu_sum(fd, key)
 
-    def _count_keys(self, fd: int) -> Iterator[layout.CountKey]:
-        nxt = layout.CountKey()
-        prev: layout.CountKey | None = None
+    def _keys(self, fd: int, key_type: type[K]) -> Iterator[K]:
+        nxt = key_type()
+        prev: K | None = None
         while (
             self._lib.bpf_map_get_next_key(
                 fd, ctypes.byref(prev) if prev else None, ctypes.byref(nxt)
             )
             == 0
         ):
-            key = layout.CountKey.from_buffer_copy(nxt)
+            key = key_type.from_buffer_copy(nxt)
             yield key
             prev = key
 
@@ -315,6 +366,10 @@ class Probe:
         if self._obj:
             self._lib.bpf_object__close(self._obj)
             self._obj = None
+
+
+def fold_name(key: layout.FoldKey) -> layout.FoldedName:
+    return (key.cgroup_id, key.mntns, key.root_ino, key.err, bytes(key.filename))
 
 
 def death_label(index: int) -> str:

@@ -1,0 +1,227 @@
+"""A PATH search's misses are folded in the kernel: each name's first record per window is
+sent, its repeats only counted there, and user space still sees every failure exactly,
+with its own diagnosis. A binary whose loader is missing fails with ENOENT too: it is a
+name of its own, never folded into the misses around it, wherever it sits in the search.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from execwatch.diagnosis import FileDiagnoser
+from execwatch.pipeline import NodePipeline, aggregation_key
+from execwatch.probe import Probe, layout
+from execwatch.probe.events import boot_to_epoch_offset
+from execwatch.probe.loader import ProbeOptions
+from execwatch.record import ExecFailure, Reason
+from tests.probe.roots import GLIBC_LOADER
+
+SEARCHES = 400
+WINDOW_S = 0.2
+NAME = "ewprog"
+
+
+class KernelFoldsSeen:
+    """The probe's take_folds(), keeping what it handed to the pipeline."""
+
+    def __init__(self, probe: Probe) -> None:
+        self.probe = probe
+        self.taken: Counter[layout.FoldedName] = Counter()
+
+    def take_folds(self) -> dict[layout.FoldedName, int]:
+        folds = self.probe.take_folds()
+        self.taken.update(folds)
+        return folds
+
+
+class Traced:
+    """The node pipeline on the real probe, run as `execwatch trace` runs it."""
+
+    def __init__(self, probe: Probe) -> None:
+        self.records: list[ExecFailure] = []
+        self.raw: list[bytes] = []
+        self.folds = KernelFoldsSeen(probe)
+        self.pipeline = NodePipeline(
+            FileDiagnoser.for_host(None),
+            self.records.append,
+            epoch_offset=boot_to_epoch_offset(),
+            show_not_found=True,
+            window=WINDOW_S,
+            folds=self.folds,
+        )
+        probe.open_ring_buffer(self._record)
+        self._stop = threading.Event()
+        self._loop = threading.Thread(target=self.pipeline.run, args=(probe, self._stop))
+        self._loop.start()
+
+    def _record(self, raw: bytes) -> None:
+        self.raw.append(raw)
+        self.pipeline.on_record(raw)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._loop.join(timeout=30)
+        assert not self._loop.is_alive()
+
+
+@pytest.fixture
+def traced() -> Iterator[Traced]:
+    with Probe(ProbeOptions(fold_window_ms=WINDOW_S * 1000)) as probe:
+        t = Traced(probe)
+        try:
+            yield t
+        finally:
+            t.stop()
+
+
+def without_its_loader(dest: Path) -> Path:
+    """/usr/bin/true whose PT_INTERP names a loader that does not exist: the file is there,
+    yet its exec fails with ENOENT (a glibc binary in an alpine image, on this host)."""
+    data = Path("/usr/bin/true").read_bytes()
+    gone = GLIBC_LOADER.replace(".so.2", ".so.9").encode()
+    assert data.count(GLIBC_LOADER.encode()) == 1
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_bytes(data.replace(GLIBC_LOADER.encode(), gone))
+    dest.chmod(0o755)
+    return dest
+
+
+def search_path(tmp_path: Path, *, loaderless: int, found: bool) -> list[Path]:
+    """Five PATH directories: NAME in directory `loaderless` lacks its loader, the last
+    holds the real program when `found`, the others lack NAME."""
+    dirs = [tmp_path / f"d{i}" for i in range(5)]
+    for d in dirs:
+        d.mkdir()
+    without_its_loader(dirs[loaderless] / NAME)
+    if found:
+        shutil.copy("/usr/bin/true", dirs[-1] / NAME)
+    return dirs
+
+
+def search_in(cgroup: Path, dirs: list[Path], n: int) -> None:
+    """A shell in `cgroup` runs `env NAME` n times: glibc's execvp tries each directory."""
+    loop = f"i=0; while [ $i -lt {n} ]; do /usr/bin/env {NAME}; i=$((i+1)); done; exit 0"
+    subprocess.run(
+        ["/bin/sh", "-c", loop],
+        env={"PATH": ":".join(map(str, dirs))},
+        check=True,
+        capture_output=True,
+        preexec_fn=lambda: (cgroup / "cgroup.procs").write_text(str(os.getpid())),
+    )
+
+
+def counted(records: list[ExecFailure], cgroup_id: int) -> Counter[tuple[str, Reason]]:
+    """(path, reason) -> failures the pipeline accounted for in this cgroup."""
+    out: Counter[tuple[str, Reason]] = Counter()
+    for r in records:
+        if r.event.cgroup_id == cgroup_id:
+            out[(r.event.path, r.diagnosis.reason)] += r.count
+    return out
+
+
+@pytest.mark.parametrize(
+    ("loaderless", "found"),
+    [(2, True), (4, False)],
+    ids=["loaderless-mid-search-then-hit", "loaderless-is-the-final-failure"],
+)
+def test_search_storm_is_folded_in_the_kernel_and_counted_exactly(
+    traced: Traced, own_cgroup: Path, tmp_path: Path, loaderless: int, found: bool
+) -> None:
+    dirs = search_path(tmp_path, loaderless=loaderless, found=found)
+    started = time.monotonic()
+    search_in(own_cgroup, dirs, SEARCHES)
+    windows = (time.monotonic() - started) / WINDOW_S + 1
+    traced.stop()
+
+    cgroup_id = own_cgroup.stat().st_ino
+    failures = 5 * SEARCHES if not found else 4 * SEARCHES
+    assert traced.folds.probe.counts_by_cgroup()[(cgroup_id, errno.ENOENT)] == failures
+
+    sent = [raw for raw in traced.raw if aggregation_key(raw)[0] == cgroup_id]
+    folded = sum(n for name, n in traced.folds.taken.items() if name[0] == cgroup_id)
+    assert len(sent) + folded == failures
+    assert len(sent) <= len(dirs) * (os.cpu_count() or 1) * windows  # not one per miss
+
+    expected = Counter(
+        {(str(d / NAME), Reason.NOT_FOUND): SEARCHES for i, d in enumerate(dirs) if i != loaderless}
+    )
+    if found:
+        del expected[(str(dirs[-1] / NAME), Reason.NOT_FOUND)]
+    expected[(str(dirs[loaderless] / NAME), Reason.MISSING_INTERPRETER)] = SEARCHES
+    assert counted(traced.records, cgroup_id) == expected
+
+
+def test_one_name_in_two_roots_is_never_folded_together(
+    traced: Traced, own_cgroup: Path, tmp_path: Path
+) -> None:
+    """Two chroots of one mount namespace and cgroup: /app/tool lacks its loader in one
+    and does not exist in the other. Neither hides the other."""
+    with_tool, without = tmp_path / "with", tmp_path / "without"
+    without_its_loader(with_tool / "app/tool")
+    (without / "app").mkdir(parents=True)
+    pid = os.fork()
+    if pid == 0:  # never returns
+        try:
+            (own_cgroup / "cgroup.procs").write_text(str(os.getpid()))
+            for root in (with_tool, without):
+                if os.fork() == 0:
+                    os.chroot(root)
+                    for _ in range(SEARCHES):
+                        with contextlib.suppress(OSError):
+                            os.execv("/app/tool", ["/app/tool"])
+                    os._exit(0)
+                os.wait()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    traced.stop()
+
+    by_root: Counter[tuple[int, Reason]] = Counter()
+    for r in traced.records:
+        if r.event.cgroup_id == own_cgroup.stat().st_ino:
+            by_root[(r.event.root_ino, r.diagnosis.reason)] += r.count
+    assert by_root == {
+        (with_tool.stat().st_ino, Reason.MISSING_INTERPRETER): SEARCHES,
+        (without.stat().st_ino, Reason.NOT_FOUND): SEARCHES,
+    }
+
+
+def test_a_removed_cgroups_last_folds_are_handed_over_once(
+    own_cgroup: Path, tmp_path: Path
+) -> None:
+    """The pruner deletes a removed cgroup's fold entries; what they held since the last
+    take_folds() comes with the next one, and never again."""
+    dirs = [tmp_path / f"d{i}" for i in range(5)]
+    for d in dirs:
+        d.mkdir()
+    cgroup_id = own_cgroup.stat().st_ino
+    sent: list[bytes] = []
+    taken: Counter[layout.FoldedName] = Counter()
+    with Probe(ProbeOptions(fold_window_ms=60_000)) as probe:
+        probe.open_ring_buffer(sent.append)
+        search_in(own_cgroup, dirs, SEARCHES)  # NAME is nowhere: five misses per search
+        taken.update(probe.take_folds())
+        search_in(own_cgroup, dirs, SEARCHES)
+        while probe.poll(10):
+            pass
+        assert probe.counts_by_cgroup()[(cgroup_id, errno.ENOENT)] == 10 * SEARCHES
+
+        assert probe.forget_counts(lambda cgroup: cgroup != cgroup_id) >= len(dirs)
+        taken.update(probe.take_folds())
+        assert (cgroup_id, errno.ENOENT) not in probe.counts_by_cgroup()
+        assert not [name for name in probe.take_folds() if name[0] == cgroup_id]
+    ours = [raw for raw in sent if aggregation_key(raw)[0] == cgroup_id]
+    folded = sum(n for name, n in taken.items() if name[0] == cgroup_id)
+    assert len(ours) + folded == 10 * SEARCHES
+    assert len(ours) <= len(dirs) * (os.cpu_count() or 1)  # one per name and CPU at most
