@@ -1,55 +1,209 @@
-"""Early deaths inside real containerd containers: diagnosed in the container's root and
-attributed to the pod, for a dying entrypoint and for a side process of a healthy one."""
+"""Early deaths inside real containers, for every case of the host test's table.
+
+Each case's root (tests/probe/deaths.py) becomes a containerd image and a runc root.
+In containerd the case dies as a pod's entrypoint (no task is left: the diagnosis reads
+the container's rootfs, found from the container id before the runtime unmounts it) and
+as a side process of a healthy sidecar of the same image; in runc as a side process of a
+container placed in a kubelet-shaped cgroup. Every failure is attributed to its own
+container, StartupCrash is shown only with the flag, and the benign exits never are.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
-from execwatch.record import AttributionStatus, ExecFailure, Reason
-from tests.attribution.containerd_env import LIBRARY_MISSING, Containerd
-from tests.probe.conftest import Tracer
-from tests.probe.test_container_diagnosis import pod_tracer
+import pytest
 
-__all__ = ["pod_tracer"]
+from execwatch.attribution import Attributor
+from execwatch.attribution.cri.client import CriContainers
+from execwatch.diagnosis import FileDiagnoser
+from execwatch.probe import Probe
+from execwatch.probe.events import decode_record
+from execwatch.record import AttributionStatus, ExecFailure, KernelEvent, Reason
+from tests.attribution.containerd_env import Containerd, oci_archive_of
+from tests.attribution.runc_env import (
+    KubeletCgroup,
+    Runc,
+    remove_empty_kubepods,
+    remove_pod_cgroups,
+)
+from tests.probe.deaths import BY_NAME, DEATHS, KEEPALIVE, Death, DeathTracer
+from tests.probe.roots import Keepers, keepers
+
+__all__ = ["keepers"]
 
 
-def died_in_pod(uid: str) -> Callable[[ExecFailure], bool]:
-    return lambda r: r.event.path == LIBRARY_MISSING and r.attribution.pod_uid == uid
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    top = tmp_path_factory.mktemp("death-roots")
+    return {death.name: death.container_root(top / death.name) for death in DEATHS}
 
 
-def test_entrypoint_whose_library_is_missing(containerd: Containerd, pod_tracer: Tracer) -> None:
+@pytest.fixture(scope="module")
+def images(containerd: Containerd, roots: dict[str, Path]) -> dict[str, str]:
+    """Case name -> image reference in containerd's k8s.io namespace."""
+    made = {}
+    for name, root in roots.items():
+        image = f"docker.io/execwatch/death-{name}:test"
+        archive = root.parent / f"{name}.tar"
+        containerd.import_image(oci_archive_of(archive, image, root, KEEPALIVE))
+        made[name] = image
+    return made
+
+
+@pytest.fixture(scope="module")
+def runc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runc]:
+    runtime = Runc(tmp_path_factory.mktemp("runc"))
+    yield runtime
+    runtime.cleanup()
+    remove_empty_kubepods()
+
+
+@dataclass
+class Tracers:
+    """The pipeline as the agent runs it (quiet), and as `trace --show-crashes` does."""
+
+    quiet: DeathTracer
+    crashes: DeathTracer
+    attributor: Attributor
+
+    def container_sent(self, container_id: str) -> bool:
+        """Whether the kernel sent any early death of this container at all."""
+        return any(
+            self.attributor.container_id(
+                e.cgroup_id, e.tgid, name=e.cgroup_name, parent_id=e.cgroup_parent_id
+            )
+            == container_id
+            for e in self.quiet.kernel_events
+        )
+
+    def expect(self, death: Death, container_id: str) -> ExecFailure | None:
+        """What must come of the case in this container; the record shown, if any."""
+
+        def mine(r: ExecFailure) -> bool:
+            return r.attribution.container_id == container_id and r.event.path == death.path
+
+        if death.shown:
+            record = self.quiet.wait_for(mine, timeout=15)
+            death.check(record)
+            return record
+        if death.reason is Reason.STARTUP_CRASH:
+            record = self.crashes.wait_for(mine, timeout=15)
+            death.check(record)
+        else:
+            self.crashes.settle(1.0)
+            assert not [r for r in self.crashes.records if mine(r)]
+        self.quiet.settle(0.5)
+        assert not [r for r in self.quiet.records if mine(r)]
+        assert self.container_sent(container_id) is (death.reason is not None)
+        if death.reason is not None:
+            assert death.reason in self.quiet.observed.reasons()  # counted, never shown
+        return record if death.reason is Reason.STARTUP_CRASH else None
+
+
+def tracers(attributor: Attributor) -> Iterator[Tracers]:
+    with attributor, Probe() as quiet_probe, Probe() as crash_probe:
+        quiet = DeathTracer(quiet_probe, show_crashes=False, attributor=attributor)
+        crashes = DeathTracer(crash_probe, show_crashes=True, attributor=attributor)
+        try:
+            yield Tracers(quiet, crashes, attributor)
+        finally:
+            quiet.close()
+            crashes.close()
+
+
+@pytest.fixture
+def cri_tracers(containerd: Containerd) -> Iterator[Tracers]:
+    yield from tracers(Attributor(containers=CriContainers(sockets=[containerd.socket])))
+
+
+@pytest.fixture
+def host_tracers() -> Iterator[Tracers]:
+    """No runtime to ask: what the cgroup path alone says."""
+    yield from tracers(Attributor(containers=CriContainers(sockets=[])))
+
+
+@pytest.mark.parametrize("death", DEATHS, ids=lambda d: d.name)
+def test_containerd_entrypoint_and_side_process(
+    death: Death, containerd: Containerd, images: dict[str, str], cri_tracers: Tracers
+) -> None:
     pod = containerd.run_pod(
-        "lister-7d9f8c-xyz12", namespace="shop", labels={"pod-template-hash": "7d9f8c"}
+        f"{death.name}-7d9f8c-xyz12", namespace="shop", labels={"pod-template-hash": "7d9f8c"}
     )
     try:
-        containerd.create_container(pod, "lister", [LIBRARY_MISSING])
+        image = images[death.name]
+        sidecar = containerd.create_container(pod, "sidecar", KEEPALIVE, image=image)
+        entrypoint = containerd.create_container(pod, "app", list(death.argv), image=image)
+        assert containerd.exec_sync(sidecar, list(death.argv)) == death.exit_status
+        containerd.wait_exited(entrypoint)
 
-        record = pod_tracer.wait_for(died_in_pod(pod.uid), timeout=15)
+        dead = cri_tracers.expect(death, entrypoint)
+        side = cri_tracers.expect(death, sidecar)
     finally:
         containerd.remove_pod(pod)
 
-    assert record.diagnosis.reason is Reason.MISSING_LIBRARY
-    assert record.diagnosis.library == "libselinux.so.1"
-    assert (record.event.exit_code, record.event.status) == (127, "EXIT127")
-    a = record.attribution
-    assert a.status is AttributionStatus.ATTRIBUTED
-    assert (a.namespace, a.pod, a.container, a.workload_kind, a.workload) == (
-        "shop", "lister-7d9f8c-xyz12", "lister", "Deployment", "lister"
-    )  # fmt: skip
+    for record, container_id, name in ((dead, entrypoint, "app"), (side, sidecar, "sidecar")):
+        if record is None:
+            continue
+        a = record.attribution
+        assert a.status is AttributionStatus.ATTRIBUTED
+        assert (a.container_id, a.runtime) == (container_id, "containerd")
+        assert (a.namespace, a.pod, a.container, a.workload_kind, a.workload) == (
+            "shop", pod.name, name, "Deployment", death.name
+        )  # fmt: skip
 
 
-def test_side_process_dying_in_a_healthy_container(
-    containerd: Containerd, pod_tracer: Tracer
+@pytest.mark.parametrize("death", DEATHS, ids=lambda d: d.name)
+def test_runc_side_process(
+    death: Death, runc: Runc, roots: dict[str, Path], host_tracers: Tracers
 ) -> None:
-    pod = containerd.run_pod("batch-0", namespace="jobs", labels={})
+    cgroup = KubeletCgroup.new("systemd", "burstable")
+    name = runc.start_detached(cgroup, KEEPALIVE, rootfs=roots[death.name])
     try:
-        main = containerd.create_container(pod, "main", ["/bin/sleep", "300"])
-        assert containerd.exec_sync(main, [LIBRARY_MISSING]) == 127
+        assert runc.exec(name, list(death.argv)) == death.exit_status
 
-        record = pod_tracer.wait_for(died_in_pod(pod.uid), timeout=15)
+        record = host_tracers.expect(death, cgroup.container_id)
     finally:
-        containerd.remove_pod(pod)
+        runc.delete(name)
+        remove_pod_cgroups(cgroup.pod_path)
 
-    assert record.diagnosis.reason is Reason.MISSING_LIBRARY
-    assert record.diagnosis.library == "libselinux.so.1"
-    assert (record.attribution.pod, record.attribution.container) == ("batch-0", "main")
+    if record is not None:
+        a = record.attribution
+        assert a.status is AttributionStatus.PARTIAL  # no runtime to name the pod
+        assert (a.container_id, a.runtime, a.pod_uid) == (
+            cgroup.container_id,
+            "containerd",
+            cgroup.pod_uid,
+        )
+
+
+def test_an_exit_whose_root_is_gone_is_reported_undiagnosed_never_benign(
+    keepers: Keepers, tmp_path: Path
+) -> None:
+    """A container whose entrypoint died and whose rootfs the runtime unmounted first: the
+    binary cannot be read, so nothing says the exit was harmless."""
+    root = BY_NAME["missing-library"].build(tmp_path)
+    raw: list[bytes] = []
+    with Probe() as probe:
+        probe.open_ring_buffer(raw.append)
+        ran = keepers.run(["/usr/bin/ls", "/"], root=root, linger=0, own_mounts=True)
+        keepers.reap()  # the keeper, its mount namespace and the last task in that root
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not (
+            events := [e for e in map(decode, raw) if e.tgid == ran.pid]
+        ):
+            probe.poll(50)
+
+    [event] = events
+    assert (event.exit_code, event.mntns != os.stat("/proc/self/ns/mnt").st_ino) == (127, True)
+    diagnosis = FileDiagnoser.for_host(None).diagnose(event)
+    assert diagnosis.reason is Reason.UNDIAGNOSED
+    assert "the task is gone" in diagnosis.detail
+
+
+def decode(raw: bytes) -> KernelEvent:
+    return decode_record(raw, 0)

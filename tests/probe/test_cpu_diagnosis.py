@@ -16,8 +16,8 @@ from execwatch.binfmt.isa import BASELINE, V2, V3, V4
 from execwatch.diagnosis.startup import explain
 from execwatch.record import Reason
 from execwatch.scan.fs import DirectoryFS
-from tests.binfmt.cbuild import build_level_programs
-from tests.probe.roots import glibc_root
+from tests.binfmt.cbuild import build_level_programs, compile_c
+from tests.probe.roots import copy_into, glibc_root
 
 V2_CPU = BASELINE | V2
 V4_CPU = BASELINE | V2 | V3 | V4
@@ -76,3 +76,35 @@ def test_a_missing_library_comes_first(tmp_path: Path, built: dict[str, Path]) -
     fs = root_with(tmp_path, built, omit_lib=True)
     assert explained(fs, "/app/uses-v3-lib", V2_CPU) == (Reason.MISSING_LIBRARY, "libv3.so", None)
     assert not any(p.name == "libv3.so" for p in Path(fs.root).rglob("*"))
+
+
+STUB_LIBC_C = "void exit(int code) { for (;;) (void)code; }\n"
+STUB_LIBC_MAP = "GLIBC_2.2.5 { global: exit; local: *; };\n"
+NO_CRT_C = "void exit(int);\nvoid _start(void) { exit(0); }\n"
+
+
+def test_a_glibc_older_than_2_33_does_not_check_levels(tmp_path: Path) -> None:
+    """Its libc.so.6 lacks GLIBC_2.33: ld.so lets the program run into SIGILL instead. The
+    stand-in libc defines only GLIBC_2.2.5's exit; the same program with the host's real
+    libc (2.36) is refused."""
+    d = tmp_path / "bin"
+    d.mkdir()
+    (d / "libc.map").write_text(STUB_LIBC_MAP)
+    stub = compile_c(d / "libc.so.6", STUB_LIBC_C, "gcc", "-shared", "-fPIC", "-nostdlib",
+                     "-fno-builtin", "-Wl,-soname,libc.so.6",
+                     f"-Wl,--version-script={d / 'libc.map'}")  # fmt: skip
+    exe = compile_c(d / "old-v3", NO_CRT_C, "gcc", "-nostdlib", "-fno-builtin", f"-L{d}",
+                    "-l:libc.so.6", "-Wl,-z,x86-64-v3",
+                    "-Wl,--dynamic-linker=/lib64/ld-linux-x86-64.so.2")  # fmt: skip
+    real_libc = Path("/lib/x86_64-linux-gnu/libc.so.6")
+    for libc, refused in ((stub, False), (real_libc, True)):
+        root = tmp_path / f"root-{refused}"
+        copy_into(root, exe, "/app/old-v3")
+        copy_into(root, libc, "/usr/lib/x86_64-linux-gnu/libc.so.6")
+        copy_into(root, Path("/lib64/ld-linux-x86-64.so.2"), "/lib64/ld-linux-x86-64.so.2")
+        fs = DirectoryFS(str(root))
+        node = fs.node("/app/old-v3")
+        assert node is not None and node.elf is not None and node.elf.x86_isa_needed & V3
+        finding = explain(fs, "/app/old-v3", node.elf, V2_CPU)
+        reason = finding.reason if finding is not None else None
+        assert reason == (Reason.UNSUPPORTED_CPU if refused else None)

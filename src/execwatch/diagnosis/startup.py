@@ -35,7 +35,7 @@ from execwatch.diagnosis.roots import RootLocator
 from execwatch.diagnosis.rootview import RootView
 from execwatch.record import Diagnosis, KernelEvent, Reason
 from execwatch.scan.fs import FileSystem, resolve
-from execwatch.scan.linker import Linker
+from execwatch.scan.linker import Linker, Resolution
 
 CACHE_SIZE = 1024
 
@@ -99,7 +99,11 @@ def explain(
             library=v.library,
             version=v.version,
         )
-    if (actual or wanted or "glibc") == "glibc" and cpu_levels is not None:
+    if (
+        (actual or wanted or "glibc") == "glibc"
+        and cpu_levels is not None
+        and checks_levels(result)
+    ):
         objects = [(o.path, o.info.x86_isa_needed) for o in result.loaded]
         short = first_shortfall(objects, cpu_levels)
         if short is not None:
@@ -116,6 +120,13 @@ def explain(
             version=sym.version,
         )
     return None
+
+
+def checks_levels(result: Resolution) -> bool:
+    """glibc's loader checks ISA levels since 2.33, whose libc.so.6 defines GLIBC_2.33; an
+    older one lets the program run into SIGILL (a program without libc: assumed new)."""
+    libc = next((o for o in result.loaded if o.info.soname == "libc.so.6"), None)
+    return libc is None or "GLIBC_2.33" in libc.info.version_defs
 
 
 def cpu_finding(short: Shortfall, path: str, info: ElfInfo, symptom: str) -> Finding:
@@ -226,12 +237,13 @@ class StartupDiagnoser:
     ) -> Diagnosis:
         """A signal: the program's own crash. An exit: benign under musl, whose loader is
         also the libc every exit goes through; under glibc only a loader failure exits
-        from ld.so, so it is reported, undiagnosed."""
+        from ld.so, so it is reported, undiagnosed. So is an exit whose binary was not
+        read (a dead container's rootfs already unmounted): never a silent all clear."""
         arch = self._node.architecture
         if event.signal is not None:
             detail = f"{event.status} {event.age_ms or 0:.0f} ms after it started; {why}"
             return Diagnosis(Reason.STARTUP_CRASH, arch, detail=detail)
         detail = f"exit {event.exit_code} from inside the ELF loader; {why}"
-        if flavor == "glibc":
-            return Diagnosis(Reason.UNDIAGNOSED, arch, detail=detail)
-        return Diagnosis(Reason.BENIGN_EXIT, arch, detail=detail)
+        if flavor == "musl":
+            return Diagnosis(Reason.BENIGN_EXIT, arch, detail=detail)
+        return Diagnosis(Reason.UNDIAGNOSED, arch, detail=detail)
