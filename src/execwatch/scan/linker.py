@@ -89,6 +89,7 @@ class Resolution:
     missing: list[MissingLibrary] = field(default_factory=list)
     versions: list[MissingVersion] = field(default_factory=list)
     interpreter: Loaded | None = None
+    flavor: LibcFlavor = "glibc"  # whose rules resolved it
 
 
 @runtime_checkable
@@ -131,7 +132,7 @@ class Linker:
     # --- public ---------------------------------------------------------------------------
 
     def resolve(self, path: str, info: ElfInfo, flavor: LibcFlavor) -> Resolution:
-        result = Resolution()
+        result = Resolution(flavor=flavor)
         root = Loaded(path, info)
         by_name: dict[str, Loaded] = {}
         interp = result.interpreter = self._interpreter(info)
@@ -166,8 +167,8 @@ class Linker:
 
     def missing_symbols(self, result: Resolution) -> list[MissingSymbol]:
         """The executable's non-weak imports that no loaded object exports (with the version
-        asked for). Empty when the file system cannot read symbols, or one object is unknown:
-        a guess would be worse than no answer."""
+        asked for, under glibc's rules). Empty when the file system cannot read symbols, or
+        one object is unknown: a guess would be worse than no answer."""
         if not isinstance(self.fs, SymbolSource) or not result.loaded:
             return []
         exe = result.loaded[0]
@@ -185,6 +186,8 @@ class Linker:
             tables.add(obj, real, table)
         missing = []
         for ref in wanted.imports:
+            if result.flavor == "musl":  # musl binds by name and never looks at versions
+                ref = ref._replace(version=None)
             defined = tables.define(ref)
             if defined is None:
                 return []
