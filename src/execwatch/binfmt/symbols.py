@@ -33,6 +33,8 @@ SHT_GNU_VERNEED = 0x6FFFFFFE
 SHT_GNU_VERSYM = 0x6FFFFFFF
 STB_GLOBAL, STB_WEAK, STB_GNU_UNIQUE = 1, 2, 10
 EXPORTED_BINDINGS = (STB_GLOBAL, STB_WEAK, STB_GNU_UNIQUE)
+IMPORTED_BINDINGS = (STB_GLOBAL, STB_GNU_UNIQUE)  # an undefined weak symbol may stay unbound
+NO_VERSION: tuple[None, None] = (None, None)
 MAX_TABLE_BYTES = 16 << 20
 MAX_SYMBOLS = 1 << 18  # libLLVM exports 89,000; more is treated as unknown
 MAX_IMPORTS = 1 << 15  # undefined symbols kept; python3.11 imports 511, libLLVM 524
@@ -59,6 +61,9 @@ class SymbolRef(NamedTuple):
     @property
     def name(self) -> str:
         return self.key.decode(errors="replace")
+
+
+_new_ref = tuple.__new__  # SymbolRef without NamedTuple's Python-level __new__
 
 
 class DynamicSymbols:
@@ -134,19 +139,29 @@ def read_dynamic_symbols(f: BinaryIO, info: ElfInfo) -> DynamicSymbols | None:
 def _imports(
     symbols: _Symbols, versym: array[int], needs: dict[int, tuple[str, str]]
 ) -> tuple[SymbolRef, ...] | None:
+    """The hot loop of a scan (every executable's every import): kept flat."""
     imports: list[SymbolRef] = []
-    names = _Names(symbols.strtab)
+    table, strtab, n_versym = symbols.table, symbols.strtab, len(versym)
     unpack, entsize, info_at = symbols.entry.unpack_from, symbols.entsize, symbols.info_at
+    names: dict[int, bytes] = {}  # each offset sliced once (see _Names)
+    sliced = 0
     for i in symbols.undefined():
-        fields = unpack(symbols.table, i * entsize)
-        if fields[info_at] >> 4 not in (STB_GLOBAL, STB_GNU_UNIQUE):
+        fields = unpack(table, i * entsize)
+        if fields[info_at] >> 4 not in IMPORTED_BINDINGS:
             continue
         name = names.get(fields[0])
-        if name is None or len(imports) > MAX_IMPORTS:
-            return None  # over a bound: unknown
+        if name is None:
+            offset = fields[0]
+            end = strtab.find(b"\0", offset)
+            name = names[offset] = strtab[offset:end] if 0 <= offset < end else b""
+            sliced += len(name)
+            if sliced > MAX_NAME_BYTES:
+                return None  # over a bound: unknown
         if name:
-            version, library = needs.get(versym[i] & 0x7FFF if i < len(versym) else 0, (None, None))
-            imports.append(SymbolRef(name, version, library))
+            if len(imports) > MAX_IMPORTS:
+                return None
+            version, library = needs.get(versym[i] & 0x7FFF if i < n_versym else 0, NO_VERSION)
+            imports.append(_new_ref(SymbolRef, (name, version, library)))
     return tuple(imports)
 
 

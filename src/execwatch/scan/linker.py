@@ -417,22 +417,25 @@ class _Providers:
     def define(self, ref: SymbolRef) -> bool | None:
         """Whether any of them defines `ref`; None if none does and one could not tell.
         The library the version is required from is asked first: usually it has it."""
-        first = self.by_name.get(ref.library) if ref.library else None
-        ordered = self.tables if first is None else [first, *self.tables]
+        first = self.by_name.get(ref[2]) if ref[2] else None  # ref.library, read by index:
+        ordered = self.tables if first is None else (first, *self.tables)  # a hot path
         unknown = False
+        answers = self.answers
         for path, table in ordered:
             key = (path, ref)
-            if key in self.answers:
-                found = self.answers[key]
-            else:
+            found = answers.get(key, _UNASKED)
+            if found is _UNASKED:
                 found = table.defines(ref)
-                if len(self.answers) >= MAX_SYMBOL_ANSWERS:
-                    self.answers.clear()
-                self.answers[key] = found
+                if len(answers) >= MAX_SYMBOL_ANSWERS:
+                    answers.clear()
+                answers[key] = found
             if found:
                 return True
             unknown = unknown or found is None
         return None if unknown else False
+
+
+_UNASKED = object()
 
 
 @dataclass
