@@ -211,29 +211,51 @@ def test_runc_side_process(
         )
 
 
+def died_in(keepers: Keepers, root: Path, *, alone: bool, own_mounts: bool = False) -> KernelEvent:
+    """The kernel's record of ls dying in `root`; alone: once no task is left in that root
+    (else its keeper lingers there while the record is diagnosed)."""
+    raw: list[bytes] = []
+    with Probe() as probe:
+        probe.open_ring_buffer(raw.append)
+        ran = keepers.run(
+            ["/usr/bin/ls", "/"], root=root, linger=0 if alone else 3, own_mounts=own_mounts
+        )
+        if alone:
+            keepers.reap()  # the keeper (with its mount namespace): the last task in that root
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not (
+            events := [e for e in (decode_record(r, 0) for r in raw) if e.tgid == ran.pid]
+        ):
+            probe.poll(50)
+    [event] = events
+    assert event.exit_code == 127
+    return event
+
+
 def test_an_exit_whose_root_is_gone_is_reported_undiagnosed_never_benign(
     keepers: Keepers, tmp_path: Path
 ) -> None:
     """A container whose entrypoint died and whose rootfs the runtime unmounted first: the
     binary cannot be read, so nothing says the exit was harmless."""
     root = BY_NAME["missing-library"].build(tmp_path)
-    raw: list[bytes] = []
-    with Probe() as probe:
-        probe.open_ring_buffer(raw.append)
-        ran = keepers.run(["/usr/bin/ls", "/"], root=root, linger=0, own_mounts=True)
-        keepers.reap()  # the keeper, its mount namespace and the last task in that root
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not (
-            events := [e for e in map(decode, raw) if e.tgid == ran.pid]
-        ):
-            probe.poll(50)
+    event = died_in(keepers, root, alone=True, own_mounts=True)
 
-    [event] = events
-    assert (event.exit_code, event.mntns != os.stat("/proc/self/ns/mnt").st_ino) == (127, True)
+    assert event.mntns != os.stat("/proc/self/ns/mnt").st_ino
     diagnosis = FileDiagnoser.for_host(None).diagnose(event)
     assert diagnosis.reason is Reason.UNDIAGNOSED
     assert "the task is gone" in diagnosis.detail
 
 
-def decode(raw: bytes) -> KernelEvent:
-    return decode_record(raw, 0)
+def test_a_root_not_found_once_is_looked_for_again(keepers: Keepers, tmp_path: Path) -> None:
+    """Results are cached per mount namespace, root and executable; a root that could not
+    be read once (gone, or a slow mount) must not stay unread for the next death there."""
+    root = BY_NAME["missing-library"].build(tmp_path)
+    diagnoser = FileDiagnoser.for_host(None)
+    first = died_in(keepers, root, alone=True)
+    assert diagnoser.diagnose(first).reason is Reason.UNDIAGNOSED
+
+    again = died_in(keepers, root, alone=False)
+
+    same = ("mntns", "root_ino", "exe_ino", "exe_dev", "exit_code", "signal")
+    assert [getattr(again, f) for f in same] == [getattr(first, f) for f in same]
+    assert diagnoser.diagnose(again).reason is Reason.MISSING_LIBRARY
