@@ -24,7 +24,7 @@ from execwatch.diagnosis import FileDiagnoser
 from execwatch.probe import Probe
 from execwatch.probe.events import decode_record
 from execwatch.record import AttributionStatus, ExecFailure, KernelEvent, Reason
-from tests.attribution.containerd_env import Containerd, oci_archive_of
+from tests.attribution.containerd_env import Containerd, Pod, oci_archive_of
 from tests.attribution.runc_env import (
     KubeletCgroup,
     Runc,
@@ -81,6 +81,25 @@ class Tracers:
             for e in self.quiet.kernel_events
         )
 
+    def lost_the_race(self, death: Death, container_id: str) -> bool:
+        """Whether containerd unmounted the dead container's rootfs before a diagnosis
+        opened it (a few in 100 on a loaded machine, docs/trace.md): then the death is
+        shown as Undiagnosed, as it must be, and tells nothing about the case."""
+        if death.reason is None:
+            return False  # nothing is sent, nothing is diagnosed
+        deadline = time.monotonic() + 15
+        while not self.container_sent(container_id):
+            assert time.monotonic() < deadline, "the kernel sent nothing"
+            time.sleep(0.05)
+        self.quiet.settle(0.1)
+        self.crashes.settle(0.1)
+        return any(
+            r.attribution.container_id == container_id
+            and r.diagnosis.reason is Reason.UNDIAGNOSED
+            and "the task is gone" in r.diagnosis.detail
+            for r in [*self.quiet.records, *self.crashes.records]
+        )
+
     def expect(self, death: Death, container_id: str) -> ExecFailure | None:
         """What must come of the case in this container; the record shown, if any."""
 
@@ -127,6 +146,20 @@ def host_tracers() -> Iterator[Tracers]:
     yield from tracers(Attributor(containers=CriContainers(sockets=[])))
 
 
+def dying_entrypoint(
+    containerd: Containerd, pod: Pod, death: Death, image: str, tracers: Tracers
+) -> tuple[str, ExecFailure | None]:
+    """The pod's entrypoint dies; the kubelet would restart it, so a lost race with
+    containerd's unmount is tried again, up to three containers in all."""
+    for _ in range(3):
+        container_id = containerd.create_container(pod, "app", list(death.argv), image=image)
+        containerd.wait_exited(container_id)
+        if not tracers.lost_the_race(death, container_id):
+            return container_id, tracers.expect(death, container_id)
+        containerd.remove_container(container_id)
+    raise AssertionError("containerd unmounted the rootfs first three times in a row")
+
+
 @pytest.mark.parametrize("death", DEATHS, ids=lambda d: d.name)
 def test_containerd_entrypoint_and_side_process(
     death: Death, containerd: Containerd, images: dict[str, str], cri_tracers: Tracers
@@ -137,12 +170,9 @@ def test_containerd_entrypoint_and_side_process(
     try:
         image = images[death.name]
         sidecar = containerd.create_container(pod, "sidecar", KEEPALIVE, image=image)
-        entrypoint = containerd.create_container(pod, "app", list(death.argv), image=image)
         assert containerd.exec_sync(sidecar, list(death.argv)) == death.exit_status
-        containerd.wait_exited(entrypoint)
-
-        dead = cri_tracers.expect(death, entrypoint)
         side = cri_tracers.expect(death, sidecar)
+        entrypoint, dead = dying_entrypoint(containerd, pod, death, image, cri_tracers)
     finally:
         containerd.remove_pod(pod)
 
