@@ -4,7 +4,9 @@
 
 Run by tests/binfmt/test_coverage_fuzz.py in a subprocess, because libFuzzer owns the
 process and exits it. Each input is given to one parser, chosen by its first byte: ELF
-(headers, then dynamic symbols), `#!`, OCI JSON, ld.so.conf, a layer tar. Besides "only
+(headers, then dynamic symbols and the lookup of its imports in its exports), `#!`, OCI
+JSON, ld.so.conf, a layer tar, the notes of a PT_NOTE segment (x86 ISA level; the next byte
+picks byte order and class). Besides "only
 the parser's own error", every input must stay within PEAK_BYTES of traced Python memory
 and SECONDS of time: either failing is a crash, which atheris reports with the input.
 """
@@ -21,7 +23,8 @@ import atheris
 
 with atheris.instrument_imports():
     from execwatch.binfmt import BinfmtError, parse_shebang, read_elf
-    from execwatch.binfmt.symbols import read_dynamic_symbols
+    from execwatch.binfmt.isa import parse_isa_needed
+    from execwatch.binfmt.symbols import DynamicSymbols, SymbolRef, read_dynamic_symbols
     from execwatch.scan.errors import ScanInputError
     from execwatch.scan.fs import MemoryFS
     from execwatch.scan.layers import apply_layer
@@ -37,25 +40,35 @@ def _ld_so_conf(data: bytes) -> None:
     ld_so_conf_dirs({"/etc/ld.so.conf": data})
 
 
+def _symbols(table: DynamicSymbols | None) -> None:
+    """The missing-symbol check's use of a table: its imports, looked up in its exports."""
+    if table is not None:
+        for ref in (*table.imports[:64], SymbolRef(b"malloc", "GLIBC_2.2.5", "libc.so.6")):
+            table.defines(ref)
+
+
 def one_input(data: bytes) -> None:
     if not data:
         return
-    selector, body = data[0] % 5, data[1:]
+    selector, body = data[0] % 6, data[1:]
     tracemalloc.reset_peak()
     before = tracemalloc.get_traced_memory()[0]
     start = time.perf_counter()
     try:
         if selector == 0:
             elf = io.BytesIO(b"\x7fELF" + body)
-            read_dynamic_symbols(elf, read_elf(elf))
+            _symbols(read_dynamic_symbols(elf, read_elf(elf)))
         elif selector == 1:
             parse_shebang(b"#!" + body)
         elif selector == 2:
             parse_json(body, "fuzz.json", Limits())
         elif selector == 3:
             _ld_so_conf(body)
-        else:
+        elif selector == 4:
             apply_layer(MemoryFS(), io.BytesIO(body), "fuzz.tar", Limits(), [0])
+        elif selector == 5:
+            how = body[0] if body else 0
+            parse_isa_needed(body[1:], not how & 1, 32 if how & 2 else 64)
     except (BinfmtError, ScanInputError):
         pass
     elapsed = time.perf_counter() - start

@@ -1,5 +1,5 @@
-"""Coverage-guided fuzzing (atheris/libFuzzer) of the ELF, `#!`, OCI JSON, ld.so.conf
-and layer tar parsers.
+"""Coverage-guided fuzzing (atheris/libFuzzer) of the ELF, `#!`, OCI JSON, ld.so.conf,
+layer tar and x86 ISA-level note parsers.
 
 The harness (tests/binfmt/fuzz_target.py) fails an input that raises anything but the
 parser's own error, peaks above 16 MiB of traced memory or takes over 5 s instrumented.
@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.binfmt.corpus import CORPUS
+from tests.binfmt.corpus import CORPUS, SYMBOL_CORPUS
 from tests.binfmt.test_fuzz import seeds
+from tests.binfmt.test_isa import HOSTILE_NOTES
 from tests.scan.imagebuild import file, layer_tar, symlink
 
 REPO = Path(__file__).parents[2]
@@ -27,7 +28,8 @@ MAX_SECONDS = 60
 
 
 def write_seeds(directory: Path, foreign_root: Path, host_binaries: dict[str, Path]) -> None:
-    elf = [*seeds(foreign_root, host_binaries), *(make() for make in CORPUS.values())]
+    hostile = [*CORPUS.values(), *SYMBOL_CORPUS.values()]
+    elf = [*seeds(foreign_root, host_binaries), *(make() for make in hostile)]
     for i, data in enumerate(elf):
         if len(data) <= 1 << 20:
             (directory / f"elf-{i}").write_bytes(b"\0" + data[4:])  # selector 0, magic implied
@@ -40,6 +42,8 @@ def write_seeds(directory: Path, foreign_root: Path, host_binaries: dict[str, Pa
         file("etc/a.conf", b"/x"),
     ]
     (directory / "tar").write_bytes(b"\x04" + layer_tar(entries))
+    for name, (data, _) in HOSTILE_NOTES.items():
+        (directory / f"note-{name}").write_bytes(b"\x05\x00" + data)
 
 
 @pytest.mark.timeout(300)

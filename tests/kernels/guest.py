@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -136,11 +136,12 @@ def records_cover(paths: dict[str, str]) -> Callable[[list[str]], bool]:
     return done
 
 
-def main() -> int:
-    out = Path(sys.argv[1])
+@contextlib.contextmanager
+def tracing(out: Path, argv: list[str]) -> Iterator[tuple[dict[str, object], Lines]]:
+    """`execwatch trace ARGV --metrics-address ...`, once it traces and is warmed up: yields
+    the result to fill and trace's stdout; then reads the kernel's counts, stops trace with
+    SIGTERM and writes OUT/result.json with its records, stderr and exit status."""
     result: dict[str, object] = {"release": os.uname().release}
-    # A diagnosis takes a millisecond on a node, and much longer in a starved TCG guest.
-    argv = ["trace", "--json", "--window", "0.2", "--show-not-found", "--diagnosis-budget", "60"]
     trace = subprocess.Popen(
         [sys.executable, "-m", "execwatch.cli", *argv, "--metrics-address", f"127.0.0.1:{PORT}"],
         stdout=subprocess.PIPE,
@@ -154,12 +155,7 @@ def main() -> int:
             raise RuntimeError("trace did not start")
         result["trace_start_s"] = round(time.monotonic() - t0, 1)
         result["warm_up"] = warm_up(stdout)
-        keepers = Keepers()  # a missing library's caller lingers: the root is looked up there
-        with tempfile.TemporaryDirectory() as work:
-            paths = cause_failures(Path(work), keepers)
-            result["cases"] = paths
-            result["all_records_seen"] = stdout.wait_for(records_cover(paths), 60)
-            keepers.reap()
+        yield result, stdout
         result["kernel_counts"] = scrape()
     finally:
         trace.send_signal(signal.SIGTERM)
@@ -172,6 +168,18 @@ def main() -> int:
         result["records"] = [json.loads(x) for x in stdout.lines if x.startswith("{")]
         result["stderr"] = stderr.lines
         (out / "result.json").write_text(json.dumps(result, indent=1))
+
+
+def main() -> int:
+    # A diagnosis takes a millisecond on a node, and much longer in a starved TCG guest.
+    argv = ["trace", "--json", "--window", "0.2", "--show-not-found", "--diagnosis-budget", "60"]
+    with tracing(Path(sys.argv[1]), argv) as (result, stdout):
+        keepers = Keepers()  # a missing library's caller lingers: the root is looked up there
+        with tempfile.TemporaryDirectory() as work:
+            paths = cause_failures(Path(work), keepers)
+            result["cases"] = paths
+            result["all_records_seen"] = stdout.wait_for(records_cover(paths), 60)
+            keepers.reap()
     return 0
 
 

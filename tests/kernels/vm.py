@@ -171,17 +171,19 @@ class Boot:
 class Vm:
     """A started QEMU process; wait() returns its Boot."""
 
-    def __init__(self, kernel: Kernel, command: str, workdir: Path, memory_mb: int = 1024) -> None:
+    def __init__(
+        self, kernel: Kernel, command: str, workdir: Path, memory_mb: int = 1024, cpu: str = "max"
+    ) -> None:
         self.kernel = kernel
         self.out = workdir / "out"
-        self.out.mkdir(parents=True)
+        self.out.mkdir(parents=True, exist_ok=True)  # a test may put its files there first
         initrd = build_initramfs(kernel, command, workdir / "initramfs.cpio")
         self.console_path = workdir / "console.log"
         # no_timer_check: on a starved host TCG's timer can look broken to the IO-APIC
         # check, which then panics the guest.
         argv = [
             "qemu-system-x86_64",
-            *("-accel", "tcg", "-cpu", "max", "-m", str(memory_mb), "-smp", "1"),
+            *("-accel", "tcg", "-cpu", cpu, "-m", str(memory_mb), "-smp", "1"),
             *("-nographic", "-no-reboot", "-monitor", "none", "-serial", "stdio"),
             *("-kernel", str(kernel.vmlinuz), "-initrd", str(initrd)),
             *("-append", "console=ttyS0 panic=-1 quiet no_timer_check"),

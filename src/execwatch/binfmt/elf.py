@@ -27,7 +27,7 @@ from elftools.construct import ConstructError
 from elftools.elf.enums import ENUM_D_TAG_COMMON, ENUM_E_MACHINE, ENUM_E_TYPE, ENUM_P_TYPE_BASE
 from elftools.elf.structs import ELFStructs
 
-from execwatch.binfmt import machines
+from execwatch.binfmt import isa, machines
 from execwatch.binfmt.errors import BinfmtError, LimitExceeded, TruncatedFile
 from execwatch.binfmt.platform import Platform
 
@@ -40,9 +40,10 @@ MAX_INTERP_BYTES = 4096  # PATH_MAX, the kernel's limit for PT_INTERP
 MAX_ARM_ATTRIBUTES_BYTES = 65536
 MAX_SECTION_HEADERS_BYTES = 256 << 10  # .ARM.attributes is optional: past this, no variant
 
-PT_LOAD, PT_DYNAMIC, PT_INTERP = (
-    ENUM_P_TYPE_BASE[k] for k in ("PT_LOAD", "PT_DYNAMIC", "PT_INTERP")
+PT_LOAD, PT_DYNAMIC, PT_INTERP, PT_NOTE = (
+    ENUM_P_TYPE_BASE[k] for k in ("PT_LOAD", "PT_DYNAMIC", "PT_INTERP", "PT_NOTE")
 )
+MAX_NOTE_SEGMENTS = 16  # PT_NOTE segments looked at for the x86 ISA level (real files: 1-3)
 DT = {k[3:]: v for k, v in ENUM_D_TAG_COMMON.items() if isinstance(v, int)}
 DF_1_PIE = 0x08000000
 VER_FLG_WEAK = 0x2
@@ -113,6 +114,7 @@ class ElfInfo:
     has_dynamic: bool = False
     is_pie: bool = False
     float_abi: str | None = None
+    x86_isa_needed: int = 0  # GNU_PROPERTY_X86_ISA_1_NEEDED bits (binfmt.isa), x86 only
 
     @property
     def bits(self) -> int:
@@ -208,6 +210,7 @@ class _Segment:
     offset: int
     vaddr: int
     filesz: int
+    align: int = 0
 
 
 class _StringTable:
@@ -309,6 +312,9 @@ def _read(reader: _Reader) -> ElfInfo:
     arch = machines.classify(machine, elf_class, little, flags)
     platform: Platform | None = None
     float_abi = None
+    isa_needed = 0
+    if machine in (machines.EM_X86_64, machines.EM_386):
+        isa_needed = _x86_isa_needed(reader, segments, little, bits)
     if arch.oci is not None:
         os_name = machines.os_from_osabi(ident[7])
         variant = None
@@ -337,6 +343,7 @@ def _read(reader: _Reader) -> ElfInfo:
         has_dynamic=dyn.present,
         is_pie=dyn.pie,
         float_abi=float_abi,
+        x86_isa_needed=isa_needed,
     )
 
 
@@ -353,12 +360,13 @@ def _program_headers(reader: _Reader, layout: _Layout, ehdr: Any) -> list[_Segme
     segments = []
     for fields in layout.phdr.iter_unpack(table):
         kind = fields[0]
-        if kind in (PT_LOAD, PT_DYNAMIC, PT_INTERP):
-            # Elf64_Phdr: type, flags, offset, vaddr, paddr, filesz; Elf32 puts flags later.
+        if kind in (PT_LOAD, PT_DYNAMIC, PT_INTERP, PT_NOTE):
+            # Elf64_Phdr: type, flags, offset, vaddr, paddr, filesz, memsz, align; Elf32
+            # puts flags after memsz.
             offset, vaddr, filesz = (
                 fields[2:4] + fields[5:6] if entry == 56 else fields[1:3] + fields[4:5]
             )
-            segments.append(_Segment(kind, offset, vaddr, filesz))
+            segments.append(_Segment(kind, offset, vaddr, filesz, fields[7]))
     return segments
 
 
@@ -373,6 +381,22 @@ def _interpreter(reader: _Reader, segments: list[_Segment]) -> str | None:
             # The kernel uses the string up to the first NUL, like any C string.
             return os.fsdecode(raw.split(b"\0", 1)[0])
     return None
+
+
+def _x86_isa_needed(reader: _Reader, segments: list[_Segment], little: bool, bits: int) -> int:
+    """GNU_PROPERTY_X86_ISA_1_NEEDED as glibc's x86 ld.so finds it: in the PT_NOTE segments
+    aligned to the class's word, last first, the first holding a GNU property note. The
+    note is optional: one that cannot be read needs nothing, as it does for ld.so."""
+    notes = [s for s in segments if s.kind == PT_NOTE and s.align == bits // 8]
+    for seg in reversed(notes[-MAX_NOTE_SEGMENTS:]):
+        length = min(seg.filesz, isa.MAX_NOTE_BYTES, max(reader.size - seg.offset, 0))
+        try:
+            found = isa.parse_isa_needed(reader.read(seg.offset, length, "PT_NOTE"), little, bits)
+        except TruncatedFile:
+            return 0
+        if found is not None:
+            return found
+    return 0
 
 
 def _file_offset(segments: list[_Segment], vaddr: int) -> int:

@@ -431,10 +431,8 @@ static __noinline int on_failure(long ret, enum ew_syscall sc)
 	if (key)
 		fold = bpf_map_lookup_elem(&folds, key);
 	if (fold && now - fold->since < cfg.fold_window_ns) {
-		fold->folded += 1;
-		idx = EW_STAT_FOLDED;
-		bump(&stats, &idx);
-		return 0; /* counted per cgroup in its fold entry */
+		fold->folded += 1; /* counted there, per cgroup too: nothing else on this path */
+		return 0;
 	}
 	count(cgroup_id, (int)-ret);
 

@@ -70,8 +70,7 @@ enum ew_stat {
 	EW_STAT_RINGBUF_DROPS = 0,  /* ring buffer full: event lost, counters still exact */
 	EW_STAT_COUNTER_FULL = 1,   /* counts map full: counted in the overflow key instead */
 	EW_STAT_DEATH_DROPS = 2,    /* deaths ring buffer full: early death lost, totals exact */
-	EW_STAT_FOLDED = 3,         /* ENOENT repeats counted in folds instead of sent */
-	EW_STAT_MAX = 4,
+	EW_STAT_MAX = 3,
 };
 
 /* ---- Folding: a PATH search's misses, counted in the kernel instead of sent ----

@@ -21,7 +21,6 @@ SYSCALLS = ("execve", "execveat")
 STAT_RINGBUF_DROPS = 0
 STAT_COUNTER_FULL = 1
 STAT_DEATH_DROPS = 2
-STAT_FOLDED = 3  # not a drop: every folded repeat is in the folds map, by key
 STAT_NAMES = {
     STAT_RINGBUF_DROPS: "ringbuf_full",
     STAT_COUNTER_FULL: "counter_map_full",

@@ -328,11 +328,6 @@ class Probe:
                     self._folds_taken[name] = total
         return {name: n for name, n in new.items() if n}
 
-    def folded_total(self) -> int:
-        """Every repeat the kernel folded since load (exact: a per-CPU array)."""
-        fd = self._lib.bpf_map__fd(self._map("stats"))
-        return self._percpu_sum(fd, ctypes.c_uint32(layout.STAT_FOLDED))
-
     def _folds_total(self, fd: int, key: layout.FoldKey) -> int:
         values = (layout.Fold * self._ncpus)()
         if self._lib.bpf_map_lookup_elem(fd, ctypes.byref(key), values) != 0:

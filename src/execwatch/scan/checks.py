@@ -24,6 +24,7 @@ from execwatch.binfmt import (
     parse_shebang,
     sniff,
 )
+from execwatch.binfmt.isa import first_shortfall, level_name, platform_levels
 from execwatch.scan.fs import FileSystem, Node, resolve
 from execwatch.scan.linker import Linker
 from execwatch.scan.model import Check, Finding, Severity, Stats
@@ -44,6 +45,7 @@ class Target:
     config_platform: Platform | None = None
     isolated: bool = False  # a lone file: nothing to resolve its loader or libraries against
     require_static: bool = False
+    cpu_levels: int | None = None  # --cpu-level: the x86-64 levels (binfmt.isa) of the nodes
 
 
 @dataclass(frozen=True)
@@ -184,11 +186,13 @@ class Checker:
                 entry,
             )
         if self.t.isolated or info.is_static:
+            self._check_cpu(path, [(path, info.x86_isa_needed)], entry)
             return
         flavor = self._loader_check(path, info, entry)
         if flavor is None:
             return
         result = self.linker.resolve(path, info, flavor)
+        self._check_cpu(path, [(o.path, o.info.x86_isa_needed) for o in result.loaded], entry)
         for miss in result.missing:
             by = "" if miss.needed_by == path else f" (needed by {miss.needed_by})"
             self.add(
@@ -217,6 +221,32 @@ class Checker:
                 f"undefined symbol: {sym.symbol}{version} (symbol lookup error, exit 127)",
                 entry,
             )
+
+    def _check_cpu(self, path: str, objects: list[tuple[str, int]], entry: bool) -> None:
+        """An x86-64 level the nodes lack: --cpu-level, else the platform's amd64 variant
+        (an error), else plain amd64, which promises only the baseline (a warning)."""
+        stated = self.t.cpu_levels is not None or self.t.platform.variant is not None
+        levels = self.t.cpu_levels
+        if levels is None:
+            levels = platform_levels(self.t.platform)
+        short = None if levels is None else first_shortfall(objects, levels)
+        if short is None or levels is None:
+            return
+        which = "" if short.path == path else f" ({short.path})"
+        if stated:
+            message = (
+                f"needs {short.required}{which}, the nodes have {level_name(levels)}:"
+                " glibc's loader refuses it (CPU ISA level is lower than required, exit 127),"
+                " other loaders let it die of SIGILL"
+            )
+            self.add(Check.CPU_LEVEL, Severity.ERROR, path, message, entry)
+            return
+        message = (
+            f"needs {short.required}{which}, but {self.platform} promises only"
+            " x86-64-baseline CPUs (state the nodes' level with --cpu-level or an amd64/vN"
+            " platform)"
+        )
+        self.add(Check.CPU_LEVEL, Severity.WARNING, path, message, entry)
 
     def _loader_check(self, path: str, info: ElfInfo, entry: bool) -> LibcFlavor | None:
         """Check PT_INTERP; return the libc rules to resolve libraries with, or None to stop."""

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from execwatch.binfmt import Platform
+from execwatch.binfmt.isa import parse_level
 from execwatch.scan import registry
 from execwatch.scan.errors import ScanInputError
 from execwatch.scan.model import ScanReport, Severity
@@ -28,6 +29,13 @@ EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
 def _platform(text: str) -> Platform:
     try:
         return Platform.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _cpu_level(text: str) -> int:
+    try:
+        return parse_level(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
@@ -62,6 +70,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="report every dynamically linked executable (static-pie is static)",
     )
     p.add_argument(
+        "--cpu-level",
+        type=_cpu_level,
+        metavar="x86-64-vN",
+        help="the x86-64 level of the nodes (v1..v4): an executable or library that needs"
+        " more is an error (default: the amd64 platform's variant)",
+    )
+    p.add_argument(
         "--allow-empty",
         action="store_true",
         help="a target with nothing executable in it is a warning, not an error (exit 2)",
@@ -77,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     options = ScanOptions(
         platform=args.platform,
         require_static=args.require_static,
+        cpu_levels=args.cpu_level,
         allow_empty=args.allow_empty,
         registry=registry.options_from(args),
     )
@@ -129,6 +145,11 @@ def write_report(text: str, output: str | None) -> None:
     """To stdout, or next to `output` then renamed: a failed run never leaves half a report."""
     if not output:
         sys.stdout.write(text)
+        return
+    if os.path.exists(output) and not os.path.isfile(output):
+        # /dev/null, a FIFO, /dev/stdout: a rename would put a regular file in its place.
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text)
         return
     directory = os.path.dirname(os.path.abspath(output))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".execwatch-report-")

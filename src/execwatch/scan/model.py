@@ -37,6 +37,7 @@ class Check(enum.StrEnum):
     NOT_STATIC = "not-static"
     MISSING_ENTRYPOINT = "missing-entrypoint"
     CORRUPT_BINARY = "corrupt-binary"
+    CPU_LEVEL = "cpu-level"
 
 
 CHECK_DESCRIPTIONS: dict[Check, str] = {
@@ -52,6 +53,7 @@ CHECK_DESCRIPTIONS: dict[Check, str] = {
     Check.NOT_STATIC: "the executable is dynamically linked but --require-static was given",
     Check.MISSING_ENTRYPOINT: "the image's entrypoint/cmd program does not exist",
     Check.CORRUPT_BINARY: "the file starts like an ELF but its headers are malformed",
+    Check.CPU_LEVEL: "an executable or a library it loads needs an x86-64 level the CPUs lack",
 }
 
 

@@ -11,6 +11,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import zstandard
 
@@ -40,6 +41,7 @@ Progress = Callable[[str, int | None], Callable[[int], None]]
 class ScanOptions:
     platform: Platform | None = None
     require_static: bool = False
+    cpu_levels: int | None = None  # --cpu-level (binfmt.isa bits)
     allow_empty: bool = False  # nothing executable in a target: a warning, not an error
     limits: Limits = field(default_factory=Limits)
     registry: RegistryOptions = field(default_factory=RegistryOptions)
@@ -120,7 +122,7 @@ def _scan_file(path: str, options: ScanOptions) -> ImageResult:
         bytes_read = f.tell()
     fs.put(name, node)
     platform = options.platform or node_platform()
-    checker = Checker(Target(fs, platform, isolated=True, require_static=options.require_static))
+    checker = Checker(_target(fs, platform, options, isolated=True))
     findings, stats = checker.run()
     stats.bytes_read = bytes_read
     findings = [f.__class__(**{**f.__dict__, "path": path}) for f in findings]
@@ -138,7 +140,7 @@ def _scan_rootfs(root: str, options: ScanOptions, progress: Progress | None) -> 
     fs = DirectoryFS(root)
     platform = options.platform or node_platform()
     notes = [] if options.platform else [f"no --platform: checked against this node ({platform})"]
-    result = _check(root, fs, Target(fs, platform, require_static=options.require_static), progress)
+    result = _check(root, fs, _target(fs, platform, options), progress)
     result.stats.bytes_read = fs.bytes_read
     result.notes += notes
     return result
@@ -150,7 +152,7 @@ def _scan_rootfs_archive(path: str, options: ScanOptions, progress: Progress | N
     with open(path, "rb") as f:
         apply_layer(fs, decompressed(f, path, options.limits, counter), path, options.limits, [0])
     platform = options.platform or node_platform()
-    result = _check(path, fs, Target(fs, platform, require_static=options.require_static), progress)
+    result = _check(path, fs, _target(fs, platform, options), progress)
     result.stats.bytes_read = counter[1]
     return result
 
@@ -186,20 +188,30 @@ def _scan_image(image: ImageSource, options: ScanOptions, progress: Progress | N
     cfg = image.config.get("config") if isinstance(image.config.get("config"), dict) else {}
     assert isinstance(cfg, dict)
     entrypoint = _argv(cfg)
-    target = Target(
+    target = _target(
         fs,
         platform,
+        options,
         env=_env(cfg.get("Env")),
         entrypoint=entrypoint,
         workdir=posixpath.join("/", str(cfg.get("WorkingDir") or "/")),
         config_platform=config_platform,
-        require_static=options.require_static,
     )
     result = _check(image.label, fs, target, progress)
     result.digest = image.digest
     result.stats.bytes_read = counter[1]
     result.stats.seconds = time.perf_counter() - started
     return result
+
+
+def _target(fs: FileSystem, platform: Platform, options: ScanOptions, **how: Any) -> Target:
+    return Target(
+        fs,
+        platform,
+        require_static=options.require_static,
+        cpu_levels=options.cpu_levels,
+        **how,
+    )
 
 
 def _check(label: str, fs: FileSystem, target: Target, progress: Progress | None) -> ImageResult:
