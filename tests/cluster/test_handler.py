@@ -165,10 +165,6 @@ def test_an_undiagnosed_failure_labels_a_pod_but_never_hides_a_diagnosed_reason(
     make_pod: PodFactory,
     namespace: str,
 ) -> None:
-    def label_of(pod: dict[str, Any]) -> str:
-        meta = client.CoreV1Api(admin).read_namespaced_pod(pod["metadata"]["name"], namespace)
-        return str(meta.metadata.labels[LABEL])
-
     def undiagnosed(pod: dict[str, Any]) -> ExecFailure:
         return exec_failure(pod=pod, reason=Reason.UNDIAGNOSED, binary_arch=None)
 
@@ -179,8 +175,8 @@ def test_an_undiagnosed_failure_labels_a_pod_but_never_hides_a_diagnosed_reason(
     publish(agent_api, undiagnosed(crashing))
     publish(agent_api, undiagnosed(unknown))
     wait_until(drained(admin, handler))
-    assert label_of(crashing) == "ExecFormatError"
-    assert label_of(unknown) == "ExecFailed"
+    assert label_of(admin, crashing) == "ExecFormatError"
+    assert label_of(admin, unknown) == "ExecFailed"
     assert failures_total(handler, namespace=namespace, reason="Undiagnosed") == 2
 
 
