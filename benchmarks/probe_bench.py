@@ -594,12 +594,11 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         tempfile.TemporaryDirectory() as tmp,
         sysctl("kernel.bpf_stats_enabled", "1"),
         own_cgroup(f"execwatch-bench-{os.getpid()}") as cgroup,
-        Attributor() as attributor,
     ):
         gen = build_c("execgen.c", Path(tmp))
         cost = kernel_cost(gen, cgroup, args)
         result["kernel_cost"] = cost
-        with Probe(ProbeOptions()) as probe:
+        with Attributor() as attributor, Probe(ProbeOptions()) as probe:
             consumer = Consumer(probe, attributor)
             try:
                 result["storm"] = storm(probe, consumer, gen, cgroup, args)
