@@ -3,6 +3,10 @@ loop, batched pax-utils `lddtree` and `scanelf -R`, in the same run, on a warm p
 
     .venv/bin/python -m benchmarks.scan_bench [--rootfs DIR]
 
+`execwatch scan` runs as users run it, a process writing its JSON report, like the other
+tools; the same scan is also timed in-process (`scan()`, no interpreter start-up, imports
+or report), and `execwatch --version` gives the start-up alone.
+
 The rootfs (>= 20,000 files, >= 1 GB) is built once under .cache/bench/scan-rootfs by
 copying this machine's /usr/bin, /usr/sbin, /usr/libexec, /usr/lib/x86_64-linux-gnu,
 /usr/lib/python3*, /usr/lib/gcc, /usr/lib/llvm-*, /usr/include and parts of /usr/share with
@@ -16,10 +20,12 @@ execwatch also the bytes its reader asked for.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +51,7 @@ SOURCES = [
     "usr/share/perl5",
     "usr/share/locale",
 ]
+EXECWATCH = str(Path(sys.executable).with_name("execwatch"))  # the venv's console script
 MIN_FILES = 20_000
 TARGET_VS_LOOP = 5.0
 TARGET_VS_SCANELF = 2.5
@@ -115,9 +122,26 @@ def timed(fn: Callable[[], T]) -> tuple[float, int, T]:
 
 
 def run_execwatch(root: Path) -> tuple[int, int, int]:
+    """`execwatch scan ROOT --format json -o FILE`: (files, executables, findings)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp, "report.json")
+        argv = [EXECWATCH, "scan", str(root), "--platform", "linux/amd64", "--format", "json"]
+        done = subprocess.run([*argv, "-o", str(report)], capture_output=True, text=True)
+        if done.returncode not in (0, 1):  # 1: findings at or above --fail-on
+            sys.exit(f"execwatch scan failed ({done.returncode}): {done.stderr.strip()}")
+        doc = json.loads(report.read_text())
+    (stats,) = [image["stats"] for image in doc["images"]]
+    return stats["files"], stats["executables"], len(doc["findings"])
+
+
+def run_execwatch_in_process(root: Path) -> tuple[int, int, int]:
     report = scan(str(root), ScanOptions(platform=Platform.parse("linux/amd64")))
     (result,) = report.results
     return result.stats.files, result.stats.executables, result.stats.bytes_read
+
+
+def run_execwatch_start() -> None:
+    subprocess.run([EXECWATCH, "--version"], capture_output=True, check=True)
 
 
 def run_file_ldd(executables: list[Path]) -> int:
@@ -174,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     warm(root)
 
     rows: list[tuple[str, float, int, int, int, str]] = []
-    t, rb, (n_files, n_exec, own) = timed(lambda: run_execwatch(root))
+    t, rb, (n_files, n_exec, findings) = timed(lambda: run_execwatch(root))
     rows.append(
         (
             "execwatch scan",
@@ -182,9 +206,11 @@ def main(argv: list[str] | None = None) -> None:
             rb,
             n_files,
             n_exec,
-            f"items: executables checked; reader asked for {own / 1e6:.1f} MB",
+            f"items: executables checked; a process, JSON report ({findings} findings)",
         )
     )
+    t_in, rb_in, (n_files, n_exec, own) = timed(lambda: run_execwatch_in_process(root))
+    start = min(timed(run_execwatch_start)[0] for _ in range(3))
     t_fl, rb, dyn = timed(lambda: run_file_ldd(executables))
     rows.append(
         (
@@ -202,19 +228,28 @@ def main(argv: list[str] | None = None) -> None:
     t, rb, n = timed(lambda: run_lddtree(root, executables))
     rows.append(("lddtree -R, batched", t, rb, files, n, "items: ELF files resolved (xargs)"))
 
+    rows.append(("execwatch scan, in-process", t_in, rb_in, n_files, n_exec,
+                 f"scan() alone; reader asked for {own / 1e6:.1f} MB"))  # fmt: skip
     print(f"{'tool':28} {'seconds':>8} {'files/s':>9} {'items/s':>8} {'MB read':>9}  note")
     result: dict[str, object] = {"files": files, "bytes": size, "executables": len(executables)}
     for name, seconds, read, n_f, n_e, note in rows:
         print(f"{name:28} {seconds:8.2f} {n_f / seconds:9.0f} {n_e / seconds:8.0f}"
               f" {read / 1e6:9.1f}  {note}")  # fmt: skip
         result[name] = {"seconds": seconds, "rchar": read, "files": n_f, "executables": n_e}
-    speedup, vs_scanelf = t_fl / rows[0][1], rows[0][1] / t_sc
+    print(f"execwatch start-up (`execwatch --version`, best of 3): {start:.2f} s")
+    t_ew = rows[0][1]
+    speedup, vs_scanelf = t_fl / t_ew, t_ew / t_sc
     print(f"execwatch scan is {speedup:.1f}x faster than the file + ldd loop"
           f" (target >= {TARGET_VS_LOOP}x), and takes {vs_scanelf:.1f}x scanelf's time"
-          f" (target <= {TARGET_VS_SCANELF}x)")  # fmt: skip
+          f" (target <= {TARGET_VS_SCANELF}x); in-process: {t_fl / t_in:.1f}x and"
+          f" {t_in / t_sc:.1f}x")  # fmt: skip
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs at the end")
     print("figures are noisy: the machine is shared; run twice and compare")
     result["speedup_vs_file_ldd"] = speedup
     result["time_vs_scanelf"] = vs_scanelf
+    result["in_process"] = {"speedup_vs_file_ldd": t_fl / t_in, "time_vs_scanelf": t_in / t_sc}
+    result["startup_seconds"] = start
+    result["load_average"] = os.getloadavg()
     print(f"saved {save('scan_bench', result)}")
 
 

@@ -41,17 +41,6 @@ from tests.attribution.runc_env import (
 NAMESPACE = "k8s.io"
 PAUSE_IMAGE = "docker.io/execwatch/pause:test"
 APP_IMAGE = "docker.io/execwatch/app:test"
-# Debian's ls with glibc and libpcre2 but without libselinux: the exec succeeds, then the
-# loader exits 127 (the early-death tests).
-LIBRARY_MISSING = "/usr/bin/ls-without-libselinux"
-LIBRARY_MISSING_FILES = {
-    LIBRARY_MISSING.lstrip("/"): Path("/usr/bin/ls"),
-    "lib64/ld-linux-x86-64.so.2": Path("/lib64/ld-linux-x86-64.so.2").resolve(),
-    "usr/lib/x86_64-linux-gnu/libc.so.6": Path("/lib/x86_64-linux-gnu/libc.so.6").resolve(),
-    "usr/lib/x86_64-linux-gnu/libpcre2-8.so.0": Path(
-        "/lib/x86_64-linux-gnu/libpcre2-8.so.0"
-    ).resolve(),
-}
 PAUSE_C = """
 #include <signal.h>
 #include <unistd.h>
@@ -147,6 +136,19 @@ def oci_archive(
         for blob in (layer, config, manifest):
             _tar_entry(tar, f"blobs/sha256/{_digest(blob)[7:]}", blob, 0o644)
     return dest
+
+
+def oci_archive_of(dest: Path, image_name: str, root: Path, entrypoint: list[str]) -> Path:
+    """The same, from a directory tree: its regular files and symbolic links."""
+    files: dict[str, Path] = {}
+    symlinks: dict[str, str] = {}
+    for path in sorted(root.rglob("*")):
+        name = str(path.relative_to(root))
+        if path.is_symlink():
+            symlinks[name] = os.readlink(path)
+        elif path.is_file():
+            files[name] = path
+    return oci_archive(dest, image_name, files, symlinks, entrypoint)
 
 
 def _digest(data: bytes) -> str:
@@ -284,30 +286,32 @@ class Containerd:
                 {
                     "bin/busybox": HOST_BUSYBOX,
                     FOREIGN_IN_ROOTFS.lstrip("/"): FOREIGN_BUSYBOX,
-                    **LIBRARY_MISSING_FILES,
                 },
                 applets,
                 ["/bin/sh"],
             ),
         ]
         for archive in archives:
-            subprocess.run(
-                [
-                    "ctr",
-                    "--address",
-                    str(self.socket),
-                    "-n",
-                    NAMESPACE,
-                    "images",
-                    "import",
-                    "--snapshotter",
-                    "overlayfs",
-                    str(archive),
-                ],
-                check=True,
-                capture_output=True,
-                timeout=60,
-            )
+            self.import_image(archive)
+
+    def import_image(self, archive: Path) -> None:
+        subprocess.run(
+            [
+                "ctr",
+                "--address",
+                str(self.socket),
+                "-n",
+                NAMESPACE,
+                "images",
+                "import",
+                "--snapshotter",
+                "overlayfs",
+                str(archive),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
 
     def _rpc(
         self, method: str, request: object, response: type[object], timeout: float = 30
@@ -366,7 +370,14 @@ class Containerd:
             os.link(self.workdir / "images" / "app-foreign", host_dir / "app")
         return f"/x/{pod.uid}/app"
 
-    def create_container(self, pod: Pod, name: str, command: list[str], start: bool = True) -> str:
+    def create_container(
+        self,
+        pod: Pod,
+        name: str,
+        command: list[str],
+        start: bool = True,
+        image: str = APP_IMAGE,
+    ) -> str:
         mounts = [
             pb.Mount(
                 container_path=f"/x/{pod.uid}",
@@ -377,7 +388,7 @@ class Containerd:
         self.foreign_path(pod)
         config = pb.ContainerConfig(
             metadata=pb.ContainerMetadata(name=name, attempt=0),
-            image=pb.ImageSpec(image=APP_IMAGE),
+            image=pb.ImageSpec(image=image),
             command=command,
             mounts=mounts,
             labels={

@@ -145,12 +145,14 @@ class Runc:
             link.symlink_to(Path(FOREIGN_IN_ROOTFS).name)
         return f"/bin/app-{token}"
 
-    def _bundle(self, name: str, args: list[str], cgroups_path: str) -> Path:
+    def _bundle(
+        self, name: str, args: list[str], cgroups_path: str, rootfs: Path | None = None
+    ) -> Path:
         bundle = self.workdir / "bundles" / name
         bundle.mkdir(parents=True, exist_ok=True)
         subprocess.run(["runc", "spec", "--bundle", str(bundle)], check=True)
         spec = json.loads((bundle / "config.json").read_text())
-        spec["root"] = {"path": str(self.rootfs), "readonly": True}
+        spec["root"] = {"path": str(rootfs or self.rootfs), "readonly": True}
         spec["process"]["terminal"] = False
         spec["process"]["args"] = args
         spec["process"]["env"] = ["PATH=/bin"]
@@ -175,8 +177,11 @@ class Runc:
         shutil.rmtree(bundle, ignore_errors=True)
         return proc.returncode
 
-    def start_detached(self, cgroup: KubeletCgroup, args: list[str]) -> str:
-        bundle = self._bundle(cgroup.container_id[:12], args, cgroup.path)
+    def start_detached(
+        self, cgroup: KubeletCgroup, args: list[str], rootfs: Path | None = None
+    ) -> str:
+        """`rootfs`: another root than the shared busybox one (it needs /proc, /dev, /sys)."""
+        bundle = self._bundle(cgroup.container_id[:12], args, cgroup.path, rootfs)
         name = f"ew-{cgroup.container_id[:12]}"
         self.started.append(name)
         subprocess.run(

@@ -206,6 +206,97 @@ CORPUS: dict[str, Callable[[], bytes]] = {
 }
 
 
+SHT_STRTAB, SHT_DYNSYM, SHT_HASH, SHT_GNU_HASH = 3, 11, 5, 0x6FFFFFF6
+GLOBAL_FUNC = 0x12  # st_info: STB_GLOBAL << 4 | STT_FUNC
+
+
+def symbol_table_elf(
+    symbols: list[tuple[int, int]], dynstr: bytes, kind: int, table: bytes
+) -> bytes:
+    """An x86-64 ELF of section headers only: .dynsym (null symbol, then `symbols` as
+    (st_name, st_shndx), global functions), .dynstr and a hash section of `kind`."""
+    entry = struct.Struct("<IBBHQQ")
+    dynsym = bytes(24) + b"".join(
+        entry.pack(name, GLOBAL_FUNC, 0, shndx, 0, 0) for name, shndx in symbols
+    )
+    dynsym_off = 64
+    dynstr_off = dynsym_off + len(dynsym)
+    hash_off = dynstr_off + len(dynstr)
+    shoff = hash_off + len(table)
+    section = struct.Struct("<IIQQQQIIQQ")
+    shdrs = bytes(64) + section.pack(0, SHT_DYNSYM, 2, 0, dynsym_off, len(dynsym), 2, 1, 8, 24)
+    shdrs += section.pack(0, SHT_STRTAB, 2, 0, dynstr_off, len(dynstr), 0, 0, 1, 0)
+    shdrs += section.pack(0, kind, 2, 0, hash_off, len(table), 1, 0, 8, 4)
+    ehdr = struct.pack("<16sHHIQQQIHHHHHH", b"\x7fELF\x02\x01\x01" + bytes(9), 3, 62, 1, 0,
+                       0, shoff, 0, 64, 56, 0, 64, 4, 0)  # fmt: skip
+    return ehdr + dynsym + dynstr + table + shdrs
+
+
+def gnu_hash(name: bytes) -> int:
+    h = 5381
+    for c in name:
+        h = (h * 33 + c) & 0xFFFFFFFF
+    return h
+
+
+def gnu_hash_section(chain: list[int], nbuckets: int = 1, bloom_words: int = 1) -> bytes:
+    """One bucket pointing at symbol 1 (symoffset 1), a zero bloom filter, then `chain`."""
+    head = struct.pack("<IIII", nbuckets, 1, bloom_words, 6) + bytes(8 * bloom_words)
+    return (
+        head
+        + struct.pack(f"<{nbuckets}I", *[1] * nbuckets)
+        + struct.pack(f"<{len(chain)}I", *chain)
+    )
+
+
+def gnu_hash_endless_chain() -> bytes:
+    """262,143 symbols in one GNU hash bucket, none marked as the chain's end, every entry
+    carrying the hash of the name looked up ("a") while the symbols are named "b": a lookup
+    without a bound compares 262,143 names, and again for every name asked."""
+    count = (1 << 18) - 1
+    decoy = gnu_hash(b"a") & ~1
+    return symbol_table_elf(
+        [(1, 1)] * count, b"\0b\0", SHT_GNU_HASH, gnu_hash_section([decoy] * count)
+    )
+
+
+def gnu_hash_long_chains() -> bytes:
+    """1,000 real names s0..s999 in one bucket: finding s999 walks 1,000 entries, and a
+    caller asking for each in turn walks half a million."""
+    names = [f"s{i}".encode() for i in range(1000)]
+    dynstr, offsets = b"\0", []
+    for n in names:
+        offsets.append(len(dynstr))
+        dynstr += n + b"\0"
+    chain = [gnu_hash(n) & ~1 for n in names]
+    chain[-1] |= 1
+    return symbol_table_elf(
+        [(o, 1) for o in offsets], dynstr, SHT_GNU_HASH, gnu_hash_section(chain)
+    )
+
+
+def gnu_hash_lying_counts() -> bytes:
+    """nbuckets and the bloom size say 2^32 - 1 in a 16-byte section."""
+    table = struct.pack("<IIII", 0xFFFFFFFF, 1, 0xFFFFFFFF, 6)
+    return symbol_table_elf([(1, 1)], b"\0a\0", SHT_GNU_HASH, table)
+
+
+def sysv_hash_loop() -> bytes:
+    """A .hash chain that points back at itself (symbol 2 -> 1 -> 2 ...)."""
+    nchain = 3
+    table = struct.pack("<II", 1, nchain) + struct.pack("<I", 1) + struct.pack("<III", 0, 2, 1)
+    return symbol_table_elf([(1, 1), (1, 1)], b"\0b\0", SHT_HASH, table)
+
+
+# Hostile hash tables for the missing-symbol check's export lookup (read_elf ignores them).
+SYMBOL_CORPUS: dict[str, Callable[[], bytes]] = {
+    "gnu-hash-endless-chain": gnu_hash_endless_chain,
+    "gnu-hash-long-chains": gnu_hash_long_chains,
+    "gnu-hash-lying-counts": gnu_hash_lying_counts,
+    "sysv-hash-loop": sysv_hash_loop,
+}
+
+
 def sparse_elf(path: Path, size: int = 2 << 30) -> Path:
     """A 2 GB sparse ELF whose dynamic section and strings sit 2 GB in, past holes."""
     dyn_off = size - 4096

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.binfmt.corpus import CORPUS
+from tests.binfmt.corpus import CORPUS, SYMBOL_CORPUS
 from tests.binfmt.test_fuzz import seeds
 from tests.binfmt.test_isa import HOSTILE_NOTES
 from tests.scan.imagebuild import file, layer_tar, symlink
@@ -28,7 +28,8 @@ MAX_SECONDS = 60
 
 
 def write_seeds(directory: Path, foreign_root: Path, host_binaries: dict[str, Path]) -> None:
-    elf = [*seeds(foreign_root, host_binaries), *(make() for make in CORPUS.values())]
+    hostile = [*CORPUS.values(), *SYMBOL_CORPUS.values()]
+    elf = [*seeds(foreign_root, host_binaries), *(make() for make in hostile)]
     for i, data in enumerate(elf):
         if len(data) <= 1 << 20:
             (directory / f"elf-{i}").write_bytes(b"\0" + data[4:])  # selector 0, magic implied

@@ -17,8 +17,8 @@ import pytest
 
 from execwatch.binfmt import BinfmtError, ElfInfo, read_elf
 from execwatch.binfmt.errors import LimitExceeded, TruncatedFile
-from execwatch.binfmt.symbols import read_dynamic_symbols
-from tests.binfmt.corpus import CORPUS, measure, sparse_elf
+from execwatch.binfmt.symbols import MAX_LOOKUP_STEPS, SymbolRef, read_dynamic_symbols
+from tests.binfmt.corpus import CORPUS, SYMBOL_CORPUS, measure, sparse_elf
 
 SECONDS = 0.25
 PEAK_BYTES = 16 << 20
@@ -84,14 +84,20 @@ def test_truncation_and_hostility_are_told_apart() -> None:
 RSS_PROBE = """
 import io, json, resource, sys
 from execwatch.binfmt import BinfmtError, read_elf
-from tests.binfmt.corpus import CORPUS
+from execwatch.binfmt.symbols import SymbolRef, read_dynamic_symbols
+from tests.binfmt.corpus import CORPUS, SYMBOL_CORPUS
 blobs = {name: make() for name, make in CORPUS.items()}
+tables = [make() for make in SYMBOL_CORPUS.values()]
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 for name, data in blobs.items():
     try:
         read_elf(io.BytesIO(data))
     except BinfmtError:
         pass
+for data in tables:
+    elf = io.BytesIO(data)
+    table = read_dynamic_symbols(elf, read_elf(elf))
+    [table.defines(SymbolRef(f"s{i}".encode(), None, None)) for i in range(1000)]
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(json.dumps({"growth_kib": peak - base}))
 """
@@ -114,3 +120,33 @@ def test_a_section_table_past_any_seekable_offset_is_unknown_not_a_crash(shoff: 
     data[0x28:0x30] = shoff.to_bytes(8, "little")
     elf = io.BytesIO(bytes(data))
     assert read_dynamic_symbols(elf, read_elf(elf)) is None
+
+
+def look_up(data: bytes, names: list[bytes]) -> list[bool | None]:
+    """What the missing-symbol check does with a provider: read it, ask for each name."""
+    elf = io.BytesIO(data)
+    table = read_dynamic_symbols(elf, read_elf(elf))
+    assert table is not None
+    return [table.defines(SymbolRef(name, None, None)) for name in names]
+
+
+LOOKUPS = [b"a", *(f"s{i}".encode() for i in reversed(range(1000))), b"x" * 4000]
+
+
+@pytest.mark.parametrize("name", sorted(SYMBOL_CORPUS))
+def test_hostile_hash_table_is_bounded(name: str) -> None:
+    """A chain without an end, a chain loop, lying counts: each lookup walks at most
+    MAX_CHAIN_STEPS entries, each object MAX_LOOKUP_STEPS in all, then answers unknown."""
+    data = SYMBOL_CORPUS[name]()
+    assert len(data) <= 16 << 20
+    outcome, cost = measure(lambda: look_up(data, LOOKUPS))
+    assert isinstance(outcome, list), repr(outcome)
+    assert cost.seconds < SECONDS, f"{name}: {cost.seconds:.3f}s"
+    assert cost.peak_bytes < PEAK_BYTES, f"{name}: peak {cost.peak_bytes} bytes"
+    if name == "gnu-hash-long-chains":  # real names, found until the walking budget is spent
+        found = outcome.index(None)
+        assert outcome[1:found] == [True] * (found - 1)
+        assert sum(1000 - i for i in range(found - 1)) <= MAX_LOOKUP_STEPS + 1000
+        assert set(outcome[found:]) == {None}
+    else:
+        assert set(outcome) == {None}, outcome[:5]

@@ -14,7 +14,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from execwatch.cluster import crd
-from execwatch.cluster.handler import Handler, HandlerConfig
+from execwatch.cluster.handler import LABEL, Handler, HandlerConfig
 from execwatch.cluster.metrics import HandlerMetrics
 from tests.kube.cluster import KubeCluster
 from tests.kube.fixtures import AGENT_NODE, admin, agent_api, agent_lightkube, handler_api, kube
@@ -34,6 +34,14 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, step: float 
         if time.monotonic() > deadline:
             pytest.fail(f"condition not met within {timeout}s: {predicate}")
         time.sleep(step)
+
+
+def label_of(admin: client.ApiClient, pod: dict[str, Any]) -> str | None:
+    """The handler's label on the pod as the API server has it now (None: not set)."""
+    meta = pod["metadata"]
+    current = client.CoreV1Api(admin).read_namespaced_pod(meta["name"], meta["namespace"])
+    labels: dict[str, str] = current.metadata.labels or {}
+    return labels.get(LABEL)
 
 
 def list_records(api: client.ApiClient) -> list[dict[str, Any]]:

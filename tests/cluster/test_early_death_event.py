@@ -1,14 +1,18 @@
-"""End to end on this host: a side process that dies in its dynamic loader inside a runc
-container of a Pod in the real API server ends in a Warning Event `MissingLibrary`.
+"""End to end on this host, for every early-death case of tests/probe/deaths.py: a side
+process that dies right after its exec inside a runc container of a Pod in the real API
+server ends in one Warning Event with its reason, the pod label and the metric; the
+quiet cases (StartupCrash without the flag, benign exits) end in nothing.
 
 The same path as tests/cluster/test_end_to_end.py (probe, diagnosis, attribution with the
-agent's pod watch, publisher, handler), with an early death instead of a failed exec.
+agent's pod watch, publisher, handler), with early deaths instead of a failed exec. A
+quiet case is followed by a marker, a failed exec of a foreign binary in the same
+container: once its Event is there, an Event for the case would have been too.
 """
 
 from __future__ import annotations
 
 import secrets
-import shutil
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,12 +20,13 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from execwatch.cluster.handler import LABEL, Handler
-from tests.attribution.containerd_env import LIBRARY_MISSING, LIBRARY_MISSING_FILES
+from execwatch.cluster.events import event_reason
+from execwatch.cluster.handler import Handler
 from tests.attribution.runc_env import KubeletCgroup, Runc, remove_pod_cgroups
-from tests.cluster.conftest import NODE, PodFactory, wait_until
+from tests.cluster.conftest import NODE, PodFactory, label_of, wait_until
 from tests.cluster.test_end_to_end import pod_reader_rbac, running_agent
 from tests.cluster.test_handler import events_of, failures_total
+from tests.probe.deaths import DEATHS, KEEPALIVE, MARKER, Death
 
 __all__ = ["pod_reader_rbac"]
 
@@ -29,15 +34,13 @@ __all__ = ["pod_reader_rbac"]
 @pytest.fixture
 def runc(tmp_path: Path) -> Iterator[Runc]:
     runtime = Runc(tmp_path / "runc")
-    for dest, source in LIBRARY_MISSING_FILES.items():
-        target = runtime.rootfs / dest
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source, target)
     yield runtime
     runtime.cleanup()
 
 
-def test_a_side_process_dying_in_its_loader_ends_in_a_missing_library_event(
+@pytest.mark.parametrize("death", DEATHS, ids=lambda d: d.name)
+def test_an_early_death_in_a_container_ends_in_an_event_with_its_reason(
+    death: Death,
     admin: client.ApiClient,
     agent_lightkube: Any,
     make_pod: PodFactory,
@@ -45,41 +48,42 @@ def test_a_side_process_dying_in_its_loader_ends_in_a_missing_library_event(
     start_handler: Callable[..., Handler],
     runc: Runc,
     pod_reader_rbac: None,
+    tmp_path: Path,
 ) -> None:
+    root = death.container_root(tmp_path / "root")
     container_id = secrets.token_hex(32)
     pod = make_pod(container_ids={"app": container_id})
     cgroup = KubeletCgroup("systemd", "besteffort", pod["metadata"]["uid"], container_id)
     handler = start_handler()
     try:
         with running_agent(agent_lightkube):
-            name = runc.start_detached(cgroup, ["/bin/sleep", "300"])
-            assert runc.exec(name, [LIBRARY_MISSING]) == 127  # the loader's exit code
-            [event] = wait_until(lambda: events_of(admin, namespace), timeout=15)
+            name = runc.start_detached(cgroup, KEEPALIVE, rootfs=root)
+            assert runc.exec(name, list(death.argv)) == death.exit_status
+            if not death.shown:
+                assert runc.exec(name, [MARKER]) != 0  # exec format error
+            wait_until(lambda: events_of(admin, namespace), timeout=15)
+            wait_until(handler.idle)
     finally:
         runc.cleanup()
         remove_pod_cgroups(cgroup.pod_path)
 
-    assert event.type == "Warning" and event.reason == "MissingLibrary"
-    assert event.regarding.uid == pod["metadata"]["uid"]
-    assert LIBRARY_MISSING in event.note and "(EXIT127)" in event.note
-    assert "libselinux.so.1" in event.note
-    labels = (
-        client.CoreV1Api(admin)
-        .read_namespaced_pod(pod["metadata"]["name"], namespace)
-        .metadata.labels
-    )
-    assert labels[LABEL] == "MissingLibrary"
-    wait_until(handler.idle)
-    assert (
-        failures_total(
-            handler,
-            namespace=namespace,
-            workload="app",
-            container="app",
-            node=NODE,
-            node_arch="amd64",
-            binary_arch="amd64",
-            reason="MissingLibrary",
-        )
-        == 1
-    )
+    [event] = events_of(admin, namespace)
+    assert event.type == "Warning" and event.regarding.uid == pod["metadata"]["uid"]
+    if not death.shown:
+        assert (event.reason, label_of(admin, pod)) == ("ExecFormatError", "ExecFormatError")
+        assert MARKER in event.note
+        return
+    assert death.reason is not None
+    reason = event_reason(death.reason)
+    assert (event.reason, label_of(admin, pod)) == (reason, reason)
+    assert f"could not exec {death.path} ({event_status(death)})" in event.note
+    assert all(value in event.note for value in death.details.values()), event.note
+    labels = {"namespace": namespace, "workload": "app", "container": "app", "node": NODE}
+    assert failures_total(handler, **labels, reason=str(death.reason)) == 1
+
+
+def event_status(death: Death) -> str:
+    """How the Event names the way it died: EXIT127, SIGSEGV."""
+    if death.signal is not None:
+        return signal.Signals(death.signal).name
+    return f"EXIT{death.exit_code}"

@@ -25,12 +25,12 @@ from prometheus_client import CollectorRegistry
 from execwatch.attribution import Attributor
 from execwatch.attribution.cri.client import CriContainers
 from execwatch.cluster import agent, crd
-from execwatch.cluster.handler import LABEL, Handler
+from execwatch.cluster.handler import Handler
 from execwatch.cluster.kubeapi import RecordApi
 from execwatch.cluster.metrics import PublisherMetrics
 from execwatch.cluster.publisher import Publisher, PublisherConfig
 from tests.attribution.runc_env import KubeletCgroup, Runc, remove_pod_cgroups
-from tests.cluster.conftest import NODE, PodFactory, wait_until
+from tests.cluster.conftest import NODE, PodFactory, label_of, wait_until
 from tests.cluster.test_handler import events_of, failures_total
 from tests.kube.cluster import MANIFESTS, KubeCluster, load_manifests
 
@@ -129,12 +129,7 @@ def test_a_foreign_binary_failing_in_a_runc_container_ends_in_one_event_a_label_
     assert event.regarding.uid == pod["metadata"]["uid"]
     assert foreign in event.note and 'container "app"' in event.note
     assert "arm64 binary on a amd64 node" in event.note
-    labels = (
-        client.CoreV1Api(admin)
-        .read_namespaced_pod(pod["metadata"]["name"], namespace)
-        .metadata.labels
-    )
-    assert labels[LABEL] == "ExecFormatError"
+    assert label_of(admin, pod) == "ExecFormatError"
     wait_until(handler.idle)  # the last record is deleted just before it is counted
     assert (
         failures_total(

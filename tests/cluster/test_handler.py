@@ -14,10 +14,10 @@ from kubernetes import client
 
 from execwatch.cluster import crd
 from execwatch.cluster.events import RECORDS_ANNOTATION
-from execwatch.cluster.handler import LABEL, Handler, HandlerConfig, Retry
+from execwatch.cluster.handler import Handler, HandlerConfig, Retry
 from execwatch.cluster.safe import is_label_value
 from execwatch.record import AttributionStatus, ExecFailure, Reason
-from tests.cluster.conftest import NODE, PodFactory, list_records, wait_until
+from tests.cluster.conftest import NODE, PodFactory, label_of, list_records, wait_until
 from tests.cluster.records import exec_failure
 from tests.kube.cluster import KubeCluster
 
@@ -98,12 +98,7 @@ def test_a_record_becomes_a_warning_event_a_pod_label_and_a_metric(
     assert "/usr/local/bin/server" in event.note
     assert "arm64 binary on a amd64 node" in event.note and 'container "app"' in event.note
     assert event.series.count == 3
-    labels = (
-        client.CoreV1Api(admin)
-        .read_namespaced_pod(pod["metadata"]["name"], namespace)
-        .metadata.labels
-    )
-    assert labels[LABEL] == "ExecFormatError"
+    assert label_of(admin, pod) == "ExecFormatError"
     assert (
         failures_total(
             handler,
@@ -160,12 +155,7 @@ def test_a_missing_interpreter_gets_its_own_reason(
     wait_until(drained(admin, handler))
     [event] = events_of(admin, namespace)
     assert event.reason == "MissingInterpreter" and "(ENOENT)" in event.note
-    pod_labels = (
-        client.CoreV1Api(admin)
-        .read_namespaced_pod(pod["metadata"]["name"], namespace)
-        .metadata.labels
-    )
-    assert pod_labels[LABEL] == "MissingInterpreter"
+    assert label_of(admin, pod) == "MissingInterpreter"
 
 
 def test_a_record_for_a_pod_that_does_not_exist_is_counted_but_not_believed(
@@ -212,9 +202,7 @@ def test_a_pod_recreated_under_the_same_name_is_not_blamed(
     publish(agent_api, exec_failure(pod=pod, pod_uid="uid-of-the-previous-db-0"))
     wait_until(drained(admin, handler))
     assert events_of(admin, namespace) == []
-    assert LABEL not in (
-        client.CoreV1Api(admin).read_namespaced_pod("db-0", namespace).metadata.labels or {}
-    )
+    assert label_of(admin, pod) is None
     assert sample(handler, "execwatch_handler_records_total", result="pod_missing") == 1
 
 
@@ -230,12 +218,7 @@ def test_an_agent_cannot_speak_for_pods_on_another_node(
     publish(agent_api, exec_failure(pod=pod), node=NODE)
     wait_until(drained(admin, handler))
     assert events_of(admin, namespace) == []
-    assert LABEL not in (
-        client.CoreV1Api(admin)
-        .read_namespaced_pod(pod["metadata"]["name"], namespace)
-        .metadata.labels
-        or {}
-    )
+    assert label_of(admin, pod) is None
     assert sample(handler, "execwatch_handler_invalid_records_total", type="node_mismatch") == 1
     assert failures_total(handler) == 0
 
@@ -279,12 +262,8 @@ def test_hostile_strings_stay_safe_in_events_labels_metrics_and_logs(
     [event] = events_of(admin, namespace)
     assert "\n" not in event.note and "\x1b" not in event.note and "\u202e" not in event.note
     assert "\\x0alevel=error" in event.note and len(event.note) <= 1024
-    label = (
-        client.CoreV1Api(admin)
-        .read_namespaced_pod(pod["metadata"]["name"], namespace)
-        .metadata.labels[LABEL]
-    )
-    assert is_label_value(label)
+    label = label_of(admin, pod)
+    assert label is not None and is_label_value(label)
     for record in caplog.records:
         assert "\n" not in record.getMessage()
         for value in getattr(record, "kv", {}).values():

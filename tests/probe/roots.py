@@ -9,6 +9,7 @@ finds a container's through its rootfs mount.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import shutil
@@ -24,6 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 NEWER = REPO / ".cache" / "newer"
 GLIBC_LOADER = "/lib64/ld-linux-x86-64.so.2"
 MUSL_LOADER = "/lib/ld-musl-x86_64.so.1"
+CLONE_NEWNS = 0x00020000
 LDD_LINE = re.compile(r"^\s*(\S+) => (/\S+) \(")
 
 
@@ -66,6 +68,19 @@ def glibc_root(
     return root
 
 
+def gcompat_root(root: Path, *, loader_link: bool) -> Path:
+    """A musl root holding a glibc C++ program; with loader_link, gcompat's
+    /lib64/ld-linux-x86-64.so.2 -> musl's loader."""
+    glibc_root(root, {"/usr/bin/tbl": Path("/usr/bin/tbl")})
+    os.remove(root / "lib64/ld-linux-x86-64.so.2")
+    copy_into(root, Path(MUSL_LOADER).resolve(), MUSL_LOADER)
+    if loader_link:
+        os.symlink(MUSL_LOADER, root / "lib64/ld-linux-x86-64.so.2")
+    (root / "etc").mkdir()
+    (root / "etc/ld-musl-x86_64.path").write_text("/usr/lib/x86_64-linux-gnu\n")
+    return root
+
+
 def newer_package(name: str) -> Path:
     """A package of a newer Debian release, unpacked by dev/fetch-newer.sh."""
     if not (NEWER / ".complete-v1").exists():
@@ -86,13 +101,24 @@ class Keepers:
     def __init__(self) -> None:
         self._pids: list[int] = []
 
-    def run(self, argv: list[str], *, root: Path | None = None, linger: float = 2.0) -> Outcome:
+    def run(
+        self,
+        argv: list[str],
+        *,
+        root: Path | None = None,
+        linger: float = 2.0,
+        own_mounts: bool = False,
+    ) -> Outcome:
+        """own_mounts: the keeper first enters a mount namespace of its own (a container's
+        root is in one), so once it is gone nothing on the host leads to that root."""
         r, w = os.pipe()
         keeper = os.fork()
         if keeper == 0:  # never returns
             os.close(r)
             null = os.open("/dev/null", os.O_RDWR)  # before the chroot: the root has no /dev
             try:
+                if own_mounts and ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNS):
+                    raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
                 if root is not None:
                     os.chroot(root)
                     os.chdir("/")
@@ -130,10 +156,11 @@ def keepers() -> Iterator[Keepers]:
     k.reap()
 
 
-def build_musl(tmp_path: Path, name: str, source: str) -> Path:
-    """A small program built with Debian's musl-gcc (musl-tools): PT_INTERP is musl's."""
+def build_musl(tmp_path: Path, name: str, source: str, compiler: str = "musl-gcc") -> Path:
+    """A small program built with Debian's musl-gcc (musl-tools): PT_INTERP is musl's
+    (with compiler="gcc", glibc's)."""
     c = tmp_path / f"{name}.c"
     c.write_text(source)
     binary = tmp_path / name
-    subprocess.run(["musl-gcc", "-O2", "-o", binary, c], check=True)
+    subprocess.run([compiler, "-O2", "-o", binary, c], check=True)
     return binary

@@ -17,91 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from execwatch.diagnosis import FileDiagnoser
-from execwatch.pipeline import NodePipeline
 from execwatch.probe import Probe
-from execwatch.probe.events import boot_to_epoch_offset, decode_record
 from execwatch.probe.loader import ProbeOptions
-from execwatch.record import ExecFailure, Reason
-from tests.probe.roots import (
-    MUSL_LOADER,
-    Keepers,
-    build_musl,
-    copy_into,
-    glibc_root,
-    keepers,
-    needed_libraries,
-    newer_package,
-)
+from execwatch.record import Reason
+from tests.probe.deaths import BY_NAME, EXITER, DeathTracer
+from tests.probe.roots import Keepers, build_musl, gcompat_root, keepers
 from tests.probe.test_trace_cli import TraceProcess, start_trace
 
 __all__ = ["keepers", "start_trace"]
 WINDOW_S = 1.0
-
-
-class Observed:
-    """Every record the pipeline delivered (counted), and the ones it emitted (shown)."""
-
-    def __init__(self) -> None:
-        self.counted: list[tuple[int | str, Reason]] = []
-
-    def delivered(self, errno: int | str, reason: Reason, *, aggregated: bool, **_: object) -> None:
-        self.counted.append((errno, reason))
-
-    def reasons(self) -> set[Reason]:
-        return {reason for _, reason in self.counted}
-
-    def dropped(self, kind: str, count: int = 1) -> None: ...
-
-    def overran(self, stage: str) -> None: ...
-
-
-class DeathTracer:
-    def __init__(self, probe: Probe, *, show_crashes: bool) -> None:
-        self.probe = probe
-        self.records: list[ExecFailure] = []
-        self.observed = Observed()
-        self.pipeline = NodePipeline(
-            FileDiagnoser.for_host(None),
-            self.records.append,
-            epoch_offset=boot_to_epoch_offset(),
-            observer=self.observed,
-            show_crashes=show_crashes,
-            window=0.05,
-        )
-        self.kernel_pids: list[int] = []  # whose record the kernel sent at all
-        probe.open_ring_buffer(self._on_record)
-
-    def _on_record(self, raw: bytes) -> None:
-        self.kernel_pids.append(decode_record(raw, 0).tgid)
-        self.pipeline.on_record(raw)
-
-    def settle(self, seconds: float = 0.5) -> None:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            self.probe.poll(50)
-        drain = getattr(self.pipeline, "drain", None)
-        if drain is not None:
-            drain(5.0)
-
-    def for_pid(self, pid: int, timeout: float = 5.0) -> ExecFailure:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.settle(0.1)
-            for record in self.records:
-                if record.event.tgid == pid:
-                    return record
-        seen = [(r.event.path, r.event.status, str(r.diagnosis.reason)) for r in self.records]
-        raise AssertionError(f"no early death of pid {pid} within {timeout}s; saw {seen[-20:]}")
-
-    def none_shown(self, pids: set[int]) -> None:
-        self.settle(0.5)
-        assert not [r for r in self.records if r.event.tgid in pids]
-
-    def none_sent(self, pids: set[int]) -> None:
-        """Not even a ring-buffer record: the kernel discarded these exits."""
-        self.none_shown(pids)
-        assert not pids & set(self.kernel_pids)
 
 
 @pytest.fixture
@@ -109,7 +33,7 @@ def tracer() -> Iterator[DeathTracer]:
     with Probe(ProbeOptions(death_window_ms=WINDOW_S * 1000)) as probe:
         tracer = DeathTracer(probe, show_crashes=False)
         yield tracer
-        getattr(tracer.pipeline, "close", lambda: None)()
+        tracer.close()
 
 
 @pytest.fixture
@@ -117,13 +41,13 @@ def crash_tracer() -> Iterator[DeathTracer]:
     with Probe(ProbeOptions(death_window_ms=WINDOW_S * 1000)) as probe:
         tracer = DeathTracer(probe, show_crashes=True)
         yield tracer
-        getattr(tracer.pipeline, "close", lambda: None)()
+        tracer.close()
 
 
 def test_debian_binary_without_one_of_its_libraries(
     tracer: DeathTracer, keepers: Keepers, tmp_path: Path
 ) -> None:
-    root = glibc_root(tmp_path, {"/usr/bin/ls": Path("/usr/bin/ls")}, omit=["libselinux.so.1"])
+    root = BY_NAME["missing-library"].build(tmp_path)
 
     ran = keepers.run(["/usr/bin/ls", "/"], root=root)
 
@@ -147,8 +71,7 @@ def test_newer_debian_binary_against_the_hosts_older_glibc(
     tracer: DeathTracer, keepers: Keepers, tmp_path: Path
 ) -> None:
     """trixie's hello needs GLIBC_2.38; bookworm's libc.so.6 stops at 2.36."""
-    hello = newer_package("hello") / "usr/bin/hello"
-    root = glibc_root(tmp_path, {"/usr/bin/hello": hello})
+    root = BY_NAME["missing-symbol-version"].build(tmp_path)
 
     ran = keepers.run(["/usr/bin/hello"], root=root)
 
@@ -160,24 +83,11 @@ def test_newer_debian_binary_against_the_hosts_older_glibc(
     assert record.event.exit_code == 1
 
 
-def gcompat_root(root: Path, *, loader_link: bool) -> Path:
-    """A musl root holding a glibc C++ program; with loader_link, gcompat's
-    /lib64/ld-linux-x86-64.so.2 -> musl's loader."""
-    glibc_root(root, {"/usr/bin/tbl": Path("/usr/bin/tbl")})
-    os.remove(root / "lib64/ld-linux-x86-64.so.2")
-    copy_into(root, Path(MUSL_LOADER).resolve(), MUSL_LOADER)
-    if loader_link:
-        os.symlink(MUSL_LOADER, root / "lib64/ld-linux-x86-64.so.2")
-    (root / "etc").mkdir()
-    (root / "etc/ld-musl-x86_64.path").write_text("/usr/lib/x86_64-linux-gnu\n")
-    return root
-
-
 def test_glibc_cxx_binary_under_musls_loader_named_like_glibcs(
     tracer: DeathTracer, keepers: Keepers, tmp_path: Path
 ) -> None:
     """gcompat's layout: /lib64/ld-linux-x86-64.so.2 is musl's loader."""
-    root = gcompat_root(tmp_path, loader_link=True)
+    root = BY_NAME["libc-mismatch"].build(tmp_path)
 
     ran = keepers.run(["/usr/bin/tbl"], root=root)
 
@@ -258,28 +168,12 @@ def test_musl_command_not_found_is_counted_benign_never_shown(
     assert Reason.BENIGN_EXIT in tracer.observed.reasons()
 
 
-EXITER = r"""
-#include <stdlib.h>
-#include <unistd.h>
-int main(int argc, char **argv) {
-    if (argc > 2) { usleep(atoi(argv[1]) * 1000); return atoi(argv[2]); }
-    return 2;
-}
-"""
-
-
 def test_binary_linked_against_a_newer_libcurl(
     tracer: DeathTracer, keepers: Keepers, tmp_path: Path
 ) -> None:
     """trixie's curl imports curl_global_trace@CURL_OPENSSL_4, which bookworm's libcurl
     (the version node exists, the symbol does not) lacks: the version check passes."""
-    curl = newer_package("curl") / "usr/bin/curl"
-    host_libcurl = {"libcurl.so.4": Path("/usr/lib/x86_64-linux-gnu/libcurl.so.4")}
-    root = glibc_root(
-        tmp_path,
-        {"/usr/bin/curl": curl},
-        extra_libraries=host_libcurl | needed_libraries(host_libcurl["libcurl.so.4"]),
-    )
+    root = BY_NAME["missing-symbol"].build(tmp_path)
 
     ran = keepers.run(["/usr/bin/curl", "--version"], root=root)
 

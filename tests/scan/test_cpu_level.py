@@ -92,3 +92,13 @@ def test_a_bad_level_is_bad_input(root: Path, capsys: pytest.CaptureFixture[str]
     assert last.endswith(
         "argument --cpu-level: invalid x86-64 level 'v5': expected x86-64-v1 ... x86-64-v4"
     )
+
+
+def test_a_lone_file_is_checked_against_the_level(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lone = str(root / "app/needs-v3")
+    code, doc = scan_json(capsys, lone, "--cpu-level", "x86-64-v2")
+    assert code == 1 and checks(doc) == {("cpu-level", lone)}
+    code, doc = scan_json(capsys, lone, "--cpu-level", "x86-64-v3")
+    assert (code, doc["findings"]) == (0, [])

@@ -1,27 +1,40 @@
-"""Dynamic symbols: what an ELF object imports (with the version it asks for) and exports.
+"""Dynamic symbols: what an ELF object imports (with the version it asks for), and whether
+it exports a given name, looked up through its hash table as ld.so does.
 
-Read from the section headers' .dynsym, its string table and the GNU version sections,
-all bounded (MAX_TABLE_BYTES per table, MAX_SYMBOLS symbols, MAX_IMPORTS imports,
-MAX_NAME_BYTES of distinct names, MAX_VERSION_ENTRIES versions). An object without section
-headers, or over a bound, gives None: unknown, never "nothing missing". Only read on
-demand (one executable and what it loads), never for every file of an image: libLLVM's
-89,000 exports take 250 ms in Python.
+Read from the section headers' .dynsym, its string table, the GNU version sections and
+.gnu.hash (else .hash), all bounded: MAX_TABLE_BYTES per table, MAX_SYMBOLS symbols,
+MAX_IMPORTS imports, MAX_NAME_BYTES of distinct import names, MAX_VERSION_ENTRIES versions,
+MAX_CHAIN_STEPS per lookup. Only the imports are decoded. An export is found by hashing the
+wanted name and comparing it with the few symbols of its hash chain (`elf/dl-lookup.c`), so
+libLLVM's 91,000 exports cost one read of the tables and then microseconds per name asked
+for, instead of 250 ms to decode them all. An object without section headers, or over a
+bound, gives None, and a lookup in a broken hash table None: unknown, never "nothing
+missing". Without any hash table, the exports are decoded into a set (bounded as above).
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
+import operator
 import struct
+import sys
+from array import array
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple, TypeAlias
 
 from execwatch.binfmt.elf import ElfInfo
 
+SHT_HASH = 5
 SHT_DYNSYM = 11
+SHT_GNU_HASH = 0x6FFFFFF6
 SHT_GNU_VERDEF = 0x6FFFFFFD
 SHT_GNU_VERNEED = 0x6FFFFFFE
 SHT_GNU_VERSYM = 0x6FFFFFFF
 STB_GLOBAL, STB_WEAK, STB_GNU_UNIQUE = 1, 2, 10
+EXPORTED_BINDINGS = (STB_GLOBAL, STB_WEAK, STB_GNU_UNIQUE)
+IMPORTED_BINDINGS = (STB_GLOBAL, STB_GNU_UNIQUE)  # an undefined weak symbol may stay unbound
+NO_VERSION: tuple[None, None] = (None, None)
 MAX_TABLE_BYTES = 16 << 20
 MAX_SYMBOLS = 1 << 18  # libLLVM exports 89,000; more is treated as unknown
 MAX_IMPORTS = 1 << 15  # undefined symbols kept; python3.11 imports 511, libLLVM 524
@@ -29,24 +42,49 @@ MAX_NAME_BYTES = 6 << 20  # distinct names decoded, each once; libLLVM's are 3 M
 MAX_SECTIONS = 1 << 16
 MAX_VERSION_ENTRIES = 1 << 14
 MAX_OFFSET = 1 << 62  # beyond any file; a larger one would not even fit a seek (ssize_t)
+# Symbols compared along one hash chain. ld sizes the buckets for chains of a few symbols
+# (libLLVM's longest is 17); a chain without its end mark would walk the whole table.
+MAX_CHAIN_STEPS = 1024
+# Chain entries walked in one object over all its lookups (a scan asks each name once): the
+# busiest library of a whole Debian /usr walks 5,784. Past it, its exports are unknown.
+MAX_LOOKUP_STEPS = 1 << 18
+HASH_CACHE = 1 << 16  # names whose hashes are kept: every executable asks for libc's again
+
+Section = tuple[int, int, int, int, int]  # type, offset, size, link, entsize
 
 
-@dataclass(frozen=True, slots=True)
-class SymbolRef:
-    name: str
+class SymbolRef(NamedTuple):
+    key: bytes  # the name as stored, compared byte for byte as ld.so does
     version: str | None  # GLIBC_2.38, CURL_OPENSSL_4
     library: str | None  # the DT_NEEDED name the version is required from
 
+    @property
+    def name(self) -> str:
+        return self.key.decode(errors="replace")
 
-@dataclass(frozen=True, slots=True)
+
+_new_ref = tuple.__new__  # SymbolRef without NamedTuple's Python-level __new__
+
+
 class DynamicSymbols:
-    imports: tuple[SymbolRef, ...]  # undefined, not weak
-    exports: frozenset[str]  # "name" and "name@version" of every defined global symbol
+    """An object's imports (undefined, not weak) and a lookup of what it exports."""
 
-    def defines(self, ref: SymbolRef) -> bool:
+    def __init__(
+        self, imports: tuple[SymbolRef, ...], exports: _Exports | frozenset[str] = frozenset()
+    ) -> None:
+        self.imports = imports
+        self._exports = exports
+        held = exports.size if isinstance(exports, _Exports) else 64 * len(exports)
+        self.size = held + 64 * len(imports)  # bytes, roughly: for a cache's budget
+
+    def defines(self, ref: SymbolRef) -> bool | None:
+        """Whether a defined global symbol has this name (and this version, if one is asked
+        for); None when the hash table is broken: unknown."""
+        if isinstance(self._exports, _Exports):
+            return self._exports.defines(ref)
         if ref.version is not None:
-            return f"{ref.name}@{ref.version}" in self.exports
-        return ref.name in self.exports
+            return f"{ref.name}@{ref.version}" in self._exports
+        return ref.name in self._exports
 
 
 class _File:
@@ -71,7 +109,7 @@ def read_dynamic_symbols(f: BinaryIO, info: ElfInfo) -> DynamicSymbols | None:
     by_type = {s[0]: s for s in reversed(sections)}
     dynsym = by_type.get(SHT_DYNSYM)
     if dynsym is None:
-        return DynamicSymbols((), frozenset())
+        return DynamicSymbols(())
     _, offset, size, link, entsize = dynsym
     if link >= len(sections) or not entsize or size // entsize > MAX_SYMBOLS:
         return None
@@ -79,33 +117,238 @@ def read_dynamic_symbols(f: BinaryIO, info: ElfInfo) -> DynamicSymbols | None:
     table = r.read(offset, size)
     if strtab is None or table is None:
         return None
+    symbols = _Symbols(r, table, entsize, strtab)
     versym = _versym(r, by_type.get(SHT_GNU_VERSYM))
-    defs = _verdefs(r, by_type.get(SHT_GNU_VERDEF), strtab)
     needs = _verneeds(r, by_type.get(SHT_GNU_VERNEED), strtab)
+    imports = _imports(symbols, versym, needs)
+    if imports is None:
+        return None
+    defs = _verdefs(r, by_type.get(SHT_GNU_VERDEF), strtab)
+    dynsym_index = sections.index(dynsym)
+    for kind in (SHT_GNU_HASH, SHT_HASH):
+        section = by_type.get(kind)
+        if section is not None and section[3] == dynsym_index:
+            data = r.read(section[1], section[2])
+            if data is None:
+                return None
+            return DynamicSymbols(imports, _Exports(symbols, versym, defs, kind, data))
+    exports = _export_set(symbols, versym, defs)
+    return None if exports is None else DynamicSymbols(imports, exports)
+
+
+def _imports(
+    symbols: _Symbols, versym: array[int], needs: dict[int, tuple[str, str]]
+) -> tuple[SymbolRef, ...] | None:
+    """The hot loop of a scan (every executable's every import): kept flat."""
     imports: list[SymbolRef] = []
+    table, strtab, n_versym = symbols.table, symbols.strtab, len(versym)
+    unpack, entsize, info_at = symbols.entry.unpack_from, symbols.entsize, symbols.info_at
+    names: dict[int, bytes] = {}  # each offset sliced once (see _Names)
+    sliced = 0
+    for i in symbols.undefined():
+        fields = unpack(table, i * entsize)
+        if fields[info_at] >> 4 not in IMPORTED_BINDINGS:
+            continue
+        name = names.get(fields[0])
+        if name is None:
+            offset = fields[0]
+            end = strtab.find(b"\0", offset)
+            name = names[offset] = strtab[offset:end] if 0 <= offset < end else b""
+            sliced += len(name)
+            if sliced > MAX_NAME_BYTES:
+                return None  # over a bound: unknown
+        if name:
+            if len(imports) > MAX_IMPORTS:
+                return None
+            version, library = needs.get(versym[i] & 0x7FFF if i < n_versym else 0, NO_VERSION)
+            imports.append(_new_ref(SymbolRef, (name, version, library)))
+    return tuple(imports)
+
+
+def _export_set(
+    symbols: _Symbols, versym: array[int], defs: dict[int, str]
+) -> frozenset[str] | None:
+    """Every defined global name, and name@version: for an object without a hash table."""
     exports: set[str] = set()
-    names = _Names(strtab)
-    for i, (name_off, bind, shndx) in enumerate(_symbols(r, table, entsize)):
-        if bind not in (STB_GLOBAL, STB_WEAK, STB_GNU_UNIQUE):
+    names = _Names(symbols.strtab)
+    for i in range(symbols.count):
+        name_off, bind, shndx = symbols[i]
+        if shndx == 0 or bind not in EXPORTED_BINDINGS:
             continue
-        name = names.get(name_off)
-        if name is None or len(imports) > MAX_IMPORTS:
-            return None  # over a bound: unknown
-        if not name:
-            continue
-        ver = versym[i] & 0x7FFF if i < len(versym) else 0
-        if shndx == 0:
-            if bind != STB_WEAK:
-                version, library = needs.get(ver, (None, None))
-                imports.append(SymbolRef(name, version, library))
-            continue
-        exports.add(name)
-        if ver in defs:
-            exports.add(f"{name}@{defs[ver]}")
-    return DynamicSymbols(tuple(imports), frozenset(exports))
+        raw = names.get(name_off)
+        if raw is None:
+            return None
+        if raw:
+            name = raw.decode(errors="replace")
+            exports.add(name)
+            ver = versym[i] & 0x7FFF if i < len(versym) else 0
+            if ver in defs:
+                exports.add(f"{name}@{defs[ver]}")
+    return frozenset(exports)
 
 
-def _sections(r: _File) -> list[tuple[int, int, int, int, int]] | None:
+class _Symbols:
+    """The raw .dynsym: (name offset, binding, section index) of symbol i, on demand."""
+
+    def __init__(self, r: _File, table: bytes, entsize: int, strtab: bytes) -> None:
+        self.order, self.wide = r.e, r.wide
+        if r.wide:  # st_name, st_info, st_other, st_shndx
+            self.entry, self.info_at, self.shndx_at, want = struct.Struct(r.e + "IBBH"), 1, 3, 24
+        else:  # st_name, st_value, st_size, st_info, st_other, st_shndx
+            self.entry, self.info_at, self.shndx_at, want = struct.Struct(r.e + "IIIBBH"), 3, 5, 16
+        self.table, self.strtab, self.entsize = table, strtab, entsize
+        self.count = len(table) // entsize if entsize >= want else 0
+
+    def __getitem__(self, i: int) -> tuple[int, int, int]:
+        fields = self.entry.unpack_from(self.table, i * self.entsize)
+        return fields[0], fields[self.info_at] >> 4, fields[self.shndx_at]
+
+    def undefined(self) -> Iterator[int]:
+        """Indices of the symbols with st_shndx 0. A library's table is mostly defined
+        symbols: the 16-bit st_shndx column is sliced out and tested in C."""
+        if self.entsize % 2:  # no 16-bit column to slice: look at each entry
+            return (i for i in range(self.count) if self[i][2] == 0)
+        words = memoryview(self.table)[: self.count * self.entsize].cast("H")
+        column = words[(6 if self.wide else 14) // 2 :: self.entsize // 2]
+        return itertools.compress(range(self.count), map(operator.not_, column))
+
+    def named(self, i: int, key: bytes) -> bool:
+        """Symbol i is a defined global one named exactly `key`."""
+        fields = self.entry.unpack_from(self.table, i * self.entsize)
+        name_off, end = fields[0], fields[0] + len(key)
+        return (
+            fields[self.shndx_at] != 0
+            and fields[self.info_at] >> 4 in EXPORTED_BINDINGS
+            and end < len(self.strtab)
+            and self.strtab[end] == 0
+            and self.strtab.startswith(key, name_off)
+        )
+
+
+class _Exports:
+    """Exported symbols found through .gnu.hash or .hash, as `_dl_lookup_symbol_x` does."""
+
+    def __init__(
+        self, symbols: _Symbols, versym: array[int], defs: dict[int, str], kind: int, data: bytes
+    ) -> None:
+        self.symbols, self.versym, self.defs = symbols, versym, defs
+        self.gnu = kind == SHT_GNU_HASH
+        parse = _gnu_hash_table if self.gnu else _sysv_hash_table
+        self.buckets, self.chain, self.symoffset = parse(data, symbols)
+        self.steps = 0  # chain entries walked, over every lookup
+        self.size = (
+            len(symbols.table)
+            + len(symbols.strtab)
+            + 2 * len(versym)
+            + 4 * (len(self.buckets) + len(self.chain))
+        )
+
+    def defines(self, ref: SymbolRef) -> bool | None:
+        if not self.buckets or self.steps > MAX_LOOKUP_STEPS:
+            return None  # a hash section we cannot read, or one that made us walk too far
+        key = ref.key
+        return self._gnu(key, ref.version) if self.gnu else self._sysv(key, ref.version)
+
+    def _gnu(self, key: bytes, version: str | None) -> bool | None:
+        h = _gnu_hash(key)
+        i = self.buckets[h % len(self.buckets)]
+        if i == 0:
+            return False
+        for step in range(MAX_CHAIN_STEPS):
+            j = i - self.symoffset
+            if not 0 <= j < len(self.chain) or i >= self.symbols.count:
+                break
+            entry = self.chain[j]
+            if entry | 1 == h | 1 and self._matches(i, key, version):
+                self.steps += step + 1
+                return True
+            if entry & 1:
+                self.steps += step + 1
+                return False
+            i += 1
+        self.steps = MAX_LOOKUP_STEPS + 1  # broken: every later answer is unknown too
+        return None
+
+    def _sysv(self, key: bytes, version: str | None) -> bool | None:
+        i = self.buckets[_sysv_hash(key) % len(self.buckets)]
+        for step in range(MAX_CHAIN_STEPS):
+            if i == 0:
+                self.steps += step + 1
+                return False
+            if i >= self.symbols.count or i >= len(self.chain):
+                break
+            if self._matches(i, key, version):
+                self.steps += step + 1
+                return True
+            i = self.chain[i]
+        self.steps = MAX_LOOKUP_STEPS + 1
+        return None
+
+    def _matches(self, i: int, key: bytes, version: str | None) -> bool:
+        if not self.symbols.named(i, key):
+            return False
+        if version is None:
+            return True
+        ver = self.versym[i] & 0x7FFF if i < len(self.versym) else 0
+        return self.defs.get(ver) == version
+
+
+_Table: TypeAlias = "tuple[array[int], array[int], int]"  # buckets, chain, symoffset
+_EMPTY: _Table = (array("I"), array("I"), 0)
+
+
+def _gnu_hash_table(data: bytes, symbols: _Symbols) -> _Table:
+    """nbuckets, symoffset, bloom size, bloom shift; the bloom words; buckets; chain."""
+    if len(data) < 16:
+        return _EMPTY
+    nbuckets, symoffset, bloom_words, _ = struct.unpack_from(symbols.order + "IIII", data)
+    buckets_at = 16 + bloom_words * (8 if symbols.wide else 4)
+    chain_at = buckets_at + 4 * nbuckets
+    if not nbuckets or chain_at > len(data) or symoffset > symbols.count:
+        return _EMPTY
+    chain_end = min(len(data), chain_at + 4 * (symbols.count - symoffset))
+    buckets = _words(data, buckets_at, chain_at, symbols.order)
+    return buckets, _words(data, chain_at, chain_end, symbols.order), symoffset
+
+
+def _sysv_hash_table(data: bytes, symbols: _Symbols) -> _Table:
+    """nbucket, nchain; buckets; chain (one entry per symbol)."""
+    if len(data) < 8:
+        return _EMPTY
+    nbucket, nchain = struct.unpack_from(symbols.order + "II", data)
+    chain_at = 8 + 4 * nbucket
+    if not nbucket or chain_at + 4 * nchain > len(data):
+        return _EMPTY
+    chain = _words(data, chain_at, chain_at + 4 * nchain, symbols.order)
+    return _words(data, 8, chain_at, symbols.order), chain, 0
+
+
+def _words(data: bytes, start: int, end: int, order: str) -> array[int]:
+    out = array("I", data[start:end])  # 4-byte items on every platform Python supports
+    if (order == "<") != (sys.byteorder == "little"):
+        out.byteswap()
+    return out
+
+
+@functools.lru_cache(maxsize=HASH_CACHE)
+def _gnu_hash(name: bytes) -> int:
+    h = 5381
+    for c in name:
+        h = h * 33 + c
+    return h & 0xFFFFFFFF
+
+
+@functools.lru_cache(maxsize=HASH_CACHE)
+def _sysv_hash(name: bytes) -> int:
+    h = 0
+    for c in name:
+        h = (h << 4) + c
+        g = h & 0xF0000000
+        h = (h ^ (g >> 24)) & ~g & 0xFFFFFFFF
+    return h
+
+
+def _sections(r: _File) -> list[Section] | None:
     """(type, offset, size, link, entsize) of each section header."""
     head = r.read(0, 64)
     if head is None:
@@ -137,35 +380,23 @@ def _sections(r: _File) -> list[tuple[int, int, int, int, int]] | None:
 
 
 class _Names:
-    """Symbol names, each offset decoded once: 262,000 symbols naming suffixes of one long
+    """Symbol names, each offset sliced once: 262,000 symbols naming suffixes of one long
     string would otherwise hold a copy each (a 6 MB file, 560 MB). None past MAX_NAME_BYTES."""
 
     def __init__(self, strtab: bytes) -> None:
         self.strtab = strtab
-        self.cache: dict[int, str] = {}
+        self.cache: dict[int, bytes] = {}
         self.decoded = 0
 
-    def get(self, offset: int) -> str | None:
+    def get(self, offset: int) -> bytes | None:
         name = self.cache.get(offset)
         if name is None:
-            name = self.cache[offset] = _string(self.strtab, offset)
+            end = self.strtab.find(b"\0", offset)
+            name = self.cache[offset] = self.strtab[offset:end] if 0 <= offset < end else b""
             self.decoded += len(name)
             if self.decoded > MAX_NAME_BYTES:
                 return None
         return name
-
-
-def _symbols(r: _File, table: bytes, entsize: int) -> Iterator[tuple[int, int, int]]:
-    """(name offset, binding, section index) of each symbol."""
-    if r.wide:
-        fmt, size, name_at, info_at, shndx_at = r.e + "IBBHQQ", 24, 0, 1, 3
-    else:
-        fmt, size, name_at, info_at, shndx_at = r.e + "IIIBBH", 16, 0, 3, 5
-    if entsize < size:
-        return
-    for off in range(0, len(table) - size + 1, entsize):
-        fields = struct.unpack_from(fmt, table, off)
-        yield fields[name_at], fields[info_at] >> 4, fields[shndx_at]
 
 
 def _string(strtab: bytes, offset: int) -> str:
@@ -173,16 +404,15 @@ def _string(strtab: bytes, offset: int) -> str:
     return strtab[offset:end].decode(errors="replace") if 0 <= offset < end else ""
 
 
-def _versym(r: _File, section: tuple[int, int, int, int, int] | None) -> tuple[int, ...]:
-    if section is None:
-        return ()
-    data = r.read(section[1], section[2] & ~1)
-    return struct.unpack(f"{r.e}{len(data) // 2}H", data) if data else ()
+def _versym(r: _File, section: Section | None) -> array[int]:
+    data = r.read(section[1], section[2] & ~1) if section is not None else None
+    out = array("H", data or b"")
+    if (r.e == "<") != (sys.byteorder == "little"):
+        out.byteswap()
+    return out
 
 
-def _verdefs(
-    r: _File, section: tuple[int, int, int, int, int] | None, strtab: bytes
-) -> dict[int, str]:
+def _verdefs(r: _File, section: Section | None, strtab: bytes) -> dict[int, str]:
     """Version index -> name defined by this object."""
     out: dict[int, str] = {}
     data = r.read(section[1], section[2]) if section else None
@@ -197,9 +427,7 @@ def _verdefs(
     return out
 
 
-def _verneeds(
-    r: _File, section: tuple[int, int, int, int, int] | None, strtab: bytes
-) -> dict[int, tuple[str, str]]:
+def _verneeds(r: _File, section: Section | None, strtab: bytes) -> dict[int, tuple[str, str]]:
     """Version index -> (version name, library it is needed from)."""
     out: dict[int, tuple[str, str]] = {}
     data = r.read(section[1], section[2]) if section else None

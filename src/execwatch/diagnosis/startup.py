@@ -140,6 +140,10 @@ def cpu_finding(short: Shortfall, path: str, info: ElfInfo, symptom: str) -> Fin
     )
 
 
+class _RootGone(Exception):
+    """No task, recorded root or container rootfs leads to the root any more."""
+
+
 class StartupDiagnoser:
     """Diagnoses early deaths; results are cached per executable and root."""
 
@@ -172,23 +176,28 @@ class StartupDiagnoser:
         if cached is not None:
             self._cache.move_to_end(key)
             return cached
-        diagnosis = self._diagnose(event)
-        self._cache[key] = diagnosis
+        diagnosis, settled = self._diagnose(event)
+        if settled:  # a root not read this time may be readable the next
+            self._cache[key] = diagnosis
         while len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)
         return diagnosis
 
-    def _diagnose(self, event: KernelEvent) -> Diagnosis:
+    def _diagnose(self, event: KernelEvent) -> tuple[Diagnosis, bool]:
+        """The diagnosis, and whether the root was read to reach it."""
         try:
-            return self._diagnose_in_root(event)
+            return self._diagnose_in_root(event), True
         except SlowFileSystem as exc:
             detail = f"not read: {exc}"
-            return Diagnosis(Reason.UNDIAGNOSED, self._node.architecture, detail=detail)
+            return Diagnosis(Reason.UNDIAGNOSED, self._node.architecture, detail=detail), False
+        except _RootGone:
+            why = "the task is gone and no live task has its root"
+            return self._unexplained(event, why), False
 
     def _diagnose_in_root(self, event: KernelEvent) -> Diagnosis:
         root = self._locator.open(event)
         if root is None:
-            return self._unexplained(event, "the task is gone and no live task has its root")
+            raise _RootGone
         try:
             fs = RootView(root, self._slow)
             st = fs.stat(event.path)
@@ -237,12 +246,13 @@ class StartupDiagnoser:
     ) -> Diagnosis:
         """A signal: the program's own crash. An exit: benign under musl, whose loader is
         also the libc every exit goes through; under glibc only a loader failure exits
-        from ld.so, so it is reported, undiagnosed."""
+        from ld.so, so it is reported, undiagnosed. So is an exit whose binary was not
+        read (a dead container's rootfs already unmounted): never a silent all clear."""
         arch = self._node.architecture
         if event.signal is not None:
             detail = f"{event.status} {event.age_ms or 0:.0f} ms after it started; {why}"
             return Diagnosis(Reason.STARTUP_CRASH, arch, detail=detail)
         detail = f"exit {event.exit_code} from inside the ELF loader; {why}"
-        if flavor == "glibc":
-            return Diagnosis(Reason.UNDIAGNOSED, arch, detail=detail)
-        return Diagnosis(Reason.BENIGN_EXIT, arch, detail=detail)
+        if flavor == "musl":
+            return Diagnosis(Reason.BENIGN_EXIT, arch, detail=detail)
+        return Diagnosis(Reason.UNDIAGNOSED, arch, detail=detail)

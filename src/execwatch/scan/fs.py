@@ -8,6 +8,7 @@ so that a symlink is always resolved against the image root and never against th
 from __future__ import annotations
 
 import io
+import operator
 import os
 import posixpath
 import stat
@@ -282,19 +283,25 @@ class DirectoryFS:
         stack = ["/"]
         while stack:
             directory = stack.pop()
+            prefix = directory if directory == "/" else directory + "/"
             try:
                 with os.scandir(self._host(directory)) as it:
-                    entries = sorted(it, key=lambda e: e.name, reverse=True)
+                    entries = sorted(it, key=_name)
             except OSError:
                 continue
             subdirs = []
-            for entry in reversed(entries):
-                path = posixpath.join(directory, entry.name)
+            for entry in entries:
                 try:
                     if entry.is_dir(follow_symlinks=False):
-                        subdirs.append(path)
+                        subdirs.append(prefix + entry.name)
                     elif entry.is_file(follow_symlinks=False):
-                        yield path, stat.S_IMODE(entry.stat(follow_symlinks=False).st_mode)
+                        yield (
+                            prefix + entry.name,
+                            entry.stat(follow_symlinks=False).st_mode & 0o7777,
+                        )
                 except OSError:
                     continue
             stack.extend(reversed(subdirs))
+
+
+_name = operator.attrgetter("name")

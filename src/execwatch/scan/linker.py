@@ -28,8 +28,12 @@ MAX_CONF_FILES = 256  # ld.so.conf and everything it includes, each file read on
 MAX_CONF_DIRS = 4096  # distinct directories: each one is a candidate for every library
 MUSL_DEFAULT_PATH = "/lib:/usr/local/lib:/usr/lib"
 # Symbol tables kept across executables: every binary of an image asks libc and its few
-# neighbours again, and reading a table is the costly part of the missing-symbol check.
-MAX_SYMBOL_TABLES = 64
+# neighbours again. The benchmark's root (/usr of a Debian host) loads 285 distinct
+# libraries, 17 MB of tables in all.
+MAX_SYMBOL_TABLES = 1024
+MAX_SYMBOL_BYTES = 64 << 20
+# Answers kept (library, import) -> defined?: most programs import the same libc symbols.
+MAX_SYMBOL_ANSWERS = 1 << 16
 
 # OCI architecture (or label) -> Debian multiarch tuple, for the default search directories.
 MULTIARCH = {
@@ -85,6 +89,7 @@ class Resolution:
     missing: list[MissingLibrary] = field(default_factory=list)
     versions: list[MissingVersion] = field(default_factory=list)
     interpreter: Loaded | None = None
+    flavor: LibcFlavor = "glibc"  # whose rules resolved it
 
 
 @runtime_checkable
@@ -121,11 +126,13 @@ class Linker:
         self._musl_paths: dict[str, list[str]] = {}
         self._lookups: dict[tuple[str, tuple[str, ...], str], tuple[str | None, str]] = {}
         self._symbols: OrderedDict[str, DynamicSymbols | None] = OrderedDict()
+        self._symbol_bytes = 0
+        self._answers: dict[tuple[str, SymbolRef], bool | None] = {}
 
     # --- public ---------------------------------------------------------------------------
 
     def resolve(self, path: str, info: ElfInfo, flavor: LibcFlavor) -> Resolution:
-        result = Resolution()
+        result = Resolution(flavor=flavor)
         root = Loaded(path, info)
         by_name: dict[str, Loaded] = {}
         interp = result.interpreter = self._interpreter(info)
@@ -160,26 +167,33 @@ class Linker:
 
     def missing_symbols(self, result: Resolution) -> list[MissingSymbol]:
         """The executable's non-weak imports that no loaded object exports (with the version
-        asked for). Empty when the file system cannot read symbols, or one object is unknown:
-        a guess would be worse than no answer."""
+        asked for, under glibc's rules). Empty when the file system cannot read symbols, or
+        one object is unknown: a guess would be worse than no answer."""
         if not isinstance(self.fs, SymbolSource) or not result.loaded:
             return []
         exe = result.loaded[0]
-        providers = [obj.path for obj in result.loaded[1:]]
-        if result.interpreter is not None:
-            providers.append(result.interpreter.path)
         wanted = self.fs.dynamic_symbols(exe.path)
         if wanted is None or not wanted.imports:
             return []
-        tables = [self._symbols_of(self.fs, p) for p in providers]
-        if any(t is None for t in tables):
-            return []
-        known = [t for t in tables if t is not None]
-        return [
-            MissingSymbol(ref.name, ref.version, ref.library, exe.path)
-            for ref in wanted.imports
-            if not any(t.defines(ref) for t in known) and _checkable(ref, result)
-        ]
+        providers: list[tuple[Loaded, str | None]] = [(o, o.path) for o in result.loaded[1:]]
+        if result.interpreter is not None:  # PT_INTERP as written: a symlink on Debian
+            providers.append((result.interpreter, resolve(self.fs, result.interpreter.path)))
+        tables = _Providers(self._answers)
+        for obj, real in providers:
+            table = self._symbols_of(self.fs, real) if real is not None else None
+            if real is None or table is None:
+                return []
+            tables.add(obj, real, table)
+        missing = []
+        for ref in wanted.imports:
+            if result.flavor == "musl":  # musl binds by name and never looks at versions
+                ref = ref._replace(version=None)
+            defined = tables.define(ref)
+            if defined is None:
+                return []
+            if not defined and _checkable(ref, result):
+                missing.append(MissingSymbol(ref.name, ref.version, ref.library, exe.path))
+        return missing
 
     def _symbols_of(self, fs: SymbolSource, path: str) -> DynamicSymbols | None:
         if path in self._symbols:
@@ -187,8 +201,12 @@ class Linker:
             return self._symbols[path]
         table = fs.dynamic_symbols(path)
         self._symbols[path] = table
-        if len(self._symbols) > MAX_SYMBOL_TABLES:
-            self._symbols.popitem(last=False)
+        self._symbol_bytes += table.size if table is not None else 0
+        while len(self._symbols) > 1 and (
+            len(self._symbols) > MAX_SYMBOL_TABLES or self._symbol_bytes > MAX_SYMBOL_BYTES
+        ):
+            _, old = self._symbols.popitem(last=False)
+            self._symbol_bytes -= old.size if old is not None else 0
         return table
 
     # --- search -----------------------------------------------------------------------------
@@ -380,6 +398,44 @@ def _checkable(ref: SymbolRef, result: Resolution) -> bool:
         names.add(posixpath.basename(result.interpreter.path))
         names |= {result.interpreter.info.soname or ""}
     return ref.library in names or not any(m.name == ref.library for m in result.missing)
+
+
+class _Providers:
+    """The loaded objects' symbol tables, and which one a versioned import names."""
+
+    def __init__(self, answers: dict[tuple[str, SymbolRef], bool | None]) -> None:
+        self.tables: list[tuple[str, DynamicSymbols]] = []
+        self.by_name: dict[str, tuple[str, DynamicSymbols]] = {}
+        self.answers = answers  # (path, import) -> defined?, shared by a scan's executables
+
+    def add(self, obj: Loaded, real: str, table: DynamicSymbols) -> None:
+        self.tables.append((real, table))
+        self.by_name.setdefault(posixpath.basename(obj.path), (real, table))
+        if obj.info.soname:
+            self.by_name.setdefault(obj.info.soname, (real, table))
+
+    def define(self, ref: SymbolRef) -> bool | None:
+        """Whether any of them defines `ref`; None if none does and one could not tell.
+        The library the version is required from is asked first: usually it has it."""
+        first = self.by_name.get(ref[2]) if ref[2] else None  # ref.library, read by index:
+        ordered = self.tables if first is None else (first, *self.tables)  # a hot path
+        unknown = False
+        answers = self.answers
+        for path, table in ordered:
+            key = (path, ref)
+            found = answers.get(key, _UNASKED)
+            if found is _UNASKED:
+                found = table.defines(ref)
+                if len(answers) >= MAX_SYMBOL_ANSWERS:
+                    answers.clear()
+                answers[key] = found
+            if found:
+                return True
+            unknown = unknown or found is None
+        return None if unknown else False
+
+
+_UNASKED = object()
 
 
 @dataclass

@@ -19,11 +19,7 @@ import re
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import IO, Any
-
-import requests
-from dxf import DXF, DXFBase
-from dxf import exceptions as dxf_errors
+from typing import IO, TYPE_CHECKING, Any
 
 from execwatch.scan.errors import ScanInputError
 from execwatch.scan.limits import Limits
@@ -38,6 +34,10 @@ from execwatch.scan.sources import (
     is_attestation,
 )
 from execwatch.scan.sources import _descriptor_platform as descriptor_platform
+
+if TYPE_CHECKING:  # requests and dxf are imported when a registry is asked: not at start-up
+    import requests
+    from dxf import DXFBase
 
 
 class RegistryError(ScanInputError):
@@ -321,6 +321,8 @@ class RegistryClient:
             if options.cache_bytes > 0
             else None
         )
+        from dxf import DXF
+
         self.dxf = DXF(
             ref.api_host,
             ref.repository,
@@ -412,6 +414,9 @@ class _Translate:
 
 
 def describe_error(exc: BaseException, ref: Reference, creds: Credentials | None) -> str | None:
+    import requests
+    from dxf import exceptions as dxf_errors
+
     if isinstance(exc, dxf_errors.DXFUnauthorizedError):  # dxf's name for HTTP 401
         who = f"as {creds.username} (from {creds.source})" if creds else "anonymously"
         return f"authentication failed {who}"

@@ -1,0 +1,116 @@
+"""The missing-symbol check's reader: imports decoded, exports looked up by hash.
+
+pyelftools is the oracle: every defined global symbol of real libraries, with and without
+its version, must be found through .gnu.hash (or .hash, or, without either, the decoded
+export set), and names or versions a library lacks must not.
+"""
+
+from __future__ import annotations
+
+import io
+import subprocess
+from pathlib import Path
+
+import pytest
+from elftools.elf.elffile import ELFFile
+from elftools.elf.gnuversions import GNUVerDefSection, GNUVerSymSection
+from elftools.elf.sections import SymbolTableSection
+
+from execwatch.binfmt import read_elf
+from execwatch.binfmt.symbols import DynamicSymbols, SymbolRef, read_dynamic_symbols
+from tests.binfmt.cbuild import compile_c
+from tests.binfmt.conftest import LIBFOO_C, LIBFOO_MAP
+
+HOST_LIBRARIES = [
+    "/usr/lib/x86_64-linux-gnu/libc.so.6",
+    "/usr/lib/x86_64-linux-gnu/libm.so.6",
+    "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
+    "/usr/lib/x86_64-linux-gnu/libcurl.so.4",
+]
+
+
+def symbols_of(path: Path) -> DynamicSymbols:
+    with open(path, "rb") as f:
+        table = read_dynamic_symbols(f, read_elf(f))
+    assert table is not None
+    return table
+
+
+def oracle_exports(path: Path) -> set[tuple[str, str | None]]:
+    """(name, None) and (name, version) of every defined global, weak or unique symbol."""
+    with open(path, "rb") as f:
+        elf = ELFFile(f)
+        dynsym = elf.get_section_by_name(".dynsym")
+        assert isinstance(dynsym, SymbolTableSection)
+        versions: dict[int, str] = {}
+        versym: list[int] = []
+        for section in elf.iter_sections():
+            if isinstance(section, GNUVerDefSection):
+                for verdef, aux in section.iter_versions():
+                    versions[verdef["vd_ndx"]] = next(iter(aux)).name
+            if isinstance(section, GNUVerSymSection):
+                versym = [s["ndx"] for s in section.iter_symbols()]
+        out: set[tuple[str, str | None]] = set()
+        for i, sym in enumerate(dynsym.iter_symbols()):
+            if sym["st_shndx"] == "SHN_UNDEF" or not sym.name:
+                continue
+            if sym["st_info"]["bind"] not in ("STB_GLOBAL", "STB_WEAK", "STB_LOOS"):
+                continue
+            out.add((sym.name, None))
+            ndx = versym[i] if i < len(versym) else 0
+            ndx = ndx if isinstance(ndx, int) else 0  # VER_NDX_LOCAL / GLOBAL
+            if ndx & 0x7FFF in versions:
+                out.add((sym.name, versions[ndx & 0x7FFF]))
+    return out
+
+
+def ref(name: str, version: str | None = None) -> SymbolRef:
+    return SymbolRef(name.encode(), version, None)
+
+
+@pytest.mark.parametrize("library", HOST_LIBRARIES)
+def test_every_export_of_a_real_library_is_found_and_nothing_else(library: str) -> None:
+    path = Path(library).resolve()
+    table = symbols_of(path)
+    exports = oracle_exports(path)
+    assert len(exports) > 100
+    assert [e for e in exports if table.defines(ref(*e)) is not True] == []
+    names = sorted({name for name, _ in exports})[:500]
+    absent = [ref(f"{name}_not_exported") for name in names]
+    absent += [ref(name, "NO_SUCH_VERSION_1.0") for name in names]
+    assert [r for r in absent if table.defines(r) is not False] == []
+
+
+def test_an_import_is_read_with_its_version_and_library() -> None:
+    """/bin/ls imports libc functions at GLIBC_2.x versions, nothing of its own."""
+    imports = symbols_of(Path("/bin/ls")).imports
+    by_name = {r.name: r for r in imports}
+    assert by_name["malloc"].version == "GLIBC_2.2.5"
+    assert by_name["malloc"].library == "libc.so.6"
+    assert all(r.key == r.name.encode() for r in imports)
+
+
+@pytest.mark.parametrize("style", ["gnu", "sysv", "both", "none"])
+def test_each_hash_table_style_answers_the_same(tmp_path: Path, style: str) -> None:
+    """ld's --hash-style=gnu, sysv and both, and a library with its hash section removed
+    (the decoded export set): foo@FOO_1.0 and foo2@FOO_2.0 exist, foo@FOO_2.0 does not."""
+    (tmp_path / "libfoo.map").write_text(LIBFOO_MAP)
+    flags = ["-shared", "-fPIC", f"-Wl,--version-script={tmp_path / 'libfoo.map'}"]
+    flags.append(f"-Wl,--hash-style={'gnu' if style == 'none' else style}")
+    lib = compile_c(tmp_path / "libfoo.so.1", LIBFOO_C, "gcc", *flags)
+    if style == "none":
+        subprocess.run(["objcopy", "--remove-section=.gnu.hash", str(lib)], check=True)
+    sections = {s.name for s in ELFFile(io.BytesIO(lib.read_bytes())).iter_sections()}
+    assert (".hash" in sections, ".gnu.hash" in sections) == {
+        "gnu": (False, True), "sysv": (True, False), "both": (True, True), "none": (False, False)
+    }[style]  # fmt: skip
+    table = symbols_of(lib)
+    answers = {
+        (name, version): table.defines(ref(name, version))
+        for name in ("foo", "foo2", "bar")
+        for version in (None, "FOO_1.0", "FOO_2.0")
+    }
+    assert {k for k, found in answers.items() if found} == {
+        ("foo", None), ("foo", "FOO_1.0"), ("foo2", None), ("foo2", "FOO_2.0")
+    }  # fmt: skip
+    assert all(found is not None for found in answers.values())
