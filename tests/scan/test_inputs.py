@@ -240,3 +240,25 @@ def test_output_file(
     assert json.loads(out.read_text())["findings"] == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["l", "report.json"]
     assert tarfile is not None
+
+
+def test_output_to_a_fifo_writes_through_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], foreign_root: Path
+) -> None:
+    """`-o /dev/null` as root must not replace the device: a FIFO stands in for it here."""
+    import os
+    import stat
+    import threading
+
+    from tests.scan.helpers import run
+
+    layout = oci_layout(tmp_path / "l", [debian_image(foreign_root, "arm64")])
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received: list[str] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_text()))
+    reader.start()
+    assert run([str(layout), "--format", "json", "--output", str(fifo)]) == 0
+    reader.join(timeout=30)
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert json.loads(received[0])["findings"] == []

@@ -140,6 +140,10 @@ def cpu_finding(short: Shortfall, path: str, info: ElfInfo, symptom: str) -> Fin
     )
 
 
+class _RootGone(Exception):
+    """No task, recorded root or container rootfs leads to the root any more."""
+
+
 class StartupDiagnoser:
     """Diagnoses early deaths; results are cached per executable and root."""
 
@@ -172,23 +176,28 @@ class StartupDiagnoser:
         if cached is not None:
             self._cache.move_to_end(key)
             return cached
-        diagnosis = self._diagnose(event)
-        self._cache[key] = diagnosis
+        diagnosis, settled = self._diagnose(event)
+        if settled:  # a root not read this time may be readable the next
+            self._cache[key] = diagnosis
         while len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)
         return diagnosis
 
-    def _diagnose(self, event: KernelEvent) -> Diagnosis:
+    def _diagnose(self, event: KernelEvent) -> tuple[Diagnosis, bool]:
+        """The diagnosis, and whether the root was read to reach it."""
         try:
-            return self._diagnose_in_root(event)
+            return self._diagnose_in_root(event), True
         except SlowFileSystem as exc:
             detail = f"not read: {exc}"
-            return Diagnosis(Reason.UNDIAGNOSED, self._node.architecture, detail=detail)
+            return Diagnosis(Reason.UNDIAGNOSED, self._node.architecture, detail=detail), False
+        except _RootGone:
+            why = "the task is gone and no live task has its root"
+            return self._unexplained(event, why), False
 
     def _diagnose_in_root(self, event: KernelEvent) -> Diagnosis:
         root = self._locator.open(event)
         if root is None:
-            return self._unexplained(event, "the task is gone and no live task has its root")
+            raise _RootGone
         try:
             fs = RootView(root, self._slow)
             st = fs.stat(event.path)

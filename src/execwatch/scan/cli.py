@@ -146,6 +146,11 @@ def write_report(text: str, output: str | None) -> None:
     if not output:
         sys.stdout.write(text)
         return
+    if os.path.exists(output) and not os.path.isfile(output):
+        # /dev/null, a FIFO, /dev/stdout: a rename would put a regular file in its place.
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text)
+        return
     directory = os.path.dirname(os.path.abspath(output))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".execwatch-report-")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
