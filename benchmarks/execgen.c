@@ -4,8 +4,9 @@
 //   execgen storm RATE SECS P..  failing execve at RATE/s for SECS, cycling over paths P..
 //   execgen deaths RATE SECS P   fork+exec P at RATE/s for SECS; P dies in its loader
 //   execgen search RATE SECS N   fork+execvp N at RATE/s for SECS: glibc tries each PATH entry
-// Prints the number of failed execs (or of children that exited 127, or of searches that
-// found N and ran it to exit 0) it caused, so the benchmark can check exactness.
+//   execgen run RATE SECS P      fork+exec P at RATE/s for SECS (the same without a search)
+// Prints the number of failed execs (or of children that exited 127, or of children that
+// ran and exited 0) it caused, so the benchmark can check exactness.
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,9 +31,8 @@ static long try_exec(const char *path)
 }
 
 /* Up to 8 children in flight: one at a time caps the rate at the fork+exec latency. Each
- * runs P (search: looks P up in PATH like execvp). Returns how many exited 127 (deaths) or
- * 0 (search: found and ran). */
-static long children(int search, double rate, double secs, const char *p)
+ * runs P (search: looks P up in PATH like execvp). Returns how many exited with `counted`. */
+static long children(int search, int counted_status, double rate, double secs, const char *p)
 {
 	double start = now(), end = start + secs;
 	long done = 0, running = 0, counted = 0;
@@ -54,7 +54,7 @@ static long children(int search, double rate, double secs, const char *p)
 		pid_t pid;
 		while ((pid = waitpid(-1, &status, running >= 8 || t >= end ? 0 : WNOHANG)) > 0) {
 			running--;
-			counted += WIFEXITED(status) && WEXITSTATUS(status) == (search ? 0 : 127);
+			counted += WIFEXITED(status) && WEXITSTATUS(status) == counted_status;
 			if (running < 8 && t < end)
 				break;
 		}
@@ -94,10 +94,12 @@ int main(int argc, char **argv)
 				failed += try_exec(argv[4 + done++ % npaths]);
 			usleep(200);
 		}
-	} else if (argc == 5 && (!strcmp(argv[1], "deaths") || !strcmp(argv[1], "search"))) {
-		failed = children(argv[1][0] == 's', atof(argv[2]), atof(argv[3]), argv[4]);
+	} else if (argc == 5 && !strcmp(argv[1], "deaths")) {
+		failed = children(0, 127, atof(argv[2]), atof(argv[3]), argv[4]);
+	} else if (argc == 5 && (!strcmp(argv[1], "search") || !strcmp(argv[1], "run"))) {
+		failed = children(argv[1][0] == 's', 0, atof(argv[2]), atof(argv[3]), argv[4]);
 	} else {
-		fprintf(stderr, "usage: execgen success N | fail PATH N | storm RATE SECS PATH... | deaths|search RATE SECS PATH\n");
+		fprintf(stderr, "usage: execgen success N | fail PATH N | storm RATE SECS PATH... | deaths|search|run RATE SECS PATH\n");
 		return 2;
 	}
 	printf("%ld\n", failed);

@@ -26,6 +26,7 @@ HOST_LIBRARIES = [
     "/usr/lib/x86_64-linux-gnu/libm.so.6",
     "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
     "/usr/lib/x86_64-linux-gnu/libcurl.so.4",
+    "/usr/lib/x86_64-linux-gnu/libLLVM-14.so.1",  # llvm (setup): every name asked twice
 ]
 
 
@@ -75,6 +76,7 @@ def test_every_export_of_a_real_library_is_found_and_nothing_else(library: str) 
     exports = oracle_exports(path)
     assert len(exports) > 100
     assert [e for e in exports if table.defines(ref(*e)) is not True] == []
+    assert [e for e in exports if table.defines(ref(*e)) is not True] == []  # no budget runs out
     names = sorted({name for name, _ in exports})[:500]
     absent = [ref(f"{name}_not_exported") for name in names]
     absent += [ref(name, "NO_SUCH_VERSION_1.0") for name in names]

@@ -3,13 +3,14 @@ it exports a given name, looked up through its hash table as ld.so does.
 
 Read from the section headers' .dynsym, its string table, the GNU version sections and
 .gnu.hash (else .hash), all bounded: MAX_TABLE_BYTES per table, MAX_SYMBOLS symbols,
-MAX_IMPORTS imports, MAX_NAME_BYTES of distinct import names, MAX_VERSION_ENTRIES versions,
-MAX_CHAIN_STEPS per lookup. Only the imports are decoded. An export is found by hashing the
-wanted name and comparing it with the few symbols of its hash chain (`elf/dl-lookup.c`), so
-libLLVM's 91,000 exports cost one read of the tables and then microseconds per name asked
-for, instead of 250 ms to decode them all. An object without section headers, or over a
-bound, gives None, and a lookup in a broken hash table None: unknown, never "nothing
-missing". Without any hash table, the exports are decoded into a set (bounded as above).
+MAX_IMPORTS imports, MAX_NAME_BYTES of import names, MAX_VERSION_ENTRIES versions, and
+chain walks of MAX_CHAIN_STEPS per lookup and MAX_AVERAGE_STEPS on average. Only the
+imports are decoded. An export is found by hashing the wanted name and comparing it with
+the few symbols of its hash chain (`elf/dl-lookup.c`), so libLLVM's 91,000 exports cost one
+read of the tables and then microseconds per name asked for, instead of 250 ms to decode
+them all. An object without section headers, or over a bound, gives None, and a lookup in
+a broken hash table None: unknown, never "nothing missing". Without any hash table, the
+exports are decoded into a set (bounded as above).
 """
 
 from __future__ import annotations
@@ -45,9 +46,12 @@ MAX_OFFSET = 1 << 62  # beyond any file; a larger one would not even fit a seek 
 # Symbols compared along one hash chain. ld sizes the buckets for chains of a few symbols
 # (libLLVM's longest is 17); a chain without its end mark would walk the whole table.
 MAX_CHAIN_STEPS = 1024
-# Chain entries walked in one object over all its lookups (a scan asks each name once): the
-# busiest library of a whole Debian /usr walks 5,784. Past it, its exports are unknown.
-MAX_LOOKUP_STEPS = 1 << 18
+# Chain entries walked in one object, on average over its lookups, past a first allowance.
+# ld sizes the buckets for short chains: scanning a Debian /usr, the busiest library walks
+# 1.9 per lookup and the worst object 5.2. An object whose chains are longer (a hostile one
+# making each of 32,768 imports walk 1,024 entries) answers unknown from then on.
+MAX_AVERAGE_STEPS = 64
+FREE_STEPS = 1 << 16
 HASH_CACHE = 1 << 16  # names whose hashes are kept: every executable asks for libc's again
 
 Section = tuple[int, int, int, int, int]  # type, offset, size, link, entsize
@@ -236,6 +240,8 @@ class _Exports:
         parse = _gnu_hash_table if self.gnu else _sysv_hash_table
         self.buckets, self.chain, self.symoffset = parse(data, symbols)
         self.steps = 0  # chain entries walked, over every lookup
+        self.lookups = 0
+        self.broken = False
         self.size = (
             len(symbols.table)
             + len(symbols.strtab)
@@ -244,7 +250,10 @@ class _Exports:
         )
 
     def defines(self, ref: SymbolRef) -> bool | None:
-        if not self.buckets or self.steps > MAX_LOOKUP_STEPS:
+        self.lookups += 1
+        if self.steps > FREE_STEPS + MAX_AVERAGE_STEPS * self.lookups:
+            self.broken = True
+        if self.broken or not self.buckets:
             return None  # a hash section we cannot read, or one that made us walk too far
         key = ref.key
         return self._gnu(key, ref.version) if self.gnu else self._sysv(key, ref.version)
@@ -266,7 +275,7 @@ class _Exports:
                 self.steps += step + 1
                 return False
             i += 1
-        self.steps = MAX_LOOKUP_STEPS + 1  # broken: every later answer is unknown too
+        self.broken = True  # every later answer is unknown too
         return None
 
     def _sysv(self, key: bytes, version: str | None) -> bool | None:
@@ -281,7 +290,7 @@ class _Exports:
                 self.steps += step + 1
                 return True
             i = self.chain[i]
-        self.steps = MAX_LOOKUP_STEPS + 1
+        self.broken = True
         return None
 
     def _matches(self, i: int, key: bytes, version: str | None) -> bool:
@@ -324,6 +333,7 @@ def _sysv_hash_table(data: bytes, symbols: _Symbols) -> _Table:
 
 
 def _words(data: bytes, start: int, end: int, order: str) -> array[int]:
+    end = start + (end - start) // 4 * 4  # a section cut inside its last word
     out = array("I", data[start:end])  # 4-byte items on every platform Python supports
     if (order == "<") != (sys.byteorder == "little"):
         out.byteswap()

@@ -2,8 +2,9 @@
 /* Failed-exec probe. Only the syscall-exit tracepoints are hooked, so a
  * successful exec costs one load and one compare; everything else happens
  * on the failure path. A PATH search's repeated misses are folded: counted in
- * the kernel, one record per name, CPU and window sent (see ew_fold_key). No vmlinux.h: the few kernel types read here are
- * declared below and relocated by CO-RE against the running kernel's BTF. */
+ * the kernel, one record sent per name, CPU and window (see ew_fold_key).
+ * No vmlinux.h: the few kernel types read here are declared below and
+ * relocated by CO-RE against the running kernel's BTF. */
 #define __VMLINUX_H__ /* kernel register names in bpf_tracing.h */
 #include <linux/types.h>
 #include <stdbool.h>

@@ -25,7 +25,8 @@ struct ew_config {
 	__u32 all_errnos;         /* 1: report every failure, not just the exec-relevant errnos */
 	__u32 pad;
 	__u64 death_window_ns;    /* an exit this soon after the task started is an early death */
-	__u64 fold_window_ns;     /* ENOENT repeats within this of a sent record are only counted; 0: off */
+	__u64 fold_window_ns;     /* an ENOENT repeat this soon after a sent record is only */
+				  /* counted (see ew_fold_key); 0: folding off */
 };
 
 struct ew_event {

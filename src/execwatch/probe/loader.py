@@ -121,7 +121,7 @@ class Probe:
             raise ProbeError(str(exc)) from exc
         self._ncpus = self._lib.libbpf_num_possible_cpus()
         self.features: dict[str, bool] = {}
-        self._folds_lock = threading.Lock()  # take_folds and forget_counts run on two threads
+        self._folds_lock = threading.Lock()  # take_folds and forget_counts: two threads
         self._folds_taken: dict[layout.FoldedName, int] = {}
         self._folds_forgotten: dict[layout.FoldedName, int] = {}
 
@@ -303,11 +303,11 @@ class Probe:
         for key in doomed:
             self._lib.bpf_map_delete_elem(fd, ctypes.byref(key))
         fd = self._lib.bpf_map__fd(self._map("folds"))
-        gone = [key for key in self._keys(fd, layout.FoldKey) if not keep(key.cgroup_id)]
-        for fold_key in gone:
-            name, total = fold_name(fold_key), self._folds_total(fd, fold_key)
-            self._lib.bpf_map_delete_elem(fd, ctypes.byref(fold_key))
-            with self._folds_lock:
+        with self._folds_lock:  # a take_folds() between reading and deleting would count twice
+            gone = [key for key in self._keys(fd, layout.FoldKey) if not keep(key.cgroup_id)]
+            for fold_key in gone:
+                name, total = fold_name(fold_key), self._folds_total(fd, fold_key)
+                self._lib.bpf_map_delete_elem(fd, ctypes.byref(fold_key))
                 new = total - self._folds_taken.pop(name, 0)
                 self._folds_forgotten[name] = self._folds_forgotten.get(name, 0) + new
         return len(doomed) + len(gone)
@@ -316,10 +316,10 @@ class Probe:
         """Repeats the kernel counted instead of sending (see ew_fold_key), per name, since
         the last call. Each came after a record of that name, sent within the fold window."""
         fd = self._lib.bpf_map__fd(self._map("folds"))
-        totals = {
-            fold_name(key): self._folds_total(fd, key) for key in self._keys(fd, layout.FoldKey)
-        }
         with self._folds_lock:
+            totals = {
+                fold_name(key): self._folds_total(fd, key) for key in self._keys(fd, layout.FoldKey)
+            }
             new, self._folds_forgotten = self._folds_forgotten, {}
             for name, total in totals.items():
                 delta = total - self._folds_taken.get(name, 0)
