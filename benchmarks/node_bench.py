@@ -28,7 +28,7 @@ from typing import Any
 
 from kubernetes import client, watch
 from tests.node.images import WEB_V2_ARM64, build_workloads, require_execwatch_archive
-from tests.node.install import NAMESPACE, helm_install
+from tests.node.install import NAMESPACE, helm_install, wait_quota_counted
 from tests.node.node import NODE_NAME, Node, running_node, wait_for
 from tests.node.workloads import (
     HANDLER_COMPONENT,
@@ -206,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         results["install_to_ready_s"] = round(release.seconds_to_ready, 1)
         print(json.dumps(results), flush=True)
         ensure_namespace(node, NS)
+        # Steady state: records wait until the controller-manager counts the records
+        # quota, up to its 5-minute resync after a fresh install (docs/install.md).
+        wait_quota_counted(node)
         time.sleep(20)  # let start-up work settle before "idle"
         results["idle"] = sample_resources(node, args.idle_seconds)
         print(json.dumps(results["idle"]), flush=True)

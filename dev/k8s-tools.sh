@@ -3,12 +3,14 @@
 # releases, from source fetched through the Go module proxy (there is no other way to
 # get these binaries here: no release downloads, no container registry).
 #
-#   dev/k8s-tools.sh [DIR]     build into DIR (default: $EXECWATCH_K8S_BIN or .cache/k8s-bin)
+#   dev/k8s-tools.sh [DIR [TOOL...]]   build into DIR (default: $EXECWATCH_K8S_BIN or
+#                                      .cache/k8s-bin) every tool, or only the TOOLs named
+#   TOOL: etcd kube-apiserver helm kubectl node rollouts prometheus
 #
 # Builds kube-apiserver, etcd and helm; kubectl too when K8S_TOOLS_KUBECTL=1. With
 # K8S_TOOLS_NODE=1 (the default) also what one real node needs: kubelet,
-# kube-controller-manager and kube-scheduler at $KUBE_NODE_VERSION, and the Argo Rollouts
-# controller with its CRDs and a Prometheus with kubernetes_sd (tests/node, docs/cluster.md).
+# kube-controller-manager and kube-scheduler at $KUBE_NODE_VERSION, the Argo Rollouts
+# controller with its CRDs, and a Prometheus with kubernetes_sd (tests/node, docs/cluster.md).
 # A binary already built at the pinned version is kept (a stamp file records the
 # version), so a second run costs nothing.
 #
@@ -32,12 +34,18 @@ KUBE_NODE_VERSION=${KUBE_NODE_VERSION:-v1.35.4}
 # v1.10.2 needs Go >= 1.26.10; v1.10.1 builds with this machine's Go.
 ARGO_ROLLOUTS_VERSION=${ARGO_ROLLOUTS_VERSION:-v1.10.1}
 # Prometheus 3.16 (its Go module is tagged v0.316.0). Debian's prometheus is built
-# without kubernetes_sd, which scraping the chart's Services needs.
+# without kubernetes_sd, which scraping the chart's Services needs. Only that discovery
+# is compiled in (plugins/plugin_kubernetes.go: `!remove_all_sd || enable_kubernetes_sd`;
+# file and http discovery always are), and no UI assets (they need the `builtinassets`
+# tag): the cold build is cheaper (docs/cluster.md).
 PROMETHEUS_VERSION=${PROMETHEUS_VERSION:-v0.316.0}
+PROMETHEUS_TAGS=${PROMETHEUS_TAGS-remove_all_sd,enable_kubernetes_sd}  # "": every discovery
 # Two cores are shared with other work: keep the compiler from taking both.
 GO_BUILD_PARALLEL=${GO_BUILD_PARALLEL:-2}
 
 out=${1:-${EXECWATCH_K8S_BIN:-$PWD/.cache/k8s-bin}}
+shift $(( $# > 0 ? 1 : 0 ))
+only=" $* "
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 work="$out/.build"
@@ -66,10 +74,10 @@ new_module() {
   (cd "$work/$1" && go mod init "execwatch.dev/k8s-tools/$1" >/dev/null 2>&1)
 }
 
-build() { # name module-dir package ldflags
-  local name=$1 dir=$2 pkg=$3 ldflags=$4 t0
+build() { # name module-dir package ldflags [tags]
+  local name=$1 dir=$2 pkg=$3 ldflags=$4 tags=${5:-} t0
   t0=$(date +%s)
-  (cd "$dir" && nice -n 10 go build -p "$GO_BUILD_PARALLEL" -trimpath \
+  (cd "$dir" && nice -n 10 go build -p "$GO_BUILD_PARALLEL" -trimpath -tags "$tags" \
     -ldflags "-s -w $ldflags" -o "$out/$name.tmp" "$pkg")
   mv "$out/$name.tmp" "$out/$name"
   log "built $name in $(( $(date +%s) - t0 ))s"
@@ -211,7 +219,8 @@ build_argo_rollouts() {
 
 build_prometheus() {
   local v=${PROMETHEUS_VERSION#v0.}  # v0.316.0 is Prometheus 3.16.0
-  up_to_date prometheus "$PROMETHEUS_VERSION" && return 0
+  local stamp="$PROMETHEUS_VERSION tags=$PROMETHEUS_TAGS"
+  up_to_date prometheus "$stamp" && return 0
   log "resolving github.com/prometheus/prometheus@$PROMETHEUS_VERSION"
   new_module prometheus
   printf 'package tools\n\nimport (\n\t_ "github.com/prometheus/prometheus/discovery/kubernetes"\n)\n' \
@@ -219,19 +228,25 @@ build_prometheus() {
   (cd "$work/prometheus" && go get "github.com/prometheus/prometheus@$PROMETHEUS_VERSION" >/dev/null 2>&1 &&
     go mod tidy >/dev/null)
   build prometheus "$work/prometheus" github.com/prometheus/prometheus/cmd/prometheus \
-    "-X github.com/prometheus/common/version.Version=$((${v%%.*} / 100)).$((${v%%.*} % 100)).${v#*.}"
-  echo "$PROMETHEUS_VERSION" >"$out/.prometheus.version"
+    "-X github.com/prometheus/common/version.Version=$((${v%%.*} / 100)).$((${v%%.*} % 100)).${v#*.}" \
+    "$PROMETHEUS_TAGS"
+  echo "$stamp" >"$out/.prometheus.version"
+}
+
+wanted() { # tool [default]: named on the command line, or no tool named and default 1
+  case $only in
+    "  ") [ "${2:-1}" = 1 ] ;;
+    *" $1 "*) true ;;
+    *) false ;;
+  esac
 }
 
 t_start=$(date +%s)
-build_etcd
-build_kube_apiserver
-build_helm
-[ "${K8S_TOOLS_KUBECTL:-0}" = 1 ] && build_kubectl
-[ "${K8S_TOOLS_NODE:-1}" = 1 ] && build_node
-# Not yet used by the tests on main (tests/node's rollout and Prometheus cases are pending).
-if [ "${K8S_TOOLS_ROLLOUTS:-0}" = 1 ]; then
-  build_argo_rollouts
-  build_prometheus
-fi
-log "all tools ready in $out ($(( $(date +%s) - t_start ))s)"
+wanted etcd && build_etcd
+wanted kube-apiserver && build_kube_apiserver
+wanted helm && build_helm
+wanted kubectl "${K8S_TOOLS_KUBECTL:-0}" && build_kubectl
+wanted node "${K8S_TOOLS_NODE:-1}" && build_node
+wanted rollouts "${K8S_TOOLS_NODE:-1}" && build_argo_rollouts
+wanted prometheus "${K8S_TOOLS_NODE:-1}" && build_prometheus
+log "tools ready in $out ($(( $(date +%s) - t_start ))s)"

@@ -288,8 +288,15 @@ def sysv_hash_loop() -> bytes:
     return symbol_table_elf([(1, 1), (1, 1)], b"\0b\0", SHT_HASH, table)
 
 
+def gnu_hash_cut_word() -> bytes:
+    """A .gnu.hash whose size ends 3 bytes into a word, its chain without an end mark."""
+    table = gnu_hash_section([2, 2, 2]) + b"\x01\x02\x03"
+    return symbol_table_elf([(1, 1)] * 4, b"\0a\0", SHT_GNU_HASH, table)
+
+
 # Hostile hash tables for the missing-symbol check's export lookup (read_elf ignores them).
 SYMBOL_CORPUS: dict[str, Callable[[], bytes]] = {
+    "gnu-hash-cut-word": gnu_hash_cut_word,
     "gnu-hash-endless-chain": gnu_hash_endless_chain,
     "gnu-hash-long-chains": gnu_hash_long_chains,
     "gnu-hash-lying-counts": gnu_hash_lying_counts,

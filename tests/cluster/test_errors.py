@@ -49,6 +49,15 @@ def test_a_quota_refusal_is_retryable_other_403s_are_not() -> None:
         api_exception(403, "exceeded quota: execwatch-records, requested: count/x=1")
     )
     assert isinstance(quota, errors.RetryableError)
+    # A quota the controller-manager has not counted yet (a new CRD's): it will be.
+    uncounted = errors.classify(
+        api_exception(
+            403,
+            'execfailures.execwatch.io "x" is forbidden: status unknown for quota: '
+            "execwatch-records, resources: count/execfailures.execwatch.io",
+        )
+    )
+    assert isinstance(uncounted, errors.RetryableError)
     assert isinstance(errors.classify(api_exception(403, "cannot patch")), errors.PermanentError)
 
 

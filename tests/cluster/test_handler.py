@@ -158,6 +158,28 @@ def test_a_missing_interpreter_gets_its_own_reason(
     assert label_of(admin, pod) == "MissingInterpreter"
 
 
+def test_an_undiagnosed_failure_labels_a_pod_but_never_hides_a_diagnosed_reason(
+    admin: client.ApiClient,
+    agent_api: client.ApiClient,
+    start_handler: StartHandler,
+    make_pod: PodFactory,
+    namespace: str,
+) -> None:
+    def undiagnosed(pod: dict[str, Any]) -> ExecFailure:
+        return exec_failure(pod=pod, reason=Reason.UNDIAGNOSED, binary_arch=None)
+
+    crashing, unknown = make_pod(), make_pod(name="app-7d9f8b6c5d-y3y5l")
+    handler = start_handler()
+    publish(agent_api, exec_failure(pod=crashing))
+    wait_until(drained(admin, handler))
+    publish(agent_api, undiagnosed(crashing))
+    publish(agent_api, undiagnosed(unknown))
+    wait_until(drained(admin, handler))
+    assert label_of(admin, crashing) == "ExecFormatError"
+    assert label_of(admin, unknown) == "ExecFailed"
+    assert failures_total(handler, namespace=namespace, reason="Undiagnosed") == 2
+
+
 def test_a_record_for_a_pod_that_does_not_exist_is_counted_but_not_believed(
     admin: client.ApiClient,
     agent_api: client.ApiClient,

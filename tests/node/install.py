@@ -16,6 +16,10 @@ from tests.node.node import Node, pod_ready, wait_for
 
 NAMESPACE = "execwatch"
 RELEASE = "execwatch"
+QUOTA, COUNTED = "execwatch-records", "count/execfailures.execwatch.io"
+# The controller-manager's default --resource-quota-sync-period, which the node keeps: a
+# quota on a new CRD is counted at the first full resync after the CRD is discovered.
+QUOTA_RESYNC = 300.0
 
 
 @dataclass
@@ -129,3 +133,14 @@ def agent_pod(node: Node) -> client.V1Pod:
     )
     (pod,) = [p for p in pods.items if p.metadata.deletion_timestamp is None]
     return pod
+
+
+def quota_counted(node: Node) -> bool:
+    """Whether the controller-manager has counted the chart's records quota (until then
+    the API server refuses every record: docs/install.md)."""
+    quota = node.core().read_namespaced_resource_quota(QUOTA, NAMESPACE)
+    return COUNTED in (quota.status.used or {})
+
+
+def wait_quota_counted(node: Node) -> None:
+    wait_for("the records quota counted", lambda: quota_counted(node), QUOTA_RESYNC + 60, 2)

@@ -335,10 +335,6 @@ class Node:
                 f"--cert-dir={self.workdir / 'kcm-certs'}",
                 "--leader-elect=false",
                 "--use-service-account-credentials=false",
-                # Usage of a quota on a resource whose CRD came with it (the chart's
-                # count/execfailures) is computed at the next full resync, 5 minutes by
-                # default; until then the quota refuses every create (docs/install.md).
-                "--resource-quota-sync-period=15s",
                 "--v=1",
             ],
         )

@@ -77,13 +77,8 @@ def warning_events(node: Node, namespace: str, pod: str) -> list[Any]:
     return list(events.items)
 
 
-def handler_samples(node: Node, metric: str) -> list[tuple[dict[str, str], float]]:
-    """Samples of `metric` on the leading handler's /metrics (pod IP, metrics port)."""
-    lease = client.CoordinationV1Api(node.client()).read_namespaced_lease(
-        "execwatch-handler", "execwatch"
-    )
-    holder = str(lease.spec.holder_identity).split("_")[0]
-    pod = node.core().read_namespaced_pod(holder, "execwatch")
+def metric_samples(pod: client.V1Pod, metric: str) -> list[tuple[dict[str, str], float]]:
+    """Samples of `metric` on the pod's /metrics (pod IP, its first container's port)."""
     port = pod.spec.containers[0].ports[0].container_port
     with urllib.request.urlopen(f"http://{pod.status.pod_ip}:{port}/metrics", timeout=5) as r:
         text = r.read().decode()
@@ -93,3 +88,12 @@ def handler_samples(node: Node, metric: str) -> list[tuple[dict[str, str], float
         for s in family.samples
         if s.name == metric
     ]
+
+
+def handler_samples(node: Node, metric: str) -> list[tuple[dict[str, str], float]]:
+    """Samples of `metric` on the leading handler's /metrics."""
+    lease = client.CoordinationV1Api(node.client()).read_namespaced_lease(
+        "execwatch-handler", "execwatch"
+    )
+    holder = str(lease.spec.holder_identity).split("_")[0]
+    return metric_samples(node.core().read_namespaced_pod(holder, "execwatch"), metric)

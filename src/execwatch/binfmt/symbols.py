@@ -333,6 +333,7 @@ def _sysv_hash_table(data: bytes, symbols: _Symbols) -> _Table:
 
 
 def _words(data: bytes, start: int, end: int, order: str) -> array[int]:
+    end = start + (end - start) // 4 * 4  # a section cut inside its last word
     out = array("I", data[start:end])  # 4-byte items on every platform Python supports
     if (order == "<") != (sys.byteorder == "little"):
         out.byteswap()

@@ -16,8 +16,12 @@ caller got an error (no answer, 500, 504): the write must be retried idempotentl
 effect checked, never assumed undone.
 
 403 is permanent (RBAC or an admission webhook said no, and will say it again) except a
-ResourceQuota's refusal, which lifts when objects are deleted. 401 is retryable: a
-rotated ServiceAccount token is re-read by the client on the next call.
+ResourceQuota's refusals: "exceeded quota" lifts when objects are deleted, and "status
+unknown for quota" when the controller-manager first counts the quota's resources. A quota
+on a custom resource whose CRD is new (the chart's `count/execfailures.execwatch.io`, right
+after install) stays uncounted until the quota controller's next full resync, 5 minutes by
+default, and every create is refused that way until then. 401 is retryable: a rotated
+ServiceAccount token is re-read by the client on the next call.
 """
 
 from __future__ import annotations
@@ -93,7 +97,7 @@ def from_status(
 
 
 def _quota(status: int, message: str) -> bool:
-    return status == 403 and "exceeded quota" in message
+    return status == 403 and ("exceeded quota" in message or "status unknown for quota" in message)
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:

@@ -43,6 +43,7 @@ from execwatch.cluster.pods import LABEL, Pod, PodReader, workload_of
 from execwatch.cluster.rest import Rest
 from execwatch.cluster.watcher import RecordWatcher, WatchConfig, records_path
 from execwatch.cluster.workqueue import WorkQueue
+from execwatch.record import Reason
 
 log = logging.getLogger(__name__)
 
@@ -390,6 +391,10 @@ class Handler:
         return True
 
     def _label(self, rec: crd.Record, pod: Pod) -> None:
+        if rec.reason is Reason.UNDIAGNOSED and pod.label:
+            # An earlier failure already named its cause: keep it. A crash-looping
+            # container can be gone, rootfs and all, before its next failure is diagnosed.
+            return
         self._fence()
         try:
             self.pods.label(pod, event_reason(rec.reason))
