@@ -24,7 +24,8 @@ def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
         (["scan", "/bin/true"], "scan"),
         (["--log-level", "debug", "trace", "--json"], "trace"),
         (["--log-level=warning", "agent"], "agent"),
-        (["--version"], None),
+        (["--version"], ""),
+        (["--version", "--help"], None),
         ([], None),
     ],
 )

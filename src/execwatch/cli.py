@@ -22,7 +22,8 @@ COMMANDS = {
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The parser with every command, or only with `command`'s module when it is known."""
+    """The parser with every command, only with `command`'s module when it is known, or
+    with none for "" (`execwatch --version`)."""
     parser = argparse.ArgumentParser(
         prog="execwatch", description="Catch and explain binaries that fail to start."
     )
@@ -31,7 +32,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    modules = [COMMANDS[command]] if command in COMMANDS else COMMANDS.values()
+    modules = (
+        [COMMANDS[command]] if command in COMMANDS else [] if command == "" else COMMANDS.values()
+    )
     for name in dict.fromkeys(modules):
         importlib.import_module(name).add_parser(sub)
     return parser
@@ -45,7 +48,7 @@ def command_of(argv: Sequence[str]) -> str | None:
             next(words, None)
         elif not word.startswith("-"):
             return word
-    return None
+    return "" if "--version" in argv and not {"-h", "--help"} & set(argv) else None
 
 
 def main(argv: list[str] | None = None) -> int:
