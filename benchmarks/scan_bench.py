@@ -7,7 +7,7 @@ Each tool's figure is its best wall time of N runs (1 by default, as `make bench
 with the CPU time (user + system, children included) of that run. `execwatch scan` runs
 as users run it, a process writing its JSON report, like the other tools; the same scan is
 also timed in-process (`scan()`: no interpreter start-up, imports or report), and
-`execwatch --version` gives the start-up alone.
+`execwatch scan --help` gives the start-up alone (interpreter and the scan command's imports).
 
 The rootfs (>= 20,000 files, >= 1 GB) is built once under .cache/bench/scan-rootfs by
 copying this machine's /usr/bin, /usr/sbin, /usr/libexec, /usr/lib/x86_64-linux-gnu,
@@ -164,7 +164,7 @@ def run_execwatch_in_process(root: Path) -> tuple[int, int, int]:
 
 
 def run_execwatch_start() -> None:
-    subprocess.run([EXECWATCH, "--version"], capture_output=True, check=True)
+    subprocess.run([EXECWATCH, "scan", "--help"], capture_output=True, check=True)
 
 
 def run_file_ldd(executables: list[Path]) -> int:
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
               f" {n_e / t.seconds:8.0f} {t.rchar / 1e6:8.1f}  {note}")  # fmt: skip
         result[name] = {"seconds": t.seconds, "cpu_seconds": t.cpu, "rchar": t.rchar,
                         "files": n_f, "executables": n_e}  # fmt: skip
-    print(f"\nexecwatch start-up (`execwatch --version`, best of 3): {start.seconds:.2f} s,"
+    print(f"\nexecwatch start-up (`execwatch scan --help`, best of 3): {start.seconds:.2f} s,"
           f" {start.cpu:.2f} CPU s")  # fmt: skip
     for label, t in (("execwatch scan", ew), ("in-process scan()", inproc)):
         print(f"{label}: {loop.seconds / t.seconds:.1f}x faster than the file + ldd loop"

@@ -16,14 +16,24 @@ source "$(dirname "$0")/private-apt.sh"
 private_apt "$cache/apt" "$(IFS=,; echo "${archs[*]}")" trixie bookworm
 apt-get "${apt_opts[@]}" -qq update
 cd "$cache/debs"
+missing() {  # the pkg:arch names without a .deb yet, each with the suffix $1
+  local arch pkg
+  for arch in "${archs[@]}"; do for pkg in "${pkgs[@]}"; do
+    ls "${pkg}"_*_"${arch}".deb >/dev/null 2>&1 || echo "$pkg:$arch$1"
+  done; done
+}
+# Few apt-get calls: each rebuilds apt's cache from ~270 MB of package lists (a minute
+# under load; one call per package took 20 minutes on a fresh machine). The mirror can lag
+# its own index for one suite: what the newest candidate lacks comes from one suite, then
+# the other.
+for suite in "" /bookworm /trixie; do
+  mapfile -t want < <(missing "$suite")
+  [ "${#want[@]}" -eq 0 ] && break
+  apt-get "${apt_opts[@]}" -qq download "${want[@]}" 2>/dev/null || true
+done
+mapfile -t want < <(missing "")
+[ "${#want[@]}" -eq 0 ] || { echo "fetch-foreign: cannot download ${want[*]}" >&2; exit 1; }
 for arch in "${archs[@]}"; do
-  for pkg in "${pkgs[@]}"; do
-    ls "${pkg}"_*_"${arch}".deb >/dev/null 2>&1 && continue
-    # The mirror can lag its own index for one suite: fall back to the other.
-    apt-get "${apt_opts[@]}" -qq download "$pkg:$arch" 2>/dev/null \
-      || apt-get "${apt_opts[@]}" -qq download "$pkg:$arch/bookworm" 2>/dev/null \
-      || apt-get "${apt_opts[@]}" -qq download "$pkg:$arch/trixie"
-  done
   mkdir -p "$cache/$arch/root"
   for deb in ./*_"${arch}".deb; do dpkg-deb -x "$deb" "$cache/$arch/root"; done
 done

@@ -20,6 +20,7 @@ private_apt() {
     -o "Dir::Cache=$apt_root"
     -o "APT::Architectures=$archs"
     -o "Acquire::Languages=none"
+    -o "Acquire::IndexTargets::deb::DEP-11::DefaultEnabled=false"
     -o "Debug::NoLocking=1"
     -o "APT::Sandbox::User=root"
   )
