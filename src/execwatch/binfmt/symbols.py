@@ -105,7 +105,9 @@ class _File:
         return data if len(data) == size else None
 
 
-def read_dynamic_symbols(f: BinaryIO, info: ElfInfo) -> DynamicSymbols | None:
+def read_dynamic_symbols(f: BinaryIO, info: ElfInfo, imports: bool = True) -> DynamicSymbols | None:
+    """The object's symbols; without its imports when `imports` is False (a provider
+    library is only asked what it exports: decoding its imports was a sixth of a scan)."""
     r = _File(f, info)
     sections = _sections(r)
     if sections is None:
@@ -124,8 +126,8 @@ def read_dynamic_symbols(f: BinaryIO, info: ElfInfo) -> DynamicSymbols | None:
     symbols = _Symbols(r, table, entsize, strtab)
     versym = _versym(r, by_type.get(SHT_GNU_VERSYM))
     needs = _verneeds(r, by_type.get(SHT_GNU_VERNEED), strtab)
-    imports = _imports(symbols, versym, needs)
-    if imports is None:
+    imported = _imports(symbols, versym, needs) if imports else ()
+    if imported is None:
         return None
     defs = _verdefs(r, by_type.get(SHT_GNU_VERDEF), strtab)
     dynsym_index = sections.index(dynsym)
@@ -135,9 +137,9 @@ def read_dynamic_symbols(f: BinaryIO, info: ElfInfo) -> DynamicSymbols | None:
             data = r.read(section[1], section[2])
             if data is None:
                 return None
-            return DynamicSymbols(imports, _Exports(symbols, versym, defs, kind, data))
+            return DynamicSymbols(imported, _Exports(symbols, versym, defs, kind, data))
     exports = _export_set(symbols, versym, defs)
-    return None if exports is None else DynamicSymbols(imports, exports)
+    return None if exports is None else DynamicSymbols(imported, exports)
 
 
 def _imports(

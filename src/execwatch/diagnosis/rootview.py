@@ -111,7 +111,7 @@ class RootView:
         finally:
             os.close(fd)
 
-    def dynamic_symbols(self, path: str) -> DynamicSymbols | None:
+    def dynamic_symbols(self, path: str, imports: bool = True) -> DynamicSymbols | None:
         node = self.node(path)
         if node is None or node.elf is None:
             return None
@@ -120,7 +120,7 @@ class RootView:
         except OSError:
             return None
         with open(rfd, "rb") as f:
-            return read_dynamic_symbols(f, node.elf)
+            return read_dynamic_symbols(f, node.elf, imports)
 
     def listdir(self, path: str) -> list[str]:
         try:

@@ -262,7 +262,7 @@ class DirectoryFS:
         finally:
             self.bytes_read += raw.count
 
-    def dynamic_symbols(self, path: str) -> DynamicSymbols | None:
+    def dynamic_symbols(self, path: str, imports: bool = True) -> DynamicSymbols | None:
         node = self.node(path)
         if node is None or node.elf is None:
             return None
@@ -271,7 +271,7 @@ class DirectoryFS:
         except OSError:
             return None
         with os.fdopen(fd, "rb") as f:
-            return read_dynamic_symbols(f, node.elf)
+            return read_dynamic_symbols(f, node.elf, imports)
 
     def listdir(self, path: str) -> list[str]:
         try:

@@ -97,7 +97,7 @@ class SymbolSource(Protocol):
     """A FileSystem that can read an object's dynamic symbols again (a directory or a live
     root can; an image held in memory keeps only headers, so its symbols are unknown)."""
 
-    def dynamic_symbols(self, path: str) -> DynamicSymbols | None: ...
+    def dynamic_symbols(self, path: str, imports: bool = True) -> DynamicSymbols | None: ...
 
 
 def multiarch(info: ElfInfo) -> str | None:
@@ -199,7 +199,7 @@ class Linker:
         if path in self._symbols:
             self._symbols.move_to_end(path)
             return self._symbols[path]
-        table = fs.dynamic_symbols(path)
+        table = fs.dynamic_symbols(path, imports=False)
         self._symbols[path] = table
         self._symbol_bytes += table.size if table is not None else 0
         while len(self._symbols) > 1 and (
