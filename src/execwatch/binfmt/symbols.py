@@ -21,7 +21,7 @@ import operator
 import struct
 import sys
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import BinaryIO, NamedTuple, TypeAlias
 
 from execwatch.binfmt.elf import ElfInfo
@@ -147,17 +147,16 @@ def _imports(
 ) -> tuple[SymbolRef, ...] | None:
     """The hot loop of a scan (every executable's every import): kept flat."""
     imports: list[SymbolRef] = []
-    table, strtab, n_versym = symbols.table, symbols.strtab, len(versym)
-    unpack, entsize, info_at = symbols.entry.unpack_from, symbols.entsize, symbols.info_at
+    strtab, n_versym = symbols.strtab, len(versym)
+    name_at, info = symbols.columns()
     names: dict[int, bytes] = {}  # each offset sliced once (see _Names)
     sliced = 0
     for i in symbols.undefined():
-        fields = unpack(table, i * entsize)
-        if fields[info_at] >> 4 not in IMPORTED_BINDINGS:
+        if info[i] >> 4 not in IMPORTED_BINDINGS:
             continue
-        name = names.get(fields[0])
+        offset = name_at[i]
+        name = names.get(offset)
         if name is None:
-            offset = fields[0]
             end = strtab.find(b"\0", offset)
             name = names[offset] = strtab[offset:end] if 0 <= offset < end else b""
             sliced += len(name)
@@ -217,6 +216,17 @@ class _Symbols:
         words = memoryview(self.table)[: self.count * self.entsize].cast("H")
         column = words[(6 if self.wide else 14) // 2 :: self.entsize // 2]
         return itertools.compress(range(self.count), map(operator.not_, column))
+
+    def columns(self) -> tuple[Sequence[int], Sequence[int]]:
+        """st_name and st_info of every symbol, as columns sliced in C where the table's
+        layout allows (no tuple per symbol); unpacked entry by entry where it does not."""
+        used = self.count * self.entsize
+        info = self.table[(4 if self.wide else 12) : used : self.entsize]
+        native = (self.order == "<") == (sys.byteorder == "little")
+        if native and self.entsize % 4 == 0:
+            return memoryview(self.table)[:used].cast("I")[:: self.entsize // 4], info
+        unpack = self.entry.unpack_from
+        return [unpack(self.table, i * self.entsize)[0] for i in range(self.count)], info
 
     def named(self, i: int, key: bytes) -> bool:
         """Symbol i is a defined global one named exactly `key`."""
