@@ -12,14 +12,11 @@ import yaml
 from kubernetes import client
 
 from tests.deploy.chart import CHART, helm
-from tests.node.node import Node, pod_ready, wait_for
+from tests.node.node import QUOTA_RESYNC, Node, pod_ready, wait_for
 
 NAMESPACE = "execwatch"
 RELEASE = "execwatch"
 QUOTA, COUNTED = "execwatch-records", "count/execfailures.execwatch.io"
-# The controller-manager's default --resource-quota-sync-period, which the node keeps: a
-# quota on a new CRD is counted at the first full resync after the CRD is discovered.
-QUOTA_RESYNC = 300.0
 
 
 @dataclass

@@ -13,8 +13,8 @@ import time
 from kubernetes import client
 
 from tests.node.images import SIDE, SIDE_FOREIGN, WEB_V1, WEB_V2_ARM64
-from tests.node.install import QUOTA_RESYNC, Release, agent_pod, quota_counted
-from tests.node.node import NODE_NAME, Node, pod_ready, wait_for
+from tests.node.install import Release, agent_pod, quota_counted
+from tests.node.node import NODE_NAME, QUOTA_RESYNC, Node, pod_ready, wait_for
 from tests.node.workloads import (
     container,
     deployment,
