@@ -34,9 +34,10 @@ MODULES = (
 )
 GUEST_OUT = "/tmp/out"  # where the writable export is mounted, inside the chroot
 GUEST_TMPFS = ("/tmp", "/run")
-# A clone under /tmp (as CI may make) would vanish under the guest's tmpfs: it is bound
-# here first and bound back over the tmpfs. /mnt exists on every Debian root.
-REPO_KEEP = "/mnt"
+# A clone under /tmp (as CI may make), or its .cache's target there (XDG_CACHE_HOME, HOME),
+# would vanish under the guest's tmpfs: each is bound aside in the initramfs first and
+# bound back over the tmpfs.
+KEEP = "/keep"
 NINEP = "trans=virtio,version=9p2000.L,msize=262144,cache=loose"
 
 
@@ -71,8 +72,14 @@ def _masked(path: Path) -> bool:
     return any(path.is_relative_to(d) for d in GUEST_TMPFS)
 
 
+def kept_paths(repo: Path = REPO) -> list[Path]:
+    """The repository and its cache's real directory, where the guest's tmpfs hides them."""
+    wanted = [p for p in (repo, (repo / ".cache").resolve()) if _masked(p)]
+    return [p for p in wanted if not any(p != q and p.is_relative_to(q) for q in wanted)]
+
+
 def init_script(modules: list[str], command: str) -> str:
-    keep_repo = _masked(REPO)
+    kept = kept_paths()
     mounts = [
         ("proc", "proc", "/proc"),
         ("sysfs", "sysfs", "/sys"),
@@ -97,13 +104,9 @@ def init_script(modules: list[str], command: str) -> str:
         "  left=$next; done",
         '[ -z "$left" ] || { echo "ew-init: cannot load$left"; dmesg | tail -5; }',
         f"mount -t 9p -o {NINEP},ro host /host || echo 'ew-init: no host root'",
-        *([f"mount -o bind /host{REPO} /host{REPO_KEEP}"] if keep_repo else []),
+        *(f"mkdir -p {KEEP}/{i} && mount -o bind /host{p} {KEEP}/{i}" for i, p in enumerate(kept)),
         *(f"mount -t {t} {s} /host{d} || echo 'ew-init: mount {d} failed'" for t, s, d in mounts),
-        *(
-            [f"mkdir -p /host{REPO} && mount -o bind /host{REPO_KEEP} /host{REPO}"]
-            if keep_repo
-            else []
-        ),
+        *(f"mkdir -p /host{p} && mount -o bind {KEEP}/{i} /host{p}" for i, p in enumerate(kept)),
         f"mkdir -p /host{GUEST_OUT} && mount -t 9p -o {NINEP} out /host{GUEST_OUT}",
         "ip link set lo up",
         "echo ew-init: ready",
