@@ -29,12 +29,11 @@ from benchmarks.common import RESULTS, build_c, require_root, save, sysctl
 from benchmarks.probe_bench import (
     ORDERS,
     add_up,
+    attach_in_order,
     fdinfo_prog_id,
     per_exec,
     prog_stats,
-    return_only_program,
 )
-from execwatch.probe import Probe
 
 GUEST_BUDGET_S = 600
 
@@ -58,11 +57,7 @@ def measure_in_order(gen: Path, execs: int, order: str) -> tuple[dict[str, float
     with ExitStack() as stack:
         stack.enter_context(sysctl("kernel.bpf_stats_enabled", "1"))
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        if order == "return_only_first":
-            baseline = stack.enter_context(return_only_program(tmp))
-        probe = stack.enter_context(Probe())
-        if order == "execwatch_first":
-            baseline = stack.enter_context(return_only_program(tmp))
+        probe, baseline = attach_in_order(stack, tmp, order)
         ours = fdinfo_prog_id(probe.program_fds()["exit_execve"])
         before = prog_stats(ours), prog_stats(baseline)
         subprocess.run([gen, "success", str(execs)], check=True, capture_output=True)

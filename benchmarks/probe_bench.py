@@ -76,6 +76,20 @@ def multiarch() -> str:
     return out.stdout.strip() or f"{os.uname().machine}-linux-gnu"
 
 
+def attach_in_order(stack: ExitStack, tmp: Path, order: str) -> tuple[Probe, int]:
+    """execwatch's probe and the return-only program (its prog id) on the same tracepoint,
+    attached in `order`: programs run in attach order, and the first one pays more."""
+    baseline = None
+    if order == "return_only_first":
+        baseline = stack.enter_context(return_only_program(tmp))
+    probe = stack.enter_context(Probe())
+    if order == "execwatch_first":
+        baseline = stack.enter_context(return_only_program(tmp))
+    if baseline is None:
+        raise ValueError(f"unknown attach order {order!r}")
+    return probe, baseline
+
+
 @contextmanager
 def return_only_program(tmp: Path) -> Iterator[int]:
     """Load and attach benchmarks/return_only.bpf.c through libbpf; yield its prog id."""
@@ -335,11 +349,7 @@ def kernel_cost_in_order(
 ) -> dict[str, Any]:
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        if order == "return_only_first":
-            baseline = stack.enter_context(return_only_program(tmp))
-        probe = stack.enter_context(Probe())
-        if order == "execwatch_first":
-            baseline = stack.enter_context(return_only_program(tmp))
+        probe, baseline = attach_in_order(stack, tmp, order)
         theirs = stack.enter_context(bpftrace_one_liner())
         stack.enter_context(drained(probe))
         fds = probe.program_fds()
