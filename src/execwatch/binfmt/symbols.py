@@ -125,8 +125,9 @@ def read_dynamic_symbols(f: BinaryIO, info: ElfInfo, imports: bool = True) -> Dy
         return None
     symbols = _Symbols(r, table, entsize, strtab)
     versym = _versym(r, by_type.get(SHT_GNU_VERSYM))
-    needs = _verneeds(r, by_type.get(SHT_GNU_VERNEED), strtab)
-    imported = _imports(symbols, versym, needs) if imports else ()
+    imported: tuple[SymbolRef, ...] | None = ()
+    if imports:  # the version needs serve only the imports
+        imported = _imports(symbols, versym, _verneeds(r, by_type.get(SHT_GNU_VERNEED), strtab))
     if imported is None:
         return None
     defs = _verdefs(r, by_type.get(SHT_GNU_VERDEF), strtab)
