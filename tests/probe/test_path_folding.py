@@ -10,6 +10,7 @@ import contextlib
 import errno
 import os
 import shutil
+import struct
 import subprocess
 import threading
 import time
@@ -195,6 +196,70 @@ def test_one_name_in_two_roots_is_never_folded_together(
         (with_tool.stat().st_ino, Reason.MISSING_INTERPRETER): SEARCHES,
         (without.stat().st_ino, Reason.NOT_FOUND): SEARCHES,
     }
+
+
+MIX = 0x9E3779B97F4A7C15
+MASK = (1 << 64) - 1
+
+
+def fold_hash(name: bytes) -> int:
+    """name_hash() of execwatch.bpf.c: the name's little-endian words up to its NUL."""
+    data = name + b"\0"
+    data += b"\0" * (-len(data) % 8)
+    h = 0
+    for (word,) in struct.iter_unpack("<Q", data):
+        h = ((h ^ word) * MIX) & MASK
+    return h ^ (h >> 32)
+
+
+def colliding(first: bytes) -> bytes:
+    """Another absolute name of first's length with the same fold hash: the kernel's hash is
+    cheap, not strong, so a tenant can craft one. Its first word differs; its second cancels
+    that out after one round."""
+    a0, a1 = struct.unpack_from("<QQ", first)
+    rounds = 0
+    while True:
+        rounds += 1
+        b0 = int.from_bytes(b"/" + os.urandom(7), "little")
+        b1 = ((a0 * MIX) & MASK) ^ a1 ^ ((b0 * MIX) & MASK)
+        other = struct.pack("<QQ", b0, b1) + first[16:]
+        if b"\0" not in other and other != first:
+            assert fold_hash(other) == fold_hash(first)
+            return other
+        assert rounds < 1000
+
+
+def test_two_names_with_one_hash_are_never_folded_together(
+    traced: Traced, own_cgroup: Path
+) -> None:
+    """The fold key holds a hash of the name; the name itself is compared before a repeat is
+    folded. A crafted name with the same hash as a missing loader's is never folded into
+    it: both are counted under their own names, the second sent every time."""
+    first = b"/nonexistent/ewprog-first-name"
+    second = colliding(first)
+    pid = os.fork()
+    if pid == 0:  # never returns
+        try:
+            (own_cgroup / "cgroup.procs").write_text(str(os.getpid()))
+            for _ in range(SEARCHES):
+                for name in (first, second):
+                    with contextlib.suppress(OSError):
+                        os.execv(name, [name])
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    traced.stop()
+
+    cgroup_id = own_cgroup.stat().st_ino
+    ours = [aggregation_key(raw) for raw in traced.raw if aggregation_key(raw)[0] == cgroup_id]
+    assert sum(key[4] == second for key in ours) == SEARCHES  # never folded: sent each time
+    assert sum(key[4] == first for key in ours) < SEARCHES  # folded after the first
+    by_name: Counter[bytes] = Counter()
+    for r in traced.records:
+        if r.event.cgroup_id == cgroup_id:
+            assert r.diagnosis.reason == Reason.NOT_FOUND
+            by_name[os.fsencode(r.event.path)] += r.count
+    assert by_name == {first: SEARCHES, second: SEARCHES}
 
 
 def test_a_removed_cgroups_last_folds_are_handed_over_once(
