@@ -262,6 +262,48 @@ def test_two_names_with_one_hash_are_never_folded_together(
     assert by_name == {first: SEARCHES, second: SEARCHES}
 
 
+def miss_on_one_cpu(cgroup: Path, name: bytes, times: int) -> None:
+    """A child in `cgroup`, on CPU 0 only (folding is per CPU), misses `name` `times` times."""
+    pid = os.fork()
+    if pid == 0:  # never returns
+        try:
+            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+            os.sched_setaffinity(0, {0})
+            for _ in range(times):
+                with contextlib.suppress(OSError):
+                    os.execv(name, [name])
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def test_a_new_fold_window_sends_a_names_next_miss_again(own_cgroup: Path) -> None:
+    """A CPU folds a name's repeats only in the fold epoch of the record it sent; the first
+    take_folds() a window after the last starts the next epoch, whose first miss is sent."""
+    name = b"/nonexistent/ewprog-window"
+    cgroup_id = own_cgroup.stat().st_ino
+    sent: list[bytes] = []
+    with Probe(ProbeOptions(fold_window_ms=300)) as probe:
+        probe.open_ring_buffer(sent.append)
+        miss_on_one_cpu(own_cgroup, name, 3)  # no take_folds() yet: one epoch, however slow
+        time.sleep(0.35)
+        first = probe.take_folds()  # a window has passed: this starts the next epoch
+        miss_on_one_cpu(own_cgroup, name, 3)
+        while probe.poll(10):
+            pass
+        time.sleep(0.35)
+        second = probe.take_folds()
+    key = (cgroup_id, *_root(), errno.ENOENT, name)
+    assert sum(aggregation_key(raw)[:5] == key for raw in sent) == 2  # one per epoch
+    assert {k: n for k, n in first.items() if k[0] == cgroup_id} == {key: 2}
+    assert {k: n for k, n in second.items() if k[0] == cgroup_id} == {key: 2}
+
+
+def _root() -> tuple[int, int]:
+    """This process's mount namespace and root inode, as a fold key holds them."""
+    return os.stat("/proc/self/ns/mnt").st_ino, os.stat("/").st_ino
+
+
 def test_a_removed_cgroups_last_folds_are_handed_over_once(
     own_cgroup: Path, tmp_path: Path
 ) -> None:

@@ -370,8 +370,8 @@ struct {
 #error "fold_key() masks a name's last word little-endian"
 #endif
 
-/* Advanced by user space every fold window (Probe.take_folds): a repeat is folded only in
- * the epoch of the record its CPU sent, which costs a load here instead of a clock read. */
+/* Advanced by user space every fold window (Probe.take_folds updates .data): a repeat is
+ * folded only in the epoch of the record its CPU sent, a load here, not a clock read. */
 volatile __u64 fold_epoch = 1;
 
 /* A miss's fold key and name, on the stack (hot in cache): the name's words up to its NUL,

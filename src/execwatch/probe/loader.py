@@ -128,7 +128,8 @@ class Probe:
         self._folds_forgotten: dict[layout.FoldedName, int] = {}
         self._folds_enoent = -1  # errno_totals[ENOENT] when take_folds last saw it move
         self._folds_quiet_scans = 0  # scans of the folds map since then
-        self._fold_epoch: ctypes.c_uint64 | None = None  # the program's fold_epoch, mmapped
+        self._fold_epoch = 1  # the program's fold_epoch (its .data section: only that)
+        self._fold_epoch_fd = -1
         self._fold_epoch_started = 0.0
 
     def __enter__(self) -> Probe:
@@ -191,17 +192,12 @@ class Probe:
                 raise ProbeError(f"cannot attach {name}: {err}")
             self._links.append(link)
             prog = self._lib.bpf_object__next_program(self._obj, prog)
-        self._fold_epoch = self._global_u64(".data")
+        data, size = self._map_by_suffix(".data"), ctypes.c_size_t()
+        self._lib.bpf_map__initial_value(data, ctypes.byref(size))
+        if size.value != ctypes.sizeof(ctypes.c_uint64):
+            raise ProbeError("BPF object's .data is not its fold epoch alone: rebuild it")
+        self._fold_epoch_fd = self._lib.bpf_map__fd(data)
         self._fold_epoch_started = time.monotonic()
-
-    def _global_u64(self, section: str) -> ctypes.c_uint64:
-        """The section's one u64 global, as libbpf mmaps it after load: a store here is what
-        the program's next load sees."""
-        size = ctypes.c_size_t()
-        addr = self._lib.bpf_map__initial_value(self._map_by_suffix(section), ctypes.byref(size))
-        if not addr or size.value != ctypes.sizeof(ctypes.c_uint64):
-            raise ProbeError(f"BPF object's {section} is not one mmapped u64: rebuild it")
-        return ctypes.c_uint64.from_address(addr)
 
     def _map(self, name: str) -> int:
         m = self._lib.bpf_object__find_map_by_name(self._obj, name.encode())
@@ -363,11 +359,15 @@ class Probe:
         """Every fold window, the next take_folds() ends every CPU's folding of every name:
         each one's next miss is sent again."""
         now = time.monotonic()
-        if self._fold_epoch is not None and (
-            now - self._fold_epoch_started >= self.options.fold_window_ms / 1000
-        ):
-            self._fold_epoch.value += 1
-            self._fold_epoch_started = now
+        if now - self._fold_epoch_started < self.options.fold_window_ms / 1000:
+            return
+        epoch = ctypes.c_uint64(self._fold_epoch + 1)
+        rc = self._lib.bpf_map_update_elem(
+            self._fold_epoch_fd, ctypes.byref(ctypes.c_uint32(0)), ctypes.byref(epoch), 0
+        )
+        if rc < 0:
+            raise ProbeError(f"cannot start a fold epoch: {os.strerror(-rc)}")
+        self._fold_epoch, self._fold_epoch_started = epoch.value, now
 
     def _folded(self, fd: int, key: layout.FoldKey) -> dict[layout.FoldedName, int]:
         """What the CPUs folded under `key`, per name: one name, unless two share a hash."""
@@ -408,7 +408,6 @@ class Probe:
         for link in self._links:
             self._lib.bpf_link__destroy(link)
         self._links.clear()
-        self._fold_epoch = None  # unmapped with the object
         if self._obj:
             self._lib.bpf_object__close(self._obj)
             self._obj = None
