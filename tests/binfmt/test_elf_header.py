@@ -53,4 +53,3 @@ def test_header_fields_equal_pyelftools_on_real_files(
             classes.add((info.bits, info.little_endian))
     assert len(files) >= 30
     assert classes == {(32, True), (64, True), (64, False)}  # s390x is the big-endian one
-
