@@ -8,6 +8,7 @@ from pathlib import Path
 
 from elftools.elf.elffile import ELFFile
 from elftools.elf.enums import ENUM_D_TAG_COMMON, ENUM_E_MACHINE, ENUM_E_TYPE, ENUM_P_TYPE_BASE
+from elftools.elf.segments import InterpSegment
 
 from execwatch.binfmt import elf
 from execwatch.binfmt.elf import read_elf
@@ -45,7 +46,7 @@ def test_header_fields_equal_pyelftools_on_real_files(
                 header["e_flags"],
             ), path
             assert (info.bits, info.little_endian) == (oracle.elfclass, oracle.little_endian)
-            interp = [s for s in oracle.iter_segments() if s["p_type"] == "PT_INTERP"]
+            interp = [s for s in oracle.iter_segments() if isinstance(s, InterpSegment)]
             assert info.interpreter == (interp[0].get_interp_name() if interp else None), path
             assert info.has_dynamic == any(
                 s["p_type"] == "PT_DYNAMIC" for s in oracle.iter_segments()
