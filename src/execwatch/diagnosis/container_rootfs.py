@@ -19,11 +19,14 @@ import json
 import os
 import re
 from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
+from typing import BinaryIO
 
 CONTAINER_ID = re.compile(r"^[0-9a-f]{12,128}$")
 CRIO_CONFIG = "/run/containers/storage/overlay-containers/{id}/userdata/config.json"
 MAX_MOUNTINFO_BYTES = 8 << 20  # ~50,000 mounts; a namespace a tenant fills is read no further
+MAX_CANDIDATES = 16  # mounts naming one container id: its rootfs and a few volumes
 
 
 class ContainerRootfs:
@@ -57,26 +60,36 @@ class ContainerRootfs:
                 yield view
 
     def _from_mounts(self, view: Path, container_id: str) -> Iterator[Path]:
-        needle = f"/{container_id}/"
+        needle = f"/{container_id}/".encode()
         try:
             with open(view / "mountinfo", "rb") as f:
-                lines = f.read(MAX_MOUNTINFO_BYTES).decode(errors="surrogateescape")
+                matches = (
+                    fields[4]
+                    for line in _lines(f, MAX_MOUNTINFO_BYTES)
+                    if len(fields := line.split(b" ", 5)) > 4 and needle in fields[4] + b"/"
+                )
+                found = list(islice(matches, MAX_CANDIDATES))
         except OSError:
             return
-        for line in lines.splitlines():
-            fields = line.split(" ", 5)
-            if len(fields) > 4 and needle in fields[4] + "/":
-                yield _inside(view, fields[4].replace("\\040", " "))
+        for mountpoint in found:
+            yield _inside(view, mountpoint.decode(errors="surrogateescape").replace("\\040", " "))
 
     def _from_crio(self, view: Path, container_id: str) -> Iterator[Path]:
         config = _inside(view, CRIO_CONFIG.format(id=container_id))
         try:
             with open(config, "rb") as f:
                 root = json.loads(f.read(1 << 20))["root"]["path"]
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             return
         if isinstance(root, str) and root.startswith("/"):
             yield _inside(view, root)
+
+
+def _lines(f: BinaryIO, budget: int) -> Iterator[bytes]:
+    """Lines of at most 64 KiB (a mountinfo line is below 3 * PATH_MAX), within budget bytes."""
+    while budget > 0 and (line := f.readline(min(budget, 1 << 16))):
+        budget -= len(line)
+        yield line.rstrip(b"\n")
 
 
 def _inside(view: Path, path: str) -> Path:
