@@ -163,7 +163,7 @@ def run_execwatch(root: Path) -> tuple[int, int, int]:
 
 
 def run_execwatch_in_process(root: Path) -> tuple[int, int, int]:
-    report = scan(str(root), ScanOptions(platform=Platform.parse("linux/amd64")))
+    report = scan(str(root), ScanOptions(platforms=(Platform.parse("linux/amd64"),)))
     (result,) = report.results
     return result.stats.files, result.stats.executables, result.stats.bytes_read
 

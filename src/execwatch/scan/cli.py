@@ -54,8 +54,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument(
         "--platform",
         type=_platform,
+        action="append",
+        default=[],
         metavar="OS/ARCH[/VARIANT]",
-        help="check against this platform; for images, scan only this platform",
+        help="repeatable: for images, scan only these platforms of the index (default: all);"
+        " check a file or root filesystem against each (default: this node's)",
     )
     p.add_argument("--format", choices=FORMATS, default="table")
     p.add_argument("--output", "-o", metavar="FILE", help="write the report here (default stdout)")
@@ -90,7 +93,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def run(args: argparse.Namespace) -> int:
     options = ScanOptions(
-        platform=args.platform,
+        platforms=tuple(dict.fromkeys(args.platform)),
         require_static=args.require_static,
         cpu_levels=args.cpu_level,
         allow_empty=args.allow_empty,
