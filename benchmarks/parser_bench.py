@@ -153,7 +153,7 @@ def bench_symbols(name: str, data: bytes, repeat: int) -> dict[str, object]:
 
 
 def bench_scan(name: str, target: Path) -> dict[str, object]:
-    options = ScanOptions(platform=Platform.parse("linux/amd64"))
+    options = ScanOptions(platforms=(Platform.parse("linux/amd64"),))
     outcome, cost = measure(lambda: scan(str(target), options), repeat=3)
     return {
         "input": name,

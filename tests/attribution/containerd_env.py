@@ -225,13 +225,17 @@ def _cgroup_parent(qos: str, uid: str) -> str:
 class Containerd:
     """A private containerd process; ``cri`` is a client for its CRI socket."""
 
-    def __init__(self, workdir: Path, cni: tuple[str, str] | None = None) -> None:
+    def __init__(
+        self, workdir: Path, cni: tuple[str, str] | None = None, *, own_mounts: bool = False
+    ) -> None:
         require_tools()
         for tool in ("containerd", "ctr", "containerd-shim-runc-v2"):
             if shutil.which(tool) is None:
                 raise RuntimeError(f"{tool} is missing: run `dev/setup.sh --test` (containerd)")
         self.workdir = workdir
         self.cni = cni
+        # In a mount namespace of its own, its rootfs mounts are seen only through its shims.
+        self.own_mounts = own_mounts
         self.root = workdir / "root"
         self.run_dir = Path(f"/run/ew-ctd-{secrets.token_hex(4)}")  # short: sun_path is small
         self.state = self.run_dir / "state"
@@ -248,8 +252,9 @@ class Containerd:
         config = self.workdir / "config.toml"
         config.write_text(containerd_config(self.root, self.state, self.socket, self.cni))
         with self.log.open("wb") as log:
+            unshare = ["unshare", "--mount", "--propagation", "private"] if self.own_mounts else []
             self.process = subprocess.Popen(
-                ["containerd", "--config", str(config)],
+                [*unshare, "containerd", "--config", str(config)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

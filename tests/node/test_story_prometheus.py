@@ -57,8 +57,7 @@ def test_the_shipped_alert_goes_pending_then_fires_for_the_crash_looping_workloa
             if (
                 labels["alertname"] == "ExecwatchExecFailures"
                 and labels.get("namespace") == NS
-                # Undiagnosed when the rootfs went first (test_story's KNOWN GAP)
-                and labels["reason"] in ("ForeignArchitecture", "Undiagnosed")
+                and labels["reason"] == "ForeignArchitecture"
                 and alert["state"] == wanted
             ):
                 return dict(alert)
@@ -72,10 +71,10 @@ def test_the_shipped_alert_goes_pending_then_fires_for_the_crash_looping_workloa
     assert alert["activeAt"] == pending["activeAt"]
     labels = alert["labels"]
     assert (labels["workload"], labels["container"]) == ("web", "web")
-    diagnosed = labels["reason"] == "ForeignArchitecture"
     assert (labels["reason"], labels["binary_arch"], labels["node_arch"]) == (
-        ("ForeignArchitecture", "arm64", "amd64") if diagnosed else ("Undiagnosed", "", "amd64")
+        "ForeignArchitecture",
+        "arm64",
+        "amd64",
     )
     assert labels["severity"] == "warning"
-    anchor = "#foreignarchitecture" if diagnosed else "#undiagnosed"
-    assert alert["annotations"]["runbook_url"].endswith(anchor)
+    assert alert["annotations"]["runbook_url"].endswith("#foreignarchitecture")

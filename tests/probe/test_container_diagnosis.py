@@ -3,6 +3,7 @@ including an entrypoint that dies at once and leaves no task behind."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -52,6 +53,41 @@ def test_foreign_entrypoint_of_a_dying_container(
     assert (a.namespace, a.pod, a.container, a.workload_kind, a.workload) == (
         "shop", "api-5f7c9d-abcde", "api", "Deployment", "api"
     )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def containerd_apart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]:
+    """A containerd whose mounts the tracer's mount namespace never sees, as for an agent
+    pod: only its shim, the dying container's parent, shows the rootfs."""
+    runtime = Containerd(tmp_path_factory.mktemp("containerd-apart"), own_mounts=True)
+    try:
+        runtime.start()
+        yield runtime
+    finally:
+        runtime.stop()
+
+
+def test_dying_container_of_a_runtime_whose_mounts_we_cannot_see(
+    containerd_apart: Containerd,
+) -> None:
+    assert containerd_apart.process is not None
+    apart = f"/proc/{containerd_apart.process.pid}/ns/mnt"
+    assert os.stat(apart).st_ino != os.stat("/proc/self/ns/mnt").st_ino
+    with (
+        Attributor(containers=CriContainers(sockets=[containerd_apart.socket])) as attributor,
+        Probe() as probe,
+    ):
+        tracer = Tracer(probe, attributor)
+        pod = containerd_apart.run_pod("api-0", namespace="shop", labels={})
+        try:
+            containerd_apart.create_container(pod, "api", [FOREIGN_IN_ROOTFS, "serve"])
+            record = tracer.wait_for(in_pod(pod.uid), timeout=15)
+        finally:
+            containerd_apart.remove_pod(pod)
+            tracer.close()
+
+    assert record.diagnosis.reason is Reason.FOREIGN_ARCHITECTURE, record.diagnosis
+    assert record.diagnosis.binary_arch == FOREIGN_ARCH
 
 
 def test_side_process_failing_in_a_healthy_container(

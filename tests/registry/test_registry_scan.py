@@ -60,6 +60,30 @@ def test_one_platform_of_an_index_and_a_platform_it_lacks(
     )
 
 
+def test_several_platforms_of_an_index_and_each_one_it_lacks(
+    registry: Registry, pushed: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = registry_args(registry, tmp_path)
+    platforms = ["--platform", "linux/riscv64", "--platform", "linux/arm64"]
+    code, doc = scan_json(capsys, pushed["multi"], *platforms, *args)
+    assert [r["platform"] for r in doc["images"]] == ["linux/riscv64", "linux/arm64"]
+    bad = {f["platform"] for f in doc["findings"] if f["check"] == "arch-mismatch"}
+    assert (code, bad) == (1, {"linux/riscv64"})
+    network, _, layers = fetched(doc)
+    # riscv64 carries arm64's layers, fetched once; arm/v7's own root was not asked for
+    assert 0 < network < layers * 0.75, (network, layers)
+    platforms = [
+        "--platform",
+        "linux/s390x",
+        "--platform",
+        "linux/arm64",
+        "--platform",
+        "linux/386",
+    ]
+    message = scan_error(capsys, pushed["multi"], *platforms, *args)
+    assert "no linux/s390x and no linux/386 image (the input has: linux/arm/v7, " in message
+
+
 def test_layers_are_fetched_once_and_a_repeat_scan_comes_from_the_cache(
     registry: Registry, pushed: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -20,7 +20,7 @@ from tests.scan.imagebuild import Entry, Image, file, oci_layout, symlink
 
 SECONDS = 2.0  # a whole scan: layout, layers, checks
 PEAK_BYTES = 32 << 20
-AMD64 = ScanOptions(platform=Platform.parse("linux/amd64"))
+AMD64 = ScanOptions(platforms=(Platform.parse("linux/amd64"),))
 
 EXPECTED: dict[str, type[BaseException] | type[ScanReport]] = {
     "DT_NEEDED-loop": ScanReport,
@@ -75,7 +75,7 @@ def test_repeated_ld_so_conf_directories_count_once() -> None:
 
 def _layer_scan(tmp_path: Path, entries: list[Entry], limits: Limits) -> ScanReport:
     layout = oci_layout(tmp_path / "l", [Image([entries], entrypoint=["/bin/sh"])])
-    return scan(str(layout), ScanOptions(platform=AMD64.platform, limits=limits))
+    return scan(str(layout), ScanOptions(platforms=AMD64.platforms, limits=limits))
 
 
 def test_tar_entries_are_counted_over_all_layers(tmp_path: Path) -> None:

@@ -83,6 +83,10 @@ def test_multi_platform_index_checks_every_platform_and_skips_attestations(
     assert (code, doc["findings"]) == (0, [])
     code, doc = scan_json(capsys, str(layout), "--platform", "linux/arm/v7")
     assert [r["platform"] for r in doc["images"]] == ["linux/arm/v7"]
+    code, doc = scan_json(
+        capsys, str(layout), "--platform", "linux/riscv64", "--platform", "linux/arm/v7"
+    )
+    assert [r["platform"] for r in doc["images"]] == ["linux/riscv64", "linux/arm/v7"]
 
 
 def test_asking_for_a_platform_the_index_lacks_is_bad_input(
@@ -162,6 +166,13 @@ def test_rootfs_directory_with_platform(
     # an amd64 node runs 386 binaries (IA32 emulation): no arch finding
     code, doc = scan_json(capsys, str(root), "--platform", "linux/amd64")
     assert (code, doc["findings"]) == (0, [])
+    # several platforms: one result for each, each checked against its own
+    code, doc = scan_json(
+        capsys, str(root), "--platform", "linux/amd64", "--platform", "linux/arm64"
+    )
+    assert [r["platform"] for r in doc["images"]] == ["linux/amd64", "linux/arm64"]
+    assert {f["platform"] for f in doc["findings"]} == {"linux/arm64"}
+    assert ("arch-mismatch", "/usr/bin/hello") in checks(doc) and code == 1
 
 
 def test_rootfs_tarball_is_one_layer(
@@ -172,6 +183,11 @@ def test_rootfs_tarball_is_one_layer(
     archive.write_bytes(layer_tar(tree(root) + usrmerge(root)))
     code, doc = scan_json(capsys, str(archive), "--platform", "arm64")
     assert (code, doc["findings"]) == (0, [])
+    code, doc = scan_json(capsys, str(archive), "--platform", "arm64", "--platform", "s390x")
+    assert [r["platform"] for r in doc["images"]] == ["linux/arm64", "linux/s390x"]
+    assert {f["platform"] for f in doc["findings"] if f["check"] == "arch-mismatch"} == {
+        "linux/s390x"
+    }
 
 
 def arm64_layers(foreign_root: Path) -> list[Entry]:

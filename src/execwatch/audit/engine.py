@@ -136,7 +136,7 @@ class ImageAuditor:
             image = self._select(reference, digest, platform)
             if isinstance(image, Verdict):
                 return image
-            result = _scan_image(image, ScanOptions(platform=platform, limits=self.limits), None)
+            result = _scan_image(image, ScanOptions(limits=self.limits), None, platform)
         except ScanInputError as exc:
             return Verdict(Status.ERROR, str(platform), digest, message=str(exc))
         self.scanned += 1

@@ -1,10 +1,12 @@
 """Read what exec and the dynamic loader look at in an ELF file, and nothing more.
 
-The reader uses pyelftools for the ELF header and its enums, and `struct` for the tables
-(program headers, dynamic entries, version records), which a hostile file can make
-thousands of entries long. It reads the ELF header, the program header table, PT_INTERP,
-PT_DYNAMIC and the dynamic string and version tables through the PT_LOAD mapping, as ld.so
-does, never whole sections of unknown size, so a 2 GB file costs a few reads.
+The reader unpacks the ELF header and the tables (program headers, dynamic entries, version
+records, which a hostile file can make thousands of entries long) with `struct`: pyelftools'
+construct-based header parse was a fifth of a scan's ELF reading, and importing it a sixth
+of `execwatch scan`'s start-up; it stays the tests' oracle for these formats. It reads the
+ELF header, the program header table, PT_INTERP, PT_DYNAMIC and the dynamic string and
+version tables through the PT_LOAD mapping, as ld.so does, never whole sections of unknown
+size, so a 2 GB file costs a few reads.
 
 Every parse runs on a budget (`ElfLimits`): bytes read, dynamic entries, distinct needed
 libraries and search directories, decoded string bytes, version records and wall time.
@@ -18,20 +20,18 @@ from __future__ import annotations
 import functools
 import os
 import struct
+import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
-
-from elftools.construct import ConstructError
-from elftools.elf.enums import ENUM_D_TAG_COMMON, ENUM_E_MACHINE, ENUM_E_TYPE, ENUM_P_TYPE_BASE
-from elftools.elf.structs import ELFStructs
+from typing import Any, BinaryIO, NamedTuple
 
 from execwatch.binfmt import isa, machines
 from execwatch.binfmt.errors import BinfmtError, LimitExceeded, TruncatedFile
 from execwatch.binfmt.platform import Platform
 
 ELF_MAGIC = b"\x7fELF"
+_FS_ENCODING = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
 ET_EXEC = 2
 ET_DYN = 3
 
@@ -40,11 +40,14 @@ MAX_INTERP_BYTES = 4096  # PATH_MAX, the kernel's limit for PT_INTERP
 MAX_ARM_ATTRIBUTES_BYTES = 65536
 MAX_SECTION_HEADERS_BYTES = 256 << 10  # .ARM.attributes is optional: past this, no variant
 
-PT_LOAD, PT_DYNAMIC, PT_INTERP, PT_NOTE = (
-    ENUM_P_TYPE_BASE[k] for k in ("PT_LOAD", "PT_DYNAMIC", "PT_INTERP", "PT_NOTE")
-)
+PT_LOAD, PT_DYNAMIC, PT_INTERP, PT_NOTE = 1, 2, 3, 4
 MAX_NOTE_SEGMENTS = 16  # PT_NOTE segments looked at for the x86 ISA level (real files: 1-3)
-DT = {k[3:]: v for k, v in ENUM_D_TAG_COMMON.items() if isinstance(v, int)}
+# The dynamic tags read (the gABI's numbers; tests/binfmt checks them against pyelftools).
+DT = {
+    "NULL": 0, "NEEDED": 1, "STRTAB": 5, "STRSZ": 10, "SONAME": 14, "RPATH": 15,
+    "RUNPATH": 29, "FLAGS_1": 0x6FFFFFFB, "VERDEF": 0x6FFFFFFC, "VERDEFNUM": 0x6FFFFFFD,
+    "VERNEED": 0x6FFFFFFE, "VERNEEDNUM": 0x6FFFFFFF,
+}  # fmt: skip
 DF_1_PIE = 0x08000000
 VER_FLG_WEAK = 0x2
 SHT_ARM_ATTRIBUTES = 0x70000003
@@ -136,18 +139,32 @@ class ElfInfo:
         )
 
 
-@functools.lru_cache(maxsize=4)
-def _ehdr_struct(little_endian: bool, elf_class: int) -> Any:
-    """pyelftools builds its construct definitions per file; build them once per ABI."""
-    structs = ELFStructs(little_endian=little_endian, elfclass=elf_class)
-    structs.create_basic_structs()
-    structs.create_advanced_structs(None, None, None)
-    return structs.Elf_Ehdr
+class _Ehdr(NamedTuple):
+    """The ELF header's fields this reader uses, after e_ident."""
+
+    e_type: int
+    e_machine: int
+    e_phoff: int
+    e_shoff: int
+    e_flags: int
+    e_phentsize: int
+    e_phnum: int
+    e_shentsize: int
+    e_shnum: int
 
 
-def _number(value: Any, table: Mapping[str, int]) -> int:
-    """pyelftools turns known enum values into names; get the number back."""
-    return value if isinstance(value, int) else table[value]
+# e_type, e_machine, e_version, e_entry, e_phoff, e_shoff, e_flags, e_ehsize, e_phentsize,
+# e_phnum, e_shentsize, e_shnum, e_shstrndx: 64 bytes in ELFCLASS64, 52 in ELFCLASS32.
+_EHDR = {
+    (little, bits): struct.Struct(("<" if little else ">") + "16xHHI" + word * 3 + "IHHHHHH")
+    for little in (True, False)
+    for bits, word in ((64, "Q"), (32, "I"))
+}
+
+
+def _ehdr(fields: tuple[int, ...]) -> _Ehdr:
+    e_type, e_machine, _, _, phoff, shoff, flags, _, phentsize, phnum, shentsize, shnum, _ = fields
+    return _Ehdr(e_type, e_machine, phoff, shoff, flags, phentsize, phnum, shentsize, shnum)
 
 
 @dataclass(frozen=True)
@@ -251,6 +268,11 @@ class _StringTable:
             raise TruncatedFile("dynamic string outside the file")
         if index < 0 or index >= self.size:
             raise BinfmtError("string index outside the dynamic string table")
+        window = self._window(index // self.WINDOW)
+        start = index % self.WINDOW
+        end = window.find(b"\0", start)
+        if end >= 0:  # the usual case: the whole string in its first window
+            return self._count(window[start:end])
         out = bytearray()
         pos = index
         while pos < self.size and len(out) < self.limits.max_string_bytes:
@@ -259,23 +281,24 @@ class _StringTable:
             end = chunk.find(b"\0")
             if end >= 0:
                 out += chunk[:end]
-                self.decoded += len(out) + 1
-                if self.decoded > self.limits.max_total_string_bytes:
-                    raise LimitExceeded(
-                        f"more than {self.limits.max_total_string_bytes} bytes of dynamic strings"
-                    )
-                return os.fsdecode(bytes(out))
+                return self._count(bytes(out))
             out += chunk
             pos += len(chunk)
         raise BinfmtError("unterminated dynamic string")
+
+    def _count(self, raw: bytes) -> str:
+        self.decoded += len(raw) + 1
+        if self.decoded > self.limits.max_total_string_bytes:
+            raise LimitExceeded(
+                f"more than {self.limits.max_total_string_bytes} bytes of dynamic strings"
+            )
+        return raw.decode(*_FS_ENCODING)  # os.fsdecode, without its type checks
 
 
 def read_elf(f: BinaryIO, limits: ElfLimits = DEFAULT_LIMITS) -> ElfInfo:
     """Parse the ELF file open in `f` (seekable, binary). Raises BinfmtError when malformed."""
     try:
         return _read(_Reader(f, limits))
-    except ConstructError as exc:
-        raise BinfmtError(f"malformed ELF structure ({type(exc).__name__})") from exc
     except (OverflowError, ValueError, struct.error) as exc:
         raise BinfmtError(f"malformed ELF ({exc})") from exc
 
@@ -295,14 +318,11 @@ def _read(reader: _Reader) -> ElfInfo:
         raise BinfmtError(f"invalid ELF data encoding {data}")
     little = data == 1
     bits = 32 if elf_class == machines.ELFCLASS32 else 64
-    ehdr_struct = _ehdr_struct(little, bits)
-    ehdr_size = ehdr_struct.sizeof()
-    if reader.size < ehdr_size:
+    ehdr_struct = _EHDR[little, bits]
+    if reader.size < ehdr_struct.size:
         raise TruncatedFile("truncated ELF header")
-    ehdr = ehdr_struct.parse(reader.read(0, ehdr_size, "ELF header"))
-    machine = _number(ehdr["e_machine"], ENUM_E_MACHINE)
-    elf_type = _number(ehdr["e_type"], ENUM_E_TYPE)
-    flags = int(ehdr["e_flags"])
+    ehdr = _ehdr(ehdr_struct.unpack(reader.read(0, ehdr_struct.size, "ELF header")))
+    machine, elf_type, flags = ehdr.e_machine, ehdr.e_type, ehdr.e_flags
     layout = _Layout.get(little, bits)
 
     segments = _program_headers(reader, layout, ehdr)
@@ -347,16 +367,16 @@ def _read(reader: _Reader) -> ElfInfo:
     )
 
 
-def _program_headers(reader: _Reader, layout: _Layout, ehdr: Any) -> list[_Segment]:
-    count = int(ehdr["e_phnum"])
+def _program_headers(reader: _Reader, layout: _Layout, ehdr: _Ehdr) -> list[_Segment]:
+    count = ehdr.e_phnum
     if count == 0:
         return []
     entry = layout.phdr.size
-    if int(ehdr["e_phentsize"]) != entry:
-        raise BinfmtError(f"program header entry size {ehdr['e_phentsize']}, expected {entry}")
+    if ehdr.e_phentsize != entry:
+        raise BinfmtError(f"program header entry size {ehdr.e_phentsize}, expected {entry}")
     if count * entry > MAX_PHDR_BYTES:
         raise LimitExceeded("program header table too large")
-    table = reader.read(int(ehdr["e_phoff"]), count * entry, "program header table")
+    table = reader.read(ehdr.e_phoff, count * entry, "program header table")
     segments = []
     for fields in layout.phdr.iter_unpack(table):
         kind = fields[0]
@@ -566,13 +586,13 @@ def _version_defs(
     return frozenset(names)
 
 
-def _arm_cpu_arch(reader: _Reader, ehdr: Any, little: bool, bits: int) -> int | None:
+def _arm_cpu_arch(reader: _Reader, ehdr: _Ehdr, little: bool, bits: int) -> int | None:
     """Tag_CPU_arch from `.ARM.attributes`, or None when absent or unreadable.
 
     The attributes are optional (Go omits them), so a damaged section only loses the variant.
     Only sh_type, sh_offset and sh_size of each section header are looked at.
     """
-    count, entry = int(ehdr["e_shnum"]), int(ehdr["e_shentsize"])
+    count, entry = ehdr.e_shnum, ehdr.e_shentsize
     shdr = struct.Struct(("<" if little else ">") + ("4xI16xQQ" if bits == 64 else "4xI8xII"))
     if (
         count == 0
@@ -581,7 +601,7 @@ def _arm_cpu_arch(reader: _Reader, ehdr: Any, little: bool, bits: int) -> int | 
     ):
         return None
     try:
-        table = reader.read(int(ehdr["e_shoff"]), count * entry, "section header table")
+        table = reader.read(ehdr.e_shoff, count * entry, "section header table")
         for i in range(count):
             kind, offset, size = shdr.unpack_from(table, i * entry)
             if kind == SHT_ARM_ATTRIBUTES:

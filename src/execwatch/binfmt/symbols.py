@@ -35,7 +35,6 @@ SHT_GNU_VERSYM = 0x6FFFFFFF
 STB_GLOBAL, STB_WEAK, STB_GNU_UNIQUE = 1, 2, 10
 EXPORTED_BINDINGS = (STB_GLOBAL, STB_WEAK, STB_GNU_UNIQUE)
 IMPORTED_BINDINGS = (STB_GLOBAL, STB_GNU_UNIQUE)  # an undefined weak symbol may stay unbound
-NO_VERSION: tuple[None, None] = (None, None)
 MAX_TABLE_BYTES = 16 << 20
 MAX_SYMBOLS = 1 << 18  # libLLVM exports 89,000; more is treated as unknown
 MAX_IMPORTS = 1 << 15  # undefined symbols kept; python3.11 imports 511, libLLVM 524
@@ -53,6 +52,10 @@ MAX_CHAIN_STEPS = 1024
 MAX_AVERAGE_STEPS = 64
 FREE_STEPS = 1 << 16
 HASH_CACHE = 1 << 16  # names whose hashes are kept: every executable asks for libc's again
+CHUNK = 4096  # symbols decoded together by _imports
+# st_info -> 1 if its binding is one an import must be bound with, else 0
+_IMPORTED_INFO = bytes(int(info >> 4 in IMPORTED_BINDINGS) for info in range(256))
+_IS_ZERO = bytes([1]) + bytes(255)
 
 Section = tuple[int, int, int, int, int]  # type, offset, size, link, entsize
 
@@ -146,28 +149,37 @@ def read_dynamic_symbols(f: BinaryIO, info: ElfInfo, imports: bool = True) -> Dy
 def _imports(
     symbols: _Symbols, versym: array[int], needs: dict[int, tuple[str, str]]
 ) -> tuple[SymbolRef, ...] | None:
-    """The hot loop of a scan (every executable's every import): kept flat."""
-    imports: list[SymbolRef] = []
-    strtab, n_versym = symbols.strtab, len(versym)
+    """The hot loop of a scan (every executable's every import), run a chunk of symbols at
+    a time through C-level maps rather than a Python statement per symbol. Every name's
+    bytes count against MAX_NAME_BYTES before it is sliced, repeats included."""
+    strtab = symbols.strtab
+    if not strtab.endswith(b"\0"):  # a name running off the table's end is no name
+        strtab = strtab[: strtab.rfind(b"\0") + 1]
+    last = len(strtab) - 1  # an offset past the table is clamped onto its final NUL
+    find, cut = strtab.find, strtab.__getitem__
     name_at, info = symbols.columns()
-    names: dict[int, bytes] = {}  # each offset sliced once (see _Names)
+    if len(versym) < symbols.count:  # no version for a symbol past the table: index 0
+        versym = versym + array("H", bytes(2 * (symbols.count - len(versym))))
+    versions = {index: need[0] for index, need in needs.items()}
+    libraries = {index: need[1] for index, need in needs.items()}
+    picked = symbols.imported(info)
+    imports: list[SymbolRef] = []
     sliced = 0
-    for i in symbols.undefined():
-        if info[i] >> 4 not in IMPORTED_BINDINGS:
-            continue
-        offset = name_at[i]
-        name = names.get(offset)
-        if name is None:
-            end = strtab.find(b"\0", offset)
-            name = names[offset] = strtab[offset:end] if 0 <= offset < end else b""
-            sliced += len(name)
-            if sliced > MAX_NAME_BYTES:
-                return None  # over a bound: unknown
-        if name:
-            if len(imports) > MAX_IMPORTS:
-                return None
-            version, library = needs.get(versym[i] & 0x7FFF if i < n_versym else 0, NO_VERSION)
-            imports.append(_new_ref(SymbolRef, (name, version, library)))
+    while chunk := list(itertools.islice(picked, CHUNK)):
+        offsets = list(map(name_at.__getitem__, chunk))
+        if max(offsets) > last:
+            offsets = list(map(min, offsets, itertools.repeat(last)))
+        ends = list(map(find, itertools.repeat(b"\0"), offsets))
+        sliced += sum(ends) - sum(offsets)
+        if sliced > MAX_NAME_BYTES:
+            return None  # over a bound: unknown
+        names = list(map(cut, map(slice, offsets, ends)))
+        hidden = itertools.repeat(0x7FFF)  # the hidden bit is no part of the version index
+        index = list(map(operator.and_, map(versym.__getitem__, chunk), hidden))
+        refs = zip(names, map(versions.get, index), map(libraries.get, index), strict=True)
+        imports += map(_new_ref, itertools.repeat(SymbolRef), itertools.compress(refs, names))
+        if len(imports) > MAX_IMPORTS:
+            return None
     return tuple(imports)
 
 
@@ -209,16 +221,18 @@ class _Symbols:
         fields = self.entry.unpack_from(self.table, i * self.entsize)
         return fields[0], fields[self.info_at] >> 4, fields[self.shndx_at]
 
-    def undefined(self) -> Iterator[int]:
-        """Indices of the symbols with st_shndx 0. A library's table is mostly defined
-        symbols: the 16-bit st_shndx column is sliced out and tested in C."""
-        if self.entsize % 2:  # no 16-bit column to slice: look at each entry
-            return (i for i in range(self.count) if self[i][2] == 0)
-        words = memoryview(self.table)[: self.count * self.entsize].cast("H")
-        column = words[(6 if self.wide else 14) // 2 :: self.entsize // 2]
-        return itertools.compress(range(self.count), map(operator.not_, column))
+    def imported(self, info: bytes) -> Iterator[int]:
+        """Indices of the undefined symbols (st_shndx 0) with an import's binding, given the
+        st_info column. A library's or a big program's table is mostly defined symbols: the
+        columns are sliced out as bytes and tested together as one big integer, in C."""
+        used, at = self.count * self.entsize, 6 if self.wide else 14  # st_shndx, 2 bytes
+        low = self.table[at : used : self.entsize].translate(_IS_ZERO)
+        high = self.table[at + 1 : used : self.entsize].translate(_IS_ZERO)
+        wanted = info.translate(_IMPORTED_INFO)
+        both = int.from_bytes(wanted) & int.from_bytes(low) & int.from_bytes(high)
+        return itertools.compress(range(self.count), both.to_bytes(self.count))
 
-    def columns(self) -> tuple[Sequence[int], Sequence[int]]:
+    def columns(self) -> tuple[Sequence[int], bytes]:
         """st_name and st_info of every symbol, as columns sliced in C where the table's
         layout allows (no tuple per symbol); unpacked entry by entry where it does not."""
         used = self.count * self.entsize

@@ -1,10 +1,16 @@
-"""Where a container's root filesystem is mounted on the host, from its container id.
+"""Where a container's root filesystem is mounted, from its container id.
 
 When a container's entrypoint fails, its only process exits and no task is left whose
 /proc/PID/root shows the image. The runtime keeps the rootfs mounted a little longer:
 containerd (and Docker through it) mounts it at a path that contains the container id;
 CRI-O records it in the container's config.json. Candidates are only suggestions:
 RootLocator accepts one only if it is the very root directory the kernel reported.
+
+The mount lives in the mount namespace of the runtime's shim, which is the failed task's
+parent. That is usually the host's, seen through init (/proc/1, as a hostPID agent must),
+but init may be out of reach (a sandboxed or non-dumpable init) and the runtime may run
+in a namespace of its own, so the parent's view is read too, then our own (execwatch
+trace on a host).
 """
 
 from __future__ import annotations
@@ -13,52 +19,78 @@ import json
 import os
 import re
 from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
+from typing import BinaryIO
 
 CONTAINER_ID = re.compile(r"^[0-9a-f]{12,128}$")
 CRIO_CONFIG = "/run/containers/storage/overlay-containers/{id}/userdata/config.json"
+MAX_MOUNTINFO_BYTES = 8 << 20  # ~50,000 mounts; a namespace a tenant fills is read no further
+MAX_CANDIDATES = 16  # mounts naming one container id: its rootfs and a few volumes
 
 
 class ContainerRootfs:
-    """Looks in the host's mount table and in CRI-O's state.
+    """Looks in the mount tables of init, the failed task's parent and ourselves, and in
+    CRI-O's state."""
 
-    The host is seen through init's view (/proc/1, as a hostPID agent must), or through
-    our own when init is out of reach (execwatch trace on a host, or a sandboxed init)."""
+    def __init__(self, proc: Path = Path("/proc")) -> None:
+        self._proc = proc
 
-    def __init__(self, host_root: Path | None = None, mountinfo: Path | None = None) -> None:
-        if host_root is None:
-            init_visible = os.access("/proc/1/root/", os.X_OK)
-            host_root = Path("/proc/1/root" if init_visible else "/")
-            mountinfo = mountinfo or Path(
-                "/proc/1/mountinfo" if init_visible else "/proc/self/mountinfo"
-            )
-        self._host_root = host_root
-        self._mountinfo = mountinfo or Path("/proc/self/mountinfo")
-
-    def candidates(self, container_id: str | None) -> Iterator[Path]:
+    def candidates(self, container_id: str | None, parent: int = 0) -> Iterator[Path]:
         if not container_id or not CONTAINER_ID.fullmatch(container_id):
             return
-        yield from self._from_mounts(container_id)
-        yield from self._from_crio(container_id)
+        for view in self._views(parent):
+            yield from self._from_mounts(view, container_id)
+            yield from self._from_crio(view, container_id)
 
-    def _from_mounts(self, container_id: str) -> Iterator[Path]:
+    def _views(self, parent: int) -> Iterator[Path]:
+        """/proc/PID of each reachable task with a mount namespace not seen before."""
+        seen: set[int] = set()
+        for pid in ("1", str(parent) if parent > 0 else None, "self"):
+            if pid is None:
+                continue
+            view = self._proc / pid
+            try:
+                namespace = os.stat(view / "ns" / "mnt").st_ino
+                os.stat(view / "root" / "")  # ptrace access: the root is reachable
+            except OSError:
+                continue
+            if namespace not in seen:
+                seen.add(namespace)
+                yield view
+
+    def _from_mounts(self, view: Path, container_id: str) -> Iterator[Path]:
+        needle = f"/{container_id}/".encode()
         try:
-            lines = self._mountinfo.read_text(errors="surrogateescape").splitlines()
+            with open(view / "mountinfo", "rb") as f:
+                matches = (
+                    fields[4]
+                    for line in _lines(f, MAX_MOUNTINFO_BYTES)
+                    if len(fields := line.split(b" ", 5)) > 4 and needle in fields[4] + b"/"
+                )
+                found = list(islice(matches, MAX_CANDIDATES))
         except OSError:
             return
-        for line in lines:
-            fields = line.split(" ", 5)
-            if len(fields) > 4 and f"/{container_id}/" in fields[4] + "/":
-                yield self._host(fields[4].replace("\\040", " "))
+        for mountpoint in found:
+            yield _inside(view, mountpoint.decode(errors="surrogateescape").replace("\\040", " "))
 
-    def _from_crio(self, container_id: str) -> Iterator[Path]:
-        config = self._host(CRIO_CONFIG.format(id=container_id))
+    def _from_crio(self, view: Path, container_id: str) -> Iterator[Path]:
+        config = _inside(view, CRIO_CONFIG.format(id=container_id))
         try:
-            root = json.loads(config.read_text())["root"]["path"]
-        except (OSError, ValueError, KeyError, TypeError):
+            with open(config, "rb") as f:
+                root = json.loads(f.read(1 << 20))["root"]["path"]
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             return
         if isinstance(root, str) and root.startswith("/"):
-            yield self._host(root)
+            yield _inside(view, root)
 
-    def _host(self, path: str) -> Path:
-        return self._host_root / path.lstrip("/")
+
+def _lines(f: BinaryIO, budget: int) -> Iterator[bytes]:
+    """Lines of at most 64 KiB (a mountinfo line is below 3 * PATH_MAX), within budget bytes."""
+    while budget > 0 and (line := f.readline(min(budget, 1 << 16))):
+        budget -= len(line)
+        yield line.rstrip(b"\n")
+
+
+def _inside(view: Path, path: str) -> Path:
+    return view / "root" / path.lstrip("/")

@@ -66,7 +66,7 @@ class FileDiagnoser:
                 name=event.cgroup_name,
                 parent_id=event.cgroup_parent_id,
             )
-            return rootfs.candidates(container_id)
+            return rootfs.candidates(container_id, parent=event.ppid)
 
         return cls(RootLocator(extra=[container_rootfs]), slow=slow)
 

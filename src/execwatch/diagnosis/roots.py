@@ -79,7 +79,9 @@ class RootLocator:
             fd = os.open(path, os.O_PATH | os.O_DIRECTORY)
         except OSError:
             return None
-        if event.root_ino and os.fstat(fd).st_ino == event.root_ino:
+        st = os.fstat(fd)
+        same_dev = not event.root_dev or st.st_dev == event.root_dev  # deaths carry no dev
+        if event.root_ino and st.st_ino == event.root_ino and same_dev:
             return Root(fd, f"container rootfs {path}")
         os.close(fd)  # without the kernel's root inode a guess could be any filesystem
         return None

@@ -10,9 +10,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable
-
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from typing import TYPE_CHECKING
 
 from execwatch.binfmt import Platform
 from execwatch.binfmt.isa import parse_level
@@ -20,8 +18,11 @@ from execwatch.scan import registry
 from execwatch.scan.errors import ScanInputError
 from execwatch.scan.model import ScanReport, Severity
 from execwatch.scan.report import FORMATS, TEXT_FORMATS
-from execwatch.scan.report.table import print_table
 from execwatch.scan.runner import ScanOptions, scan
+from execwatch.text import safe_text
+
+if TYPE_CHECKING:  # rich is imported for a terminal or a table only: a CI job's JSON report
+    from rich.progress import Progress  # does not pay its start-up (a tenth of a scan)
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -53,8 +54,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument(
         "--platform",
         type=_platform,
+        action="append",
+        default=[],
         metavar="OS/ARCH[/VARIANT]",
-        help="check against this platform; for images, scan only this platform",
+        help="repeatable: for images, scan only these platforms of the index (default: all);"
+        " check a file or root filesystem against each (default: this node's)",
     )
     p.add_argument("--format", choices=FORMATS, default="table")
     p.add_argument("--output", "-o", metavar="FILE", help="write the report here (default stdout)")
@@ -88,38 +92,50 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run(args: argparse.Namespace) -> int:
-    err = Console(stderr=True)
     options = ScanOptions(
-        platform=args.platform,
+        platforms=tuple(dict.fromkeys(args.platform)),
         require_static=args.require_static,
         cpu_levels=args.cpu_level,
         allow_empty=args.allow_empty,
         registry=registry.options_from(args),
     )
-    show_progress = not args.no_progress and err.is_terminal
     try:
-        if show_progress:
+        if not args.no_progress and sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
             with Progress(
                 TextColumn("{task.description}"),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
-                console=err,
+                console=Console(stderr=True),
                 transient=True,
             ) as bar:
                 report = scan(args.target, options, _progress(bar))
         else:
             report = scan(args.target, options)
     except ScanInputError as exc:
-        err.print(f"execwatch scan: error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        _say(f"error: {exc}")
         return EXIT_BAD_INPUT
     for warning in report.warnings:
-        err.print(
-            f"execwatch scan: warning: {warning}", markup=False, highlight=False, soft_wrap=True
-        )
+        _say(f"warning: {warning}")
     _write(report, args)
     worst = report.worst()
     return EXIT_FINDINGS if worst is not None and worst >= Severity.parse(args.fail_on) else 0
+
+
+def _say(message: str) -> None:
+    """One line on stderr, whatever the message holds (paths and registry replies)."""
+    line = safe_text(message, limit=4096, escape_backslash=False)
+    sys.stderr.write(f"execwatch scan: {line}\n")
+    sys.stderr.flush()
 
 
 def _progress(bar: Progress) -> Callable[[str, int | None], Callable[[int], None]]:
@@ -132,6 +148,10 @@ def _progress(bar: Progress) -> Callable[[str, int | None], Callable[[int], None
 
 def _write(report: ScanReport, args: argparse.Namespace) -> None:
     if args.format == "table":
+        from rich.console import Console
+
+        from execwatch.scan.report.table import print_table
+
         if args.output:
             with open(args.output, "w", encoding="utf-8") as f:
                 print_table(report, Console(file=f, width=160), None if args.all else 50)

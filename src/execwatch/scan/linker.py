@@ -127,7 +127,7 @@ class Linker:
         self._lookups: dict[tuple[str, tuple[str, ...], str], tuple[str | None, str]] = {}
         self._symbols: OrderedDict[str, DynamicSymbols | None] = OrderedDict()
         self._symbol_bytes = 0
-        self._answers: dict[tuple[str, SymbolRef], bool | None] = {}
+        self._answers = _Answers()
 
     # --- public ---------------------------------------------------------------------------
 
@@ -184,10 +184,11 @@ class Linker:
             if real is None or table is None:
                 return []
             tables.add(obj, real, table)
+        imports = wanted.imports
+        if result.flavor == "musl":  # musl binds by name and never looks at versions
+            imports = tuple(ref._replace(version=None) for ref in imports)
         missing = []
-        for ref in wanted.imports:
-            if result.flavor == "musl":  # musl binds by name and never looks at versions
-                ref = ref._replace(version=None)
+        for ref in tables.not_known_defined(imports):
             defined = tables.define(ref)
             if defined is None:
                 return []
@@ -400,13 +401,35 @@ def _checkable(ref: SymbolRef, result: Resolution) -> bool:
     return ref.library in names or not any(m.name == ref.library for m in result.missing)
 
 
+class _Answers:
+    """What a scan learnt about its libraries' exports, shared by its executables: the
+    imports each library is known to define, and every other answer (path, import) ->
+    defined? (False, or None for unknown). MAX_SYMBOL_ANSWERS in all, then forgotten."""
+
+    def __init__(self) -> None:
+        self.defined: dict[str, set[SymbolRef]] = {}
+        self.other: dict[tuple[str, SymbolRef], bool | None] = {}
+        self.count = 0
+
+    def add(self, path: str, ref: SymbolRef, found: bool | None) -> None:
+        if self.count >= MAX_SYMBOL_ANSWERS:
+            self.defined.clear()
+            self.other.clear()
+            self.count = 0
+        self.count += 1
+        if found:
+            self.defined.setdefault(path, set()).add(ref)
+        else:
+            self.other[path, ref] = found
+
+
 class _Providers:
     """The loaded objects' symbol tables, and which one a versioned import names."""
 
-    def __init__(self, answers: dict[tuple[str, SymbolRef], bool | None]) -> None:
+    def __init__(self, answers: _Answers) -> None:
         self.tables: list[tuple[str, DynamicSymbols]] = []
         self.by_name: dict[str, tuple[str, DynamicSymbols]] = {}
-        self.answers = answers  # (path, import) -> defined?, shared by a scan's executables
+        self.answers = answers
 
     def add(self, obj: Loaded, real: str, table: DynamicSymbols) -> None:
         self.tables.append((real, table))
@@ -414,21 +437,33 @@ class _Providers:
         if obj.info.soname:
             self.by_name.setdefault(obj.info.soname, (real, table))
 
+    def not_known_defined(self, imports: tuple[SymbolRef, ...]) -> list[SymbolRef]:
+        """The imports that no loaded object is already known to define, in their order.
+        After the first few programs most imports are known: this is a few set operations
+        per program, in C, instead of a lookup per import."""
+        left = set(imports)
+        for path, _ in self.tables:
+            if not left:
+                return []
+            known = self.answers.defined.get(path)
+            if known:
+                left = left - known  # iterates `left`, the smaller set
+        return [ref for ref in imports if ref in left]
+
     def define(self, ref: SymbolRef) -> bool | None:
         """Whether any of them defines `ref`; None if none does and one could not tell.
         The library the version is required from is asked first: usually it has it."""
-        first = self.by_name.get(ref[2]) if ref[2] else None  # ref.library, read by index:
-        ordered = self.tables if first is None else (first, *self.tables)  # a hot path
+        first = self.by_name.get(ref.library) if ref.library else None
+        ordered = self.tables if first is None else (first, *self.tables)
         unknown = False
         answers = self.answers
         for path, table in ordered:
-            key = (path, ref)
-            found = answers.get(key, _UNASKED)
+            if ref in answers.defined.get(path, ()):
+                return True
+            found = answers.other.get((path, ref), _UNASKED)
             if found is _UNASKED:
                 found = table.defines(ref)
-                if len(answers) >= MAX_SYMBOL_ANSWERS:
-                    answers.clear()
-                answers[key] = found
+                answers.add(path, ref, found)
             if found:
                 return True
             unknown = unknown or found is None

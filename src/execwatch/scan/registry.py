@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
+from execwatch.scan import credential_helpers
 from execwatch.scan.errors import ScanInputError
 from execwatch.scan.limits import Limits
 from execwatch.scan.model import ImageResult
@@ -169,7 +170,7 @@ def _size(text: str) -> int:
 class Credentials:
     username: str
     password: str
-    source: str
+    source: str  # the file, and the helper that answered for it
 
 
 def credential_files(explicit: list[str]) -> list[str]:
@@ -189,9 +190,19 @@ def credential_files(explicit: list[str]) -> list[str]:
 
 
 def find_credentials(ref: Reference, files: list[str], limits: Limits) -> Credentials | None:
-    """The most specific `auths` entry (host, host/namespace, host/repo) of the first file."""
+    """From the first file that has credentials for the registry: its credential helper for
+    the host (`credHelpers`), else its default one (`credsStore`), as Docker runs them, else
+    the most specific `auths` entry (host, host/namespace, host/repo)."""
     for path in files:
-        auths = _auths(path, limits)
+        config = _config(path, limits)
+        helper = _helper_name(config, ref, path)
+        if helper is not None:
+            pair = credential_helpers.get(helper, _server_address(ref), path)
+            if pair is not None:
+                return Credentials(*pair, f"{path}, docker-credential-{helper}")
+            continue  # the helper has nothing for this host: Docker's `auths` are placeholders
+        auths = config.get("auths", {})
+        auths = auths if isinstance(auths, dict) else {}
         best: tuple[int, dict[str, Any]] | None = None
         for key, entry in auths.items():
             scope = _auth_key(key)
@@ -204,7 +215,7 @@ def find_credentials(ref: Reference, files: list[str], limits: Limits) -> Creden
     return None
 
 
-def _auths(path: str, limits: Limits) -> dict[str, Any]:
+def _config(path: str, limits: Limits) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
             raw = f.read(limits.max_json_bytes + 1)
@@ -218,8 +229,24 @@ def _auths(path: str, limits: Limits) -> dict[str, Any]:
         doc = None
     if not isinstance(doc, dict):
         raise ScanInputError(f"{path}: not a credentials file (JSON object)")
-    auths = doc.get("auths", {})
-    return auths if isinstance(auths, dict) else {}
+    return doc
+
+
+def _helper_name(config: dict[str, Any], ref: Reference, path: str) -> str | None:
+    """`credHelpers` names a helper per registry host; `credsStore` one for every host."""
+    per_host = config.get("credHelpers")
+    name = None
+    if isinstance(per_host, dict):
+        name = next((v for k, v in per_host.items() if _auth_key(k) == ref.registry), None)
+    name = name or config.get("credsStore") or None
+    if name is not None and not (isinstance(name, str) and credential_helpers.valid_name(name)):
+        raise ScanInputError(f"{path}: not a credential helper name: {str(name)[:64]!r}")
+    return name
+
+
+def _server_address(ref: Reference) -> str:
+    """What `docker login` stored the credentials under: Docker Hub's v1 URL, else the host."""
+    return "https://index.docker.io/v1/" if ref.registry == DOCKER_HUB else ref.registry
 
 
 def _auth_key(key: str) -> str:

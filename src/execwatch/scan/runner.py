@@ -39,7 +39,9 @@ Progress = Callable[[str, int | None], Callable[[int], None]]
 
 @dataclass
 class ScanOptions:
-    platform: Platform | None = None
+    # --platform, repeatable: the platforms of an index to scan (default: all of them), and
+    # the platforms a file or root filesystem is checked against, each (default: this node)
+    platforms: tuple[Platform, ...] = ()
     require_static: bool = False
     cpu_levels: int | None = None  # --cpu-level (binfmt.isa bits)
     allow_empty: bool = False  # nothing executable in a target: a warning, not an error
@@ -94,14 +96,14 @@ def _scan(target: str, options: ScanOptions, progress: Progress | None) -> ScanR
                 images_in_store(store, options.limits), options, progress
             )
         else:
-            report.results.append(_scan_rootfs(target, options, progress))
+            report.results += _scan_rootfs(target, options, progress)
         return report
     if not stat.S_ISREG(st.st_mode):
         raise ScanInputError(f"{target}: not a regular file or directory")
     if is_archive(target):
         survey = survey_archive(target, options.limits)
         if survey.kind == "rootfs":
-            report.results.append(_scan_rootfs_archive(target, options, progress))
+            report.results += _scan_rootfs_archive(target, options, progress)
             return report
         with ExitStack() as stack:
             store = open_archive(target, stack, options.limits, survey)
@@ -109,11 +111,11 @@ def _scan(target: str, options: ScanOptions, progress: Progress | None) -> ScanR
                 images_in_store(store, options.limits), options, progress
             )
         return report
-    report.results.append(_scan_file(target, options))
+    report.results += _scan_file(target, options)
     return report
 
 
-def _scan_file(path: str, options: ScanOptions) -> ImageResult:
+def _scan_file(path: str, options: ScanOptions) -> list[ImageResult]:
     fs = MemoryFS()
     name = "/" + os.path.basename(path)
     mode = stat.S_IMODE(os.stat(path).st_mode) | 0o100  # a lone file is checked as executable
@@ -121,58 +123,76 @@ def _scan_file(path: str, options: ScanOptions) -> ImageResult:
         node = describe_file(name, f, os.fstat(f.fileno()).st_size, mode)
         bytes_read = f.tell()
     fs.put(name, node)
-    platform = options.platform or node_platform()
-    checker = Checker(_target(fs, platform, options, isolated=True))
-    findings, stats = checker.run()
-    stats.bytes_read = bytes_read
-    findings = [f.__class__(**{**f.__dict__, "path": path}) for f in findings]
-    return ImageResult(
-        path,
-        str(platform),
-        None,
-        findings,
-        stats,
-        notes=["single file: loader and libraries not checked (no root filesystem)"],
-    )
+    results = []
+    for platform in options.platforms or (node_platform(),):
+        checker = Checker(_target(fs, platform, options, isolated=True))
+        findings, stats = checker.run()
+        stats.bytes_read = bytes_read
+        findings = [f.__class__(**{**f.__dict__, "path": path}) for f in findings]
+        note = "single file: loader and libraries not checked (no root filesystem)"
+        results.append(ImageResult(path, str(platform), None, findings, stats, notes=[note]))
+    return results
 
 
-def _scan_rootfs(root: str, options: ScanOptions, progress: Progress | None) -> ImageResult:
-    fs = DirectoryFS(root)
-    platform = options.platform or node_platform()
-    notes = [] if options.platform else [f"no --platform: checked against this node ({platform})"]
-    result = _check(root, fs, _target(fs, platform, options), progress)
-    result.stats.bytes_read = fs.bytes_read
-    result.notes += notes
-    return result
+def _scan_rootfs(root: str, options: ScanOptions, progress: Progress | None) -> list[ImageResult]:
+    fs = DirectoryFS(root)  # shared by the platforms: each file is read once
+    results = []
+    for platform in options.platforms or (node_platform(),):
+        before = fs.bytes_read
+        result = _check(root, fs, _target(fs, platform, options), progress)
+        result.stats.bytes_read = fs.bytes_read - before
+        if not options.platforms:
+            result.notes.append(f"no --platform: checked against this node ({platform})")
+        results.append(result)
+    return results
 
 
-def _scan_rootfs_archive(path: str, options: ScanOptions, progress: Progress | None) -> ImageResult:
+def _scan_rootfs_archive(
+    path: str, options: ScanOptions, progress: Progress | None
+) -> list[ImageResult]:
     fs = MemoryFS()
     counter = [0, 0]
     with open(path, "rb") as f:
         apply_layer(fs, decompressed(f, path, options.limits, counter), path, options.limits, [0])
-    platform = options.platform or node_platform()
-    result = _check(path, fs, _target(fs, platform, options), progress)
-    result.stats.bytes_read = counter[1]
-    return result
+    results: list[ImageResult] = []
+    for platform in options.platforms or (node_platform(),):
+        result = _check(path, fs, _target(fs, platform, options), progress)
+        result.stats.bytes_read = counter[1] if not results else 0  # read once, for the first
+        results.append(result)
+    return results
 
 
 def _scan_images(
     images: list[ImageSource], options: ScanOptions, progress: Progress | None
 ) -> list[ImageResult]:
+    """Every image, or those of the requested platforms: an image that states no platform
+    is checked against each of them. A requested platform the input lacks is an error,
+    before anything is scanned."""
     if not images:
         raise ScanInputError("no image manifests found")
-    chosen = images
-    if options.platform is not None:
-        want = options.platform
-        chosen = [i for i in images if (i.platform or i.config_platform() or want).matches(want)]
-        if not chosen:
-            have = ", ".join(sorted({str(i.platform or i.config_platform()) for i in images}))
-            raise ScanInputError(f"no {want} image (the input has: {have})")
-    return [_scan_image(image, options, progress) for image in chosen]
+    if not options.platforms:
+        return [_scan_image(image, options, progress) for image in images]
+    chosen: dict[tuple[int, str], tuple[ImageSource, Platform]] = {}
+    lacking = []
+    for want in options.platforms:
+        matching = [i for i in images if (i.platform or i.config_platform() or want).matches(want)]
+        lacking += [] if matching else [str(want)]
+        for image in matching:
+            stated = image.platform or image.config_platform() or want
+            chosen.setdefault((id(image), str(stated)), (image, want))
+    if lacking:
+        have = ", ".join(sorted({str(i.platform or i.config_platform()) for i in images}))
+        raise ScanInputError(f"no {' and no '.join(lacking)} image (the input has: {have})")
+    return [_scan_image(image, options, progress, want) for image, want in chosen.values()]
 
 
-def _scan_image(image: ImageSource, options: ScanOptions, progress: Progress | None) -> ImageResult:
+def _scan_image(
+    image: ImageSource,
+    options: ScanOptions,
+    progress: Progress | None,
+    want: Platform | None = None,
+) -> ImageResult:
+    """One image, against the platform it states, else `want`, else this node's."""
     started = time.perf_counter()
     fs = MemoryFS()
     counter, entries = [0, 0], [0]
@@ -184,7 +204,7 @@ def _scan_image(image: ImageSource, options: ScanOptions, progress: Progress | N
                 fs, stream, layer.name, options.limits, entries, require_end=layer.digest is None
             )
     config_platform = image.config_platform()
-    platform = image.platform or config_platform or options.platform or node_platform()
+    platform = image.platform or config_platform or want or node_platform()
     cfg = image.config.get("config") if isinstance(image.config.get("config"), dict) else {}
     assert isinstance(cfg, dict)
     entrypoint = _argv(cfg)
