@@ -41,27 +41,22 @@ static __always_inline struct pt_regs *syscall_regs(struct task_struct *task)
 		 ? (unsigned long)PT_REGS_##PARM##_SYSCALL(regs)                          \
 		 : (unsigned long)PT_REGS_##PARM##_CORE_SYSCALL(regs))
 
-/* The caller's cgroup v2 id, as bpf_get_current_cgroup_id() reads it: plain loads through
- * the BTF-typed task (5.11+), one helper call less on every failure. Needs css_set, cgroup
- * and kernfs_node declared. */
-static __always_inline __u64 current_cgroup_id(void)
+/* The caller's cgroup v2 id, as bpf_get_current_cgroup_id() reads it: with current_task()'s
+ * BTF-typed task (5.11+), plain loads instead of a helper call on every failure. */
+static __always_inline __u64 current_cgroup_id(struct task_struct *task)
 {
-	struct task_struct *task;
-
-	if (bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_get_current_task_btf)) {
-		task = bpf_get_current_task_btf();
+	if (bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_get_current_task_btf))
 		return task->cgroups->dfl_cgrp->kn->id;
-	}
 	return bpf_get_current_cgroup_id();
 }
 
 /* The caller's mount namespace and root directory inode: what keeps two roots apart. With
- * the BTF-typed task (5.11+) these are plain loads, faulting safely to 0; before, one probe
- * read per pointer. Needs nsproxy, mnt_namespace, fs_struct, dentry and inode declared. */
+ * current_task()'s BTF-typed task (5.11+) these are plain loads, faulting safely to 0;
+ * before, one probe read per pointer. Needs nsproxy, mnt_namespace, fs_struct, dentry and
+ * inode declared. */
 static __always_inline void caller_root(struct task_struct *task, __u64 *mntns, __u64 *root_ino)
 {
 	if (bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_get_current_task_btf)) {
-		task = bpf_get_current_task_btf();
 		*mntns = task->nsproxy->mnt_ns->ns.inum;
 		*root_ino = task->fs->root.dentry->d_inode->i_ino;
 		return;

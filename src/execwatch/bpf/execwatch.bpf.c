@@ -494,13 +494,13 @@ static __noinline int on_failure(long ret, enum ew_syscall sc)
 
 	idx = (__u32)-ret;
 	bump(&errno_totals, &idx);
-	cgroup_id = current_cgroup_id();
+	task = current_task();
+	cgroup_id = current_cgroup_id(task);
 	if (!reported((int)-ret)) {
 		count(cgroup_id, (int)-ret);
 		return 0;
 	}
 
-	task = current_task();
 	regs = syscall_regs(task);
 	name = (const char *)(sc == EW_EXECVEAT ? syscall_arg(regs, PARM2) : syscall_arg(regs, PARM1));
 	epoch = fold_epoch;
