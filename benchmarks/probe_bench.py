@@ -218,6 +218,7 @@ class Consumer:
         self.probe = probe
         self.sink = open(os.devnull, "w")  # noqa: SIM115 - closed in stop()
         self.watch_cgroup = watch_cgroup  # records sent and repeats folded for it, counted
+        self.records = 0  # every record, the host's other processes' too
         self.watched_records = 0
         self.watched_deaths = 0
         self.watched_folds = 0
@@ -260,6 +261,7 @@ class Consumer:
             self.death_reasons[str(reason)] = self.death_reasons.get(str(reason), 0) + count
 
     def on_record(self, raw: bytes) -> None:
+        self.records += 1
         if len(raw) == layout.EVENT_STRUCT.size:
             cgroup = int.from_bytes(raw[layout.EVENT_FIELDS.cgroup], sys.byteorder)
             self.watched_records += cgroup == self.watch_cgroup
@@ -548,39 +550,46 @@ def agent_phase(
     the agent's CPU (every thread, user + system, from the scheduler's exact runtime, not
     the tick-sampled rusage) and the wall time."""
     cpu, t0 = time.process_time(), time.monotonic()
+    records, ours = consumer.records, consumer.watched_records + consumer.watched_deaths
     n = run_in(cgroup, argv, env)
     consumer.drain()
-    return {"n": n, "cpu_s": time.process_time() - cpu, "wall_s": time.monotonic() - t0}
-
-
-def kernel_rounds(
-    prog_fd: int, cgroup: Path, argv: list[str], execs_per_n: int, env: dict[str, str] | None
-) -> dict[str, Any]:
-    """The exec program's time in ten short runs of argv, and in those of them where it ran
-    exactly as often as the generator exec'd (its own exec included): bpf_stats are
-    host-wide, and another engineer's exec, above all a failed one, would be counted in."""
-    rounds = []
-    for _ in range(10):
-        before = fd_stats(prog_fd)
-        n = run_in(cgroup, argv, env)
-        stats = per_exec(before, fd_stats(prog_fd))
-        rounds.append((n, stats, stats["runs"] == execs_per_n * n + 1))
-    clean = [(n, stats) for n, stats, ok in rounds if ok]
+    ours = consumer.watched_records + consumer.watched_deaths - ours
+    theirs = consumer.records - records - ours
     return {
-        "all": add_up([stats for _, stats, _ in rounds]),
-        "clean": add_up([stats for _, stats in clean]),
-        "clean_rounds": len(clean),
-        "n_all": sum(n for n, _, _ in rounds),
-        "n_clean": sum(n for n, _ in clean),
+        "n": n,
+        "cpu_s": time.process_time() - cpu,
+        "wall_s": time.monotonic() - t0,
+        "records_from_other_processes": theirs,  # the agent serves the whole host
     }
 
 
-def per_miss_ns(search: dict[str, Any], runs: dict[str, Any], part: str) -> float | None:
-    """exit_execve's time per miss: a search's time less its hit, at the successful exec's
-    cost in the storm without a search, over its four misses."""
-    searches, ns = search[f"n_{part}"], search[part]["ns"]
-    success = runs[part]["ns_per_run"]
-    return round((ns - searches * success) / (4 * searches), 1) if searches and success else None
+def kernel_rounds(
+    probe: Probe, cgroup: Path, argv: list[str], misses_per_n: int, env: dict[str, str] | None
+) -> dict[str, Any]:
+    """The exec program's time in ten short runs of argv, all of them and those in which no
+    other process failed an exec: bpf_stats and errno_totals are host-wide, and another
+    engineer's failed exec costs microseconds. Others' successful execs cost what ours do."""
+    prog_fd = probe.program_fds()["exit_execve"]
+    rounds = []
+    for _ in range(10):
+        before, failures = fd_stats(prog_fd), host_failures(probe)
+        n = run_in(cgroup, argv, env)
+        stats = per_exec(before, fd_stats(prog_fd))
+        misses = misses_per_n * n
+        rounds.append((misses, stats, host_failures(probe) - failures == misses))
+    clean = [(m, stats) for m, stats, ok in rounds if ok]
+    return {
+        "all": add_up([stats for _, stats, _ in rounds]) | {"misses": sum(m for m, _, _ in rounds)},
+        "clean": add_up([stats for _, stats in clean]) | {"misses": sum(m for m, _ in clean)},
+        "clean_rounds": len(clean),
+    }
+
+
+def per_miss_ns(misses: dict[str, Any], success_ns: float) -> float | None:
+    """exit_execve's time per miss: its time less every successful exec's (the hits, the
+    generator's own exec, others'), at the successful exec's cost in the storm."""
+    n, runs = misses["misses"], misses["runs"]
+    return round((misses["ns"] - (runs - n) * success_ns) / n, 1) if n and success_ns else None
 
 
 def search_storm(
@@ -596,7 +605,6 @@ def search_storm(
     program = str(dirs[-1] / SEARCH_NAME)
     missing = str(dirs[0] / SEARCH_NAME)
     env = {"PATH": ":".join(map(str, dirs))}
-    prog_fd = probe.program_fds()["exit_execve"]
     try:
         # One process missing one name over and over: the same path, warm caches.
         warm = agent_phase(consumer, cgroup, [str(gen), "storm", "10000", "3", missing])
@@ -612,17 +620,18 @@ def search_storm(
         runs = agent_phase(consumer, cgroup, [str(gen), "run", rate, secs, program])
         short = str(args.search_seconds / 10)
         warm_argv = [str(gen), "storm", "10000", "0.3", missing]
-        k_warm = kernel_rounds(prog_fd, cgroup, warm_argv, 1, None)
+        k_warm = kernel_rounds(probe, cgroup, warm_argv, 1, None)
         k_search = kernel_rounds(
-            prog_fd, cgroup, [str(gen), "search", rate, short, SEARCH_NAME], 5, env
+            probe, cgroup, [str(gen), "search", rate, short, SEARCH_NAME], 4, env
         )
-        k_runs = kernel_rounds(prog_fd, cgroup, [str(gen), "run", rate, short, program], 1, None)
+        k_runs = kernel_rounds(probe, cgroup, [str(gen), "run", rate, short, program], 0, None)
     finally:
         consumer.stop()  # its last flush takes the kernel's last folds
     searches = search["n"]
     misses = 4 * searches
     per_miss = 1e6 / misses if misses else 0.0
     idle_rate = idle["cpu_s"] / idle["wall_s"]
+    success_ns = k_runs["clean"]["ns_per_run"] or k_runs["all"]["ns_per_run"]
     return {
         "searches_that_ran_the_program": searches,
         "misses_caused": misses,
@@ -635,6 +644,11 @@ def search_storm(
         "dropped_ringbuf_full_host": drops,
         "sent_plus_folded_equals_kernel": sent + folded == kernel,
         "agent_idle_cpu_ms_per_s": round(idle_rate * 1e3, 3),
+        "records_from_other_processes": {
+            "idle": idle["records_from_other_processes"],
+            "search": search["records_from_other_processes"],
+            "warm": warm["records_from_other_processes"],
+        },
         "agent_cpu_s": round(search["cpu_s"], 4),
         "agent_cpu_us_per_miss": round(search["cpu_s"] * per_miss, 3),
         "agent_cpu_us_per_miss_net_of_idle": round(
@@ -658,11 +672,11 @@ def search_storm(
         if warm["n"]
         else None,
         "kernel_rounds": {"warm": k_warm, "search": k_search, "without_search": k_runs},
-        "kernel_ns_per_successful_exec_in_storm": k_runs["clean"]["ns_per_run"],
-        "kernel_ns_per_miss": per_miss_ns(k_search, k_runs, "clean"),
-        "kernel_ns_per_miss_all_rounds": per_miss_ns(k_search, k_runs, "all"),
-        "warm_kernel_ns_per_miss": k_warm["clean"]["ns_per_run"],
-        "warm_kernel_ns_per_miss_all_rounds": k_warm["all"]["ns_per_run"],
+        "kernel_ns_per_successful_exec_in_storm": success_ns,
+        "kernel_ns_per_miss": per_miss_ns(k_search["clean"], success_ns),
+        "kernel_ns_per_miss_all_rounds": per_miss_ns(k_search["all"], success_ns),
+        "warm_kernel_ns_per_miss": per_miss_ns(k_warm["clean"], success_ns),
+        "warm_kernel_ns_per_miss_all_rounds": per_miss_ns(k_warm["all"], success_ns),
     }
 
 
