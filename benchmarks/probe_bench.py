@@ -25,11 +25,12 @@
 5. PATH-search noise: --search-rate execvp-style searches per second for --search-seconds
    (four PATH directories lack the program, the fifth has it), once with the kernel's
    folding off and once on, each with a fresh probe and the pipeline (no attribution).
-   Reports the kernel time per miss (the hits' success-path cost, measured in the same
-   storm without a search, taken off), the agent's CPU per miss (all its threads, from
-   the scheduler's exact runtime), raw, net of the idle agent over the same time, and net
-   of the same storm of execs without a search, and the exact counts (records sent +
-   repeats folded = the kernel's count).
+   Reports the agent's CPU per miss (all its threads, from the scheduler's exact
+   runtime), raw, net of the idle agent over as long a time, and net of the same storm of
+   execs without a search; the exact counts (records sent + repeats folded = the kernel's
+   count); and the kernel time per miss from ten short rounds of each case, kept when no
+   other process failed an exec meanwhile, every successful exec taken off at its cost
+   in the storm without a search.
 
 The machine is shared by several engineers: figures are noisy, compare within one run.
 """
