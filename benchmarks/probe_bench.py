@@ -1,6 +1,7 @@
 """Kernel and agent cost of the probe, side by side with the seed's bpftrace one-liner.
 
     .venv/bin/python -m benchmarks.probe_bench [--storm-rate 12000 --storm-seconds 10]
+        [--phases kernel,storm,deaths,search]
 
 1. bpf_stats (kernel.bpf_stats_enabled=1) gives run_time_ns / run_cnt per program. With
    our probe and `bpftrace -e 'tracepoint:syscalls:sys_exit_execve /args->ret == -8/ {...}'`
@@ -24,9 +25,11 @@
 5. PATH-search noise: --search-rate execvp-style searches per second for --search-seconds
    (four PATH directories lack the program, the fifth has it), once with the kernel's
    folding off and once on, each with a fresh probe and the pipeline (no attribution).
-   Reports the kernel time per miss (the hits' success-path cost taken off), the agent's
-   CPU per miss, raw and net of what it spends during the same storm of execs without a
-   search, and the exact counts (records sent + repeats folded = the kernel's count).
+   Reports the kernel time per miss (the hits' success-path cost, measured in the same
+   storm without a search, taken off), the agent's CPU per miss (all its threads, from
+   the scheduler's exact runtime), raw, net of the idle agent over the same time, and net
+   of the same storm of execs without a search, and the exact counts (records sent +
+   repeats folded = the kernel's count).
 
 The machine is shared by several engineers: figures are noisy, compare within one run.
 """
@@ -510,9 +513,7 @@ def search_dirs(tmp: Path) -> list[Path]:
     return dirs
 
 
-def path_search(
-    gen: Path, cgroup: Path, args: argparse.Namespace, success_ns: float
-) -> dict[str, object]:
+def path_search(gen: Path, cgroup: Path, args: argparse.Namespace) -> dict[str, object]:
     """The same search storm with the kernel's folding off, then on. Without attribution:
     it runs once per name either way, and the inventory's work on other engineers'
     cgroups would be noise in a figure of about a microsecond."""
@@ -524,87 +525,111 @@ def path_search(
             Probe(ProbeOptions(fold_window_ms=window_ms)) as probe,
         ):
             before = prog_stats(baseline)
-            storm = search_storm(probe, gen, cgroup, dirs, args, success_ns)
+            storm = search_storm(probe, gen, cgroup, dirs, args)
             # The empty program's cost per run in the same storm: what cold caches cost
             storm["return_only"] = per_exec(before, prog_stats(baseline))
             result[label] = storm
     return result
 
 
-def cpu_s() -> tuple[float, float]:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime, usage.ru_stime
+def agent_phase(
+    consumer: Consumer, prog: int, cgroup: Path, argv: list[str], env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """One generator run and the pipeline's drain after it: the count the generator printed,
+    the agent's CPU (every thread, user + system, from the scheduler's exact runtime, not
+    the tick-sampled rusage), the wall time and the exec program's bpf_stats."""
+    stats, cpu, t0 = prog_stats(prog), time.process_time(), time.monotonic()
+    n = run_in(cgroup, argv, env)
+    consumer.drain()
+    after = prog_stats(prog)
+    return {
+        "n": n,
+        "cpu_s": time.process_time() - cpu,
+        "wall_s": time.monotonic() - t0,
+        "exec": per_exec(stats, after),
+    }
 
 
 def search_storm(
-    probe: Probe,
-    gen: Path,
-    cgroup: Path,
-    dirs: list[Path],
-    args: argparse.Namespace,
-    success_ns: float,
+    probe: Probe, gen: Path, cgroup: Path, dirs: list[Path], args: argparse.Namespace
 ) -> dict[str, Any]:
-    """The search storm, then the same fork/exec/exit storm without a search (the program
-    by its path): what the agent spends anyway while the machine forks that hard."""
+    """In one probe and pipeline: the agent idle for as long as a storm lasts, the search
+    storm, then the same fork/exec/exit storm without a search (the program by its path):
+    what the agent spends idle, and anyway while the machine forks that hard."""
     cg_id = os.stat(cgroup).st_ino
     consumer = Consumer(probe, None, watch_cgroup=cg_id)
     rate_secs = [str(args.search_rate), str(args.search_seconds)]
+    program = str(dirs[-1] / SEARCH_NAME)
     try:
         prog = fdinfo_prog_id(probe.program_fds()["exit_execve"])
         # First, one process missing one name over and over: the same path, warm caches.
-        warm_before = prog_stats(prog)
         missing = str(dirs[0] / SEARCH_NAME)
-        warm_misses = run_in(cgroup, [str(gen), "storm", "10000", "3", missing])
-        warm = per_exec(warm_before, prog_stats(prog))
-        consumer.drain()
+        warm = agent_phase(consumer, prog, cgroup, [str(gen), "storm", "10000", "3", missing])
+        idle = agent_phase(consumer, prog, cgroup, [str(gen), "run", "0", rate_secs[1], program])
         sent_before, folded_before = consumer.watched_records, consumer.watched_folds
         kernel_before = probe.counts_by_cgroup().get((cg_id, errno.ENOENT), 0)
         drops_before = probe.stats()["ringbuf_full"]
-        stats_before, cpu_before = prog_stats(prog), cpu_s()
-        t0 = time.monotonic()
         env = {"PATH": ":".join(map(str, dirs))}
-        searches = run_in(cgroup, [str(gen), "search", *rate_secs, SEARCH_NAME], env)
-        elapsed = time.monotonic() - t0
-        consumer.drain()
-        spent = sum(cpu_s()) - sum(cpu_before)
-        stats_after = prog_stats(prog)
-        base_before = cpu_s()
-        runs = run_in(cgroup, [str(gen), "run", *rate_secs, str(dirs[-1] / SEARCH_NAME)])
-        consumer.drain()
-        base = sum(cpu_s()) - sum(base_before)
+        search = agent_phase(
+            consumer, prog, cgroup, [str(gen), "search", *rate_secs, SEARCH_NAME], env
+        )
+        sent = consumer.watched_records - sent_before
+        folded = consumer.watched_folds - folded_before
+        kernel = probe.counts_by_cgroup().get((cg_id, errno.ENOENT), 0) - kernel_before
+        drops = probe.stats()["ringbuf_full"] - drops_before
+        runs = agent_phase(consumer, prog, cgroup, [str(gen), "run", *rate_secs, program])
     finally:
         consumer.stop()  # its last flush takes the kernel's last folds
+    searches = search["n"]
     misses = 4 * searches
-    sent, folded = consumer.watched_records - sent_before, consumer.watched_folds - folded_before
-    kernel = probe.counts_by_cgroup().get((cg_id, errno.ENOENT), 0) - kernel_before
-    run_ns, exec_runs = stats_after[0] - stats_before[0], stats_after[1] - stats_before[1]
     per_miss = 1e6 / misses if misses else 0.0
-    base_per_run = base / runs if runs else 0.0
+    # The hits' cost: a successful exec's, measured in the storm without a search
+    success_ns = runs["exec"]["ns_per_run"]
+    idle_rate = idle["cpu_s"] / idle["wall_s"]
     return {
         "searches_that_ran_the_program": searches,
         "misses_caused": misses,
-        "seconds": round(elapsed, 2),
-        "misses_per_s": round(misses / elapsed),
+        "seconds": round(search["wall_s"], 2),
+        "misses_per_s": round(misses / search["wall_s"]),
         "kernel_count_enoent": kernel,
         "kernel_count_exact": kernel == misses,
         "records_sent": sent,
         "folded_in_kernel": folded,
-        "dropped_ringbuf_full_host": probe.stats()["ringbuf_full"] - drops_before,
+        "dropped_ringbuf_full_host": drops,
         "sent_plus_folded_equals_kernel": sent + folded == kernel,
-        "exit_execve_runs": exec_runs,
-        "exit_execve_ns": run_ns,
-        "kernel_ns_per_miss": round((run_ns - searches * success_ns) / misses, 1)
+        "exit_execve": search["exec"],
+        "kernel_ns_per_successful_exec_in_storm": success_ns,
+        "kernel_ns_per_miss": round((search["exec"]["ns"] - searches * success_ns) / misses, 1)
         if misses
         else None,
-        "agent_cpu_s": round(spent, 3),
-        "agent_cpu_us_per_miss": round(spent * per_miss, 2),
-        "runs_without_search": runs,
-        "agent_cpu_s_without_search": round(base, 3),
-        "agent_cpu_us_per_miss_net": round((spent - base_per_run * searches) * per_miss, 2),
+        "agent_idle_cpu_ms_per_s": round(idle_rate * 1e3, 3),
+        "agent_cpu_s": round(search["cpu_s"], 4),
+        "agent_cpu_us_per_miss": round(search["cpu_s"] * per_miss, 3),
+        "agent_cpu_us_per_miss_net_of_idle": round(
+            (search["cpu_s"] - idle_rate * search["wall_s"]) * per_miss, 3
+        ),
+        "runs_without_search": runs["n"],
+        "agent_cpu_s_without_search": round(runs["cpu_s"], 4),
+        "agent_cpu_us_per_miss_net_of_runs": round(
+            (search["cpu_s"] - runs["cpu_s"] * searches / runs["n"]) * per_miss, 3
+        )
+        if runs["n"]
+        else None,
         "diagnosis": dict(consumer.not_found_reasons),
-        "warm_misses": warm_misses,
-        "warm_kernel_ns_per_miss": warm["ns_per_run"],
+        "warm_misses": warm["n"],
+        "warm_kernel_ns_per_miss": warm["exec"]["ns_per_run"],
+        "warm_agent_cpu_us_per_miss": round(warm["cpu_s"] * 1e6 / warm["n"], 3)
+        if warm["n"]
+        else None,
+        "warm_agent_cpu_us_per_miss_net_of_idle": round(
+            (warm["cpu_s"] - idle_rate * warm["wall_s"]) * 1e6 / warm["n"], 3
+        )
+        if warm["n"]
+        else None,
     }
+
+
+PHASES = ("kernel", "storm", "deaths", "search")
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
@@ -617,7 +642,15 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--death-seconds", type=float, default=10)
     parser.add_argument("--search-rate", type=int, default=1000)
     parser.add_argument("--search-seconds", type=float, default=10)
+    parser.add_argument(
+        "--phases",
+        default=",".join(PHASES),
+        help=f"comma-separated subset of {','.join(PHASES)} (default: all)",
+    )
     args = parser.parse_args(argv)
+    phases = set(args.phases.split(","))
+    if not phases <= set(PHASES):
+        parser.error(f"unknown phase in --phases {args.phases!r}")
     require_root()
     if not FOREIGN.exists() or not shutil.which("bpftrace"):
         raise SystemExit("needs dev/fetch-foreign.sh and bpftrace (make setup-test)")
@@ -628,23 +661,27 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         own_cgroup(f"execwatch-bench-{os.getpid()}") as cgroup,
     ):
         gen = build_c("execgen.c", Path(tmp))
-        cost = kernel_cost(gen, cgroup, args)
-        result["kernel_cost"] = cost
-        with Attributor() as attributor, Probe(ProbeOptions()) as probe:
-            consumer = Consumer(probe, attributor, watch_cgroup=os.stat(cgroup).st_ino)
-            try:
-                result["storm"] = storm(probe, consumer, gen, cgroup, args)
-                result["early_death_storm"] = death_storm(probe, consumer, gen, cgroup, args)
-            finally:
-                consumer.stop()
-            result["diagnosis_of_storm_events"] = consumer.reasons
-        clean = cost["successful_exec_clean_rounds"]
-        assert isinstance(clean, dict)
-        success_ns = clean["execwatch"]["ns_per_run"]
-        result["path_search"] = path_search(gen, cgroup, args, success_ns)
+        if "kernel" in phases:
+            result["kernel_cost"] = kernel_cost(gen, cgroup, args)
+        if phases & {"storm", "deaths"}:
+            with Attributor() as attributor, Probe(ProbeOptions()) as probe:
+                consumer = Consumer(probe, attributor, watch_cgroup=os.stat(cgroup).st_ino)
+                try:
+                    if "storm" in phases:
+                        result["storm"] = storm(probe, consumer, gen, cgroup, args)
+                    if "deaths" in phases:
+                        result["early_death_storm"] = death_storm(
+                            probe, consumer, gen, cgroup, args
+                        )
+                finally:
+                    consumer.stop()
+                result["diagnosis_of_storm_events"] = consumer.reasons
+        if "search" in phases:
+            result["path_search"] = path_search(gen, cgroup, args)
     result["load_average_at_end"] = os.getloadavg()
     print(json.dumps(result, indent=2))
-    print(f"saved {save('probe', result)}")
+    name = "probe" if phases == set(PHASES) else "probe-" + "-".join(sorted(phases))
+    print(f"saved {save(name, result)}")
     return result
 
 

@@ -34,13 +34,18 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Sink = Callable[[ExecFailure], None]
-# Records submitted without a wakeup wait at most this long (see wakeup_flag in the BPF C).
+# Records submitted without a wakeup (see wakeup_flag in the BPF C) come at most 10 ms
+# after one that woke the consumer: for BUSY_S after it consumed anything, it polls with
+# this timeout, so they wait at most this long. Idle, it wakes only every IDLE_POLL_MS
+# (and for each window's flush): an idle agent's cost is its wakeups.
 POLL_TIMEOUT_MS = 50
+IDLE_POLL_MS = 500
+BUSY_S = 0.2
 AggregationKey = tuple[int, int, int, int, bytes, bytes]
 DIAGNOSIS_BUDGET_S = 1.0  # a local diagnosis takes about a millisecond
 STALL_AFTER_S = 20.0
 # A call running (not blocked in the kernel) is abandoned only after this many budgets.
-STARVED_FACTOR = 10  # the consume loop goes round every POLL_TIMEOUT_MS
+STARVED_FACTOR = 10
 
 
 class Diagnoser(Protocol):
@@ -254,6 +259,7 @@ class NodePipeline:
         self._error: BaseException | None = None  # a worker's sink failed (a closed pipe)
         self._workers: list[_Worker] = []
         self._stop = threading.Event()
+        self._calls = threading.Event()  # set while a worker's call may need watching
         for _ in range(workers):
             self._start_worker()
         self._watchdog = threading.Thread(target=self._watch, name="watchdog", daemon=True)
@@ -306,12 +312,18 @@ class NodePipeline:
         """Consume until `stop` is set (or the monotonic `deadline` passes), flushing folded
         repeats once per window; then drain what the kernel still holds and flush it all."""
         next_flush = time.monotonic() + self._window
+        busy_until = 0.0
         try:
             while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
                 self.heartbeat.beat()
                 if self._error is not None:
                     raise self._error
-                source.poll(POLL_TIMEOUT_MS)
+                now = time.monotonic()
+                timeout = POLL_TIMEOUT_MS
+                if now >= busy_until:
+                    timeout = max(0, min(IDLE_POLL_MS, int((next_flush - now) * 1000) + 1))
+                if source.poll(timeout):
+                    busy_until = time.monotonic() + BUSY_S
                 if time.monotonic() >= next_flush:
                     self.flush()
                     next_flush = time.monotonic() + self._window
@@ -335,6 +347,7 @@ class NodePipeline:
         if self._error is None:
             self.drain(2 * self._budget * max(1, self._queue.qsize()) + 1.0)
         self._stop.set()
+        self._calls.set()
         self._watchdog.join(timeout=1.0)  # first: it may be starting a worker
         with self._lock:
             live = [w for w in self._workers if not w.abandoned]
@@ -446,6 +459,7 @@ class NodePipeline:
         attempt = Attempt()
         with self._lock:
             worker.stage, worker.started, worker.attempt = stage, time.monotonic(), attempt
+            self._calls.set()
         self.slow.attach(attempt)
         try:
             return call()
@@ -461,10 +475,12 @@ class NodePipeline:
         A call that is merely slow, running Python on a starved CPU, is left to finish
         up to STARVED_FACTOR budgets and never makes its mount look slow."""
         period = min(0.1, self._budget / 4)
-        while not self._stop.wait(period):
+        while self._calls.wait() and not self._stop.wait(period):  # asleep while none runs
             now = time.monotonic()
             overdue: list[_Overdue] = []
             with self._lock:
+                if not any(w.stage and not w.abandoned for w in self._workers):
+                    self._calls.clear()
                 for w in self._workers:
                     age = now - w.started
                     if not w.stage or w.abandoned or age <= self._budget:

@@ -10,6 +10,7 @@ import contextlib
 import errno
 import os
 import shutil
+import struct
 import subprocess
 import threading
 import time
@@ -195,6 +196,112 @@ def test_one_name_in_two_roots_is_never_folded_together(
         (with_tool.stat().st_ino, Reason.MISSING_INTERPRETER): SEARCHES,
         (without.stat().st_ino, Reason.NOT_FOUND): SEARCHES,
     }
+
+
+MIX = 0x9E3779B97F4A7C15
+MASK = (1 << 64) - 1
+
+
+def fold_hash(name: bytes) -> int:
+    """name_hash() of execwatch.bpf.c: the name's little-endian words up to its NUL."""
+    data = name + b"\0"
+    data += b"\0" * (-len(data) % 8)
+    h = 0
+    for (word,) in struct.iter_unpack("<Q", data):
+        h = ((h ^ word) * MIX) & MASK
+    return h ^ (h >> 32)
+
+
+def colliding(first: bytes) -> bytes:
+    """Another absolute name of first's length with the same fold hash: the kernel's hash is
+    cheap, not strong, so a tenant can craft one. Its first word differs; its second cancels
+    that out after one round."""
+    a0, a1 = struct.unpack_from("<QQ", first)
+    rounds = 0
+    while True:
+        rounds += 1
+        b0 = int.from_bytes(b"/" + os.urandom(7), "little")
+        b1 = ((a0 * MIX) & MASK) ^ a1 ^ ((b0 * MIX) & MASK)
+        other = struct.pack("<QQ", b0, b1) + first[16:]
+        if b"\0" not in other and other != first:
+            assert fold_hash(other) == fold_hash(first)
+            return other
+        assert rounds < 1000
+
+
+def test_two_names_with_one_hash_are_never_folded_together(
+    traced: Traced, own_cgroup: Path
+) -> None:
+    """The fold key holds a hash of the name; the name itself is compared before a repeat is
+    folded. A crafted name with the same hash as a missing loader's is never folded into
+    it: both are counted under their own names, the second sent every time."""
+    first = b"/nonexistent/ewprog-first-name"
+    second = colliding(first)
+    pid = os.fork()
+    if pid == 0:  # never returns
+        try:
+            (own_cgroup / "cgroup.procs").write_text(str(os.getpid()))
+            for _ in range(SEARCHES):
+                for name in (first, second):
+                    with contextlib.suppress(OSError):
+                        os.execv(name, [name])
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    traced.stop()
+
+    cgroup_id = own_cgroup.stat().st_ino
+    ours = [aggregation_key(raw) for raw in traced.raw if aggregation_key(raw)[0] == cgroup_id]
+    assert sum(key[4] == second for key in ours) == SEARCHES  # never folded: sent each time
+    assert sum(key[4] == first for key in ours) < SEARCHES  # folded after the first
+    by_name: Counter[bytes] = Counter()
+    for r in traced.records:
+        if r.event.cgroup_id == cgroup_id:
+            assert r.diagnosis.reason == Reason.NOT_FOUND
+            by_name[os.fsencode(r.event.path)] += r.count
+    assert by_name == {first: SEARCHES, second: SEARCHES}
+
+
+def miss_on_one_cpu(cgroup: Path, name: bytes, times: int) -> None:
+    """A child in `cgroup`, on CPU 0 only (folding is per CPU), misses `name` `times` times."""
+    pid = os.fork()
+    if pid == 0:  # never returns
+        try:
+            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+            os.sched_setaffinity(0, {0})
+            for _ in range(times):
+                with contextlib.suppress(OSError):
+                    os.execv(name, [name])
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def test_a_new_fold_window_sends_a_names_next_miss_again(own_cgroup: Path) -> None:
+    """A CPU folds a name's repeats only in the fold epoch of the record it sent; the first
+    take_folds() a window after the last starts the next epoch, whose first miss is sent."""
+    name = b"/nonexistent/ewprog-window"
+    cgroup_id = own_cgroup.stat().st_ino
+    sent: list[bytes] = []
+    with Probe(ProbeOptions(fold_window_ms=300)) as probe:
+        probe.open_ring_buffer(sent.append)
+        miss_on_one_cpu(own_cgroup, name, 3)  # no take_folds() yet: one epoch, however slow
+        time.sleep(0.35)
+        first = probe.take_folds()  # a window has passed: this starts the next epoch
+        miss_on_one_cpu(own_cgroup, name, 3)
+        while probe.poll(10):
+            pass
+        time.sleep(0.35)
+        second = probe.take_folds()
+    key = (cgroup_id, *_root(), errno.ENOENT, name)
+    assert sum(aggregation_key(raw)[:5] == key for raw in sent) == 2  # one per epoch
+    assert {k: n for k, n in first.items() if k[0] == cgroup_id} == {key: 2}
+    assert {k: n for k, n in second.items() if k[0] == cgroup_id} == {key: 2}
+
+
+def _root() -> tuple[int, int]:
+    """This process's mount namespace and root inode, as a fold key holds them."""
+    return os.stat("/proc/self/ns/mnt").st_ino, os.stat("/").st_ino
 
 
 def test_a_removed_cgroups_last_folds_are_handed_over_once(

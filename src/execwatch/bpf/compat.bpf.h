@@ -33,6 +33,28 @@ static __always_inline struct pt_regs *syscall_regs(struct task_struct *task)
 	return (struct pt_regs *)(stack + EW_THREAD_SIZE - bpf_core_type_size(struct pt_regs));
 }
 
+/* An argument of the current syscall from syscall_regs(): bpf_task_pt_regs' result is a
+ * BTF pointer (5.15+), read with a plain load that faults safely to 0; the computed one
+ * before it needs a probe read. On the exec failure path of every PATH-search miss. */
+#define syscall_arg(regs, PARM)                                                         \
+	(bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_task_pt_regs)            \
+		 ? (unsigned long)PT_REGS_##PARM##_SYSCALL(regs)                          \
+		 : (unsigned long)PT_REGS_##PARM##_CORE_SYSCALL(regs))
+
+/* The caller's cgroup v2 id, as bpf_get_current_cgroup_id() reads it: plain loads through
+ * the BTF-typed task (5.11+), one helper call less on every failure. Needs css_set, cgroup
+ * and kernfs_node declared. */
+static __always_inline __u64 current_cgroup_id(void)
+{
+	struct task_struct *task;
+
+	if (bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_get_current_task_btf)) {
+		task = bpf_get_current_task_btf();
+		return task->cgroups->dfl_cgrp->kn->id;
+	}
+	return bpf_get_current_cgroup_id();
+}
+
 /* The caller's mount namespace and root directory inode: what keeps two roots apart. With
  * the BTF-typed task (5.11+) these are plain loads, faulting safely to 0; before, one probe
  * read per pointer. Needs nsproxy, mnt_namespace, fs_struct, dentry and inode declared. */

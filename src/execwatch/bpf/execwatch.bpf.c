@@ -357,66 +357,144 @@ struct {
 	__type(value, struct ew_fold);
 } folds SEC(".maps");
 
+/* Per CPU: the value a new fold entry starts with. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, struct ew_fold_key);
+	__type(value, struct ew_fold);
 } fold_scratch SEC(".maps");
 
-/* The fold key of an execve ENOENT with a whole absolute name (a PATH search's miss, or a
- * missing loader: either way its first record in each window is sent), else 0: never
- * folded. The name goes into a zeroed key, or bytes after its NUL would split one name. */
-static __always_inline struct ew_fold_key *fold_key(struct task_struct *task, __u64 cgroup_id,
-						     int err, const char *name)
-{
-	__u32 zero = 0;
-	struct ew_fold_key *k;
-	long n;
+#define FOLD_WORDS (EW_FOLD_NAME_LEN / 8)
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "fold_key() masks a name's last word little-endian"
+#endif
 
-	if (!cfg.fold_window_ns || err != ENOENT)
-		return 0;
-	k = bpf_map_lookup_elem(&fold_scratch, &zero);
-	if (!k)
-		return 0;
-	__builtin_memset(k->filename, 0, sizeof(k->filename));
-	n = bpf_probe_read_user_str(k->filename, sizeof(k->filename), name);
-	if (n <= 1 || n >= (long)sizeof(k->filename) || k->filename[0] != '/')
-		return 0;
-	k->cgroup_id = cgroup_id;
-	caller_root(task, &k->mntns, &k->root_ino);
-	k->err = err;
-	k->pad = 0;
-	return k;
+/* Advanced by user space every fold window (Probe.take_folds updates .data): a repeat is
+ * folded only in the epoch of the record its CPU sent, a load here, not a clock read. */
+volatile __u64 fold_epoch = 1;
+
+/* A miss's fold key and name, on the stack (hot in cache): the name's words up to its NUL,
+ * zero after it, so that words[0..nwords) are the whole name and the loops below stop
+ * there. Loops are unrolled: 5.10's verifier refuses a variable stack offset. */
+struct fold_name {
+	struct ew_fold_key key;
+	__u64 words[FOLD_WORDS];
+	__u32 nwords;
+};
+
+/* Cheap, not strong: a repeat is folded only when its whole name matches too. */
+static __always_inline __u64 name_hash(const struct fold_name *f)
+{
+	__u64 h = 0;
+
+#pragma unroll
+	for (__u32 i = 0; i < FOLD_WORDS; i++) {
+		if (i >= f->nwords)
+			break;
+		h = (h ^ f->words[i]) * 0x9e3779b97f4a7c15ULL;
+	}
+	return h ^ (h >> 32);
 }
 
-/* A record for the key is on its way: this CPU's window for it starts now. Per-CPU values:
- * no other CPU writes them, so the counts need no atomics and lose nothing. */
-static __always_inline void fold_arm(struct ew_fold_key *key, struct ew_fold *fold, __u64 now)
+/* Words past the stored name's NUL are not compared: that word differs already. */
+static __always_inline bool same_name(const char *stored, const struct fold_name *f)
 {
-	struct ew_fold fresh = { .since = now };
+	const __u64 *w = (const __u64 *)stored;
 
-	if (fold)
-		fold->since = now;
-	else if (key)
-		bpf_map_update_elem(&folds, key, &fresh, BPF_NOEXIST);
+#pragma unroll
+	for (__u32 i = 0; i < FOLD_WORDS; i++) {
+		if (i >= f->nwords)
+			break;
+		if (w[i] != f->words[i])
+			return false;
+	}
+	return true;
+}
+
+static __always_inline void copy_name(char *stored, const struct fold_name *f)
+{
+	__u64 *w = (__u64 *)stored;
+
+#pragma unroll
+	for (__u32 i = 0; i < FOLD_WORDS; i++) {
+		if (i >= f->nwords)
+			break;
+		w[i] = f->words[i];
+	}
+}
+
+/* The fold key of an execve ENOENT with a whole absolute name (a PATH search's miss, or a
+ * missing loader: either way its first record in each epoch is sent); false: never
+ * folded. Bytes after the NUL are zeroed in its word, or they would split one name. */
+static __always_inline bool fold_key(struct task_struct *task, __u64 cgroup_id, const char *name,
+				     struct fold_name *f)
+{
+	long n = bpf_probe_read_user_str(f->words, EW_FOLD_NAME_LEN, name);
+	__u32 last, nul;
+
+	if (n <= 1 || n >= EW_FOLD_NAME_LEN || (f->words[0] & 0xff) != '/')
+		return false;
+	nul = (__u32)n - 1; /* where the NUL is */
+	last = nul / 8;
+#pragma unroll
+	for (__u32 i = 0; i < FOLD_WORDS; i++) {
+		if (i == last) {
+			f->words[i] &= (1ULL << (8 * (nul % 8))) - 1;
+			break;
+		}
+	}
+	f->nwords = last + 1;
+	f->key.cgroup_id = cgroup_id;
+	caller_root(task, &f->key.mntns, &f->key.root_ino);
+	f->key.name_hash = name_hash(f);
+	f->key.err = ENOENT;
+	f->key.pad = 0;
+	return true;
+}
+
+/* A record for the key is on its way: this CPU folds its name until the epoch ends.
+ * Per-CPU values: no other CPU writes them, so the counts need no atomics and lose
+ * nothing. A CPU keeps the first name it sent under a key; another name with the same
+ * hash is never folded there. */
+static __always_inline void fold_arm(const struct fold_name *f, struct ew_fold *fold, __u64 epoch)
+{
+	__u32 zero = 0;
+	struct ew_fold *fresh;
+
+	if (fold) {
+		if (!fold->filename[0])
+			copy_name(fold->filename, f);
+		else if (!same_name(fold->filename, f))
+			return;
+		fold->epoch = epoch;
+		return;
+	}
+	fresh = bpf_map_lookup_elem(&fold_scratch, &zero);
+	if (!fresh)
+		return;
+	__builtin_memset(fresh, 0, sizeof(*fresh));
+	copy_name(fresh->filename, f);
+	fresh->epoch = epoch;
+	bpf_map_update_elem(&folds, &f->key, fresh, BPF_NOEXIST);
 }
 
 /* Not inlined: the success path then runs in a program with no stack frame to set up. */
 static __noinline int on_failure(long ret, enum ew_syscall sc)
 {
+	struct fold_name fname;
+	bool foldable = false;
 	struct task_struct *task;
-	struct ew_fold_key *key = 0;
 	struct ew_fold *fold = 0;
 	struct pt_regs *regs;
 	struct ew_event *e;
-	__u64 cgroup_id, now;
+	__u64 cgroup_id, now, epoch;
 	const char *name;
 	__u32 idx;
 
 	idx = (__u32)-ret;
 	bump(&errno_totals, &idx);
-	cgroup_id = bpf_get_current_cgroup_id();
+	cgroup_id = current_cgroup_id();
 	if (!reported((int)-ret)) {
 		count(cgroup_id, (int)-ret);
 		return 0;
@@ -424,17 +502,17 @@ static __noinline int on_failure(long ret, enum ew_syscall sc)
 
 	task = current_task();
 	regs = syscall_regs(task);
-	name = (const char *)(sc == EW_EXECVEAT ? PT_REGS_PARM2_CORE_SYSCALL(regs)
-					       : PT_REGS_PARM1_CORE_SYSCALL(regs));
-	now = bpf_ktime_get_boot_ns();
-	if (sc == EW_EXECVE)
-		key = fold_key(task, cgroup_id, (int)-ret, name);
-	if (key)
-		fold = bpf_map_lookup_elem(&folds, key);
-	if (fold && now - fold->since < cfg.fold_window_ns) {
+	name = (const char *)(sc == EW_EXECVEAT ? syscall_arg(regs, PARM2) : syscall_arg(regs, PARM1));
+	epoch = fold_epoch;
+	if (sc == EW_EXECVE && ret == -ENOENT && cfg.fold_window_ns)
+		foldable = fold_key(task, cgroup_id, name, &fname);
+	if (foldable)
+		fold = bpf_map_lookup_elem(&folds, &fname.key);
+	if (fold && fold->epoch == epoch && same_name(fold->filename, &fname)) {
 		fold->folded += 1; /* counted there, per cgroup too: nothing else on this path */
 		return 0;
 	}
+	now = bpf_ktime_get_boot_ns();
 	count(cgroup_id, (int)-ret);
 
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
@@ -443,7 +521,8 @@ static __noinline int on_failure(long ret, enum ew_syscall sc)
 		bump(&stats, &idx);
 		return 0;
 	}
-	fold_arm(key, fold, now); /* only once a record is sure to go: it carries the key */
+	if (foldable) /* only once a record is sure to go: it carries the key */
+		fold_arm(&fname, fold, epoch);
 	__u64 id = bpf_get_current_pid_tgid();
 
 	e->ktime_ns = now;

@@ -25,8 +25,8 @@ struct ew_config {
 	__u32 all_errnos;         /* 1: report every failure, not just the exec-relevant errnos */
 	__u32 pad;
 	__u64 death_window_ns;    /* an exit this soon after the task started is an early death */
-	__u64 fold_window_ns;     /* an ENOENT repeat this soon after a sent record is only */
-				  /* counted (see ew_fold_key); 0: folding off */
+	__u64 fold_window_ns;     /* 0: folding off; else how often user space starts a new */
+				  /* fold epoch (see ew_fold_key) */
 };
 
 struct ew_event {
@@ -75,23 +75,28 @@ enum ew_stat {
 };
 
 /* ---- Folding: a PATH search's misses, counted in the kernel instead of sent ----
- * One entry per (cgroup, mount namespace, root, errno, absolute name) that was sent; a
- * repeat within fold_window_ns of the record this CPU sent for it is only counted. Longer
- * names are never folded: the key is hashed and compared whole on every miss. */
+ * One entry per (cgroup, mount namespace, root, errno, hash of the absolute name) that
+ * was sent; a repeat in the fold epoch in which this CPU sent a record for it is only
+ * counted. User space starts a new epoch every fold_window_ns (a global the program reads:
+ * no clock on this path). The key is small, so the lookup on every miss is cheap; the name itself sits in
+ * each CPU's value and is compared whole before a repeat is folded, so two names with one
+ * hash are never folded together (the second is sent every time). Longer names are never
+ * folded. */
 #define EW_FOLD_NAME_LEN 128
 
 struct ew_fold_key {
 	__u64 cgroup_id;
 	__u64 mntns;
 	__u64 root_ino;
+	__u64 name_hash;      /* of filename[EW_FOLD_NAME_LEN], zero-padded (ew_fold) */
 	__s32 err;
 	__u32 pad;
-	char filename[EW_FOLD_NAME_LEN];
 };
 
 struct ew_fold {              /* per CPU */
-	__u64 since;          /* when this CPU last sent a record for the key (boot ns) */
+	__u64 epoch;          /* the fold epoch in which this CPU last sent a record for it */
 	__u64 folded;         /* repeats counted here, not sent nor in counts: never reset */
+	char filename[EW_FOLD_NAME_LEN]; /* the name this CPU folds; "" until it sent one */
 };
 
 /* ---- Early deaths: a process that dies soon after a successful exec ---- */

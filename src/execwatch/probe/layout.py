@@ -113,9 +113,9 @@ class FoldKey(ctypes.Structure):
         ("cgroup_id", ctypes.c_uint64),
         ("mntns", ctypes.c_uint64),
         ("root_ino", ctypes.c_uint64),
+        ("name_hash", ctypes.c_uint64),
         ("err", ctypes.c_int32),
         ("pad", ctypes.c_uint32),
-        ("filename", ctypes.c_char * FOLD_NAME_LEN),
     )
 
 
@@ -124,7 +124,11 @@ FoldedName = tuple[int, int, int, int, bytes]
 
 
 class Fold(ctypes.Structure):
-    _fields_ = (("since", ctypes.c_uint64), ("folded", ctypes.c_uint64))
+    _fields_ = (
+        ("epoch", ctypes.c_uint64),
+        ("folded", ctypes.c_uint64),
+        ("filename", ctypes.c_char * FOLD_NAME_LEN),
+    )
 
 
 class EventFields:

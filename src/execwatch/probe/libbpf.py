@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint32, c_void_p
+from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint32, c_uint64, c_void_p
 
 RingBufferCallback = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_size_t)
 # libbpf_print_fn_t: (level, fmt, va_list); a va_list argument is passed as a pointer.
@@ -49,6 +49,7 @@ def load_libbpf(name: str = "libbpf.so.1") -> ctypes.CDLL:
         "bpf_map_lookup_elem": (c_int, [c_int, c_void_p, c_void_p]),
         "bpf_map_get_next_key": (c_int, [c_int, c_void_p, c_void_p]),
         "bpf_map_delete_elem": (c_int, [c_int, c_void_p]),
+        "bpf_map_update_elem": (c_int, [c_int, c_void_p, c_void_p, c_uint64]),
         "ring_buffer__new": (c_void_p, [c_int, RingBufferCallback, c_void_p, c_void_p]),
         "ring_buffer__add": (c_int, [c_void_p, c_int, RingBufferCallback, c_void_p]),
         "ring_buffer__poll": (c_int, [c_void_p, c_int]),

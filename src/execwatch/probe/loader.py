@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -71,7 +72,8 @@ class ProbeOptions:
     object_path: Path | None = None
     death_window_ms: float = 2000.0  # a process dying this soon after it started is reported
     death_ringbuf_bytes: int = 1 << 20
-    fold_window_ms: float = 1000.0  # ENOENT repeats of one name this soon are only counted
+    fold_window_ms: float = 1000.0  # ENOENT repeats of one name are only counted until the
+    # first take_folds() this long after the last new fold epoch (0: folding off)
     fold_entries: int = 4096  # names folded at once; past that, repeats are sent as before
 
 
@@ -124,6 +126,11 @@ class Probe:
         self._folds_lock = threading.Lock()  # take_folds and forget_counts: two threads
         self._folds_taken: dict[layout.FoldedName, int] = {}
         self._folds_forgotten: dict[layout.FoldedName, int] = {}
+        self._folds_enoent = -1  # errno_totals[ENOENT] when take_folds last saw it move
+        self._folds_quiet_scans = 0  # scans of the folds map since then
+        self._fold_epoch = 1  # the program's fold_epoch (its .data section: only that)
+        self._fold_epoch_fd = -1
+        self._fold_epoch_started = 0.0
 
     def __enter__(self) -> Probe:
         self.open()
@@ -185,6 +192,12 @@ class Probe:
                 raise ProbeError(f"cannot attach {name}: {err}")
             self._links.append(link)
             prog = self._lib.bpf_object__next_program(self._obj, prog)
+        data, size = self._map_by_suffix(".data"), ctypes.c_size_t()
+        self._lib.bpf_map__initial_value(data, ctypes.byref(size))
+        if size.value != ctypes.sizeof(ctypes.c_uint64):
+            raise ProbeError("BPF object's .data is not its fold epoch alone: rebuild it")
+        self._fold_epoch_fd = self._lib.bpf_map__fd(data)
+        self._fold_epoch_started = time.monotonic()
 
     def _map(self, name: str) -> int:
         m = self._lib.bpf_object__find_map_by_name(self._obj, name.encode())
@@ -259,7 +272,7 @@ class Probe:
 
     def errno_totals(self) -> dict[int, int]:
         """Exact count of failed execs per errno since load (per-CPU array: never full)."""
-        fd = self._lib.bpf_map__fd(self._map("errno_totals"))
+        fd = self._errno_totals_fd()
         totals = {}
         for err in range(1, 256):
             n = self._percpu_sum(fd, ctypes.c_uint32(err))
@@ -291,7 +304,7 @@ class Probe:
         fd = self._lib.bpf_map__fd(self._map("folds"))
         for key in self._keys(fd, layout.FoldKey):
             pair = (key.cgroup_id, key.err)
-            counts[pair] = counts.get(pair, 0) + self._folds_total(fd, key)
+            counts[pair] = counts.get(pair, 0) + sum(self._folded(fd, key).values())
         return counts
 
     def forget_counts(self, keep: Callable[[int], bool]) -> int:
@@ -306,21 +319,35 @@ class Probe:
         with self._folds_lock:  # a take_folds() between reading and deleting would count twice
             gone = [key for key in self._keys(fd, layout.FoldKey) if not keep(key.cgroup_id)]
             for fold_key in gone:
-                name, total = fold_name(fold_key), self._folds_total(fd, fold_key)
+                folded = self._folded(fd, fold_key)
                 self._lib.bpf_map_delete_elem(fd, ctypes.byref(fold_key))
-                new = total - self._folds_taken.pop(name, 0)
-                self._folds_forgotten[name] = self._folds_forgotten.get(name, 0) + new
+                for name, total in folded.items():
+                    new = total - self._folds_taken.pop(name, 0)
+                    self._folds_forgotten[name] = self._folds_forgotten.get(name, 0) + new
         return len(doomed) + len(gone)
 
     def take_folds(self) -> dict[layout.FoldedName, int]:
         """Repeats the kernel counted instead of sending (see ew_fold_key), per name, since
-        the last call. Each came after a record of that name, sent within the fold window."""
+        the last call. Each came after a record of that name, sent in the same fold epoch:
+        a call once the fold window has passed since the last new epoch starts the next.
+
+        A fold follows its ENOENT's count in errno_totals within one program run: once that
+        total has stood still across a whole scan after it was read, the map holds nothing
+        new, and an idle agent stops reading it (a full map is 4,096 keys a window)."""
         fd = self._lib.bpf_map__fd(self._map("folds"))
         with self._folds_lock:
-            totals = {
-                fold_name(key): self._folds_total(fd, key) for key in self._keys(fd, layout.FoldKey)
-            }
+            self._next_fold_epoch()
             new, self._folds_forgotten = self._folds_forgotten, {}
+            enoent = self._percpu_sum(self._errno_totals_fd(), ctypes.c_uint32(errno.ENOENT))
+            if enoent != self._folds_enoent:
+                self._folds_enoent, self._folds_quiet_scans = enoent, 0
+            if self._folds_quiet_scans >= 2:
+                return {name: n for name, n in new.items() if n}
+            self._folds_quiet_scans += 1
+            totals: dict[layout.FoldedName, int] = {}
+            for key in self._keys(fd, layout.FoldKey):
+                for name, n in self._folded(fd, key).items():
+                    totals[name] = totals.get(name, 0) + n
             for name, total in totals.items():
                 delta = total - self._folds_taken.get(name, 0)
                 if delta:
@@ -328,11 +355,34 @@ class Probe:
                     self._folds_taken[name] = total
         return {name: n for name, n in new.items() if n}
 
-    def _folds_total(self, fd: int, key: layout.FoldKey) -> int:
+    def _next_fold_epoch(self) -> None:
+        """Every fold window, the next take_folds() ends every CPU's folding of every name:
+        each one's next miss is sent again."""
+        now = time.monotonic()
+        if now - self._fold_epoch_started < self.options.fold_window_ms / 1000:
+            return
+        epoch = ctypes.c_uint64(self._fold_epoch + 1)
+        rc = self._lib.bpf_map_update_elem(
+            self._fold_epoch_fd, ctypes.byref(ctypes.c_uint32(0)), ctypes.byref(epoch), 0
+        )
+        if rc < 0:
+            raise ProbeError(f"cannot start a fold epoch: {os.strerror(-rc)}")
+        self._fold_epoch, self._fold_epoch_started = epoch.value, now
+
+    def _folded(self, fd: int, key: layout.FoldKey) -> dict[layout.FoldedName, int]:
+        """What the CPUs folded under `key`, per name: one name, unless two share a hash."""
         values = (layout.Fold * self._ncpus)()
         if self._lib.bpf_map_lookup_elem(fd, ctypes.byref(key), values) != 0:
-            return 0
-        return sum(v.folded for v in values)
+            return {}
+        out: dict[layout.FoldedName, int] = {}
+        for v in values:
+            if v.folded:
+                name = (key.cgroup_id, key.mntns, key.root_ino, key.err, v.filename)
+                out[name] = out.get(name, 0) + v.folded
+        return out
+
+    def _errno_totals_fd(self) -> int:
+        return int(self._lib.bpf_map__fd(self._map("errno_totals")))
 
     def _iter_counts(self, fd: int) -> Iterator[tuple[tuple[int, int], int]]:
         for key in self._keys(fd, layout.CountKey):
@@ -361,10 +411,6 @@ class Probe:
         if self._obj:
             self._lib.bpf_object__close(self._obj)
             self._obj = None
-
-
-def fold_name(key: layout.FoldKey) -> layout.FoldedName:
-    return (key.cgroup_id, key.mntns, key.root_ino, key.err, bytes(key.filename))
 
 
 def death_label(index: int) -> str:
