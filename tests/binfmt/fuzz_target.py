@@ -80,7 +80,7 @@ def one_input(data: bytes) -> None:
 
 
 def warm_up() -> None:
-    """First calls build pyelftools' structs and import lazily: not the parsers' cost."""
+    """First calls import lazily and fill caches: not the parsers' cost."""
     from tests.binfmt.corpus import max_phnum
 
     for little in (True, False):

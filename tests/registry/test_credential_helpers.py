@@ -10,7 +10,9 @@ would answer it. Debian's golang-docker-credential-helpers needs gnome-keyring o
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,81 +32,86 @@ fi
 """
 
 
+@dataclass
+class Home:
+    """A user's home with helpers on PATH and a Docker config.json, and the real registry."""
+
+    registry: Registry
+    ready: str  # an arm64 image that needs credentials to pull
+    home: Path
+    bin: Path
+    tmp: Path
+
+    def helper(self, name: str, script: str) -> None:
+        path = self.bin / f"docker-credential-{name}"
+        path.write_text(script)
+        path.chmod(0o755)
+
+    def holds(self, log: str = "asked", secret: str = PASSWORD) -> str:
+        """A helper holding the registry's credentials; it logs each server asked for."""
+        host = self.registry.host
+        return HOLDS.format(log=self.tmp / log, host=host, user=USER, secret=secret)
+
+    def config(self, config: dict[str, object]) -> Path:
+        path = self.home / ".docker" / "config.json"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(config))
+        return path
+
+    def asked(self) -> list[str]:
+        return (self.tmp / "asked").read_text().split()
+
+    def scan(self, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
+        return scan_json(capsys, self.ready, "--registry-ca", str(self.registry.ca))
+
+    def error(self, capsys: pytest.CaptureFixture[str]) -> str:
+        return scan_error(capsys, self.ready, "--registry-ca", str(self.registry.ca))
+
+
 @pytest.fixture
-def bin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    d = tmp_path / "bin"
-    d.mkdir()
-    monkeypatch.setenv("PATH", f"{d}:{Path('/usr/bin')}:{Path('/bin')}")
-    return d
-
-
-def helper(bin_dir: Path, name: str, script: str) -> Path:
-    path = bin_dir / f"docker-credential-{name}"
-    path.write_text(script)
-    path.chmod(0o755)
-    return path
-
-
-def docker_config(home: Path, config: dict[str, object]) -> Path:
-    path = home / ".docker" / "config.json"
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(json.dumps(config))
-    return path
-
-
-def holds(registry: Registry, log: Path, secret: str = PASSWORD) -> str:
-    return HOLDS.format(log=log, host=registry.host, user=USER, secret=secret)
+def user(
+    registry: Registry,
+    pushed: dict[str, str],
+    clean_home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Home:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    return Home(registry, pushed["ready"], clean_home, bin_dir, tmp_path)
 
 
 def test_creds_store_answers_for_the_registry(
-    registry: Registry,
-    pushed: dict[str, str],
-    clean_home: Path,
-    bin_dir: Path,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    user: Home, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    log = tmp_path / "asked"
-    helper(bin_dir, "vault", holds(registry, log))
+    user.helper("vault", user.holds())
     # what `docker login` leaves with a credsStore: an empty placeholder under auths
-    docker_config(clean_home, {"credsStore": "vault", "auths": {registry.host: {}}})
-    code, doc = scan_json(capsys, pushed["ready"], "--registry-ca", str(registry.ca))
+    user.config({"credsStore": "vault", "auths": {user.registry.host: {}}})
+    code, doc = user.scan(capsys)
     assert (code, doc["findings"]) == (0, [])
-    assert log.read_text().split() == [registry.host]
+    assert user.asked() == [user.registry.host]
 
 
 def test_cred_helpers_for_the_host_win_over_the_store(
-    registry: Registry,
-    pushed: dict[str, str],
-    clean_home: Path,
-    bin_dir: Path,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    user: Home, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    log = tmp_path / "asked"
-    helper(bin_dir, "ecr", holds(registry, log))
-    per_host = {"other.example": "absent", registry.host: "ecr"}
-    docker_config(clean_home, {"credsStore": "absent", "credHelpers": per_host})
-    code, _ = scan_json(capsys, pushed["ready"], "--registry-ca", str(registry.ca))
-    assert code == 0 and log.read_text().split() == [registry.host]
+    user.helper("ecr", user.holds())
+    per_host = {"other.example": "absent", user.registry.host: "ecr"}
+    user.config({"credsStore": "absent", "credHelpers": per_host})
+    code, _ = user.scan(capsys)
+    assert code == 0 and user.asked() == [user.registry.host]
 
 
 def test_a_helper_without_the_host_means_anonymous_and_a_wrong_secret_is_named(
-    registry: Registry,
-    pushed: dict[str, str],
-    clean_home: Path,
-    bin_dir: Path,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    user: Home, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    ca = ["--registry-ca", str(registry.ca)]
-    script = holds(registry, tmp_path / "asked").replace(registry.host, "elsewhere.example")
-    helper(bin_dir, "empty", script)
-    docker_config(clean_home, {"credsStore": "empty"})
-    assert "authentication failed anonymously" in scan_error(capsys, pushed["ready"], *ca)
-    helper(bin_dir, "stale", holds(registry, tmp_path / "asked", secret="expired"))
-    config = docker_config(clean_home, {"credsStore": "stale"})
-    message = scan_error(capsys, pushed["ready"], *ca)
+    user.helper("empty", user.holds().replace(user.registry.host, "elsewhere.example"))
+    user.config({"credsStore": "empty"})
+    assert "authentication failed anonymously" in user.error(capsys)
+    user.helper("stale", user.holds(secret="expired"))
+    config = user.config({"credsStore": "stale"})
+    message = user.error(capsys)
     assert f"authentication failed as ci (from {config}, docker-credential-stale)" in message
 
 
@@ -123,35 +130,22 @@ FAILING = {
 
 @pytest.mark.parametrize("name", sorted(FAILING))
 def test_a_failing_helper_is_one_line_exit_2(
-    registry: Registry,
-    pushed: dict[str, str],
-    clean_home: Path,
-    bin_dir: Path,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-    name: str,
+    user: Home, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:
     monkeypatch.setattr(credential_helpers, "HELPER_SECONDS", 1.0)
     script, said = FAILING[name]
-    helper(bin_dir, name, script)
-    config = docker_config(clean_home, {"credHelpers": {registry.host: name}})
-    message = scan_error(capsys, pushed["ready"], "--registry-ca", str(registry.ca))
+    user.helper(name, script)
+    config = user.config({"credHelpers": {user.registry.host: name}})
+    message = user.error(capsys)
     assert f"docker-credential-{name} (named in {config})" in message
     assert said in message
 
 
 def test_a_missing_helper_or_a_path_for_a_name_is_one_line(
-    registry: Registry,
-    pushed: dict[str, str],
-    clean_home: Path,
-    bin_dir: Path,
-    capsys: pytest.CaptureFixture[str],
+    user: Home, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    ca = ["--registry-ca", str(registry.ca)]
-    docker_config(clean_home, {"credsStore": "osxkeychain"})
-    message = scan_error(capsys, pushed["ready"], *ca)
+    user.config({"credsStore": "osxkeychain"})
+    message = user.error(capsys)
     assert "docker-credential-osxkeychain" in message and "is not on PATH" in message
-    docker_config(clean_home, {"credsStore": "../../bin/sh"})
-    assert "not a credential helper name: '../../bin/sh'" in scan_error(
-        capsys, pushed["ready"], *ca
-    )
+    user.config({"credsStore": "../../bin/sh"})
+    assert "not a credential helper name: '../../bin/sh'" in user.error(capsys)

@@ -519,6 +519,25 @@ def _search_path(strings: _StringTable, indexes: list[int], limits: ElfLimits) -
     return _distinct(dirs, limits.max_search_dirs, "search path directories")
 
 
+class _Records:
+    """Version records read through one window at the start of their table: real tables
+    are a few hundred contiguous bytes (one read instead of one per record). A record
+    outside the window, as a hostile chain may point, is read on its own."""
+
+    WINDOW = 2048
+
+    def __init__(self, reader: _Reader, offset: int) -> None:
+        self.reader, self.start = reader, offset
+        length = min(self.WINDOW, reader.size - offset) if 0 <= offset < reader.size else 0
+        self.data = reader.read(offset, length, "version records") if length > 0 else b""
+
+    def unpack(self, record: struct.Struct, offset: int, what: str) -> tuple[int, ...]:
+        at = offset - self.start
+        if at >= 0 and at + record.size <= len(self.data):
+            return record.unpack_from(self.data, at)
+        return record.unpack(self.reader.read(offset, record.size, what))
+
+
 class _Budget:
     """Version records left to read, shared by Verneed and Verdef walks (which may loop)."""
 
@@ -541,16 +560,17 @@ def _version_needs(
     budget: _Budget,
 ) -> tuple[VersionNeed, ...]:
     needs = []
+    records = _Records(reader, offset)
     for _ in range(count):
         budget.spend()
-        raw = reader.read(offset, layout.verneed.size, "version need")
-        _, vn_cnt, vn_file, vn_aux, vn_next = layout.verneed.unpack(raw)
+        _, vn_cnt, vn_file, vn_aux, vn_next = records.unpack(layout.verneed, offset, "version need")
         versions = []
         aux = offset + vn_aux
         for _ in range(vn_cnt):
             budget.spend()
-            raw = reader.read(aux, layout.vernaux.size, "version need aux")
-            _, vna_flags, _, vna_name, vna_next = layout.vernaux.unpack(raw)
+            _, vna_flags, _, vna_name, vna_next = records.unpack(
+                layout.vernaux, aux, "version need aux"
+            )
             versions.append(
                 VersionRequirement(strings.get(vna_name), bool(vna_flags & VER_FLG_WEAK))
             )
@@ -573,13 +593,15 @@ def _version_defs(
     budget: _Budget,
 ) -> frozenset[str]:
     names = set()
+    records = _Records(reader, offset)
     for _ in range(count):
         budget.spend()
-        raw = reader.read(offset, layout.verdef.size, "version definition")
-        _, _, _, vd_cnt, _, vd_aux, vd_next = layout.verdef.unpack(raw)
+        _, _, _, vd_cnt, _, vd_aux, vd_next = records.unpack(
+            layout.verdef, offset, "version definition"
+        )
         if vd_cnt > 0:
-            raw = reader.read(offset + vd_aux, layout.verdaux.size, "version def aux")
-            names.add(strings.get(layout.verdaux.unpack(raw)[0]))
+            name = records.unpack(layout.verdaux, offset + vd_aux, "version def aux")[0]
+            names.add(strings.get(name))
         if vd_next == 0:
             break
         offset += vd_next

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import selectors
 import shutil
 import signal
@@ -29,11 +28,6 @@ IDENTITY_TOKEN = "<token>"  # Username of an OAuth2 refresh token (docker login 
 
 class CredentialHelperError(ScanInputError):
     """A credential helper was missing, failed, was too slow or answered nonsense."""
-
-
-def valid_name(name: str) -> bool:
-    """A program-name suffix, never a path: `desktop`, `ecr-login`, `gcloud`, `pass`."""
-    return re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name) is not None
 
 
 def get(name: str, server: str, source: str) -> tuple[str, str] | None:

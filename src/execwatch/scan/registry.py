@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
-from execwatch.scan import credential_helpers
 from execwatch.scan.errors import ScanInputError
 from execwatch.scan.limits import Limits
 from execwatch.scan.model import ImageResult
@@ -193,6 +192,8 @@ def find_credentials(ref: Reference, files: list[str], limits: Limits) -> Creden
     """From the first file that has credentials for the registry: its credential helper for
     the host (`credHelpers`), else its default one (`credsStore`), as Docker runs them, else
     the most specific `auths` entry (host, host/namespace, host/repo)."""
+    from execwatch.scan import credential_helpers  # subprocess: not at start-up
+
     for path in files:
         config = _config(path, limits)
         helper = _helper_name(config, ref, path)
@@ -239,7 +240,8 @@ def _helper_name(config: dict[str, Any], ref: Reference, path: str) -> str | Non
     if isinstance(per_host, dict):
         name = next((v for k, v in per_host.items() if _auth_key(k) == ref.registry), None)
     name = name or config.get("credsStore") or None
-    if name is not None and not (isinstance(name, str) and credential_helpers.valid_name(name)):
+    valid = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"  # a program-name suffix, never a path
+    if name is not None and not (isinstance(name, str) and re.fullmatch(valid, name)):
         raise ScanInputError(f"{path}: not a credential helper name: {str(name)[:64]!r}")
     return name
 
