@@ -299,6 +299,26 @@ def test_a_new_fold_window_sends_a_names_next_miss_again(own_cgroup: Path) -> No
     assert {k: n for k, n in second.items() if k[0] == cgroup_id} == {key: 2}
 
 
+def test_folds_taken_after_a_quiet_spell_are_all_handed_over(own_cgroup: Path) -> None:
+    """take_folds() stops reading the map while errno_totals[ENOENT] stands still; the
+    next miss makes it read again, and nothing folded meanwhile is lost or counted twice."""
+    name = b"/nonexistent/ewprog-quiet"
+    key = (own_cgroup.stat().st_ino, *_root(), errno.ENOENT, name)
+    with Probe(ProbeOptions(fold_window_ms=60_000)) as probe:
+        miss_on_one_cpu(own_cgroup, name, 3)
+        taken = [probe.take_folds() for _ in range(4)]  # the last ones find nothing new
+        miss_on_one_cpu(own_cgroup, name, 2)
+        taken += [probe.take_folds() for _ in range(2)]
+    assert [{k: n for k, n in t.items() if k == key} for t in taken] == [
+        {key: 2},
+        {},
+        {},
+        {},
+        {key: 2},
+        {},
+    ]
+
+
 def _root() -> tuple[int, int]:
     """This process's mount namespace and root inode, as a fold key holds them."""
     return os.stat("/proc/self/ns/mnt").st_ino, os.stat("/").st_ino
