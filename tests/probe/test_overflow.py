@@ -37,22 +37,25 @@ def test_overflowing_ring_buffer_keeps_exact_counts(
 ) -> None:
     binary = tmp_path / "arm64-tool"
     shutil.copy(foreign_root / "arm64/root/usr/bin/busybox", binary)
-    delivered: list[bytes] = []
-    with Probe(ProbeOptions(ringbuf_bytes=4096)) as probe:  # one page: room for ~9 records
-        probe.open_ring_buffer(delivered.append)
-        drops_before = probe.stats()["ringbuf_full"]
+    cgroup_id = own_cgroup.stat().st_ino
+    for _ in range(3):  # another process's failures may take all of the few slots first
+        delivered: list[bytes] = []
+        with Probe(ProbeOptions(ringbuf_bytes=4096)) as probe:  # one page: 3 records
+            probe.open_ring_buffer(delivered.append)
+            drops_before = probe.stats()["ringbuf_full"]
 
-        fail_execs_in(own_cgroup, binary, FAILURES)  # nothing is consumed meanwhile
-        while probe.poll(10):
-            pass
+            fail_execs_in(own_cgroup, binary, FAILURES)  # nothing is consumed meanwhile
+            while probe.poll(10):
+                pass
 
-        cgroup_id = own_cgroup.stat().st_ino
-        counted = probe.counts_by_cgroup()[(cgroup_id, errno.ENOEXEC)]
-        dropped = probe.stats()["ringbuf_full"] - drops_before
-    ours = [raw for raw in delivered if aggregation_key(raw)[0] == cgroup_id]
-    assert counted == FAILURES
+            counted = probe.counts_by_cgroup()[(cgroup_id, errno.ENOEXEC)]
+            dropped = probe.stats()["ringbuf_full"] - drops_before
+        ours = [raw for raw in delivered if aggregation_key(raw)[0] == cgroup_id]
+        assert counted == FAILURES
+        assert dropped >= FAILURES - len(ours)  # other processes' records may be dropped too
+        if ours:
+            break
     assert 0 < len(ours) < FAILURES
-    assert dropped >= FAILURES - len(ours)  # other processes' records may be dropped too
 
 
 def test_an_error_while_handling_a_record_surfaces_from_poll(foreign_root: Path) -> None:
