@@ -43,6 +43,7 @@ from tests.kube.cluster import Proc, binary_dir, client_cert, free_port, make_pk
 NODE_NAME = "ew-node"
 BRIDGE = "ew-node0"
 POD_SUBNET = "10.213.0.0/24"
+BRIDGE_MAC = "02:65:77:00:00:01"  # locally administered
 NODE_IP = "10.213.0.1"  # the bridge's address: the node's InternalIP and the API server's
 SERVICE_RANGE = "10.213.128.0/24"
 KUBERNETES_SERVICE_IP = "10.213.128.1"
@@ -176,6 +177,9 @@ class Node:
     def _network_up(self) -> None:
         _run("ip", "link", "del", BRIDGE, check=False)  # left over by a killed run
         _run("ip", "link", "add", BRIDGE, "type", "bridge")
+        # A bridge whose MAC was never set takes its lowest port's, so it changes as pods come
+        # and go, and a pod whose ARP entry still has the old one cannot answer the host.
+        _run("ip", "link", "set", BRIDGE, "address", BRIDGE_MAC)
         _run("ip", "addr", "add", f"{NODE_IP}/24", "dev", BRIDGE)
         _run("ip", "link", "set", BRIDGE, "up")
         self._ip_forward = Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()

@@ -57,9 +57,19 @@ def restarts(pod: client.V1Pod) -> int:
     return sum(s.restart_count for s in pod.status.container_statuses or [])
 
 
-def http_get(pod: client.V1Pod) -> str:
-    """What the pod's web server answers on its pod IP (the host reaches the bridge)."""
+def http_get(pod: client.V1Pod, attempts: int = 3) -> str:
+    """What the pod's web server answers on its pod IP (the host reaches the bridge); a
+    connection the test network lost is tried again, up to `attempts` times 5 s."""
     url = f"http://{pod.status.pod_ip}:{WEB_PORT}/index.html"
+    for _ in range(attempts - 1):
+        try:
+            return _get(url)
+        except OSError:
+            continue
+    return _get(url)
+
+
+def _get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=5) as r:
         body: bytes = r.read()
     return body.decode().strip()
