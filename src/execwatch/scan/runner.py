@@ -172,16 +172,16 @@ def _scan_images(
         raise ScanInputError("no image manifests found")
     if not options.platforms:
         return [_scan_image(image, options, progress) for image in images]
+    stated = [(image, image.platform or image.config_platform()) for image in images]
     chosen: dict[tuple[int, str], tuple[ImageSource, Platform]] = {}
     lacking = []
     for want in options.platforms:
-        matching = [i for i in images if (i.platform or i.config_platform() or want).matches(want)]
+        matching = [(image, p or want) for image, p in stated if (p or want).matches(want)]
         lacking += [] if matching else [str(want)]
-        for image in matching:
-            stated = image.platform or image.config_platform() or want
-            chosen.setdefault((id(image), str(stated)), (image, want))
+        for image, platform in matching:
+            chosen.setdefault((id(image), str(platform)), (image, want))
     if lacking:
-        have = ", ".join(sorted({str(i.platform or i.config_platform()) for i in images}))
+        have = ", ".join(sorted({str(p) for _, p in stated}))
         raise ScanInputError(f"no {' and no '.join(lacking)} image (the input has: {have})")
     return [_scan_image(image, options, progress, want) for image, want in chosen.values()]
 
