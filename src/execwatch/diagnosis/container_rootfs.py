@@ -46,13 +46,11 @@ class ContainerRootfs:
     def _views(self, parent: int) -> Iterator[Path]:
         """/proc/PID of each reachable task with a mount namespace not seen before."""
         seen: set[int] = set()
-        for pid in ("1", str(parent) if parent > 0 else None, "self"):
-            if pid is None:
-                continue
+        for pid in ("1", *([str(parent)] if parent > 0 else []), "self"):
             view = self._proc / pid
             try:
                 namespace = os.stat(view / "ns" / "mnt").st_ino
-                os.stat(view / "root" / "")  # ptrace access: the root is reachable
+                os.stat(view / "root")  # followed, so only with ptrace access to the task
             except OSError:
                 continue
             if namespace not in seen:
