@@ -7,6 +7,10 @@ the tracer cannot see.
 
 from __future__ import annotations
 
+import json
+import os
+import random
+import signal
 import tracemalloc
 from pathlib import Path
 
@@ -82,3 +86,56 @@ def test_a_hostile_crio_config_is_ignored(tmp_path: Path) -> None:
     (config / "config.json").write_text("[" * 500_000)
 
     assert list(ContainerRootfs(tmp_path).candidates(CID)) == []
+
+
+def test_random_mount_tables_and_configs_never_raise_nor_grow(tmp_path: Path) -> None:
+    """Fuzzing with a fixed seed: fragments of real lines, the id, spaces, escapes, NULs and
+    random bytes, as a parent's mount table and as a CRI-O config."""
+    rng = random.Random(1)
+    pieces = [line(f"/k8s.io/{CID}/rootfs").encode(), CID.encode(), b" ", b"\n", b"\\040", b"\0"]
+    view = task(tmp_path, "99")
+    config = view / "root/run/containers/storage/overlay-containers" / CID / "userdata"
+    config.mkdir(parents=True)
+    rootfs = ContainerRootfs(tmp_path)
+    peak = 0
+    for _ in range(300):
+        blob = b"".join(
+            rng.choice(pieces) if rng.random() < 0.7 else rng.randbytes(rng.randrange(1, 300))
+            for _ in range(rng.randrange(1, 400))
+        )
+        (view / "mountinfo").write_bytes(blob)
+        (config / "config.json").write_bytes(blob[: rng.randrange(len(blob) + 1)])
+        tracemalloc.start()
+        try:
+            found = list(rootfs.candidates(CID, parent=99))
+            peak = max(peak, tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+        assert len(found) <= MAX_CANDIDATES + 1  # the mounts, and at most one CRI-O root
+        assert all(p.is_relative_to(view / "root") for p in found)
+    assert peak < 1 << 20, f"peak {peak} bytes"
+
+
+def test_a_parents_crio_config_is_read_inside_its_root_and_never_blocks(tmp_path: Path) -> None:
+    """A tenant parent's view: its config.json as a symlink to a file of the node names no
+    rootfs, and as a FIFO without a writer it is not waited on (SIGALRM fails a hang)."""
+    view = task(tmp_path, "99")
+    config = view / "root/run/containers/storage/overlay-containers" / CID / "userdata"
+    config.mkdir(parents=True)
+    node_file = tmp_path / "node-config.json"
+    node_file.write_text(json.dumps({"root": {"path": "/var/lib/node-secret"}}))
+    (config / "config.json").symlink_to(node_file)
+    rootfs = ContainerRootfs(tmp_path)
+    assert list(rootfs.candidates(CID, parent=99)) == []
+
+    (config / "config.json").unlink()
+    os.mkfifo(config / "config.json")
+    signal.alarm(5)
+    try:
+        assert list(rootfs.candidates(CID, parent=99)) == []
+    finally:
+        signal.alarm(0)
+
+    (config / "config.json").unlink()
+    (config / "config.json").write_text(json.dumps({"root": {"path": "/ctr/rootfs"}}))
+    assert list(rootfs.candidates(CID, parent=99)) == [view / "root" / "ctr/rootfs"]

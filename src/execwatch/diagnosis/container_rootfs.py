@@ -23,9 +23,12 @@ from itertools import islice
 from pathlib import Path
 from typing import BinaryIO
 
+from execwatch.diagnosis.confined import Resolver, Root
+
 CONTAINER_ID = re.compile(r"^[0-9a-f]{12,128}$")
 CRIO_CONFIG = "/run/containers/storage/overlay-containers/{id}/userdata/config.json"
 MAX_MOUNTINFO_BYTES = 8 << 20  # ~50,000 mounts; a namespace a tenant fills is read no further
+MAX_CONFIG_BYTES = 1 << 20  # a CRI-O config.json is a few KiB
 MAX_CANDIDATES = 16  # mounts naming one container id: its rootfs and a few volumes
 
 
@@ -35,6 +38,7 @@ class ContainerRootfs:
 
     def __init__(self, proc: Path = Path("/proc")) -> None:
         self._proc = proc
+        self._resolver = Resolver()
 
     def candidates(self, container_id: str | None, parent: int = 0) -> Iterator[Path]:
         if not container_id or not CONTAINER_ID.fullmatch(container_id):
@@ -73,10 +77,20 @@ class ContainerRootfs:
             yield _inside(view, mountpoint.decode(errors="surrogateescape").replace("\\040", " "))
 
     def _from_crio(self, view: Path, container_id: str) -> Iterator[Path]:
-        config = _inside(view, CRIO_CONFIG.format(id=container_id))
+        """The config is read inside the view's root: a parent's may be a tenant's, whose
+        symlinks must not lead to the node's files, nor a FIFO block the read."""
         try:
-            with open(config, "rb") as f:
-                root = json.loads(f.read(1 << 20))["root"]["path"]
+            fd = os.open(view / "root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            root_dir = Root(fd, str(view))
+            try:
+                config = self._resolver.open_regular(root_dir, CRIO_CONFIG.format(id=container_id))
+            finally:
+                root_dir.close()
+            with os.fdopen(config, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size > MAX_CONFIG_BYTES:
+                    return
+                root = json.loads(f.read(size))["root"]["path"]
         except (OSError, ValueError, KeyError, TypeError, RecursionError):
             return
         if isinstance(root, str) and root.startswith("/"):
