@@ -198,80 +198,103 @@ def test_one_name_in_two_roots_is_never_folded_together(
     }
 
 
-MIX = 0x9E3779B97F4A7C15
-MASK = (1 << 64) - 1
+MASK32, MASK64 = (1 << 32) - 1, (1 << 64) - 1
+SPREAD = 0x9E3779B97F4A7C15
 
 
-def fold_hash(name: bytes) -> int:
-    """name_hash() of execwatch.bpf.c: the name's little-endian words up to its NUL."""
-    data = name + b"\0"
-    data += b"\0" * (-len(data) % 8)
-    h = 0
-    for (word,) in struct.iter_unpack("<Q", data):
-        h = ((h ^ word) * MIX) & MASK
-    return h ^ (h >> 32)
+def nh(word: int, key: int) -> int:
+    lo, hi = ((word + key) & MASK32), (((word >> 32) + (key >> 32)) & MASK32)
+    return lo * hi
 
 
-def colliding(first: bytes) -> bytes:
-    """Another absolute name of first's length with the same fold hash: the kernel's hash is
-    cheap, not strong, so a tenant can craft one. Its first word differs; its second cancels
-    that out after one round."""
-    a0, a1 = struct.unpack_from("<QQ", first)
-    rounds = 0
-    while True:
-        rounds += 1
-        b0 = int.from_bytes(b"/" + os.urandom(7), "little")
-        b1 = ((a0 * MIX) & MASK) ^ a1 ^ ((b0 * MIX) & MASK)
-        other = struct.pack("<QQ", b0, b1) + first[16:]
-        if b"\0" not in other and other != first:
-            assert fold_hash(other) == fold_hash(first)
+def fold_tag(key: list[int], cgroup_id: int, name: bytes) -> int:
+    """fold_tag() of execwatch.bpf.c, for a miss of this process's root."""
+    mntns, root_ino = _root()
+    data = name + b"\0" + b"\0" * (-(len(name) + 1) % 8)
+    words = [w for (w,) in struct.iter_unpack("<Q", data)]
+    h = sum(nh(w, key[i]) for i, w in enumerate(words))
+    n = layout.FOLD_WORDS
+    h += nh(cgroup_id, key[n]) + nh(root_ino, key[n + 1]) + nh(mntns | len(name) << 32, key[n + 2])
+    return (h & MASK64) | 1
+
+
+def slot_of(tag: int) -> int:
+    """fold_index() of execwatch.bpf.c on CPU 0."""
+    return ((tag * SPREAD) & MASK64) >> (64 - 6)
+
+
+def sharing_a_slot(key: list[int], cgroup_id: int, first: bytes) -> bytes:
+    """Another absolute name whose tag differs from first's but picks the same slot."""
+    want = slot_of(fold_tag(key, cgroup_id, first))
+    for i in range(100_000):
+        other = first + b"-%d" % i
+        if slot_of(fold_tag(key, cgroup_id, other)) == want:
             return other
-        assert rounds < 1000
+    raise AssertionError("no name shares the slot")
 
 
-def test_two_names_with_one_hash_are_never_folded_together(
-    traced: Traced, own_cgroup: Path
-) -> None:
-    """The fold key holds a hash of the name; the name itself is compared before a repeat is
-    folded. A crafted name with the same hash as a missing loader's is never folded into
-    it: both are counted under their own names, the second sent every time."""
+def sent_per_name(sent: list[bytes], cgroup_id: int) -> Counter[bytes]:
+    return Counter(key[4] for key in map(aggregation_key, sent) if key[0] == cgroup_id)
+
+
+def test_two_names_in_one_slot_are_never_folded_together(own_cgroup: Path) -> None:
+    """A slot holds one name's tag. A second name whose tag picks the same slot is never
+    folded there: it is sent every time while the first name folds, and both are counted
+    under their own names. (Were fold_tag() here not the kernel's, the second name would
+    pick another slot, and fold.)"""
     first = b"/nonexistent/ewprog-first-name"
-    second = colliding(first)
-    pid = os.fork()
-    if pid == 0:  # never returns
-        try:
-            (own_cgroup / "cgroup.procs").write_text(str(os.getpid()))
-            for _ in range(SEARCHES):
-                for name in (first, second):
-                    with contextlib.suppress(OSError):
-                        os.execv(name, [name])
-        finally:
-            os._exit(0)
-    os.waitpid(pid, 0)
-    traced.stop()
-
     cgroup_id = own_cgroup.stat().st_ino
-    ours = [aggregation_key(raw) for raw in traced.raw if aggregation_key(raw)[0] == cgroup_id]
-    assert sum(key[4] == second for key in ours) == SEARCHES  # never folded: sent each time
-    assert sum(key[4] == first for key in ours) < SEARCHES  # folded after the first
-    by_name: Counter[bytes] = Counter()
-    for r in traced.records:
-        if r.event.cgroup_id == cgroup_id:
-            assert r.diagnosis.reason == Reason.NOT_FOUND
-            by_name[os.fsencode(r.event.path)] += r.count
-    assert by_name == {first: SEARCHES, second: SEARCHES}
+    sent: list[bytes] = []
+    with Probe(ProbeOptions(fold_window_ms=60_000)) as probe:
+        second = sharing_a_slot(probe.fold_key, cgroup_id, first)
+        probe.open_ring_buffer(sent.append)
+        miss_on_one_cpu(own_cgroup, [first, second], SEARCHES)
+        while probe.poll(10):
+            pass
+        taken = probe.take_folds()
+    assert sent_per_name(sent, cgroup_id) == {first: 1, second: SEARCHES}
+    key = (cgroup_id, *_root(), errno.ENOENT)
+    assert {k: n for k, n in taken.items() if k[0] == cgroup_id} == {(*key, first): SEARCHES - 1}
 
 
-def miss_on_one_cpu(cgroup: Path, name: bytes, times: int) -> None:
-    """A child in `cgroup`, on CPU 0 only (folding is per CPU), misses `name` `times` times."""
+def test_a_slot_changes_names_only_once_its_folds_were_read(own_cgroup: Path) -> None:
+    """The slot's first name stops folding when its epoch ends; the slot goes to another
+    name only after a take_folds() a window later has read it again, so no fold of the
+    first name is ever credited to the second."""
+    first = b"/nonexistent/ewprog-slot-owner"
+    cgroup_id = own_cgroup.stat().st_ino
+    sent: list[bytes] = []
+    taken: list[dict[layout.FoldedName, int]] = []
+    with Probe(ProbeOptions(fold_window_ms=300)) as probe:
+        second = sharing_a_slot(probe.fold_key, cgroup_id, first)
+        probe.open_ring_buffer(sent.append)
+        for names in ([first], [second], [second]):
+            miss_on_one_cpu(own_cgroup, names, 3)
+            time.sleep(0.35)
+            taken.append(probe.take_folds())  # a window has passed: each starts an epoch
+        while probe.poll(10):
+            pass
+    key = (cgroup_id, *_root(), errno.ENOENT)
+    assert [{k: n for k, n in t.items() if k[0] == cgroup_id} for t in taken] == [
+        {(*key, first): 2},
+        {},  # the slot's first name has not been read since its epoch ended
+        {(*key, second): 2},
+    ]
+    assert sent_per_name(sent, cgroup_id) == {first: 1, second: 3 + 1}
+
+
+def miss_on_one_cpu(cgroup: Path, names: list[bytes], times: int) -> None:
+    """A child in `cgroup`, on CPU 0 only (folding is per CPU), misses `names` in turn
+    `times` times."""
     pid = os.fork()
     if pid == 0:  # never returns
         try:
             (cgroup / "cgroup.procs").write_text(str(os.getpid()))
             os.sched_setaffinity(0, {0})
             for _ in range(times):
-                with contextlib.suppress(OSError):
-                    os.execv(name, [name])
+                for name in names:
+                    with contextlib.suppress(OSError):
+                        os.execv(name, [name])
         finally:
             os._exit(0)
     os.waitpid(pid, 0)
@@ -285,10 +308,10 @@ def test_a_new_fold_window_sends_a_names_next_miss_again(own_cgroup: Path) -> No
     sent: list[bytes] = []
     with Probe(ProbeOptions(fold_window_ms=300)) as probe:
         probe.open_ring_buffer(sent.append)
-        miss_on_one_cpu(own_cgroup, name, 3)  # no take_folds() yet: one epoch, however slow
+        miss_on_one_cpu(own_cgroup, [name], 3)  # no take_folds() yet: one epoch, however slow
         time.sleep(0.35)
         first = probe.take_folds()  # a window has passed: this starts the next epoch
-        miss_on_one_cpu(own_cgroup, name, 3)
+        miss_on_one_cpu(own_cgroup, [name], 3)
         while probe.poll(10):
             pass
         time.sleep(0.35)
@@ -300,14 +323,14 @@ def test_a_new_fold_window_sends_a_names_next_miss_again(own_cgroup: Path) -> No
 
 
 def test_folds_taken_after_a_quiet_spell_are_all_handed_over(own_cgroup: Path) -> None:
-    """take_folds() stops reading the map while errno_totals[ENOENT] stands still; the
-    next miss makes it read again, and nothing folded meanwhile is lost or counted twice."""
+    """take_folds() finds nothing new while the slots stand still; the next miss makes it
+    credit again, and nothing folded meanwhile is lost or counted twice."""
     name = b"/nonexistent/ewprog-quiet"
     key = (own_cgroup.stat().st_ino, *_root(), errno.ENOENT, name)
     with Probe(ProbeOptions(fold_window_ms=60_000)) as probe:
-        miss_on_one_cpu(own_cgroup, name, 3)
+        miss_on_one_cpu(own_cgroup, [name], 3)
         taken = [probe.take_folds() for _ in range(4)]  # the last ones find nothing new
-        miss_on_one_cpu(own_cgroup, name, 2)
+        miss_on_one_cpu(own_cgroup, [name], 2)
         taken += [probe.take_folds() for _ in range(2)]
     assert [{k: n for k, n in t.items() if k == key} for t in taken] == [
         {key: 2},
@@ -327,8 +350,8 @@ def _root() -> tuple[int, int]:
 def test_a_removed_cgroups_last_folds_are_handed_over_once(
     own_cgroup: Path, tmp_path: Path
 ) -> None:
-    """The pruner deletes a removed cgroup's fold entries; what they held since the last
-    take_folds() comes with the next one, and never again."""
+    """The pruner drops a removed cgroup's counts and fold totals; what its slots counted
+    since the last take_folds() comes with the next one, and never again."""
     dirs = [tmp_path / f"d{i}" for i in range(5)]
     for d in dirs:
         d.mkdir()
@@ -344,7 +367,7 @@ def test_a_removed_cgroups_last_folds_are_handed_over_once(
             pass
         assert probe.counts_by_cgroup()[(cgroup_id, errno.ENOENT)] == 10 * SEARCHES
 
-        assert probe.forget_counts(lambda cgroup: cgroup != cgroup_id) >= len(dirs)
+        assert probe.forget_counts(lambda cgroup: cgroup != cgroup_id) == 2  # count, folds
         taken.update(probe.take_folds())
         assert (cgroup_id, errno.ENOENT) not in probe.counts_by_cgroup()
         assert not [name for name in probe.take_folds() if name[0] == cgroup_id]

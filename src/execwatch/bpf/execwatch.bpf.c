@@ -2,7 +2,7 @@
 /* Failed-exec probe. Only the syscall-exit tracepoints are hooked, so a
  * successful exec costs one load and one compare; everything else happens
  * on the failure path. A PATH search's repeated misses are folded: counted in
- * the kernel, one record sent per name, CPU and window (see ew_fold_key).
+ * the kernel, one record sent per name, CPU and window (see ew_fold_slot).
  * No vmlinux.h: the few kernel types read here are declared below and
  * relocated by CO-RE against the running kernel's BTF. */
 #define __VMLINUX_H__ /* kernel register names in bpf_tracing.h */
@@ -350,147 +350,123 @@ static __always_inline void read_cgroup(struct task_struct *task, struct ew_even
 	read_cgroup_into(task, &e->cgroup_parent_id, e->cgroup_name);
 }
 
+/* Both resized at load time to EW_FOLD_SLOTS per possible CPU. */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 4096); /* resized at load time; when full, new names are not folded */
-	__type(key, struct ew_fold_key);
-	__type(value, struct ew_fold);
-} folds SEC(".maps");
-
-/* Per CPU: the value a new fold entry starts with. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, EW_FOLD_SLOTS);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__type(key, __u32);
-	__type(value, struct ew_fold);
-} fold_scratch SEC(".maps");
+	__type(value, struct ew_fold_slot);
+} fold_slots SEC(".maps");
 
-#define FOLD_WORDS (EW_FOLD_NAME_LEN / 8)
-#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "fold_key() masks a name's last word little-endian"
-#endif
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, EW_FOLD_SLOTS);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct ew_fold_name);
+} fold_names SEC(".maps");
 
 /* Advanced by user space every fold window (Probe.take_folds updates .data): a repeat is
  * folded only in the epoch of the record its CPU sent, a load here, not a clock read. */
-volatile __u64 fold_epoch = 1;
+volatile struct ew_fold_clock fold_clock = { .epoch = 1, .harvested = 1 };
 
-/* A miss's fold key and name, on the stack (hot in cache): the name's words up to its NUL,
- * zero after it, so that words[0..nwords) are the whole name and the loops below stop
- * there. Loops are unrolled: 5.10's verifier refuses a variable stack offset. */
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "fold_tag() masks a name's last word little-endian"
+#endif
+
+/* A miss's name, on the stack: its words up to its NUL, zero after it within its word.
+ * Loops are unrolled: 5.10's verifier refuses a variable stack offset. */
 struct fold_name {
-	struct ew_fold_key key;
-	__u64 words[FOLD_WORDS];
+	__u64 words[EW_FOLD_WORDS];
 	__u32 nwords;
+	__u32 len;
 };
 
-/* Cheap, not strong: a repeat is folded only when its whole name matches too. */
-static __always_inline __u64 name_hash(const struct fold_name *f)
+/* One NH term: (lo + key's low half) * (hi + key's high half), each sum mod 2^32. */
+static __always_inline __u64 nh(__u64 word, __u64 key)
 {
-	__u64 h = 0;
-
-#pragma unroll
-	for (__u32 i = 0; i < FOLD_WORDS; i++) {
-		if (i >= f->nwords)
-			break;
-		h = (h ^ f->words[i]) * 0x9e3779b97f4a7c15ULL;
-	}
-	return h ^ (h >> 32);
+	return (__u64)(__u32)((__u32)word + (__u32)key) *
+	       (__u32)((__u32)(word >> 32) + (__u32)(key >> 32));
 }
 
-/* Words past the stored name's NUL are not compared: that word differs already. */
-static __always_inline bool same_name(const char *stored, const struct fold_name *f)
-{
-	const __u64 *w = (const __u64 *)stored;
-
-#pragma unroll
-	for (__u32 i = 0; i < FOLD_WORDS; i++) {
-		if (i >= f->nwords)
-			break;
-		if (w[i] != f->words[i])
-			return false;
-	}
-	return true;
-}
-
-static __always_inline void copy_name(char *stored, const struct fold_name *f)
-{
-	__u64 *w = (__u64 *)stored;
-
-#pragma unroll
-	for (__u32 i = 0; i < FOLD_WORDS; i++) {
-		if (i >= f->nwords)
-			break;
-		w[i] = f->words[i];
-	}
-}
-
-/* The fold key of an execve ENOENT with a whole absolute name (a PATH search's miss, or a
- * missing loader: either way its first record in each epoch is sent); false: never
- * folded. Bytes after the NUL are zeroed in its word, or they would split one name. */
-static __always_inline bool fold_key(struct task_struct *task, __u64 cgroup_id, const char *name,
-				     struct fold_name *f)
+/* The tag of an execve ENOENT with a whole absolute name (a PATH search's miss, or a
+ * missing loader: either way its first record in each epoch is sent); 0: never folded.
+ * Bytes after the NUL are zeroed in its word, or they would split one name. */
+static __always_inline __u64 fold_tag(__u64 cgroup_id, __u64 mntns, __u64 root_ino,
+				      const char *name, struct fold_name *f)
 {
 	long n = bpf_probe_read_user_str(f->words, EW_FOLD_NAME_LEN, name);
-	__u32 last, nul;
+	__u64 h = 0;
+	__u32 last;
 
 	if (n <= 1 || n >= EW_FOLD_NAME_LEN || (f->words[0] & 0xff) != '/')
-		return false;
-	nul = (__u32)n - 1; /* where the NUL is */
-	last = nul / 8;
-#pragma unroll
-	for (__u32 i = 0; i < FOLD_WORDS; i++) {
-		if (i == last) {
-			f->words[i] &= (1ULL << (8 * (nul % 8))) - 1;
-			break;
-		}
-	}
+		return 0;
+	f->len = (__u32)n - 1; /* where the NUL is */
+	last = f->len / 8;
 	f->nwords = last + 1;
-	f->key.cgroup_id = cgroup_id;
-	caller_root(task, &f->key.mntns, &f->key.root_ino);
-	f->key.name_hash = name_hash(f);
-	f->key.err = ENOENT;
-	f->key.pad = 0;
-	return true;
+#pragma unroll
+	for (__u32 i = 0; i < EW_FOLD_WORDS; i++) {
+		if (i == last)
+			f->words[i] &= (1ULL << (8 * (f->len % 8))) - 1;
+		h += nh(f->words[i], cfg.fold_key[i]);
+		if (i == last)
+			break;
+	}
+	h += nh(cgroup_id, cfg.fold_key[EW_FOLD_WORDS]);
+	h += nh(root_ino, cfg.fold_key[EW_FOLD_WORDS + 1]);
+	h += nh(mntns | (__u64)f->len << 32, cfg.fold_key[EW_FOLD_WORDS + 2]);
+	return h | 1;
 }
 
-/* A record for the key is on its way: this CPU folds its name until the epoch ends.
- * Per-CPU values: no other CPU writes them, so the counts need no atomics and lose
- * nothing. A CPU keeps the first name it sent under a key; another name with the same
- * hash is never folded there. */
-static __always_inline void fold_arm(const struct fold_name *f, struct ew_fold *fold, __u64 epoch)
+/* This CPU's slot for the tag. NH moves a small change of a name (d0/ -> d1/) in its low
+ * bits only: a multiply carries it to the top bits, which pick the slot. */
+static __always_inline __u32 fold_index(__u64 tag)
 {
-	__u32 zero = 0;
-	struct ew_fold *fresh;
+	__u64 spread = tag * 0x9e3779b97f4a7c15ULL;
 
-	if (fold) {
-		if (!fold->filename[0])
-			copy_name(fold->filename, f);
-		else if (!same_name(fold->filename, f))
+	return bpf_get_smp_processor_id() * EW_FOLD_SLOTS + (__u32)(spread >> (64 - EW_FOLD_SLOT_BITS));
+}
+
+/* A record for the tag is on its way: this CPU folds it until the epoch ends, if the slot
+ * is its own or free. A slot whose last name may still hold unread folds is left alone:
+ * this name is then sent every time until user space has read them (see ew_fold_clock). */
+static __always_inline void fold_arm(struct ew_fold_slot *slot, __u32 idx, __u64 tag, __u32 epoch,
+				     const struct fold_name *f, const struct ew_event *e)
+{
+	struct ew_fold_name *named;
+
+	if (slot->tag != tag) {
+		if (slot->epoch >= (__u32)fold_clock.harvested)
 			return;
-		fold->epoch = epoch;
-		return;
+		named = bpf_map_lookup_elem(&fold_names, &idx);
+		if (!named)
+			return;
+		named->tag = tag;
+		named->cgroup_id = e->cgroup_id;
+		named->mntns = e->mntns;
+		named->root_ino = e->root_ino;
+		named->err = ENOENT;
+		named->pad = 0;
+#pragma unroll
+		for (__u32 i = 0; i < EW_FOLD_WORDS; i++)
+			((__u64 *)named->filename)[i] = i < f->nwords ? f->words[i] : 0;
+		slot->tag = tag;
 	}
-	fresh = bpf_map_lookup_elem(&fold_scratch, &zero);
-	if (!fresh)
-		return;
-	__builtin_memset(fresh, 0, sizeof(*fresh));
-	copy_name(fresh->filename, f);
-	fresh->epoch = epoch;
-	bpf_map_update_elem(&folds, &f->key, fresh, BPF_NOEXIST);
+	slot->epoch = epoch;
 }
 
 /* Not inlined: the success path then runs in a program with no stack frame to set up. */
 static __noinline int on_failure(long ret, enum ew_syscall sc)
 {
+	struct ew_fold_slot *slot = 0;
 	struct fold_name fname;
-	bool foldable = false;
 	struct task_struct *task;
-	struct ew_fold *fold = 0;
 	struct pt_regs *regs;
 	struct ew_event *e;
-	__u64 cgroup_id, now, epoch;
+	__u64 cgroup_id, now, mntns, root_ino, tag = 0;
+	__u32 idx, slot_idx = 0, epoch = 0;
 	const char *name;
-	__u32 idx;
 
 	idx = (__u32)-ret;
 	bump(&errno_totals, &idx);
@@ -503,13 +479,16 @@ static __noinline int on_failure(long ret, enum ew_syscall sc)
 
 	regs = syscall_regs(task);
 	name = (const char *)(sc == EW_EXECVEAT ? syscall_arg(regs, PARM2) : syscall_arg(regs, PARM1));
-	epoch = fold_epoch;
+	caller_root(task, &mntns, &root_ino);
 	if (sc == EW_EXECVE && ret == -ENOENT && cfg.fold_window_ns)
-		foldable = fold_key(task, cgroup_id, name, &fname);
-	if (foldable)
-		fold = bpf_map_lookup_elem(&folds, &fname.key);
-	if (fold && fold->epoch == epoch && same_name(fold->filename, &fname)) {
-		fold->folded += 1; /* counted there, per cgroup too: nothing else on this path */
+		tag = fold_tag(cgroup_id, mntns, root_ino, name, &fname);
+	if (tag) {
+		epoch = (__u32)fold_clock.epoch;
+		slot_idx = fold_index(tag);
+		slot = bpf_map_lookup_elem(&fold_slots, &slot_idx);
+	}
+	if (slot && slot->tag == tag && slot->epoch == epoch) {
+		slot->folded += 1; /* counted there, per cgroup too: nothing else on this path */
 		return 0;
 	}
 	now = bpf_ktime_get_boot_ns();
@@ -521,13 +500,14 @@ static __noinline int on_failure(long ret, enum ew_syscall sc)
 		bump(&stats, &idx);
 		return 0;
 	}
-	if (foldable) /* only once a record is sure to go: it carries the key */
-		fold_arm(&fname, fold, epoch);
 	__u64 id = bpf_get_current_pid_tgid();
 
 	e->ktime_ns = now;
 	e->cgroup_id = cgroup_id;
-	caller_root(task, &e->mntns, &e->root_ino);
+	e->mntns = mntns;
+	e->root_ino = root_ino;
+	if (slot) /* only once a record is sure to go: it carries the name */
+		fold_arm(slot, slot_idx, tag, epoch, &fname, e);
 	read_cgroup(task, e);
 	e->err = (int)-ret;
 	e->pid = (__u32)id;

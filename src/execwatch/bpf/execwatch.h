@@ -19,6 +19,11 @@ enum ew_syscall {
 	EW_EXECVEAT = 1,
 };
 
+/* A PATH search's misses are folded: see "Folding" below. */
+#define EW_FOLD_NAME_LEN 128 /* names this long or longer are never folded */
+#define EW_FOLD_WORDS (EW_FOLD_NAME_LEN / 8)
+#define EW_FOLD_KEY_WORDS (EW_FOLD_WORDS + 3) /* the name's words, then cgroup, root, (mntns, length) */
+
 /* Load-time knobs: the program's only .rodata variable. */
 struct ew_config {
 	__u64 wakeup_interval_ns; /* wake user space at most this often per CPU */
@@ -26,7 +31,8 @@ struct ew_config {
 	__u32 pad;
 	__u64 death_window_ns;    /* an exit this soon after the task started is an early death */
 	__u64 fold_window_ns;     /* 0: folding off; else how often user space starts a new */
-				  /* fold epoch (see ew_fold_key) */
+				  /* fold epoch (see ew_fold_slot) */
+	__u64 fold_key[EW_FOLD_KEY_WORDS]; /* random at every load: the tag's NH key */
 };
 
 struct ew_event {
@@ -75,28 +81,38 @@ enum ew_stat {
 };
 
 /* ---- Folding: a PATH search's misses, counted in the kernel instead of sent ----
- * One entry per (cgroup, mount namespace, root, errno, hash of the absolute name) that
- * was sent; a repeat in the fold epoch in which this CPU sent a record for it is only
- * counted. User space starts a new epoch every fold_window_ns (a global the program reads:
- * no clock on this path). The key is small, so the lookup on every miss is cheap; the name itself sits in
- * each CPU's value and is compared whole before a repeat is folded, so two names with one
- * hash are never folded together (the second is sent every time). Longer names are never
- * folded. */
-#define EW_FOLD_NAME_LEN 128
+ * Each CPU has EW_FOLD_SLOTS slots, direct-mapped by a 64-bit tag of (cgroup, mount
+ * namespace, root, name). A miss whose tag sits in its slot with the current fold epoch
+ * is only counted there; any other is sent, and then takes the slot if the slot's last
+ * name has been read by user space since it stopped folding (epoch < harvested).
+ * The tag is NH (2^-32 almost universal) keyed by ew_config.fold_key, random at each load:
+ * without the key a tenant cannot make a name share another's tag. The fold path reads
+ * one 16-byte slot, so each miss touches one cache line of fold state; the name behind
+ * a slot, for user space, is written in fold_names on the send path only. Both maps are
+ * mmapped by user space, which starts a new epoch every fold_window_ns (a global the
+ * program reads: no clock on this path). Longer names are never folded. */
+#define EW_FOLD_SLOT_BITS 6
+#define EW_FOLD_SLOTS (1 << EW_FOLD_SLOT_BITS) /* per CPU */
 
-struct ew_fold_key {
-	__u64 cgroup_id;
-	__u64 mntns;
-	__u64 root_ino;
-	__u64 name_hash;      /* of filename[EW_FOLD_NAME_LEN], zero-padded (ew_fold) */
-	__s32 err;
-	__u32 pad;
+struct ew_fold_slot {         /* fold_slots[cpu * EW_FOLD_SLOTS + fold_index(tag)] */
+	__u64 tag;            /* 0: never used */
+	__u32 epoch;          /* the fold epoch in which this CPU last sent a record for it */
+	__u32 folded;         /* repeats counted here, of every tag the slot held: never reset */
 };
 
-struct ew_fold {              /* per CPU */
-	__u64 epoch;          /* the fold epoch in which this CPU last sent a record for it */
-	__u64 folded;         /* repeats counted here, not sent nor in counts: never reset */
-	char filename[EW_FOLD_NAME_LEN]; /* the name this CPU folds; "" until it sent one */
+struct ew_fold_name {         /* fold_names, same index: what the slot's tag stands for */
+	__u64 tag;            /* written first: a reader that sees another tag in the slot */
+	__u64 cgroup_id;      /* skips the slot until the next read */
+	__u64 mntns;
+	__u64 root_ino;
+	__s32 err;
+	__u32 pad;
+	char filename[EW_FOLD_NAME_LEN]; /* zero after its NUL */
+};
+
+struct ew_fold_clock {        /* the program's .data: written by user space only */
+	__u64 epoch;          /* the current fold epoch */
+	__u64 harvested;      /* every slot of an older epoch has been read since it froze */
 };
 
 /* ---- Early deaths: a process that dies soon after a successful exec ---- */

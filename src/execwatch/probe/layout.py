@@ -14,6 +14,9 @@ FD_NAME_LEN = TASK_COMM_LEN * 4
 CGROUP_NAME_LEN = 128
 DPATH_LEN = 256
 FOLD_NAME_LEN = 128  # names this long or longer are never folded
+FOLD_WORDS = FOLD_NAME_LEN // 8
+FOLD_KEY_WORDS = FOLD_WORDS + 3
+FOLD_SLOTS = 64  # per CPU
 ROOT_PATH_OK = 0x1
 BASE_SET = 0x2
 BASE_IN_ROOT = 0x4
@@ -42,6 +45,7 @@ class Config(ctypes.Structure):
         ("pad", ctypes.c_uint32),
         ("death_window_ns", ctypes.c_uint64),
         ("fold_window_ns", ctypes.c_uint64),
+        ("fold_key", ctypes.c_uint64 * FOLD_KEY_WORDS),
     )
 
 
@@ -108,27 +112,28 @@ class CountKey(ctypes.Structure):
     _fields_ = (("cgroup_id", ctypes.c_uint64), ("err", ctypes.c_int32), ("pad", ctypes.c_uint32))
 
 
-class FoldKey(ctypes.Structure):
+class FoldSlot(ctypes.Structure):
+    _fields_ = (("tag", ctypes.c_uint64), ("epoch", ctypes.c_uint32), ("folded", ctypes.c_uint32))
+
+
+class FoldName(ctypes.Structure):
     _fields_ = (
+        ("tag", ctypes.c_uint64),
         ("cgroup_id", ctypes.c_uint64),
         ("mntns", ctypes.c_uint64),
         ("root_ino", ctypes.c_uint64),
-        ("name_hash", ctypes.c_uint64),
         ("err", ctypes.c_int32),
         ("pad", ctypes.c_uint32),
+        ("filename", ctypes.c_char * FOLD_NAME_LEN),
     )
+
+
+class FoldClock(ctypes.Structure):
+    _fields_ = (("epoch", ctypes.c_uint64), ("harvested", ctypes.c_uint64))
 
 
 # (cgroup id, mount namespace, root inode, errno, name): what the kernel folds repeats of.
 FoldedName = tuple[int, int, int, int, bytes]
-
-
-class Fold(ctypes.Structure):
-    _fields_ = (
-        ("epoch", ctypes.c_uint64),
-        ("folded", ctypes.c_uint64),
-        ("filename", ctypes.c_char * FOLD_NAME_LEN),
-    )
 
 
 class EventFields:

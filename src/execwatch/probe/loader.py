@@ -8,8 +8,8 @@ import itertools
 import logging
 import os
 import signal
+import struct
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from execwatch.probe import caps, layout
+from execwatch.probe.folds import FoldSlots
 from execwatch.probe.libbpf import LibbpfMissing, RingBufferCallback, load_libbpf
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,6 @@ class ProbeOptions:
     death_ringbuf_bytes: int = 1 << 20
     fold_window_ms: float = 1000.0  # ENOENT repeats of one name are only counted until the
     # first take_folds() this long after the last new fold epoch (0: folding off)
-    fold_entries: int = 4096  # names folded at once; past that, repeats are sent as before
 
 
 def default_object_path() -> Path:
@@ -124,13 +124,8 @@ class Probe:
         self._ncpus = self._lib.libbpf_num_possible_cpus()
         self.features: dict[str, bool] = {}
         self._folds_lock = threading.Lock()  # take_folds and forget_counts: two threads
-        self._folds_taken: dict[layout.FoldedName, int] = {}
-        self._folds_forgotten: dict[layout.FoldedName, int] = {}
-        self._folds_enoent = -1  # errno_totals[ENOENT] when take_folds last saw it move
-        self._folds_quiet_scans = 0  # scans of the folds map since then
-        self._fold_epoch = 1  # the program's fold_epoch (its .data section: only that)
-        self._fold_epoch_fd = -1
-        self._fold_epoch_started = 0.0
+        self._folds: FoldSlots | None = None
+        self.fold_key: list[int] = []  # the tags' NH key, random at each load
 
     def __enter__(self) -> Probe:
         self.open()
@@ -165,7 +160,8 @@ class Probe:
         self._lib.bpf_map__set_max_entries(self._map("events"), self.options.ringbuf_bytes)
         self._lib.bpf_map__set_max_entries(self._map("counts"), self.options.count_entries)
         self._lib.bpf_map__set_max_entries(self._map("deaths"), self.options.death_ringbuf_bytes)
-        self._lib.bpf_map__set_max_entries(self._map("folds"), self.options.fold_entries)
+        for name in ("fold_slots", "fold_names"):
+            self._lib.bpf_map__set_max_entries(self._map(name), self._fold_entries())
         rodata = self._map_by_suffix(".rodata")
         size = ctypes.c_size_t()
         self._lib.bpf_map__initial_value(rodata, ctypes.byref(size))
@@ -177,6 +173,9 @@ class Probe:
             death_window_ns=int(self.options.death_window_ms * 1e6),
             fold_window_ns=int(self.options.fold_window_ms * 1e6),
         )
+        key = os.urandom(8 * layout.FOLD_KEY_WORDS)  # a tenant cannot know it
+        self.fold_key = list(struct.unpack(f"{layout.FOLD_KEY_WORDS}Q", key))
+        cfg.fold_key[:] = self.fold_key
         self._lib.bpf_map__set_initial_value(rodata, ctypes.byref(cfg), ctypes.sizeof(cfg))
 
     def _load_and_attach(self) -> None:
@@ -194,10 +193,27 @@ class Probe:
             prog = self._lib.bpf_object__next_program(self._obj, prog)
         data, size = self._map_by_suffix(".data"), ctypes.c_size_t()
         self._lib.bpf_map__initial_value(data, ctypes.byref(size))
-        if size.value != ctypes.sizeof(ctypes.c_uint64):
-            raise ProbeError("BPF object's .data is not its fold epoch alone: rebuild it")
-        self._fold_epoch_fd = self._lib.bpf_map__fd(data)
-        self._fold_epoch_started = time.monotonic()
+        if size.value != ctypes.sizeof(layout.FoldClock):
+            raise ProbeError("BPF object's .data is not its fold clock alone: rebuild it")
+        clock_fd = self._lib.bpf_map__fd(data)
+
+        def write_clock(clock: layout.FoldClock) -> None:
+            zero = ctypes.c_uint32(0)
+            rc = self._lib.bpf_map_update_elem(clock_fd, ctypes.byref(zero), ctypes.byref(clock), 0)
+            if rc < 0:
+                raise ProbeError(f"cannot start a fold epoch: {os.strerror(-rc)}")
+
+        self._folds = FoldSlots(
+            self._lib.bpf_map__fd(self._map("fold_slots")),
+            self._lib.bpf_map__fd(self._map("fold_names")),
+            self._fold_entries(),
+            write_clock,
+            self.options.fold_window_ms / 1000,
+        )
+
+    def _fold_entries(self) -> int:
+        """EW_FOLD_SLOTS for every possible CPU: the program indexes by its CPU's number."""
+        return int(self._ncpus) * layout.FOLD_SLOTS
 
     def _map(self, name: str) -> int:
         m = self._lib.bpf_object__find_map_by_name(self._obj, name.encode())
@@ -299,87 +315,35 @@ class Probe:
 
     def counts_by_cgroup(self) -> dict[tuple[int, int], int]:
         """(cgroup id, errno) -> exact count, unless the map filled up (see stats()). A
-        folded repeat is counted in its fold entry only: those are added here."""
+        folded repeat is counted in its fold slot only: those are added here."""
         counts = dict(self._iter_counts(self._lib.bpf_map__fd(self._map("counts"))))
-        fd = self._lib.bpf_map__fd(self._map("folds"))
-        for key in self._keys(fd, layout.FoldKey):
-            pair = (key.cgroup_id, key.err)
-            counts[pair] = counts.get(pair, 0) + sum(self._folded(fd, key).values())
+        with self._folds_lock:
+            for pair, n in self._fold_slots().counts().items():
+                counts[pair] = counts.get(pair, 0) + n
         return counts
 
     def forget_counts(self, keep: Callable[[int], bool]) -> int:
-        """Delete the per-cgroup counts and folds of every cgroup `keep` rejects (the removed
-        ones), so the maps never fill up with the dead; returns how many entries went. A
-        removed cgroup's last folds are kept for the next take_folds()."""
+        """Delete the per-cgroup counts and fold totals of every cgroup `keep` rejects (the
+        removed ones), so they never fill up with the dead; returns how many entries went.
+        A removed cgroup's last folds still come with the next take_folds()."""
         fd = self._lib.bpf_map__fd(self._map("counts"))
         doomed = [key for key in self._keys(fd, layout.CountKey) if not keep(key.cgroup_id)]
         for key in doomed:
             self._lib.bpf_map_delete_elem(fd, ctypes.byref(key))
-        fd = self._lib.bpf_map__fd(self._map("folds"))
-        with self._folds_lock:  # a take_folds() between reading and deleting would count twice
-            gone = [key for key in self._keys(fd, layout.FoldKey) if not keep(key.cgroup_id)]
-            for fold_key in gone:
-                folded = self._folded(fd, fold_key)
-                self._lib.bpf_map_delete_elem(fd, ctypes.byref(fold_key))
-                for name, total in folded.items():
-                    new = total - self._folds_taken.pop(name, 0)
-                    self._folds_forgotten[name] = self._folds_forgotten.get(name, 0) + new
-        return len(doomed) + len(gone)
+        with self._folds_lock:
+            return len(doomed) + self._fold_slots().forget(keep)
 
     def take_folds(self) -> dict[layout.FoldedName, int]:
-        """Repeats the kernel counted instead of sending (see ew_fold_key), per name, since
+        """Repeats the kernel counted instead of sending (see ew_fold_slot), per name, since
         the last call. Each came after a record of that name, sent in the same fold epoch:
-        a call once the fold window has passed since the last new epoch starts the next.
-
-        A fold follows its ENOENT's count in errno_totals within one program run: once that
-        total has stood still across a whole scan after it was read, the map holds nothing
-        new, and an idle agent stops reading it (a full map is 4,096 keys a window)."""
-        fd = self._lib.bpf_map__fd(self._map("folds"))
+        a call once the fold window has passed since the last new epoch starts the next."""
         with self._folds_lock:
-            self._next_fold_epoch()
-            new, self._folds_forgotten = self._folds_forgotten, {}
-            enoent = self._percpu_sum(self._errno_totals_fd(), ctypes.c_uint32(errno.ENOENT))
-            if enoent != self._folds_enoent:
-                self._folds_enoent, self._folds_quiet_scans = enoent, 0
-            if self._folds_quiet_scans >= 2:
-                return {name: n for name, n in new.items() if n}
-            self._folds_quiet_scans += 1
-            totals: dict[layout.FoldedName, int] = {}
-            for key in self._keys(fd, layout.FoldKey):
-                for name, n in self._folded(fd, key).items():
-                    totals[name] = totals.get(name, 0) + n
-            for name, total in totals.items():
-                delta = total - self._folds_taken.get(name, 0)
-                if delta:
-                    new[name] = new.get(name, 0) + delta
-                    self._folds_taken[name] = total
-        return {name: n for name, n in new.items() if n}
+            return self._fold_slots().take()
 
-    def _next_fold_epoch(self) -> None:
-        """Every fold window, the next take_folds() ends every CPU's folding of every name:
-        each one's next miss is sent again."""
-        now = time.monotonic()
-        if now - self._fold_epoch_started < self.options.fold_window_ms / 1000:
-            return
-        epoch = ctypes.c_uint64(self._fold_epoch + 1)
-        rc = self._lib.bpf_map_update_elem(
-            self._fold_epoch_fd, ctypes.byref(ctypes.c_uint32(0)), ctypes.byref(epoch), 0
-        )
-        if rc < 0:
-            raise ProbeError(f"cannot start a fold epoch: {os.strerror(-rc)}")
-        self._fold_epoch, self._fold_epoch_started = epoch.value, now
-
-    def _folded(self, fd: int, key: layout.FoldKey) -> dict[layout.FoldedName, int]:
-        """What the CPUs folded under `key`, per name: one name, unless two share a hash."""
-        values = (layout.Fold * self._ncpus)()
-        if self._lib.bpf_map_lookup_elem(fd, ctypes.byref(key), values) != 0:
-            return {}
-        out: dict[layout.FoldedName, int] = {}
-        for v in values:
-            if v.folded:
-                name = (key.cgroup_id, key.mntns, key.root_ino, key.err, v.filename)
-                out[name] = out.get(name, 0) + v.folded
-        return out
+    def _fold_slots(self) -> FoldSlots:
+        if self._folds is None:
+            raise ProbeError("the probe is not loaded")
+        return self._folds
 
     def _errno_totals_fd(self) -> int:
         return int(self._lib.bpf_map__fd(self._map("errno_totals")))
@@ -402,6 +366,9 @@ class Probe:
             prev = key
 
     def close(self) -> None:
+        if self._folds:
+            self._folds.close()
+            self._folds = None
         if self._ringbuf:
             self._lib.ring_buffer__free(self._ringbuf)
             self._ringbuf = None
