@@ -7,7 +7,7 @@ execwatch.diagnosis.budget). A burst of identical failures (one container retryi
 binary) is diagnosed once and folded: the first occurrence is emitted when diagnosed,
 the repeats as one record with their exact count per window. Repeats are recognised on
 the raw record, before decoding, so a failure storm stays cheap. The kernel folds a PATH
-search's repeated misses itself (see ew_fold_key): their counts are credited, once per
+search's repeated misses itself (see ew_fold_slot): their counts are credited, once per
 window, to the slot of the record each followed.
 """
 

@@ -442,7 +442,6 @@ static __always_inline void fold_arm(struct ew_fold_slot *slot, __u32 idx, __u64
 		named = bpf_map_lookup_elem(&fold_names, &idx);
 		if (!named)
 			return;
-		named->tag = tag;
 		named->cgroup_id = e->cgroup_id;
 		named->mntns = e->mntns;
 		named->root_ino = e->root_ino;
@@ -451,6 +450,7 @@ static __always_inline void fold_arm(struct ew_fold_slot *slot, __u32 idx, __u64
 #pragma unroll
 		for (__u32 i = 0; i < EW_FOLD_WORDS; i++)
 			((__u64 *)named->filename)[i] = i < f->nwords ? f->words[i] : 0;
+		named->tag = tag; /* last: a reader takes the name once its tag is the slot's */
 		slot->tag = tag;
 	}
 	slot->epoch = epoch;

@@ -101,8 +101,8 @@ struct ew_fold_slot {         /* fold_slots[cpu * EW_FOLD_SLOTS + fold_index(tag
 };
 
 struct ew_fold_name {         /* fold_names, same index: what the slot's tag stands for */
-	__u64 tag;            /* written first: a reader that sees another tag in the slot */
-	__u64 cgroup_id;      /* skips the slot until the next read */
+	__u64 tag;            /* written last, before the slot's: a reader that finds */
+	__u64 cgroup_id;      /* another tag in the slot skips it until the next read */
 	__u64 mntns;
 	__u64 root_ino;
 	__s32 err;
