@@ -49,6 +49,7 @@ def test_config_counter_and_fold_state_match_the_header(tmp_path: Path) -> None:
         (layout.Config, "ew_config"),
         (layout.CountKey, "ew_count_key"),
         (layout.FoldSlot, "ew_fold_slot"),
+        (layout.FoldSet, "ew_fold_set"),
         (layout.FoldName, "ew_fold_name"),
         (layout.FoldClock, "ew_fold_clock"),
     ):
@@ -60,7 +61,8 @@ def test_fold_constants_match_the_header(tmp_path: Path) -> None:
     constants = {
         "EW_FOLD_NAME_LEN": layout.FOLD_NAME_LEN,
         "EW_FOLD_KEY_WORDS": layout.FOLD_KEY_WORDS,
-        "EW_FOLD_SLOTS": layout.FOLD_SLOTS,
+        "EW_FOLD_SETS": layout.FOLD_SETS,
+        "EW_FOLD_WAYS": layout.FOLD_WAYS,
     }
     assert c_constants(tmp_path, list(constants)) == constants
 

@@ -218,57 +218,60 @@ def fold_tag(key: list[int], cgroup_id: int, name: bytes) -> int:
     return (h & MASK64) | 1
 
 
-def slot_of(tag: int) -> int:
-    """fold_index() of execwatch.bpf.c on CPU 0."""
-    return ((tag * SPREAD) & MASK64) >> (64 - 6)
+def set_of(tag: int) -> int:
+    """fold_set() of execwatch.bpf.c on CPU 0."""
+    return ((tag * SPREAD) & MASK64) >> (64 - 4)
 
 
-def sharing_a_slot(key: list[int], cgroup_id: int, first: bytes) -> bytes:
-    """Another absolute name whose tag differs from first's but picks the same slot."""
-    want = slot_of(fold_tag(key, cgroup_id, first))
+def sharing_a_set(key: list[int], cgroup_id: int, first: bytes) -> list[bytes]:
+    """first and as many other absolute names as a set has slots, all in first's set."""
+    want = set_of(fold_tag(key, cgroup_id, first))
+    names = [first]
     for i in range(100_000):
         other = first + b"-%d" % i
-        if slot_of(fold_tag(key, cgroup_id, other)) == want:
-            return other
-    raise AssertionError("no name shares the slot")
+        if set_of(fold_tag(key, cgroup_id, other)) == want:
+            names.append(other)
+            if len(names) > layout.FOLD_WAYS:
+                return names
+    raise AssertionError("too few names share the set")
 
 
 def sent_per_name(sent: list[bytes], cgroup_id: int) -> Counter[bytes]:
     return Counter(key[4] for key in map(aggregation_key, sent) if key[0] == cgroup_id)
 
 
-def test_two_names_in_one_slot_are_never_folded_together(own_cgroup: Path) -> None:
-    """A slot holds one name's tag. A second name whose tag picks the same slot is never
-    folded there: it is sent every time while the first name folds, and both are counted
-    under their own names. (Were fold_tag() here not the kernel's, the second name would
-    pick another slot, and fold.)"""
-    first = b"/nonexistent/ewprog-first-name"
+def test_a_name_that_finds_its_set_full_is_never_folded(own_cgroup: Path) -> None:
+    """A set of slots holds as many names as it has slots. One more name whose tag picks
+    the same set is never folded into any of them: it is sent every time while they
+    fold, and each is counted under its own name. (Were fold_tag() here not the
+    kernel's, the last name would pick another set, and fold.)"""
     cgroup_id = own_cgroup.stat().st_ino
     sent: list[bytes] = []
     with Probe(ProbeOptions(fold_window_ms=60_000)) as probe:
-        second = sharing_a_slot(probe.fold_key, cgroup_id, first)
+        *held, last = sharing_a_set(probe.fold_key, cgroup_id, b"/nonexistent/ewprog-set")
         probe.open_ring_buffer(sent.append)
-        miss_on_one_cpu(own_cgroup, [first, second], SEARCHES)
+        miss_on_one_cpu(own_cgroup, [*held, last], SEARCHES)
         while probe.poll(10):
             pass
         taken = probe.take_folds()
-    assert sent_per_name(sent, cgroup_id) == {first: 1, second: SEARCHES}
+    assert sent_per_name(sent, cgroup_id) == {**dict.fromkeys(held, 1), last: SEARCHES}
     key = (cgroup_id, *_root(), errno.ENOENT)
-    assert {k: n for k, n in taken.items() if k[0] == cgroup_id} == {(*key, first): SEARCHES - 1}
+    assert {k: n for k, n in taken.items() if k[0] == cgroup_id} == {
+        (*key, name): SEARCHES - 1 for name in held
+    }
 
 
 def test_a_slot_changes_names_only_once_its_folds_were_read(own_cgroup: Path) -> None:
-    """The slot's first name stops folding when its epoch ends; the slot goes to another
-    name only after a take_folds() a window later has read it again, so no fold of the
-    first name is ever credited to the second."""
-    first = b"/nonexistent/ewprog-slot-owner"
+    """A slot's name stops folding when its epoch ends; the slot goes to another name
+    only after a take_folds() a window later has read it again, so no fold of one name
+    is ever credited to another."""
     cgroup_id = own_cgroup.stat().st_ino
     sent: list[bytes] = []
     taken: list[dict[layout.FoldedName, int]] = []
     with Probe(ProbeOptions(fold_window_ms=300)) as probe:
-        second = sharing_a_slot(probe.fold_key, cgroup_id, first)
+        *held, last = sharing_a_set(probe.fold_key, cgroup_id, b"/nonexistent/ewprog-owner")
         probe.open_ring_buffer(sent.append)
-        for names in ([first], [second], [second]):
+        for names in (held, [last], [last]):
             miss_on_one_cpu(own_cgroup, names, 3)
             time.sleep(0.35)
             taken.append(probe.take_folds())  # a window has passed: each starts an epoch
@@ -276,11 +279,11 @@ def test_a_slot_changes_names_only_once_its_folds_were_read(own_cgroup: Path) ->
             pass
     key = (cgroup_id, *_root(), errno.ENOENT)
     assert [{k: n for k, n in t.items() if k[0] == cgroup_id} for t in taken] == [
-        {(*key, first): 2},
-        {},  # the slot's first name has not been read since its epoch ended
-        {(*key, second): 2},
+        {(*key, name): 2 for name in held},
+        {},  # the slots' names have not been read since their epoch ended
+        {(*key, last): 2},
     ]
-    assert sent_per_name(sent, cgroup_id) == {first: 1, second: 3 + 1}
+    assert sent_per_name(sent, cgroup_id) == {**dict.fromkeys(held, 1), last: 3 + 1}
 
 
 def miss_on_one_cpu(cgroup: Path, names: list[bytes], times: int) -> None:

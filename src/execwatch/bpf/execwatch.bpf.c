@@ -350,13 +350,13 @@ static __always_inline void read_cgroup(struct task_struct *task, struct ew_even
 	read_cgroup_into(task, &e->cgroup_parent_id, e->cgroup_name);
 }
 
-/* Both resized at load time to EW_FOLD_SLOTS per possible CPU. */
+/* Resized at load time: EW_FOLD_SETS sets and EW_FOLD_SLOTS names per possible CPU. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, EW_FOLD_SLOTS);
+	__uint(max_entries, EW_FOLD_SETS);
 	__uint(map_flags, BPF_F_MMAPABLE);
 	__type(key, __u32);
-	__type(value, struct ew_fold_slot);
+	__type(value, struct ew_fold_set);
 } fold_slots SEC(".maps");
 
 struct {
@@ -419,26 +419,52 @@ static __always_inline __u64 fold_tag(__u64 cgroup_id, __u64 mntns, __u64 root_i
 	return h | 1;
 }
 
-/* This CPU's slot for the tag. NH moves a small change of a name (d0/ -> d1/) in its low
- * bits only: a multiply carries it to the top bits, which pick the slot. */
-static __always_inline __u32 fold_index(__u64 tag)
+/* This CPU's set for the tag. NH moves a small change of a name (d0/ -> d1/) in its low
+ * bits only: a multiply carries it to the top bits, which pick the set. */
+static __always_inline __u32 fold_set(__u64 tag)
 {
 	__u64 spread = tag * 0x9e3779b97f4a7c15ULL;
 
-	return bpf_get_smp_processor_id() * EW_FOLD_SLOTS + (__u32)(spread >> (64 - EW_FOLD_SLOT_BITS));
+	return bpf_get_smp_processor_id() * EW_FOLD_SETS + (__u32)(spread >> (64 - EW_FOLD_SET_BITS));
 }
 
-/* A record for the tag is on its way: this CPU folds it until the epoch ends, if the slot
- * is its own or free. A slot whose last name may still hold unread folds is left alone:
- * this name is then sent every time until user space has read them (see ew_fold_clock). */
-static __always_inline void fold_arm(struct ew_fold_slot *slot, __u32 idx, __u64 tag, __u32 epoch,
-				     const struct fold_name *f, const struct ew_event *e)
+/* The way that holds the tag, or -1. */
+static __always_inline int fold_way(const struct ew_fold_set *set, __u64 tag)
+{
+#pragma unroll
+	for (int w = 0; w < EW_FOLD_WAYS; w++)
+		if (set->way[w].tag == tag)
+			return w;
+	return -1;
+}
+
+/* A way whose last name's folds have all been read (see ew_fold_clock), or -1. */
+static __always_inline int fold_free_way(const struct ew_fold_set *set)
+{
+	__u32 harvested = (__u32)fold_clock.harvested;
+
+#pragma unroll
+	for (int w = 0; w < EW_FOLD_WAYS; w++)
+		if (set->way[w].epoch < harvested)
+			return w;
+	return -1;
+}
+
+/* A record for the tag is on its way: this CPU folds it until the epoch ends, in its own
+ * slot of the set or in a free one. With neither, this name is sent every time until user
+ * space has read a slot's last folds. */
+static __always_inline void fold_arm(struct ew_fold_set *set, __u32 set_idx, __u64 tag,
+				     __u32 epoch, const struct fold_name *f, const struct ew_event *e)
 {
 	struct ew_fold_name *named;
+	int way = fold_way(set, tag);
+	__u32 idx;
 
-	if (slot->tag != tag) {
-		if (slot->epoch >= (__u32)fold_clock.harvested)
+	if (way < 0) {
+		way = fold_free_way(set);
+		if (way < 0)
 			return;
+		idx = set_idx * EW_FOLD_WAYS + (__u32)way;
 		named = bpf_map_lookup_elem(&fold_names, &idx);
 		if (!named)
 			return;
@@ -451,21 +477,22 @@ static __always_inline void fold_arm(struct ew_fold_slot *slot, __u32 idx, __u64
 		for (__u32 i = 0; i < EW_FOLD_WORDS; i++)
 			((__u64 *)named->filename)[i] = i < f->nwords ? f->words[i] : 0;
 		named->tag = tag; /* last: a reader takes the name once its tag is the slot's */
-		slot->tag = tag;
+		set->way[way & (EW_FOLD_WAYS - 1)].tag = tag;
 	}
-	slot->epoch = epoch;
+	set->way[way & (EW_FOLD_WAYS - 1)].epoch = epoch;
 }
 
 /* Not inlined: the success path then runs in a program with no stack frame to set up. */
 static __noinline int on_failure(long ret, enum ew_syscall sc)
 {
-	struct ew_fold_slot *slot = 0;
+	struct ew_fold_set *set = 0;
 	struct fold_name fname;
 	struct task_struct *task;
 	struct pt_regs *regs;
 	struct ew_event *e;
 	__u64 cgroup_id, now, mntns, root_ino, tag = 0;
-	__u32 idx, slot_idx = 0, epoch = 0;
+	__u32 idx, set_idx = 0, epoch = 0;
+	int way;
 	const char *name;
 
 	idx = (__u32)-ret;
@@ -484,12 +511,15 @@ static __noinline int on_failure(long ret, enum ew_syscall sc)
 		tag = fold_tag(cgroup_id, mntns, root_ino, name, &fname);
 	if (tag) {
 		epoch = (__u32)fold_clock.epoch;
-		slot_idx = fold_index(tag);
-		slot = bpf_map_lookup_elem(&fold_slots, &slot_idx);
+		set_idx = fold_set(tag);
+		set = bpf_map_lookup_elem(&fold_slots, &set_idx);
 	}
-	if (slot && slot->tag == tag && slot->epoch == epoch) {
-		slot->folded += 1; /* counted there, per cgroup too: nothing else on this path */
-		return 0;
+	if (set) {
+		way = fold_way(set, tag);
+		if (way >= 0 && set->way[way & (EW_FOLD_WAYS - 1)].epoch == epoch) {
+			set->way[way & (EW_FOLD_WAYS - 1)].folded += 1; /* counted there only */
+			return 0;
+		}
 	}
 	now = bpf_ktime_get_boot_ns();
 	count(cgroup_id, (int)-ret);
@@ -506,8 +536,8 @@ static __noinline int on_failure(long ret, enum ew_syscall sc)
 	e->cgroup_id = cgroup_id;
 	e->mntns = mntns;
 	e->root_ino = root_ino;
-	if (slot) /* only once a record is sure to go: it carries the name */
-		fold_arm(slot, slot_idx, tag, epoch, &fname, e);
+	if (set) /* only once a record is sure to go: it carries the name */
+		fold_arm(set, set_idx, tag, epoch, &fname, e);
 	read_cgroup(task, e);
 	e->err = (int)-ret;
 	e->pid = (__u32)id;

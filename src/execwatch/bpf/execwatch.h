@@ -81,26 +81,34 @@ enum ew_stat {
 };
 
 /* ---- Folding: a PATH search's misses, counted in the kernel instead of sent ----
- * Each CPU has EW_FOLD_SLOTS slots, direct-mapped by a 64-bit tag of (cgroup, mount
- * namespace, root, name). A miss whose tag sits in its slot with the current fold epoch
- * is only counted there; any other is sent, and then takes the slot if the slot's last
- * name has been read by user space since it stopped folding (epoch < harvested).
- * The tag is NH (2^-32 almost universal) keyed by ew_config.fold_key, random at each load:
- * without the key a tenant cannot make a name share another's tag. The fold path reads
- * one 16-byte slot, so each miss touches one cache line of fold state; the name behind
- * a slot, for user space, is written in fold_names on the send path only. Both maps are
- * mmapped by user space, which starts a new epoch every fold_window_ns (a global the
- * program reads: no clock on this path). Longer names are never folded. */
-#define EW_FOLD_SLOT_BITS 6
-#define EW_FOLD_SLOTS (1 << EW_FOLD_SLOT_BITS) /* per CPU */
+ * Each CPU has EW_FOLD_SETS sets of EW_FOLD_WAYS slots, one cache line a set, picked by a
+ * 64-bit tag of (cgroup, mount namespace, root, name). A miss whose tag sits in its set
+ * with the current fold epoch is only counted there; any other is sent, and then takes a
+ * slot of the set: its own, or one whose last name has been read by user space since it
+ * stopped folding (epoch < harvested). The tag is NH (2^-32 almost universal) keyed by
+ * ew_config.fold_key, random at each load: without the key a tenant cannot make a name
+ * share another's tag. The fold path reads one 64-byte set, so each miss touches one
+ * cache line of fold state; the name behind a slot, for user space, is written in
+ * fold_names on the send path only. Both maps are mmapped by user space, which starts a
+ * new epoch every fold_window_ns (a global the program reads: no clock on this path).
+ * Longer names are never folded. */
+#define EW_FOLD_SET_BITS 4
+#define EW_FOLD_SETS (1 << EW_FOLD_SET_BITS) /* per CPU */
+#define EW_FOLD_WAYS 4
+#define EW_FOLD_SLOTS (EW_FOLD_SETS * EW_FOLD_WAYS) /* per CPU */
 
-struct ew_fold_slot {         /* fold_slots[cpu * EW_FOLD_SLOTS + fold_index(tag)] */
+struct ew_fold_slot {
 	__u64 tag;            /* 0: never used */
 	__u32 epoch;          /* the fold epoch in which this CPU last sent a record for it */
 	__u32 folded;         /* repeats counted here, of every tag the slot held: never reset */
 };
 
-struct ew_fold_name {         /* fold_names, same index: what the slot's tag stands for */
+struct ew_fold_set {          /* fold_slots[cpu * EW_FOLD_SETS + fold_set(tag)] */
+	struct ew_fold_slot way[EW_FOLD_WAYS];
+};
+
+/* fold_names[(cpu * EW_FOLD_SETS + set) * EW_FOLD_WAYS + way]: what the slot stands for */
+struct ew_fold_name {
 	__u64 tag;            /* written last, before the slot's: a reader that finds */
 	__u64 cgroup_id;      /* another tag in the slot skips it until the next read */
 	__u64 mntns;

@@ -16,7 +16,9 @@ DPATH_LEN = 256
 FOLD_NAME_LEN = 128  # names this long or longer are never folded
 FOLD_WORDS = FOLD_NAME_LEN // 8
 FOLD_KEY_WORDS = FOLD_WORDS + 3
-FOLD_SLOTS = 64  # per CPU
+FOLD_SETS = 16  # per CPU, of FOLD_WAYS slots each
+FOLD_WAYS = 4
+FOLD_SLOTS = FOLD_SETS * FOLD_WAYS  # per CPU
 ROOT_PATH_OK = 0x1
 BASE_SET = 0x2
 BASE_IN_ROOT = 0x4
@@ -114,6 +116,10 @@ class CountKey(ctypes.Structure):
 
 class FoldSlot(ctypes.Structure):
     _fields_ = (("tag", ctypes.c_uint64), ("epoch", ctypes.c_uint32), ("folded", ctypes.c_uint32))
+
+
+class FoldSet(ctypes.Structure):
+    _fields_ = (("way", FoldSlot * FOLD_WAYS),)
 
 
 class FoldName(ctypes.Structure):

@@ -160,8 +160,9 @@ class Probe:
         self._lib.bpf_map__set_max_entries(self._map("events"), self.options.ringbuf_bytes)
         self._lib.bpf_map__set_max_entries(self._map("counts"), self.options.count_entries)
         self._lib.bpf_map__set_max_entries(self._map("deaths"), self.options.death_ringbuf_bytes)
-        for name in ("fold_slots", "fold_names"):
-            self._lib.bpf_map__set_max_entries(self._map(name), self._fold_entries())
+        sets = self._ncpus * layout.FOLD_SETS  # the program indexes by its CPU's number
+        self._lib.bpf_map__set_max_entries(self._map("fold_slots"), sets)
+        self._lib.bpf_map__set_max_entries(self._map("fold_names"), self._fold_entries())
         rodata = self._map_by_suffix(".rodata")
         size = ctypes.c_size_t()
         self._lib.bpf_map__initial_value(rodata, ctypes.byref(size))
@@ -212,7 +213,7 @@ class Probe:
         )
 
     def _fold_entries(self) -> int:
-        """EW_FOLD_SLOTS for every possible CPU: the program indexes by its CPU's number."""
+        """Slots (and names) of every possible CPU's sets."""
         return int(self._ncpus) * layout.FOLD_SLOTS
 
     def _map(self, name: str) -> int:
