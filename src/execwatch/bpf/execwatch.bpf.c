@@ -451,13 +451,12 @@ static __always_inline int fold_free_way(const struct ew_fold_set *set)
 }
 
 /* A record for the tag is on its way: this CPU folds it until the epoch ends, in its own
- * slot of the set or in a free one. With neither, this name is sent every time until user
- * space has read a slot's last folds. */
-static __always_inline void fold_arm(struct ew_fold_set *set, __u32 set_idx, __u64 tag,
+ * slot of the set (`way`, as the fold path found it) or in a free one. With neither, this
+ * name is sent every time until user space has read a slot's last folds. */
+static __always_inline void fold_arm(struct ew_fold_set *set, __u32 set_idx, int way, __u64 tag,
 				     __u32 epoch, const struct fold_name *f, const struct ew_event *e)
 {
 	struct ew_fold_name *named;
-	int way = fold_way(set, tag);
 	__u32 idx;
 
 	if (way < 0) {
@@ -492,7 +491,7 @@ static __noinline int on_failure(long ret, enum ew_syscall sc)
 	struct ew_event *e;
 	__u64 cgroup_id, now, mntns, root_ino, tag = 0;
 	__u32 idx, set_idx = 0, epoch = 0;
-	int way;
+	int way = -1;
 	const char *name;
 
 	idx = (__u32)-ret;
@@ -537,7 +536,7 @@ static __noinline int on_failure(long ret, enum ew_syscall sc)
 	e->mntns = mntns;
 	e->root_ino = root_ino;
 	if (set) /* only once a record is sure to go: it carries the name */
-		fold_arm(set, set_idx, tag, epoch, &fname, e);
+		fold_arm(set, set_idx, way, tag, epoch, &fname, e);
 	read_cgroup(task, e);
 	e->err = (int)-ret;
 	e->pid = (__u32)id;

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from execwatch.probe import layout
 
 FOLDED_MASK = 0xFFFFFFFF  # ew_fold_slot.folded is 32 bits and wraps
-SLOT_WORDS = ctypes.sizeof(layout.FoldSlot) // 4  # u32 words per slot; folded is the last
+SLOT_SIZE = ctypes.sizeof(layout.FoldSlot)
+SLOT_WORDS = SLOT_SIZE // 4  # u32 words per slot; folded is the last
 NAME_SIZE = ctypes.sizeof(layout.FoldName)
 CgroupErr = tuple[int, int]
 
@@ -35,8 +36,8 @@ class FoldSlots:
         window_s: float,
     ) -> None:
         self._entries = entries
-        self._slots = _map(slots_fd, entries * ctypes.sizeof(layout.FoldSlot))
-        self._names = _map(names_fd, entries * ctypes.sizeof(layout.FoldName))
+        self._slots = _map(slots_fd, entries * SLOT_SIZE)
+        self._names = _map(names_fd, entries * NAME_SIZE)
         self._write_clock = write_clock
         self._window_s = window_s
         self._clock = layout.FoldClock(epoch=1, harvested=1)
@@ -62,8 +63,9 @@ class FoldSlots:
         and the still unread."""
         out = dict(self._credited)
         for name, n in self._unread(credit=False).items():
-            pair = (name[0], name[3])
-            out[pair] = out.get(pair, 0) + n
+            if self._alive(name[0]):
+                pair = (name[0], name[3])
+                out[pair] = out.get(pair, 0) + n
         return out
 
     def forget(self, keep: Callable[[int], bool]) -> int:
@@ -80,7 +82,7 @@ class FoldSlots:
         self._names.close()
 
     def _unread(self, *, credit: bool) -> dict[layout.FoldedName, int]:
-        raw = self._slots[: self._entries * ctypes.sizeof(layout.FoldSlot)]
+        raw = self._slots[: self._entries * SLOT_SIZE]
         if raw == self._last_raw:
             return {}  # an idle node's take: one compare
         tags = memoryview(raw).cast("Q")[::2].tolist()
@@ -91,9 +93,7 @@ class FoldSlots:
             delta = (count - seen) & FOLDED_MASK
             if not delta:
                 continue
-            named = layout.FoldName.from_buffer_copy(
-                self._names, i * ctypes.sizeof(layout.FoldName)
-            )
+            named = layout.FoldName.from_buffer_copy(self._names, i * NAME_SIZE)
             if named.tag != tags[i]:
                 whole = False  # the probe is handing the slot to a new name: next time
                 continue
