@@ -189,7 +189,8 @@ def test_an_arm64_entrypoint_crash_loops_and_execwatch_says_why(
     assert series.pop("ForeignArchitecture") == expected
     assert series in ({}, {"Undiagnosed": expected | {"binary_arch": "", "reason": "Undiagnosed"}})
 
-    # The release's old pod keeps serving: the Deployment waits for the new pod to be Ready.
+    # The release's old pod keeps serving: the Deployment waits for the new pod to be available.
     old = node.core().read_namespaced_pod(v1.metadata.name, NS)
-    assert pod_ready(old) and restarts(old) == 0
+    assert old.metadata.deletion_timestamp is None
+    assert pod_ready(old) and restarts(old) == 0, old.status
     assert http_get(old) == "v1"

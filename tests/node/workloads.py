@@ -20,11 +20,15 @@ def container(name: str, image: str, **extra: Any) -> client.V1Container:
 
 
 def deployment(name: str, namespace: str, image: str, replicas: int = 1) -> client.V1Deployment:
+    """A pod whose container dies at once can be reported Ready for an instant (running
+    when the kubelet looked); min_ready_seconds keeps such a pod from counting as
+    available, so a rollout to it never scales the working pods down."""
     labels = {"app": name}
     return client.V1Deployment(
         metadata=client.V1ObjectMeta(name=name, namespace=namespace),
         spec=client.V1DeploymentSpec(
             replicas=replicas,
+            min_ready_seconds=10,
             selector=client.V1LabelSelector(match_labels=labels),
             template=client.V1PodTemplateSpec(
                 metadata=client.V1ObjectMeta(labels=labels),
