@@ -1,0 +1,154 @@
+"""Where a folded PATH-search miss spends its kernel time: variants of the probe, side by side.
+
+    sudo .venv/bin/python -m benchmarks.fold_variants [--loads 4] [--rounds 8] [VARIANT ...]
+
+Each variant is the shipped `execwatch.bpf.c` with a few lines replaced, built with the
+Makefile's flags. Some are ablations, not sound probes (`no_identity` folds every cgroup
+together): they price one part of the fold path by leaving it out. Each load is a fresh
+probe: one 2-second storm of fresh children exec'ing a program by its path (the
+successful exec's cost in a storm), then one-second rounds of probe_bench's PATH-search
+storm, a round kept when no other process failed an exec meanwhile. A load's figure is
+its rounds' median kernel ns per miss; the variants alternate order load by load. One
+storm round sometimes costs microseconds per miss with nothing else running on this
+machine (docs/trace.md, "PATH-search noise"): hence medians, and several loads.
+Not part of `make bench`: it is for trying changes to the fold path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+
+from benchmarks import probe_bench as pb
+from benchmarks.common import build_c, require_root, save, sysctl
+from execwatch.probe.loader import Probe, ProbeOptions
+
+BPF_DIR = Path(pb.__file__).resolve().parent.parent / "src" / "execwatch" / "bpf"
+
+FIXED_NAMES = (
+    "\tlong n = 41;\n\t__u64 r = bpf_get_prandom_u32() & 3;\n#pragma unroll\n"
+    "\tfor (int j = 0; j < 6; j++)\n\t\tf->words[j] = 0x2f2f2f2f2f2f2f2fULL + j + (r << 8);"
+)
+NH_LOOP = "\tfor (__u32 i = 0; i < EW_FOLD_WORDS; i++) {\n\t\tif (i == last)"
+
+# name -> (what it shows, [(shipped text, replacement)])
+VARIANTS: dict[str, tuple[str, list[tuple[str, str]]]] = {
+    "shipped": ("the object as it ships", []),
+    "no_identity": (
+        "ablation: cgroup, mount namespace and root are constants (no pointer chains)",
+        [
+            ("\tcgroup_id = current_cgroup_id(task);", "\tcgroup_id = 7;"),
+            ("\tcaller_root(task, &mntns, &root_ino);", "\tmntns = 5;\n\troot_ino = 3;"),
+        ],
+    ),
+    "no_name_read": (
+        "ablation: no bpf_probe_read_user_str; one of four fixed names at random",
+        [("\tlong n = bpf_probe_read_user_str(f->words, EW_FOLD_NAME_LEN, name);", FIXED_NAMES)],
+    ),
+    "inline_failure": (
+        "on_failure inlined into each program: no call, but every successful exec pays "
+        "the bigger program's prologue",
+        [
+            (
+                "static __noinline int on_failure(long ret, enum ew_syscall sc)",
+                "static __always_inline int on_failure(long ret, enum ew_syscall sc)",
+            )
+        ],
+    ),
+    "rolled_nh": (
+        "the NH loop over the name's words not unrolled (a smaller fold path)",
+        [("#pragma unroll\n" + NH_LOOP, "#pragma clang loop unroll(disable)\n" + NH_LOOP)],
+    ),
+}
+
+
+def build(name: str, out_dir: Path) -> Path:
+    text = (BPF_DIR / "execwatch.bpf.c").read_text()
+    for old, new in VARIANTS[name][1]:
+        if text.count(old) != 1:
+            raise SystemExit(f"variant {name}: its text is no longer in execwatch.bpf.c once")
+        text = text.replace(old, new)
+    source, obj = out_dir / f"{name}.bpf.c", out_dir / f"{name}.bpf.o"
+    source.write_text(text)
+    arch = f"-D__TARGET_ARCH_{'x86' if os.uname().machine == 'x86_64' else 'arm64'}"
+    include = f"-I/usr/include/{pb.multiarch()}"
+    argv = ["clang", "-g", "-O2", "-Wall", "-Werror", "-target", "bpf", arch, include]
+    subprocess.run([*argv, f"-I{BPF_DIR}", "-c", str(source), "-o", str(obj)], check=True)
+    return obj
+
+
+def one_load(obj: Path, gen: Path, cgroup: Path, dirs: list[Path], rounds: int) -> dict[str, float]:
+    env = {"PATH": ":".join(map(str, dirs))}
+    program = str(dirs[-1] / pb.SEARCH_NAME)
+    search = [str(gen), "search", "1000", "1", pb.SEARCH_NAME]
+    with Probe(ProbeOptions(object_path=obj)) as probe:
+        consumer = pb.Consumer(probe, None, watch_cgroup=os.stat(cgroup).st_ino)
+        fd = probe.program_fds()["exit_execve"]
+        try:
+            before = pb.fd_stats(fd)
+            pb.run_in(cgroup, [str(gen), "run", "1000", "2", program])
+            success_ns = pb.per_exec(before, pb.fd_stats(fd))["ns_per_run"]
+            per_round = []
+            for _ in range(rounds):
+                before, failures = pb.fd_stats(fd), pb.host_failures(probe)
+                searches = pb.run_in(cgroup, search, env)
+                if pb.host_failures(probe) - failures != 4 * searches:
+                    continue  # another process's failed exec ran the failure path
+                stats = pb.per_exec(before, pb.fd_stats(fd)) | {"misses": 4 * searches}
+                ns = pb.per_miss_ns(stats, success_ns)
+                if ns is not None:
+                    per_round.append(ns)
+        finally:
+            consumer.stop()
+    if not per_round:
+        raise SystemExit("no round ran without another process's failed exec")
+    return {"miss_ns": statistics.median(per_round), "success_ns_in_storm": success_ns}
+
+
+def main(argv: list[str] | None = None) -> dict[str, object]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--loads", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("variants", nargs="*", default=list(VARIANTS), metavar="VARIANT",
+                        help=f"any of {', '.join(VARIANTS)} (default: all)")  # fmt: skip
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown variant {', '.join(unknown)}")
+    require_root()
+    loads: dict[str, list[dict[str, float]]] = {name: [] for name in args.variants}
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        sysctl("kernel.bpf_stats_enabled", "1"),
+        pb.own_cgroup(f"execwatch-fold-variants-{os.getpid()}") as cgroup,
+    ):
+        gen = build_c("execgen.c", Path(tmp))
+        dirs = pb.search_dirs(Path(tmp))
+        objs = {name: build(name, Path(tmp)) for name in args.variants}
+        for i in range(args.loads):
+            for name in args.variants if i % 2 == 0 else args.variants[::-1]:
+                loads[name].append(one_load(objs[name], gen, cgroup, dirs, args.rounds))
+                print(name, loads[name][-1], flush=True)
+    result: dict[str, object] = {"load_average_at_end": os.getloadavg()}
+    for name, figures in loads.items():
+        misses = sorted(round(f["miss_ns"], 1) for f in figures)
+        result[name] = {
+            "what": VARIANTS[name][0],
+            "miss_ns_median_of_loads": round(statistics.median(misses), 1),
+            "miss_ns_per_load": misses,
+            "success_ns_in_storm_median": round(
+                statistics.median(f["success_ns_in_storm"] for f in figures), 1
+            ),
+        }
+    print(json.dumps(result, indent=2))
+    print(f"saved {save('fold-variants', result)}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
