@@ -5,11 +5,12 @@
 Each variant is the shipped `execwatch.bpf.c` with a few lines replaced, built with the
 Makefile's flags. Some are ablations, not sound probes (`no_identity` folds every cgroup
 together): they price one part of the fold path by leaving it out. Each load is a fresh
-probe: one 2-second storm of fresh children exec'ing a program by its path (the
-successful exec's cost in a storm), then one-second rounds of probe_bench's PATH-search
-storm, a round kept when no other process failed an exec meanwhile. A load's figure is
-its rounds' median kernel ns per miss; the variants alternate order load by load. One
-storm round sometimes costs microseconds per miss with nothing else running on this
+probe: five half-second storms of fresh children exec'ing a program by its path (their
+median is the successful exec's cost in a storm), then one-second rounds of probe_bench's
+PATH-search storm; a round of either counts only when no other process failed an exec
+meanwhile. A load's figure is its rounds' median kernel ns per miss; the variants
+alternate order load by load. One round sometimes costs microseconds per run with
+nothing else running on this
 machine (docs/trace.md, "PATH-search noise"): hence medians, and several loads.
 Not part of `make bench`: it is for trying changes to the fold path.
 """
@@ -23,6 +24,7 @@ import statistics
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from benchmarks import probe_bench as pb
 from benchmarks.common import build_c, require_root, save, sysctl
@@ -60,6 +62,21 @@ VARIANTS: dict[str, tuple[str, list[tuple[str, str]]]] = {
             )
         ],
     ),
+    "inline_early_exit": (
+        "inline_failure, and the success return its own BPF exit: the x86 JIT puts the "
+        "epilogue at a program's first exit, so the success path no longer jumps to the end",
+        [
+            (
+                "static __noinline int on_failure(long ret, enum ew_syscall sc)",
+                "static __always_inline int on_failure(long ret, enum ew_syscall sc)",
+            ),
+            (
+                "\treturn ctx->ret < 0 ? on_failure(ctx->ret, EW_EXECVE) : 0;",
+                '\tif (ctx->ret >= 0) {\n\t\tasm volatile("r0 = 0\\n\\texit" ::: "r0");\n'
+                "\t\t__builtin_unreachable();\n\t}\n\treturn on_failure(ctx->ret, EW_EXECVE);",
+            ),
+        ],
+    ),
     "rolled_nh": (
         "the NH loop over the name's words not unrolled (a smaller fold path)",
         [("#pragma unroll\n" + NH_LOOP, "#pragma clang loop unroll(disable)\n" + NH_LOOP)],
@@ -82,32 +99,40 @@ def build(name: str, out_dir: Path) -> Path:
     return obj
 
 
+def clean_rounds(
+    probe: Probe, cgroup: Path, argv: list[str], rounds: int, misses_per_n: int, env: dict[str, str]
+) -> list[dict[str, Any]]:
+    """exit_execve's bpf_stats over each run of argv in which no other process failed an
+    exec (that would run the failure path), with the misses the run caused."""
+    fd = probe.program_fds()["exit_execve"]
+    kept = []
+    for _ in range(rounds):
+        before, failures = pb.fd_stats(fd), pb.host_failures(probe)
+        n = pb.run_in(cgroup, argv, env)
+        if pb.host_failures(probe) - failures == misses_per_n * n:
+            kept.append(pb.per_exec(before, pb.fd_stats(fd)) | {"misses": misses_per_n * n})
+    return kept
+
+
 def one_load(obj: Path, gen: Path, cgroup: Path, dirs: list[Path], rounds: int) -> dict[str, float]:
     env = {"PATH": ":".join(map(str, dirs))}
-    program = str(dirs[-1] / pb.SEARCH_NAME)
+    run = [str(gen), "run", "1000", "0.5", str(dirs[-1] / pb.SEARCH_NAME)]
     search = [str(gen), "search", "1000", "1", pb.SEARCH_NAME]
     with Probe(ProbeOptions(object_path=obj)) as probe:
         consumer = pb.Consumer(probe, None, watch_cgroup=os.stat(cgroup).st_ino)
-        fd = probe.program_fds()["exit_execve"]
         try:
-            before = pb.fd_stats(fd)
-            pb.run_in(cgroup, [str(gen), "run", "1000", "2", program])
-            success_ns = pb.per_exec(before, pb.fd_stats(fd))["ns_per_run"]
-            per_round = []
-            for _ in range(rounds):
-                before, failures = pb.fd_stats(fd), pb.host_failures(probe)
-                searches = pb.run_in(cgroup, search, env)
-                if pb.host_failures(probe) - failures != 4 * searches:
-                    continue  # another process's failed exec ran the failure path
-                stats = pb.per_exec(before, pb.fd_stats(fd)) | {"misses": 4 * searches}
-                ns = pb.per_miss_ns(stats, success_ns)
-                if ns is not None:
-                    per_round.append(ns)
+            successes = clean_rounds(probe, cgroup, run, 5, 0, env)
+            searches = clean_rounds(probe, cgroup, search, rounds, 4, env)
         finally:
             consumer.stop()
-    if not per_round:
+    if not successes or not searches:
         raise SystemExit("no round ran without another process's failed exec")
-    return {"miss_ns": statistics.median(per_round), "success_ns_in_storm": success_ns}
+    success_ns = statistics.median(r["ns_per_run"] for r in successes)
+    per_miss = [pb.per_miss_ns(r, success_ns) for r in searches]
+    return {
+        "miss_ns": statistics.median(ns for ns in per_miss if ns is not None),
+        "success_ns_in_storm": success_ns,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
