@@ -24,7 +24,6 @@ import statistics
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from benchmarks import probe_bench as pb
 from benchmarks.common import build_c, require_root, save, sysctl
@@ -99,21 +98,6 @@ def build(name: str, out_dir: Path) -> Path:
     return obj
 
 
-def clean_rounds(
-    probe: Probe, cgroup: Path, argv: list[str], rounds: int, misses_per_n: int, env: dict[str, str]
-) -> list[dict[str, Any]]:
-    """exit_execve's bpf_stats over each run of argv in which no other process failed an
-    exec (that would run the failure path), with the misses the run caused."""
-    fd = probe.program_fds()["exit_execve"]
-    kept = []
-    for _ in range(rounds):
-        before, failures = pb.fd_stats(fd), pb.host_failures(probe)
-        n = pb.run_in(cgroup, argv, env)
-        if pb.host_failures(probe) - failures == misses_per_n * n:
-            kept.append(pb.per_exec(before, pb.fd_stats(fd)) | {"misses": misses_per_n * n})
-    return kept
-
-
 def one_load(obj: Path, gen: Path, cgroup: Path, dirs: list[Path], rounds: int) -> dict[str, float]:
     env = {"PATH": ":".join(map(str, dirs))}
     run = [str(gen), "run", "1000", "0.5", str(dirs[-1] / pb.SEARCH_NAME)]
@@ -121,8 +105,8 @@ def one_load(obj: Path, gen: Path, cgroup: Path, dirs: list[Path], rounds: int) 
     with Probe(ProbeOptions(object_path=obj)) as probe:
         consumer = pb.Consumer(probe, None, watch_cgroup=os.stat(cgroup).st_ino)
         try:
-            successes = clean_rounds(probe, cgroup, run, 5, 0, env)
-            searches = clean_rounds(probe, cgroup, search, rounds, 4, env)
+            successes = [r for r, ok in pb.exec_rounds(probe, cgroup, run, 5, 0, env) if ok]
+            searches = [r for r, ok in pb.exec_rounds(probe, cgroup, search, rounds, 4, env) if ok]
         finally:
             consumer.stop()
     if not successes or not searches:

@@ -564,24 +564,38 @@ def agent_phase(
     }
 
 
+def exec_rounds(
+    probe: Probe,
+    cgroup: Path,
+    argv: list[str],
+    rounds: int,
+    misses_per_n: int,
+    env: dict[str, str] | None,
+) -> list[tuple[dict[str, Any], bool]]:
+    """exit_execve's bpf_stats over each of `rounds` runs of argv, with the misses the run
+    caused, and whether it was clean: no other process failed an exec meanwhile.
+    bpf_stats and errno_totals are host-wide, and another engineer's failed exec costs
+    microseconds. Others' successful execs cost what ours do."""
+    prog_fd = probe.program_fds()["exit_execve"]
+    out = []
+    for _ in range(rounds):
+        before, failures = fd_stats(prog_fd), host_failures(probe)
+        misses = misses_per_n * run_in(cgroup, argv, env)
+        stats = per_exec(before, fd_stats(prog_fd)) | {"misses": misses}
+        out.append((stats, host_failures(probe) - failures == misses))
+    return out
+
+
 def kernel_rounds(
     probe: Probe, cgroup: Path, argv: list[str], misses_per_n: int, env: dict[str, str] | None
 ) -> dict[str, Any]:
-    """The exec program's time in ten short runs of argv, all of them and those in which no
-    other process failed an exec: bpf_stats and errno_totals are host-wide, and another
-    engineer's failed exec costs microseconds. Others' successful execs cost what ours do."""
-    prog_fd = probe.program_fds()["exit_execve"]
-    rounds = []
-    for _ in range(10):
-        before, failures = fd_stats(prog_fd), host_failures(probe)
-        n = run_in(cgroup, argv, env)
-        stats = per_exec(before, fd_stats(prog_fd))
-        misses = misses_per_n * n
-        rounds.append((misses, stats, host_failures(probe) - failures == misses))
-    clean = [(m, stats) for m, stats, ok in rounds if ok]
+    """The exec program's time in ten short runs of argv, all of them and the clean ones."""
+    rounds = exec_rounds(probe, cgroup, argv, 10, misses_per_n, env)
+    clean = [stats for stats, ok in rounds if ok]
     return {
-        "all": add_up([stats for _, stats, _ in rounds]) | {"misses": sum(m for m, _, _ in rounds)},
-        "clean": add_up([stats for _, stats in clean]) | {"misses": sum(m for m, _ in clean)},
+        "all": add_up([stats for stats, _ in rounds])
+        | {"misses": sum(stats["misses"] for stats, _ in rounds)},
+        "clean": add_up(clean) | {"misses": sum(stats["misses"] for stats in clean)},
         "clean_rounds": len(clean),
     }
 
