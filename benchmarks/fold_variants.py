@@ -2,16 +2,16 @@
 
     sudo .venv/bin/python -m benchmarks.fold_variants [--loads 4] [--rounds 8] [VARIANT ...]
 
-Each variant is the shipped `execwatch.bpf.c` with a few lines replaced, built with the
-Makefile's flags. Some are ablations, not sound probes (`no_identity` folds every cgroup
+Each variant is the shipped `execwatch.bpf.c` with a few lines replaced, built by the
+Makefile's rule. Some are ablations, not sound probes (`no_identity` folds every cgroup
 together): they price one part of the fold path by leaving it out. Each load is a fresh
 probe: five half-second storms of fresh children exec'ing a program by its path (their
 median is the successful exec's cost in a storm), then one-second rounds of probe_bench's
 PATH-search storm; a round of either counts only when no other process failed an exec
 meanwhile. A load's figure is its rounds' median kernel ns per miss; the variants
 alternate order load by load. One round sometimes costs microseconds per run with
-nothing else running on this
-machine (docs/trace.md, "PATH-search noise"): hence medians, and several loads.
+nothing else running on this machine (docs/trace.md, "PATH-search noise"): hence
+medians, and several loads.
 Not part of `make bench`: it is for trying changes to the fold path.
 """
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -29,7 +30,8 @@ from benchmarks import probe_bench as pb
 from benchmarks.common import build_c, require_root, save, sysctl
 from execwatch.probe.loader import Probe, ProbeOptions
 
-BPF_DIR = Path(pb.__file__).resolve().parent.parent / "src" / "execwatch" / "bpf"
+REPO = Path(pb.__file__).resolve().parent.parent
+BPF_DIR = REPO / "src" / "execwatch" / "bpf"
 
 FIXED_NAMES = (
     "\tlong n = 41;\n\t__u64 r = bpf_get_prandom_u32() & 3;\n#pragma unroll\n"
@@ -84,17 +86,20 @@ VARIANTS: dict[str, tuple[str, list[tuple[str, str]]]] = {
 
 
 def build(name: str, out_dir: Path) -> Path:
+    """The variant's source beside the shipped headers, compiled by the Makefile's rule."""
     text = (BPF_DIR / "execwatch.bpf.c").read_text()
     for old, new in VARIANTS[name][1]:
         if text.count(old) != 1:
             raise SystemExit(f"variant {name}: its text is no longer in execwatch.bpf.c once")
         text = text.replace(old, new)
-    source, obj = out_dir / f"{name}.bpf.c", out_dir / f"{name}.bpf.o"
-    source.write_text(text)
-    arch = f"-D__TARGET_ARCH_{'x86' if os.uname().machine == 'x86_64' else 'arm64'}"
-    include = f"-I/usr/include/{pb.multiarch()}"
-    argv = ["clang", "-g", "-O2", "-Wall", "-Werror", "-target", "bpf", arch, include]
-    subprocess.run([*argv, f"-I{BPF_DIR}", "-c", str(source), "-o", str(obj)], check=True)
+    src = out_dir / name
+    src.mkdir()
+    (src / "execwatch.bpf.c").write_text(text)
+    for header in ("execwatch.h", "compat.bpf.h"):
+        shutil.copy(BPF_DIR / header, src)
+    obj = src / "execwatch.bpf.o"
+    make = ["make", "-s", "-C", str(REPO), "bpf", f"BPF_DIR={src}", f"BPF_OBJ={obj}"]
+    subprocess.run(make, check=True)
     return obj
 
 
