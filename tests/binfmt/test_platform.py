@@ -39,6 +39,17 @@ def test_parse_rejects_garbage_with_one_line(text: str) -> None:
         Platform.parse(text)
 
 
+@pytest.mark.parametrize("text", ["linux/amd46", "foo", "arm65/v8", "plan9/amd64"])
+def test_parse_known_rejects_what_no_image_names(text: str) -> None:
+    with pytest.raises(ValueError, match=r"invalid platform .*: unknown (architecture|os)"):
+        Platform.parse_known(text)
+
+
+def test_parse_known_accepts_every_spelling_parse_normalises() -> None:
+    assert str(Platform.parse_known("aarch64")) == "linux/arm64"
+    assert str(Platform.parse_known("windows/amd64")) == "windows/amd64"
+
+
 def test_str_omits_an_empty_variant() -> None:
     assert str(Platform("linux", "arm64")) == "linux/arm64"
     assert str(Platform("linux", "arm", "v7")) == "linux/arm/v7"

@@ -105,3 +105,16 @@ def test_bad_platform_argument_is_a_usage_error(capsys: pytest.CaptureFixture[st
         run([".", "--platform", "linux//x"])
     assert exc.value.code == 2
     assert "invalid platform" in capsys.readouterr().err
+
+
+def test_unknown_architecture_is_a_usage_error_not_a_finding(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        run(["/bin/true", "--platform", "linux/amd46"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith(
+        "unknown architecture 'amd46' (386, amd64, arm, arm64, loong64, "
+        "mips, mips64, mips64le, mipsle, ppc64, ppc64le, riscv64, s390x)"
+    )

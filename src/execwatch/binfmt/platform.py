@@ -91,6 +91,22 @@ class Platform:
         return cls.normalised(os_name, arch, variant)
 
     @classmethod
+    def parse_known(cls, text: str) -> Platform:
+        """parse(), and refuse an operating system or architecture no OCI image names.
+
+        For a platform someone asked for: a typo such as `linux/amd46` would otherwise be
+        checked as a CPU that runs nothing, and every binary reported as the wrong one.
+        """
+        platform = cls.parse(text)
+        if platform.os not in _KNOWN_OS:
+            known = ", ".join(sorted(_KNOWN_OS))
+            raise ValueError(f"invalid platform {text!r}: unknown os {platform.os!r} ({known})")
+        if platform.architecture not in OCI_ARCHITECTURES:
+            arch, known = platform.architecture, ", ".join(sorted(OCI_ARCHITECTURES))
+            raise ValueError(f"invalid platform {text!r}: unknown architecture {arch!r} ({known})")
+        return platform
+
+    @classmethod
     def normalised(cls, os_name: str, architecture: str, variant: str | None = None) -> Platform:
         """Build a platform from possibly unnormalised parts (e.g. an image config's)."""
         os_name = os_name.lower() or "linux"

@@ -29,7 +29,7 @@ EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
 
 def _platform(text: str) -> Platform:
     try:
-        return Platform.parse(text)
+        return Platform.parse_known(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
