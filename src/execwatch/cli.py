@@ -7,7 +7,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from execwatch import __version__, logs
+from execwatch import __version__, cliargs, logs
 
 # Each command's module, imported only when that command runs (or for --help): trace and
 # the cluster commands pull in gRPC, the Kubernetes client and Prometheus, which cost a
@@ -24,7 +24,7 @@ COMMANDS = {
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser with every command, only with `command`'s module when it is known, or
     with none for "" (`execwatch --version`)."""
-    parser = argparse.ArgumentParser(
+    parser = cliargs.Parser(
         prog="execwatch", description="Catch and explain binaries that fail to start."
     )
     parser.add_argument("--version", action="version", version=f"execwatch {__version__}")

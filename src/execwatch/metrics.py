@@ -28,14 +28,6 @@ class KernelCounters(Protocol):
     def stats(self) -> dict[str, int]: ...
 
 
-def parse_address(text: str) -> tuple[str, int]:
-    """`HOST:PORT`, `:PORT` (all addresses) or `[v6]:PORT`; ValueError otherwise."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"--metrics-address wants HOST:PORT, got {text!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
 # None when healthy, else a one-line reason: see pipeline.Heartbeat.problem.
 HealthCheck = Callable[[], "str | None"]
 

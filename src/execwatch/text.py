@@ -44,6 +44,11 @@ def safe_text(value: str, limit: int = 1024, *, escape_backslash: bool = True) -
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def one_line(message: str, limit: int = 300) -> str:
+    """A message for a one-line error: every run of whitespace (newlines too) one space."""
+    return safe_text(" ".join(message.split()), limit)
+
+
 def c_string(raw: bytes) -> str:
     """A NUL-terminated kernel buffer as a str that round-trips through os.fsencode."""
     end = raw.find(b"\0")

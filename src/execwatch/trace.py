@@ -15,10 +15,11 @@ from types import FrameType
 
 from prometheus_client import CollectorRegistry
 
+from execwatch import cliargs
 from execwatch.attribution import Attributor
 from execwatch.diagnosis import FileDiagnoser
 from execwatch.diagnosis.budget import SlowMounts
-from execwatch.metrics import NodeMetrics, parse_address, serve
+from execwatch.metrics import NodeMetrics, serve
 from execwatch.output import Printer
 from execwatch.pipeline import DIAGNOSIS_BUDGET_S, CountsPruner, NodePipeline
 from execwatch.probe import Probe, ProbeError
@@ -34,7 +35,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="print diagnosed failed execs, and deaths right after exec, on this host (root)",
     )
     p.add_argument("--json", action="store_true", help="one JSON object per line")
-    p.add_argument("--metrics-address", metavar="HOST:PORT", help="serve Prometheus metrics")
+    p.add_argument(
+        "--metrics-address",
+        type=cliargs.address,
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics",
+    )
     p.add_argument(
         "--show-not-found",
         action="store_true",
@@ -48,7 +54,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument(
         "--death-window",
-        type=float,
+        type=cliargs.Number(0, 3600),
         default=2.0,
         metavar="SECONDS",
         help="a process dying this soon after it started is diagnosed as an early death",
@@ -57,14 +63,28 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--all-errnos", action="store_true", help="report every errno, not only exec ones"
     )
     p.add_argument(
-        "--window", type=float, default=1.0, help="seconds over which repeats are folded"
+        "--window",
+        type=cliargs.Number(0, 3600, zero=True),
+        default=1.0,
+        metavar="SECONDS",
+        help="repeats of one failure within this long are one line with a count (0: none are)",
     )
-    p.add_argument("--ringbuf-mb", type=int, default=4, help="ring buffer size in MiB (power of 2)")
-    p.add_argument("--duration", type=float, help="stop after this many seconds")
+    p.add_argument(
+        "--ringbuf-mb",
+        type=cliargs.Count(1, 1024, power_of_two=True),
+        default=4,
+        help="ring buffer size in MiB (power of 2)",
+    )
+    p.add_argument(
+        "--duration",
+        type=cliargs.Number(0, 10**9),
+        metavar="SECONDS",
+        help="stop after this many seconds",
+    )
     p.add_argument("--no-attribution", action="store_true", help="skip container/pod attribution")
     p.add_argument(
         "--diagnosis-budget",
-        type=float,
+        type=cliargs.Number(0, 600),
         default=DIAGNOSIS_BUDGET_S,
         metavar="SECONDS",
         help="longest wait for one diagnosis; a mount where one overran is not waited on again",
@@ -89,13 +109,6 @@ def stop_on_signals() -> Iterator[threading.Event]:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        address = parse_address(args.metrics_address) if args.metrics_address else None
-        if not 0 < args.death_window <= 3600:
-            raise ValueError(f"--death-window wants 0 < SECONDS <= 3600, got {args.death_window}")
-        if not 0 < args.diagnosis_budget <= 600:
-            raise ValueError(
-                f"--diagnosis-budget wants 0 < SECONDS <= 600, got {args.diagnosis_budget}"
-            )
         options = ProbeOptions(
             ringbuf_bytes=args.ringbuf_mb << 20,
             all_errnos=args.all_errnos,
@@ -103,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
             fold_window_ms=args.window * 1000,
         )
         with Probe(options) as probe, stop_on_signals() as stop, attribution(args) as attributor:
-            return trace_loop(probe, args, address, stop, attributor)
+            return trace_loop(probe, args, stop, attributor)
     except BrokenPipeError:  # `execwatch trace | head`: the reader is done, so are we
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
@@ -124,7 +137,6 @@ def attribution(args: argparse.Namespace) -> Iterator[Attributor | None]:
 def trace_loop(
     probe: Probe,
     args: argparse.Namespace,
-    address: tuple[str, int] | None,
     stop: threading.Event,
     attributor: Attributor | None,
 ) -> int:
@@ -144,9 +156,14 @@ def trace_loop(
         budget=args.diagnosis_budget,
         folds=probe,
     )
-    server = serve(address, registry, pipeline.heartbeat.problem) if address else None
+    address: tuple[str, int] | None = args.metrics_address
+    where = f"{address[0]}:{address[1]}" if address else "off"
+    try:
+        server = serve(address, registry, pipeline.heartbeat.problem) if address else None
+    except OSError as exc:
+        raise ValueError(f"--metrics-address {where}: {exc.strerror or exc}") from exc
     probe.open_ring_buffer(pipeline.on_record)
-    log.info("tracing failed execs", extra={"kv": {"metrics": args.metrics_address or "off"}})
+    log.info("tracing failed execs", extra={"kv": {"metrics": where}})
     deadline = time.monotonic() + args.duration if args.duration else None
     alive = attributor.cgroup_alive if attributor else lambda _cgroup_id: True
     try:

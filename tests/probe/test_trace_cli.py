@@ -181,7 +181,22 @@ def test_bad_metrics_address_is_a_one_line_error() -> None:
         [*EXECWATCH, "trace", "--metrics-address", "nope"], capture_output=True, text=True
     )
     assert out.returncode == 2
-    assert out.stderr.strip() == "execwatch: --metrics-address wants HOST:PORT, got 'nope'"
+    assert out.stderr.strip() == (
+        "execwatch trace: error: argument --metrics-address: wants HOST:PORT with a port in"
+        " 0..65535, got 'nope' (see execwatch trace --help)"
+    )
+
+
+def test_an_address_it_cannot_bind_is_a_one_line_error() -> None:
+    out = subprocess.run(
+        [*EXECWATCH, "trace", "--no-attribution", "--metrics-address", "192.0.2.1:9100"],
+        capture_output=True,
+        text=True,
+    )  # 192.0.2.1 (TEST-NET-1) is no address of this host
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1] == (
+        "execwatch: --metrics-address 192.0.2.1:9100: Cannot assign requested address"
+    )
 
 
 def test_missing_btf_is_explained(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

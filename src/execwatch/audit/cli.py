@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from urllib3.exceptions import HTTPError as Urllib3Error
 
+from execwatch import cliargs
 from execwatch.audit.engine import AuditReport, ImageAuditor, Status, Tick, audit
 from execwatch.audit.report import print_table, to_json, to_sarif
 from execwatch.scan import registry
@@ -39,6 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--namespace", "-n", help="only this namespace (default: all)")
     p.add_argument(
         "--arch",
+        type=cliargs.architecture,
         action="append",
         default=[],
         metavar="ARCH",

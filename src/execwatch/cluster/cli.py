@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
+from execwatch import cliargs
 from execwatch.cluster import crd
 from execwatch.cluster.metrics import HandlerMetrics, PublisherMetrics
 from execwatch.cluster.publisher import Publisher, PublisherConfig
-from execwatch.metrics import parse_address, serve
+from execwatch.metrics import serve
+from execwatch.text import one_line
 
 if TYPE_CHECKING:
     from execwatch.pipeline import Heartbeat
@@ -52,7 +54,11 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="namespace of the ExecFailure records (default: $POD_NAMESPACE or execwatch)",
     )
     p.add_argument(
-        "--metrics-address", default=":9090", metavar="HOST:PORT", help="Prometheus endpoint"
+        "--metrics-address",
+        type=cliargs.address,
+        default=":9090",
+        metavar="HOST:PORT",
+        help="Prometheus endpoint",
     )
 
 
@@ -67,21 +73,28 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     a.add_argument(
         "--aggregation-window",
-        type=float,
+        type=cliargs.Number(0, 86400, zero=True),
         default=60.0,
         help="at most one record per container and path per this many seconds",
     )
-    a.add_argument("--rate", type=float, default=20.0, help="record creates per second")
-    a.add_argument("--burst", type=int, default=50, help="token bucket size for creates")
+    a.add_argument(
+        "--rate",
+        type=cliargs.Number(0, 10000, unit="PER_SECOND"),
+        default=20.0,
+        help="record creates per second",
+    )
+    a.add_argument(
+        "--burst", type=cliargs.Count(1, 100000), default=50, help="token bucket size for creates"
+    )
     a.add_argument(
         "--spool-size",
-        type=int,
+        type=cliargs.Count(1, 1000000),
         default=2000,
         help="records kept while the API server is unreachable",
     )
     a.add_argument(
         "--spool-bytes",
-        type=int,
+        type=cliargs.Count(64 << 10, 4 << 30),
         default=32 << 20,
         help="bytes of records kept (their JSON), on disk and in memory",
     )
@@ -106,7 +119,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     a.add_argument(
         "--window",
-        type=float,
+        type=cliargs.Number(0, 3600, zero=True),
         default=1.0,
         help="seconds over which the node pipeline folds identical failures",
     )
@@ -120,12 +133,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="this replica's Lease holder identity",
     )
     h.add_argument("--lease-name", default="execwatch-handler")
-    h.add_argument("--lease-duration", type=float, default=15.0)
-    h.add_argument("--renew-deadline", type=float, default=10.0)
-    h.add_argument("--retry-period", type=float, default=2.0)
+    lease_seconds = cliargs.Number(0, 3600)  # and retry < renew < lease: see LeaseConfig
+    h.add_argument("--lease-duration", type=lease_seconds, default=15.0)
+    h.add_argument("--renew-deadline", type=lease_seconds, default=10.0)
+    h.add_argument("--retry-period", type=lease_seconds, default=2.0)
     h.add_argument(
         "--max-series",
-        type=int,
+        type=cliargs.Count(1, 1000000),
         default=5000,
         help="cap on execwatch_exec_failures_total series (cardinality guard)",
     )
@@ -139,7 +153,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         action="store_true",
         help="do not set the execwatch.io/exec-failure pod label",
     )
-    h.add_argument("--workers", type=int, default=16, help="records handled in parallel")
+    h.add_argument(
+        "--workers", type=cliargs.Count(1, 256), default=16, help="records handled in parallel"
+    )
     h.set_defaults(func=run_handler)
 
 
@@ -151,21 +167,31 @@ def run_handler(args: argparse.Namespace) -> int:
     metrics = HandlerMetrics(
         max_series=args.max_series, with_pod_label=args.pod_label_metric, registry=registry
     )
-    handler = Handler(
-        HandlerConfig(
-            identity=args.identity,
-            namespace=args.namespace,
-            lease_name=args.lease_name,
-            lease_duration=args.lease_duration,
-            renew_deadline=args.renew_deadline,
-            retry_period=args.retry_period,
-            label_pods=not args.no_label_pods,
-            workers=args.workers,
-        ),
-        api_client(args.kubeconfig),
-        metrics,
-    )
-    server = serve(parse_address(args.metrics_address), registry)
+    try:
+        handler = Handler(
+            HandlerConfig(
+                identity=args.identity,
+                namespace=args.namespace,
+                lease_name=args.lease_name,
+                lease_duration=args.lease_duration,
+                renew_deadline=args.renew_deadline,
+                retry_period=args.retry_period,
+                label_pods=not args.no_label_pods,
+                workers=args.workers,
+            ),
+            api_client(args.kubeconfig),
+            metrics,
+        )
+        server = serve(args.metrics_address, registry)
+    except ValueError as exc:  # LeaseConfig: retry < renew < lease
+        print(f"execwatch: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"execwatch: --metrics-address: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # the client's ConfigException: no or a broken kubeconfig
+        print(f"execwatch: no API server credentials: {one_line(str(exc))}", file=sys.stderr)
+        return 2
     with stop_on_signals() as stop:
         handler.start()
         log.info("handler started", extra={"kv": {"identity": args.identity}})
@@ -182,9 +208,9 @@ def run_agent(args: argparse.Namespace) -> int:
     registry = CollectorRegistry()
     heartbeat = Heartbeat()  # /healthz: the consume loop goes round
     try:
-        server = serve(parse_address(args.metrics_address), registry, heartbeat.problem)
-    except (OSError, ValueError) as exc:
-        print(f"execwatch: --metrics-address {args.metrics_address}: {exc}", file=sys.stderr)
+        server = serve(args.metrics_address, registry, heartbeat.problem)
+    except OSError as exc:
+        print(f"execwatch: --metrics-address: {exc.strerror or exc}", file=sys.stderr)
         return 2
     try:
         return _agent(args, registry, heartbeat)
@@ -206,7 +232,7 @@ def _agent(args: argparse.Namespace, registry: CollectorRegistry, heartbeat: Hea
         print(f"execwatch: {exc} (--spool-dir '' keeps it in memory)", file=sys.stderr)
         return 2
     except Exception as exc:  # lightkube's ConfigError, a missing kubeconfig
-        print(f"execwatch: no API server credentials: {exc}", file=sys.stderr)
+        print(f"execwatch: no API server credentials: {one_line(str(exc))}", file=sys.stderr)
         return 2
     publisher = Publisher(
         PublisherConfig(

@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from execwatch.binfmt import Platform
+from execwatch import cliargs
 from execwatch.binfmt.isa import parse_level
 from execwatch.scan import registry
 from execwatch.scan.errors import ScanInputError
@@ -25,13 +25,6 @@ if TYPE_CHECKING:  # rich is imported for a terminal or a table only: a CI job's
     from rich.progress import Progress  # does not pay its start-up (a tenth of a scan)
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
-
-
-def _platform(text: str) -> Platform:
-    try:
-        return Platform.parse_known(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _cpu_level(text: str) -> int:
@@ -53,7 +46,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument(
         "--platform",
-        type=_platform,
+        type=cliargs.platform,
         action="append",
         default=[],
         metavar="OS/ARCH[/VARIANT]",

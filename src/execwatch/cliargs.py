@@ -1,0 +1,93 @@
+"""Option types shared by the commands: a value out of range is a one-line usage error
+(exit 2) when the command line is parsed, before a probe is loaded or a port bound.
+
+Every bound says what the option can mean: a zero rate would divide by zero in the
+publisher's token bucket, a negative duration would end `trace` at once with exit 0 (a
+silent "all clear"), a 100 GB ring buffer would stall the kernel's allocator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+
+from execwatch.binfmt.platform import Platform
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line, pointing at --help."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+@dataclass(frozen=True)
+class Number:
+    """A finite number in (low, high], or [low, high] with `zero`. The chart's
+    values.schema.json is tested against these bounds."""
+
+    low: float
+    high: float
+    zero: bool = False
+    unit: str = "SECONDS"
+
+    def __call__(self, text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        above = self.low <= value if self.zero else self.low < value
+        if not (math.isfinite(value) and above and value <= self.high):
+            op = "<=" if self.zero else "<"
+            raise argparse.ArgumentTypeError(
+                f"wants {_num(self.low)} {op} {self.unit} <= {_num(self.high)}, got {text!r}"
+            )
+        return value
+
+
+@dataclass(frozen=True)
+class Count:
+    """A whole number in [low, high], with `power_of_two` one of 1, 2, 4, ..."""
+
+    low: int
+    high: int
+    power_of_two: bool = False
+
+    def __call__(self, text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = self.low - 1
+        if not self.low <= value <= self.high or (self.power_of_two and value & (value - 1)):
+            what = "a power of two" if self.power_of_two else "N"
+            raise argparse.ArgumentTypeError(
+                f"wants {what} in {self.low}..{self.high}, got {text!r}"
+            )
+        return value
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def address(text: str) -> tuple[str, int]:
+    """`HOST:PORT`, `:PORT` (all addresses) or `[v6]:PORT`, for a listening socket."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"wants HOST:PORT with a port in 0..65535, got {text!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def platform(text: str) -> Platform:
+    """`os/arch[/variant]` naming an OCI architecture (see Platform.parse_known)."""
+    try:
+        return Platform.parse_known(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def architecture(text: str) -> str:
+    """An architecture as Kubernetes' `kubernetes.io/arch` label spells it: `aarch64` is
+    `arm64`, and a name no OCI image uses is refused instead of checked as a CPU."""
+    return platform(text).architecture

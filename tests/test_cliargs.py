@@ -1,0 +1,118 @@
+"""Every numeric and address option is checked when the command line is parsed: a bad
+value is one line on stderr and exit 2, before a probe is loaded, a port bound or an API
+server called. Never a traceback, never a run that ends at once with exit 0."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from execwatch import cliargs
+from execwatch.cli import main
+
+BAD_VALUES = [
+    ("trace", "--death-window", ["0", "-1", "nan", "inf", "3601", "two"]),
+    ("trace", "--diagnosis-budget", ["0", "601", "nan"]),
+    ("trace", "--window", ["-3", "nan", "inf", "3601"]),
+    ("trace", "--duration", ["0", "-1", "nan", "inf"]),
+    ("trace", "--ringbuf-mb", ["0", "3", "2048", "4.0", "-4"]),
+    ("trace", "--metrics-address", ["nope", "127.0.0.1:99999", "host:", ":-1"]),
+    ("agent", "--rate", ["0", "-5", "nan"]),
+    ("agent", "--burst", ["0", "1.5"]),
+    ("agent", "--spool-size", ["0", "-1"]),
+    ("agent", "--spool-bytes", ["100", "8589934592"]),
+    ("agent", "--aggregation-window", ["-1", "inf"]),
+    ("agent", "--window", ["-0.5"]),
+    ("agent", "--metrics-address", ["9090"]),
+    ("handler", "--workers", ["0", "257"]),
+    ("handler", "--max-series", ["0"]),
+    ("handler", "--lease-duration", ["0", "nan"]),
+    ("handler", "--retry-period", ["-2"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "value"),
+    [(c, o, v) for c, o, values in BAD_VALUES for v in values],
+)
+def test_a_bad_value_is_a_one_line_usage_error(
+    capsys: pytest.CaptureFixture[str], command: str, option: str, value: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main([command, f"{option}={value}"])
+    err = capsys.readouterr().err.splitlines()
+    assert exit_.value.code == 2
+    assert len(err) == 1
+    assert err[0].startswith(f"execwatch {command}: error: argument {option}: wants ")
+    assert err[0].endswith(f"got {value!r} (see execwatch {command} --help)")
+
+
+@pytest.mark.parametrize(
+    ("parse", "text", "value"),
+    [
+        (cliargs.Number(0, 3600), "0.25", 0.25),
+        (cliargs.Number(0, 3600), "3600", 3600.0),
+        (cliargs.Number(0, 3600, zero=True), "0", 0.0),
+        (cliargs.Count(1, 1024, power_of_two=True), "1", 1),
+        (cliargs.Count(1, 1024, power_of_two=True), "1024", 1024),
+        (cliargs.Count(1, 256), "16", 16),
+        (cliargs.address, ":9090", ("0.0.0.0", 9090)),
+        (cliargs.address, "[::1]:0", ("::1", 0)),
+        (cliargs.address, "127.0.0.1:65535", ("127.0.0.1", 65535)),
+    ],
+)
+def test_the_bounds_themselves_are_accepted(parse: object, text: str, value: object) -> None:
+    assert callable(parse) and parse(text) == value
+
+
+def test_the_lease_timings_must_nest(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"  # a server nobody answers at: credentials parse
+    kubeconfig.write_text(
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
+    )
+    argv = ["handler", "--kubeconfig", str(kubeconfig), "--metrics-address", "127.0.0.1:0"]
+    assert main([*argv, "--renew-deadline", "20"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "execwatch: need retry_period < renew_deadline < lease_duration"
+    ]
+
+
+@pytest.mark.parametrize("content", [None, "garbage: [\n"])
+def test_the_handler_without_credentials_says_so_in_one_line(
+    tmp_path: Path, content: str | None
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    if content is not None:
+        kubeconfig.write_text(content)
+    out = subprocess.run(
+        [sys.executable, "-m", "execwatch.cli", "handler", "--kubeconfig", str(kubeconfig),
+         "--metrics-address", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert len(out.stderr.splitlines()) == 1
+    assert out.stderr.startswith("execwatch: no API server credentials: ")
+
+
+@pytest.mark.parametrize(("command", "option"), [("scan", "--platform"), ("audit", "--arch")])
+def test_an_architecture_no_image_uses_is_refused(
+    capsys: pytest.CaptureFixture[str], command: str, option: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main([command, f"{option}=amd46", *(["/bin/true"] if command == "scan" else [])])
+    err = capsys.readouterr().err.splitlines()
+    assert exit_.value.code == 2 and len(err) == 1
+    assert f"argument {option}: invalid platform 'amd46': unknown architecture 'amd46'" in err[0]
+
+
+def test_an_audit_architecture_is_spelled_as_the_node_label_is() -> None:
+    assert [cliargs.architecture(a) for a in ("aarch64", "x86_64", "armhf")] == [
+        "arm64",
+        "amd64",
+        "arm",
+    ]
