@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 from typing import Any
 
 import pytest
 
+from execwatch import cliargs
+from execwatch.cluster import cli as cluster_cli
 from tests.deploy.chart import (
     CHART,
     KUBE_VERSION,
@@ -160,6 +164,53 @@ def test_values_are_checked_against_the_schema() -> None:
         render("agent.privileged=true")
 
 
+# chart value -> the flag its template passes it as
+CHART_FLAGS = [
+    ("agent", "aggregationWindow", "--aggregation-window"),
+    ("agent", "rate", "--rate"),
+    ("agent", "burst", "--burst"),
+    ("agent", "spoolSize", "--spool-size"),
+    ("agent", "spoolBytes", "--spool-bytes"),
+    ("handler", "leaseDuration", "--lease-duration"),
+    ("handler", "renewDeadline", "--renew-deadline"),
+    ("handler", "retryPeriod", "--retry-period"),
+    ("handler", "maxSeries", "--max-series"),
+]
+
+
+def flag_type(command: str, flag: str) -> cliargs.Number | cliargs.Count:
+    parser = _cluster_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    action = next(a for a in sub.choices[command]._actions if flag in a.option_strings)
+    assert isinstance(action.type, cliargs.Number | cliargs.Count)
+    return action.type
+
+
+@pytest.mark.parametrize(("section", "name", "flag"), CHART_FLAGS)
+def test_the_schema_accepts_only_what_the_command_accepts(
+    section: str, name: str, flag: str
+) -> None:
+    """A value helm accepts and the agent refuses would be a crash loop on every node."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    bounds = schema["properties"][section]["properties"][name]
+    cli = flag_type(section, flag)
+    assert bounds["maximum"] <= cli.high
+    if "exclusiveMinimum" in bounds:
+        assert bounds["exclusiveMinimum"] >= cli.low
+    elif isinstance(cli, cliargs.Number) and not cli.zero:
+        assert bounds["minimum"] > cli.low
+    else:
+        assert bounds["minimum"] >= cli.low
+    template = (CHART / "templates").glob("*.yaml")
+    short = "$a" if section == "agent" else "$h"
+    assert any(f"- {flag}={{{{ {short}.{name}" in f.read_text() for f in template)
+
+
+def test_an_out_of_range_value_is_refused_by_helm() -> None:
+    with pytest.raises(RuntimeError, match="rate"):
+        render("agent.rate=20000")
+
+
 # -- the agent: root with a few capabilities, never privileged ---------------------------
 
 AGENT_CAPS = ["BPF", "PERFMON", "SYS_PTRACE", "DAC_READ_SEARCH"]  # the defaults
@@ -277,9 +328,7 @@ def test_agent_runs_on_every_node() -> None:
 
 
 def test_agent_command_line_uses_flags_the_agent_has() -> None:
-    from execwatch.cluster import cli as cluster_cli
-
-    parser = _cluster_parser(cluster_cli)
+    parser = _cluster_parser()
     for kind, sets in (
         ("DaemonSet", ()),
         ("Deployment", ("handler.podLabelMetric=true", "handler.labelPods=false")),
@@ -287,12 +336,10 @@ def test_agent_command_line_uses_flags_the_agent_has() -> None:
         c = pod_spec(find(render(*sets), kind))["containers"][0]
         args = parser.parse_args(c["args"])
         assert args.command in ("agent", "handler")
-        assert args.metrics_address.endswith(str(c["ports"][0]["containerPort"]))
+        assert args.metrics_address[1] == c["ports"][0]["containerPort"]
 
 
-def _cluster_parser(cluster_cli: Any) -> Any:
-    import argparse
-
+def _cluster_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="execwatch")
     parser.add_argument("--log-level")
     cluster_cli.add_parser(parser.add_subparsers(dest="command", required=True))
