@@ -278,3 +278,36 @@ def test_output_to_a_fifo_writes_through_it(
     reader.join(timeout=30)
     assert stat.S_ISFIFO(fifo.lstat().st_mode)
     assert json.loads(received[0])["findings"] == []
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        ("missing/report.json", "no directory"),
+        (".", "is a directory"),
+    ],
+)
+def test_an_output_it_cannot_write_is_refused_before_the_scan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str, message: str
+) -> None:
+    from tests.scan.helpers import run
+
+    out = tmp_path / where
+    capsys.readouterr()
+    assert run(["/bin/true", "--format", "json", "--output", str(out)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"execwatch scan: error: --output {out}: {message}")
+
+
+def test_a_failed_write_is_exit_2_not_findings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A full disk (/dev/full) as the last thing that goes wrong: not exit 1, which a CI
+    job reads as findings, and not a traceback."""
+    from tests.scan.helpers import run
+
+    capsys.readouterr()
+    assert run(["/bin/true", "--format", "sarif", "--output", "/dev/full"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "execwatch scan: error: --output /dev/full: No space left on device"
+    ]

@@ -21,7 +21,7 @@ from execwatch import cliargs
 from execwatch.audit.engine import AuditReport, ImageAuditor, Status, Tick, audit
 from execwatch.audit.report import print_table, to_json, to_sarif
 from execwatch.scan import registry
-from execwatch.scan.cli import write_report
+from execwatch.scan.cli import output_problem, write_report
 from execwatch.scan.limits import Limits
 
 EXIT_CLEAN, EXIT_FAILING, EXIT_BAD_INPUT = 0, 1, 2
@@ -62,6 +62,10 @@ def run(args: argparse.Namespace) -> int:
     from execwatch.audit.inventory import read_cluster
 
     err = Console(stderr=True)
+    problem = output_problem(args.output)
+    if problem:
+        err.print(f"execwatch audit: error: {problem}", markup=False, highlight=False)
+        return EXIT_BAD_INPUT
     try:
         api = _api_client(args)
         inventory = read_cluster(api, args.namespace)
@@ -77,7 +81,13 @@ def run(args: argparse.Namespace) -> int:
             report = audit(inventory, args.arch, auditor, _progress(bar))
     else:
         report = audit(inventory, args.arch, auditor)
-    _write(report, args)
+    try:
+        _write(report, args)
+    except OSError as exc:
+        where = args.output or "(stdout)"
+        err.print(f"execwatch audit: error: --output {where}: {exc.strerror or exc}",
+                  markup=False, highlight=False)  # fmt: skip
+        return EXIT_BAD_INPUT
     worst = report.worst()
     if worst is Status.ERROR:
         return EXIT_BAD_INPUT

@@ -92,6 +92,10 @@ def run(args: argparse.Namespace) -> int:
         allow_empty=args.allow_empty,
         registry=registry.options_from(args),
     )
+    problem = output_problem(args.output)
+    if problem:
+        _say(f"error: {problem}")
+        return EXIT_BAD_INPUT
     try:
         if not args.no_progress and sys.stderr.isatty():
             from rich.console import Console
@@ -119,7 +123,11 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     for warning in report.warnings:
         _say(f"warning: {warning}")
-    _write(report, args)
+    try:
+        _write(report, args)
+    except OSError as exc:
+        _say(f"error: --output {args.output or '(stdout)'}: {exc.strerror or exc}")
+        return EXIT_BAD_INPUT
     worst = report.worst()
     return EXIT_FINDINGS if worst is not None and worst >= Severity.parse(args.fail_on) else 0
 
@@ -166,6 +174,25 @@ def write_report(text: str, output: str | None) -> None:
         return
     directory = os.path.dirname(os.path.abspath(output))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".execwatch-report-")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, output)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, output)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def output_problem(output: str | None) -> str | None:
+    """Why a report could not be written to `output`: asked before a scan that may take
+    minutes, not after it."""
+    if not output:
+        return None
+    if os.path.isdir(output):
+        return f"--output {output}: is a directory"
+    directory = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(directory):
+        return f"--output {output}: no directory {directory}"
+    if not os.path.exists(output) and not os.access(directory, os.W_OK):
+        return f"--output {output}: cannot write in {directory}"
+    return None
