@@ -159,6 +159,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     h.set_defaults(func=run_handler)
 
 
+def _refused(message: str) -> int:
+    """A start-up refusal: one line on stderr, exit 2."""
+    print(f"execwatch: {one_line(message)}", file=sys.stderr)
+    return 2
+
+
 def run_handler(args: argparse.Namespace) -> int:
     from execwatch.cluster.handler import Handler, HandlerConfig  # not loaded by the agent
     from execwatch.trace import stop_on_signals
@@ -184,14 +190,11 @@ def run_handler(args: argparse.Namespace) -> int:
         )
         server = serve(args.metrics_address, registry)
     except ValueError as exc:  # LeaseConfig: retry < renew < lease
-        print(f"execwatch: {exc}", file=sys.stderr)
-        return 2
+        return _refused(str(exc))
     except OSError as exc:
-        print(f"execwatch: --metrics-address: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        return _refused(f"--metrics-address: {exc.strerror or exc}")
     except Exception as exc:  # the client's ConfigException: no or a broken kubeconfig
-        print(f"execwatch: no API server credentials: {one_line(str(exc))}", file=sys.stderr)
-        return 2
+        return _refused(f"no API server credentials: {exc}")
     with stop_on_signals() as stop:
         handler.start()
         log.info("handler started", extra={"kv": {"identity": args.identity}})
@@ -210,8 +213,7 @@ def run_agent(args: argparse.Namespace) -> int:
     try:
         server = serve(args.metrics_address, registry, heartbeat.problem)
     except OSError as exc:
-        print(f"execwatch: --metrics-address: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        return _refused(f"--metrics-address: {exc.strerror or exc}")
     try:
         return _agent(args, registry, heartbeat)
     finally:
@@ -229,11 +231,9 @@ def _agent(args: argparse.Namespace, registry: CollectorRegistry, heartbeat: Hea
         api = kubeapi.client(args.kubeconfig)
         spool = Spool(Path(args.spool_dir), args.spool_owner) if args.spool_dir else None
     except SpoolError as exc:
-        print(f"execwatch: {exc} (--spool-dir '' keeps it in memory)", file=sys.stderr)
-        return 2
+        return _refused(f"{exc} (--spool-dir '' keeps it in memory)")
     except Exception as exc:  # lightkube's ConfigError, a missing kubeconfig
-        print(f"execwatch: no API server credentials: {one_line(str(exc))}", file=sys.stderr)
-        return 2
+        return _refused(f"no API server credentials: {exc}")
     publisher = Publisher(
         PublisherConfig(
             node=args.node,
@@ -262,8 +262,7 @@ def _agent(args: argparse.Namespace, registry: CollectorRegistry, heartbeat: Hea
                 heartbeat=heartbeat,
             )
     except (ProbeError, OSError, ValueError) as exc:
-        print(f"execwatch: {exc}", file=sys.stderr)
-        return 2
+        return _refused(str(exc))
     finally:
         publisher.stop(handover_at=handover)
     return 0
