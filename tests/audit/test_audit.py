@@ -424,3 +424,17 @@ def test_images_that_cannot_be_checked_are_errors_and_exit_2(
     assert "connection to" in messages["down"]
     assert "not found in the registry" in messages["absent"]
     assert "not a valid image reference" in messages["typo"]
+
+
+@pytest.mark.parametrize(
+    "kubeconfig", ["garbage: [\n", "- a list\n- not a kubeconfig\n", "clusters: 7\n"]
+)
+def test_a_broken_kubeconfig_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, kubeconfig: str
+) -> None:
+    path = tmp_path / "kubeconfig"
+    path.write_text(kubeconfig)
+    assert main(["audit", "--kubeconfig", str(path), "--no-progress"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("execwatch audit: error: cluster: ")
+    assert err.count("\n") == 1

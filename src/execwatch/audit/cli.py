@@ -23,6 +23,7 @@ from execwatch.audit.report import print_table, to_json, to_sarif
 from execwatch.scan import registry
 from execwatch.scan.cli import output_problem, write_report
 from execwatch.scan.limits import Limits
+from execwatch.text import one_line
 
 EXIT_CLEAN, EXIT_FAILING, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -64,15 +65,15 @@ def run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     problem = output_problem(args.output)
     if problem:
-        err.print(f"execwatch audit: error: {problem}", markup=False, highlight=False)
-        return EXIT_BAD_INPUT
+        return _refused(err, problem)
     try:
         api = _api_client(args)
+    except Exception as exc:  # ConfigException, a YAML error, a kubeconfig of the wrong shape
+        return _refused(err, f"cluster: {exc}")
+    try:
         inventory = read_cluster(api, args.namespace)
     except (ConfigException, client.ApiException, Urllib3Error, OSError) as exc:
-        reason = getattr(exc, "reason", None) or str(exc).strip().splitlines()[0]
-        err.print(f"execwatch audit: error: cluster: {reason}", markup=False, highlight=False)
-        return EXIT_BAD_INPUT
+        return _refused(err, f"cluster: {getattr(exc, 'reason', None) or exc}")
     options = registry.options_from(args)
     auditor = ImageAuditor(options, Limits(), args.cache_dir)
     if not args.no_progress and err.is_terminal:
@@ -84,14 +85,21 @@ def run(args: argparse.Namespace) -> int:
     try:
         _write(report, args)
     except OSError as exc:
-        where = args.output or "(stdout)"
-        err.print(f"execwatch audit: error: --output {where}: {exc.strerror or exc}",
-                  markup=False, highlight=False)  # fmt: skip
-        return EXIT_BAD_INPUT
+        return _refused(err, f"--output {args.output or '(stdout)'}: {exc.strerror or exc}")
     worst = report.worst()
     if worst is Status.ERROR:
         return EXIT_BAD_INPUT
     return EXIT_FAILING if worst is not None and worst > Status.READY else EXIT_CLEAN
+
+
+def _refused(err: Console, message: str) -> int:
+    err.print(
+        f"execwatch audit: error: {one_line(message)}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    return EXIT_BAD_INPUT
 
 
 def _api_client(args: argparse.Namespace) -> Any:
