@@ -116,3 +116,24 @@ def test_an_audit_architecture_is_spelled_as_the_node_label_is() -> None:
         "amd64",
         "arm",
     ]
+
+
+@pytest.mark.parametrize("option", ["--registry-config", "--registry-ca"])
+@pytest.mark.parametrize("command", ["scan", "audit"])
+def test_a_named_credentials_or_ca_file_must_exist(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str, option: str
+) -> None:
+    """Not a quiet anonymous pull, or the system CAs, because of a typo in a path."""
+    missing = tmp_path / "auth.jsn"
+    with pytest.raises(SystemExit) as exit_:
+        main([command, option, str(missing), *(["registry.example/app"] * (command == "scan"))])
+    err = capsys.readouterr().err.splitlines()
+    assert exit_.value.code == 2 and len(err) == 1
+    assert f"argument {option}: no readable file '{missing}'" in err[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "value"), [("0", 0), ("2G", 2 << 30), ("512MiB", 512 << 20), (" 10k ", 10 << 10)]
+)
+def test_sizes(text: str, value: int) -> None:
+    assert cliargs.size(text) == value

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import re
 from dataclasses import dataclass
 
 from execwatch.binfmt.platform import Platform
@@ -91,3 +93,18 @@ def architecture(text: str) -> str:
     """An architecture as Kubernetes' `kubernetes.io/arch` label spells it: `aarch64` is
     `arm64`, and a name no OCI image uses is refused instead of checked as a CPU."""
     return platform(text).architecture
+
+
+def readable_file(text: str) -> str:
+    """A file the user named: a typo must not quietly mean "no credentials" or "no CA"."""
+    if not os.path.isfile(text) or not os.access(text, os.R_OK):
+        raise argparse.ArgumentTypeError(f"no readable file {text!r}")
+    return text
+
+
+def size(text: str) -> int:
+    """Bytes, with an optional K, M, G or T (powers of 1024): `2G`, `512MiB`, `0`."""
+    m = re.fullmatch(r"(\d+)([KMGT]?)I?B?", text.strip().upper())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r}")
+    return int(m.group(1)) << (10 * " KMGT".index(m.group(2) or " "))

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
+from execwatch import cliargs
 from execwatch.scan.errors import ScanInputError
 from execwatch.scan.limits import Limits
 from execwatch.scan.model import ImageResult
@@ -121,13 +122,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("registry references")
     g.add_argument(
         "--registry-config",
+        type=cliargs.readable_file,
         action="append",
         default=[],
         metavar="FILE",
         help="credentials file (Docker config.json or containers auth.json), read before"
         " the standard ones",
     )
-    g.add_argument("--registry-ca", metavar="FILE", help="PEM CA bundle for registry TLS")
+    g.add_argument(
+        "--registry-ca",
+        type=cliargs.readable_file,
+        metavar="FILE",
+        help="PEM CA bundle for registry TLS",
+    )
     g.add_argument(
         "--insecure-registry",
         action="append",
@@ -138,7 +145,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cache-dir", metavar="DIR", help="blob cache (default ~/.cache/execwatch)")
     g.add_argument(
         "--cache-size",
-        type=_size,
+        type=cliargs.size,
         default=DEFAULT_CACHE_BYTES,
         metavar="BYTES",
         help="bound of the blob cache, e.g. 2G; 0 disables it (default 2G)",
@@ -153,13 +160,6 @@ def options_from(args: argparse.Namespace) -> RegistryOptions:
         cache_dir=args.cache_dir,
         cache_bytes=args.cache_size,
     )
-
-
-def _size(text: str) -> int:
-    m = re.fullmatch(r"(\d+)([KMGT]?)I?B?", text.strip().upper())
-    if m is None:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r}")
-    return int(m.group(1)) << (10 * " KMGT".index(m.group(2) or " "))
 
 
 # --- credentials -------------------------------------------------------------------------
