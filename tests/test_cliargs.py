@@ -31,6 +31,9 @@ BAD_VALUES = [
     ("handler", "--max-series", ["0"]),
     ("handler", "--lease-duration", ["0", "nan"]),
     ("handler", "--retry-period", ["-2"]),
+    ("agent", "--node", ["", "Worker_1", "-a", "a..b", "x" * 254]),
+    ("agent", "--namespace", ["", "Bad NS", "a.b", "x" * 64]),
+    ("handler", "--lease-name", ["", "UPPER"]),
 ]
 
 
@@ -62,6 +65,13 @@ def test_a_bad_value_is_a_one_line_usage_error(
         (cliargs.address, ":9090", ("0.0.0.0", 9090)),
         (cliargs.address, "[::1]:0", ("::1", 0)),
         (cliargs.address, "127.0.0.1:65535", ("127.0.0.1", 65535)),
+        (cliargs.dns_label, "x" * 63, "x" * 63),
+        (
+            cliargs.dns_subdomain,
+            "ip-10-0-1-7.eu-west-1.compute.internal",
+            "ip-10-0-1-7.eu-west-1.compute.internal",
+        ),
+        (cliargs.dns_subdomain, "worker-1", "worker-1"),
     ],
 )
 def test_the_bounds_themselves_are_accepted(parse: object, text: str, value: object) -> None:

@@ -81,6 +81,28 @@ def address(text: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+
+
+def dns_label(text: str) -> str:
+    """A name Kubernetes keeps as an RFC 1123 label (a namespace): refused here, not by
+    the API server on every record the agent then creates."""
+    if len(text) > 63 or not re.fullmatch(_LABEL, text):
+        raise argparse.ArgumentTypeError(
+            f"wants a DNS label (a-z, 0-9 and '-', at most 63), got {text!r}"
+        )
+    return text
+
+
+def dns_subdomain(text: str) -> str:
+    """A name Kubernetes keeps as an RFC 1123 subdomain (a node, a Lease)."""
+    if len(text) > 253 or not re.fullmatch(rf"{_LABEL}(\.{_LABEL})*", text):
+        raise argparse.ArgumentTypeError(
+            f"wants a DNS subdomain (a-z, 0-9, '-' and '.', at most 253), got {text!r}"
+        )
+    return text
+
+
 def platform(text: str) -> Platform:
     """`os/arch[/variant]` naming an OCI architecture (see Platform.parse_known)."""
     try:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from execwatch.cluster import cli
 
 
@@ -92,3 +94,11 @@ def test_agent_with_a_busy_metrics_port_exits_2_with_one_line(tmp_path: Path) ->
         done = run_agent(tmp_path, "--metrics-address", f"127.0.0.1:{port}")
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "Address already in use" in done.stderr
+
+
+def test_the_node_defaults_to_the_hostname_as_the_kubelet_names_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    monkeypatch.setattr(socket, "gethostname", lambda: "Worker-A")
+    assert parser().parse_args(["agent"]).node == "worker-a"

@@ -50,6 +50,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube)")
     p.add_argument(
         "--namespace",
+        type=cliargs.dns_label,
         default=os.environ.get("POD_NAMESPACE", crd.DEFAULT_NAMESPACE),
         help="namespace of the ExecFailure records (default: $POD_NAMESPACE or execwatch)",
     )
@@ -68,8 +69,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     _common(a)
     a.add_argument(
         "--node",
-        default=os.environ.get("NODE_NAME") or socket.gethostname(),
-        help="this node's name (default: $NODE_NAME or the hostname)",
+        type=cliargs.dns_subdomain,
+        default=os.environ.get("NODE_NAME") or socket.gethostname().lower(),
+        help="this node's name (default: $NODE_NAME, or the hostname in lower case as the"
+        " kubelet names its node)",
     )
     a.add_argument(
         "--aggregation-window",
@@ -132,7 +135,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}",
         help="this replica's Lease holder identity",
     )
-    h.add_argument("--lease-name", default="execwatch-handler")
+    h.add_argument("--lease-name", type=cliargs.dns_subdomain, default="execwatch-handler")
     lease_seconds = cliargs.Number(0, 3600)  # and retry < renew < lease: see LeaseConfig
     h.add_argument("--lease-duration", type=lease_seconds, default=15.0)
     h.add_argument("--renew-deadline", type=lease_seconds, default=10.0)
