@@ -14,6 +14,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from execwatch.binfmt.isa import parse_level
 from execwatch.binfmt.platform import Platform
 
 
@@ -107,6 +108,14 @@ def platform(text: str) -> Platform:
     """`os/arch[/variant]` naming an OCI architecture (see Platform.parse_known)."""
     try:
         return Platform.parse_known(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def cpu_level(text: str) -> int:
+    """An x86-64 level, `x86-64-v1` to `x86-64-v4` (see binfmt.isa.parse_level)."""
+    try:
+        return parse_level(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 

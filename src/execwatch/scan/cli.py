@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from execwatch import cliargs
-from execwatch.binfmt.isa import parse_level
 from execwatch.scan import registry
 from execwatch.scan.errors import ScanInputError
 from execwatch.scan.model import ScanReport, Severity
@@ -25,13 +24,6 @@ if TYPE_CHECKING:  # rich is imported for a terminal or a table only: a CI job's
     from rich.progress import Progress  # does not pay its start-up (a tenth of a scan)
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
-
-
-def _cpu_level(text: str) -> int:
-    try:
-        return parse_level(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -68,7 +60,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument(
         "--cpu-level",
-        type=_cpu_level,
+        type=cliargs.cpu_level,
         metavar="x86-64-vN",
         help="the x86-64 level of the nodes (v1..v4): an executable or library that needs"
         " more is an error (default: the amd64 platform's variant)",
