@@ -13,9 +13,12 @@ import math
 import os
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from execwatch.binfmt.isa import parse_level
-from execwatch.binfmt.platform import Platform
+# The top-level parser imports this module for every command (`execwatch --version` too):
+# binfmt (40 ms) loads only in the option types that use it.
+if TYPE_CHECKING:
+    from execwatch.binfmt.platform import Platform
 
 
 class Parser(argparse.ArgumentParser):
@@ -106,6 +109,8 @@ def dns_subdomain(text: str) -> str:
 
 def platform(text: str) -> Platform:
     """`os/arch[/variant]` naming an OCI architecture (see Platform.parse_known)."""
+    from execwatch.binfmt.platform import Platform
+
     try:
         return Platform.parse_known(text)
     except ValueError as exc:
@@ -114,6 +119,8 @@ def platform(text: str) -> Platform:
 
 def cpu_level(text: str) -> int:
     """An x86-64 level, `x86-64-v1` to `x86-64-v4` (see binfmt.isa.parse_level)."""
+    from execwatch.binfmt.isa import parse_level
+
     try:
         return parse_level(text)
     except ValueError as exc:
