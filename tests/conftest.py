@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from execwatch.logs import KeyValueFormatter
 from tests.attribution.containerd_env import Containerd
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,3 +32,13 @@ def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]
         yield runtime
     finally:
         runtime.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_cli_log_handler() -> Iterator[None]:
+    """A test that runs the CLI in-process points the root logger at the stderr pytest
+    captured for it. Later tests would log into that closed stream, and each record
+    would print a traceback and slow its thread down."""
+    yield
+    root = logging.getLogger()
+    root.handlers[:] = [h for h in root.handlers if not isinstance(h.formatter, KeyValueFormatter)]
