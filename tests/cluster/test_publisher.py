@@ -41,8 +41,14 @@ class MemorySink:
         self.lose_answers = 0  # store the object, then raise as if the answer was lost
         self.times: list[float] = []
         self.lock = threading.Lock()
+        self.released = threading.Event()  # cleared: a create waits on the wire
+        self.released.set()
+        self.on_wire = threading.Event()
 
     def create(self, body: dict[str, Any]) -> None:
+        if not self.released.is_set():
+            self.on_wire.set()
+            self.released.wait(timeout=10)
         with self.lock:
             self.attempts += 1
             name = body["metadata"]["name"]
@@ -181,13 +187,17 @@ def test_an_outage_is_spooled_within_the_bound_and_the_excess_counted(
     sink: MemorySink, make_publisher: Any
 ) -> None:
     sink.fail_with = 503
+    sink.released.clear()
     p = make_publisher(sink, spool_size=3)
-    for i in range(5):
+    p.submit(exec_failure(pod_name="p0", namespace="n", count=2))
+    assert sink.on_wire.wait(timeout=2)  # p0 is being sent: sealed, still holding its slot
+    for i in range(1, 5):
         p.submit(exec_failure(pod_name=f"p{i}", namespace="n", count=2))
-    p.submit(exec_failure(pod_name="p0", namespace="n", count=7))  # folds, no new slot
-    wait_until(lambda: sample(p.metrics, "execwatch_publisher_spooled_total") >= 1, timeout=2)
+    p.submit(exec_failure(pod_name="p1", namespace="n", count=7))  # folds, no new slot
     assert sample(p.metrics, "execwatch_publisher_dropped_total", type="spool_full") == 4
     assert sample(p.metrics, "execwatch_publisher_spool_records") == 3
+    sink.released.set()
+    wait_until(lambda: sample(p.metrics, "execwatch_publisher_spooled_total") >= 1, timeout=2)
     sink.fail_with = None
     wait_until(lambda: p.spooled() == 0, timeout=5)
     assert sink.counts() == 3 * 2 + 7
