@@ -43,7 +43,7 @@ class MemorySink:
         self.lock = threading.Lock()
         self.released = threading.Event()  # cleared: a create waits on the wire
         self.released.set()
-        self.on_wire = threading.Event()
+        self.on_wire = threading.Event()  # set when a create first waits
 
     def create(self, body: dict[str, Any]) -> None:
         if not self.released.is_set():
@@ -67,17 +67,6 @@ class MemorySink:
     def counts(self) -> int:
         with self.lock:
             return sum(o["spec"]["count"] for o in self.objects.values())
-
-
-class HangingSink:
-    """A create that stays on the wire until released."""
-
-    def __init__(self) -> None:
-        self.entered, self.release = threading.Event(), threading.Event()
-
-    def create(self, body: dict[str, Any]) -> None:
-        self.entered.set()
-        self.release.wait(timeout=10)
 
 
 def sample(m: PublisherMetrics, name: str, **labels: str) -> float:
@@ -122,30 +111,30 @@ def test_the_first_failure_is_published_at_once_with_the_full_record(
     assert sample(p.metrics, "execwatch_publisher_published_total") == 1
 
 
-def test_a_record_being_sent_still_counts_as_spooled(make_publisher: Any) -> None:
+def test_a_record_being_sent_still_counts_as_spooled(sink: MemorySink, make_publisher: Any) -> None:
     """While its create is on the wire the record is held by nobody else: the spool (and
     its gauge) must not read 0, or a full quota would look like an empty spool."""
-    sink = HangingSink()
+    sink.released.clear()
     p = make_publisher(sink)
     p.submit(exec_failure(pod_name="web-0", namespace="shop"))
-    assert sink.entered.wait(timeout=5)
+    assert sink.on_wire.wait(timeout=5)
     assert p.spooled() == 1
-    sink.release.set()
+    sink.released.set()
     wait_until(lambda: p.spooled() == 0, timeout=5)
 
 
 def test_a_record_is_sealed_on_disk_before_its_create_is_sent(
-    make_publisher: Any, tmp_path: Path
+    sink: MemorySink, make_publisher: Any, tmp_path: Path
 ) -> None:
     """Killed while the create is on the wire, the next agent must re-send it unchanged
     (it may exist): folding more failures into it would lose them behind a 409."""
-    sink = HangingSink()
+    sink.released.clear()
     p = make_publisher(sink, spool=Spool(tmp_path, "agent"))
     p.submit(exec_failure(pod_name="a", namespace="n", count=2))
-    assert sink.entered.wait(timeout=5)
+    assert sink.on_wire.wait(timeout=5)
     with sqlite3.connect(f"file:{tmp_path / 'spool-agent.db'}?mode=ro", uri=True) as db:
         assert db.execute("SELECT count, sealed FROM records").fetchall() == [(2, 1)]
-    sink.release.set()
+    sink.released.set()
 
 
 def test_a_crash_loop_becomes_one_record_per_window_with_exact_counts(
