@@ -82,6 +82,46 @@ VARIANTS: dict[str, tuple[str, list[tuple[str, str]]]] = {
         "the NH loop over the name's words not unrolled (a smaller fold path)",
         [("#pragma unroll\n" + NH_LOOP, "#pragma clang loop unroll(disable)\n" + NH_LOOP)],
     ),
+    "task_stack": (
+        "the name on the task's kernel stack, not the per-CPU private stack (6.13+) that a "
+        "subprogram of 64 bytes of stack gets: a tail call anywhere turns that off, so a dead one",
+        [
+            (
+                "const volatile struct ew_config cfg = {};",
+                "const volatile struct ew_config cfg = {};\n\nstruct {\n"
+                "\t__uint(type, BPF_MAP_TYPE_PROG_ARRAY);\n\t__uint(max_entries, 1);\n"
+                '\t__type(key, __u32);\n\t__type(value, __u32);\n} no_priv_stack SEC(".maps");',
+            ),
+            (
+                "\treturn ctx->ret < 0 ? on_failure(ctx->ret, EW_EXECVE) : 0;",
+                "\tif (ctx->ret >= 0)\n\t\treturn 0;\n\ton_failure(ctx->ret, EW_EXECVE);\n"
+                "\tif (cfg.fold_key[0] == 0 && cfg.fold_key[1] == 0)\n"
+                "\t\tbpf_tail_call(ctx, &no_priv_stack, 0);\n\treturn 0;",
+            ),
+        ],
+    ),
+    "key_immediates": (
+        "ablation: the NH key as constants in the instructions, no loads from .rodata "
+        "(a loader could patch random ones in)",
+        [
+            (
+                "h += nh(f->words[i], cfg.fold_key[i]);",
+                "h += nh(f->words[i], 0x9e3779b97f4a7c15ULL * (i + 1));",
+            ),
+            (
+                "h += nh(cgroup_id, cfg.fold_key[EW_FOLD_WORDS]);",
+                "h += nh(cgroup_id, 0x12345678deadbeefULL);",
+            ),
+            (
+                "h += nh(root_ino, cfg.fold_key[EW_FOLD_WORDS + 1]);",
+                "h += nh(root_ino, 0x2345678deadbeef1ULL);",
+            ),
+            (
+                "h += nh(mntns | (__u64)f->len << 32, cfg.fold_key[EW_FOLD_WORDS + 2]);",
+                "h += nh(mntns | (__u64)f->len << 32, 0x345678deadbeef12ULL);",
+            ),
+        ],
+    ),
 }
 
 
