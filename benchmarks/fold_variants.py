@@ -1,17 +1,18 @@
 """Where a folded PATH-search miss spends its kernel time: variants of the probe, side by side.
 
-    sudo .venv/bin/python -m benchmarks.fold_variants [--loads 4] [--rounds 8] [VARIANT ...]
+    sudo .venv/bin/python -m benchmarks.fold_variants [--loads 4] [--rounds 8] [--misses 4]
+        [VARIANT ...]
 
 Each variant is the shipped `execwatch.bpf.c` with a few lines replaced, built by the
 Makefile's rule. Some are ablations, not sound probes (`no_identity` folds every cgroup
 together): they price one part of the fold path by leaving it out. Each load is a fresh
 probe: five half-second storms of fresh children exec'ing a program by its path (their
 median is the successful exec's cost in a storm), then one-second rounds of probe_bench's
-PATH-search storm; a round of either counts only when no other process failed an exec
-meanwhile. A load's figure is its rounds' median kernel ns per miss; the variants
-alternate order load by load. One round sometimes costs microseconds per run with
-nothing else running on this machine (docs/trace.md, "PATH-search noise"): hence
-medians, and several loads.
+PATH-search storm (--misses directories that lack the program before the one that has it);
+a round of either counts only when no other process failed an exec meanwhile. A load's
+figure is its rounds' median kernel ns per miss; the variants alternate order load by
+load. One round sometimes costs microseconds per run with nothing else running on this
+machine (docs/trace.md, "PATH-search noise"): hence medians, and several loads.
 Not part of `make bench`: it is for trying changes to the fold path.
 """
 
@@ -39,9 +40,34 @@ FIXED_NAMES = (
 )
 NH_LOOP = "\tfor (__u32 i = 0; i < EW_FOLD_WORDS; i++) {\n\t\tif (i == last)"
 
+
+def until(stage: str, shipped: str, keep: str) -> tuple[str, list[tuple[str, str]]]:
+    """An ablation that returns just before `shipped` (a line of on_failure), keeping the
+    registers in `keep` alive so that nothing before it is optimised away."""
+    stop = f'\tif (cfg.fold_window_ns) {{\n\t\tasm volatile("" :: {keep});\n\t\treturn 0;\n\t}}\n'
+    return f"ablation: the fold path up to {stage}, then return", [(shipped, stop + shipped)]
+
+
 # name -> (what it shows, [(shipped text, replacement)])
 VARIANTS: dict[str, tuple[str, list[tuple[str, str]]]] = {
     "shipped": ("the object as it ships", []),
+    "until_total": until("the per-errno total", "\ttask = current_task();", '"r"(idx)'),
+    "until_identity": until(
+        "the identity and the name's address",
+        "\tif (sc == EW_EXECVE && ret == -ENOENT && cfg.fold_window_ns)",
+        '"r"(cgroup_id), "r"(mntns), "r"(root_ino), "r"(name)',
+    ),
+    "until_tag": until("the name's read and its tag", "\tif (tag) {", '"r"(tag)'),
+    "until_set": until("the set's address", "\tif (set) {", '"r"(set), "r"(epoch)'),
+    "no_wakeup": (
+        "ablation: no record wakes the consumer (each wakeup is an irq_work, a self-IPI here)",
+        [
+            (
+                "\tbpf_ringbuf_submit(e, wakeup_flag(now, cgroup_id));\n\treturn 0;\n}\n\nSEC(",
+                "\tbpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);\n\treturn 0;\n}\n\nSEC(",
+            )
+        ],
+    ),
     "no_identity": (
         "ablation: cgroup, mount namespace and root are constants (no pointer chains)",
         [
@@ -143,15 +169,18 @@ def build(name: str, out_dir: Path) -> Path:
     return obj
 
 
-def one_load(obj: Path, gen: Path, cgroup: Path, dirs: list[Path], rounds: int) -> dict[str, float]:
-    env = {"PATH": ":".join(map(str, dirs))}
+def one_load(
+    obj: Path, gen: Path, cgroup: Path, dirs: list[Path], rounds: int, misses: int
+) -> dict[str, float]:
+    env = {"PATH": ":".join(map(str, dirs[:misses] + dirs[-1:]))}
     run = [str(gen), "run", "1000", "0.5", str(dirs[-1] / pb.SEARCH_NAME)]
     search = [str(gen), "search", "1000", "1", pb.SEARCH_NAME]
     with Probe(ProbeOptions(object_path=obj)) as probe:
         consumer = pb.Consumer(probe, None, watch_cgroup=os.stat(cgroup).st_ino)
         try:
             successes = [r for r, ok in pb.exec_rounds(probe, cgroup, run, 5, 0, env) if ok]
-            searches = [r for r, ok in pb.exec_rounds(probe, cgroup, search, rounds, 4, env) if ok]
+            searches = pb.exec_rounds(probe, cgroup, search, rounds, misses, env)
+            searches = [r for r, ok in searches if ok]
         finally:
             consumer.stop()
     if not successes or not searches:
@@ -168,6 +197,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--loads", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--misses", type=int, default=4, choices=range(1, 5),
+                        help="misses per search, each in a fresh child (default: 4)")  # fmt: skip
     parser.add_argument("variants", nargs="*", default=list(VARIANTS), metavar="VARIANT",
                         help=f"any of {', '.join(VARIANTS)} (default: all)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -186,9 +217,13 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         objs = {name: build(name, Path(tmp)) for name in args.variants}
         for i in range(args.loads):
             for name in args.variants if i % 2 == 0 else args.variants[::-1]:
-                loads[name].append(one_load(objs[name], gen, cgroup, dirs, args.rounds))
+                obj = objs[name]
+                loads[name].append(one_load(obj, gen, cgroup, dirs, args.rounds, args.misses))
                 print(name, loads[name][-1], flush=True)
-    result: dict[str, object] = {"load_average_at_end": os.getloadavg()}
+    result: dict[str, object] = {
+        "misses_per_search": args.misses,
+        "load_average_at_end": os.getloadavg(),
+    }
     for name, figures in loads.items():
         misses = sorted(round(f["miss_ns"], 1) for f in figures)
         result[name] = {
