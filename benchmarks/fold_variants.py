@@ -179,8 +179,8 @@ def one_load(
         consumer = pb.Consumer(probe, None, watch_cgroup=os.stat(cgroup).st_ino)
         try:
             successes = [r for r, ok in pb.exec_rounds(probe, cgroup, run, 5, 0, env) if ok]
-            searches = pb.exec_rounds(probe, cgroup, search, rounds, misses, env)
-            searches = [r for r, ok in searches if ok]
+            rounds_run = pb.exec_rounds(probe, cgroup, search, rounds, misses, env)
+            searches = [r for r, ok in rounds_run if ok]
         finally:
             consumer.stop()
     if not successes or not searches:
