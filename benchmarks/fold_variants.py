@@ -197,8 +197,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--loads", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--misses", type=int, default=4, choices=range(1, 5),
-                        help="misses per search, each in a fresh child (default: 4)")  # fmt: skip
+    parser.add_argument("--misses", type=int, default=pb.SEARCH_MISSES,
+                        choices=range(1, pb.SEARCH_MISSES + 1),
+                        help="misses per search, each in a fresh child (%(default)s)")  # fmt: skip
     parser.add_argument("variants", nargs="*", default=list(VARIANTS), metavar="VARIANT",
                         help=f"any of {', '.join(VARIANTS)} (default: all)")  # fmt: skip
     args = parser.parse_args(argv)

@@ -505,11 +505,13 @@ def death_storm(
 
 
 SEARCH_NAME = "ewprog"
+SEARCH_MISSES = 4  # the issue's execvp search: four PATH directories lack the program
 
 
 def search_dirs(tmp: Path) -> list[Path]:
-    """Five PATH directories; only the last holds the program (a copy of /bin/true)."""
-    dirs = [tmp / "path" / f"d{i}" for i in range(5)]
+    """SEARCH_MISSES + 1 PATH directories; only the last holds the program (a copy of
+    /bin/true)."""
+    dirs = [tmp / "path" / f"d{i}" for i in range(SEARCH_MISSES + 1)]
     for d in dirs:
         d.mkdir(parents=True)
     shutil.copy("/bin/true", dirs[-1] / SEARCH_NAME)
@@ -637,13 +639,13 @@ def search_storm(
         warm_argv = [str(gen), "storm", "10000", "0.3", missing]
         k_warm = kernel_rounds(probe, cgroup, warm_argv, 1, None)
         k_search = kernel_rounds(
-            probe, cgroup, [str(gen), "search", rate, short, SEARCH_NAME], 4, env
+            probe, cgroup, [str(gen), "search", rate, short, SEARCH_NAME], SEARCH_MISSES, env
         )
         k_runs = kernel_rounds(probe, cgroup, [str(gen), "run", rate, short, program], 0, None)
     finally:
         consumer.stop()  # its last flush takes the kernel's last folds
     searches = search["n"]
-    misses = 4 * searches
+    misses = SEARCH_MISSES * searches
     per_miss = 1e6 / misses if misses else 0.0
     idle_rate = idle["cpu_s"] / idle["wall_s"]
     success_ns = k_runs["clean"]["ns_per_run"] or k_runs["all"]["ns_per_run"]
