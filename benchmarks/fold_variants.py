@@ -68,6 +68,16 @@ VARIANTS: dict[str, tuple[str, list[tuple[str, str]]]] = {
             )
         ],
     ),
+    "no_epoch": (
+        "ablation: a name once sent is folded on its CPU for good, with no record each "
+        "fold window (the fold hit alone; the window's records and their wakeups gone)",
+        [
+            (
+                "\t\tif (way >= 0 && set->way[way & (EW_FOLD_WAYS - 1)].epoch == epoch) {",
+                "\t\tif (way >= 0) {",
+            )
+        ],
+    ),
     "no_identity": (
         "ablation: cgroup, mount namespace and root are constants (no pointer chains)",
         [
