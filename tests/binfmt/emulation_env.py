@@ -1,0 +1,77 @@
+"""A binfmt_misc table of its own: a user and mount namespace (Linux 6.7+ gives each user
+namespace its own binfmt_misc), with Debian's user-mode QEMU registered in it. The host's
+table is never touched."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+EMULATORS = REPO / ".cache" / "emulators"
+TABLE_IN_NAMESPACE = "/proc/sys/fs/binfmt_misc"
+# qemu's own aarch64 entry (scripts/qemu-binfmt-conf.sh): ELF64, little endian, EM_AARCH64.
+AARCH64_MAGIC = r"\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\xb7\x00"
+AARCH64_MASK = r"\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff"
+
+
+def qemu_aarch64() -> Path:
+    binary = EMULATORS / "qemu-aarch64-static"
+    if not (EMULATORS / ".complete-v1").exists():
+        pytest.fail(f"{binary} is missing: run dev/fetch-emulators.sh (make test does)")
+    return binary
+
+
+def aarch64_entry(name: str, interpreter: Path, flags: str) -> str:
+    return f":{name}:M::{AARCH64_MAGIC}:{AARCH64_MASK}:{interpreter}:{flags}"
+
+
+@dataclass
+class BinfmtNamespace:
+    """A sleeping process whose namespaces hold the table; commands run there via nsenter."""
+
+    process: subprocess.Popen[bytes]
+
+    @classmethod
+    def start(cls) -> BinfmtNamespace:
+        script = (
+            f"mount -t binfmt_misc binfmt_misc {TABLE_IN_NAMESPACE} && echo ready && exec sleep 600"
+        )
+        process = subprocess.Popen(
+            ["unshare", "-U", "-m", "-r", "--propagation", "private", "sh", "-c", script],
+            stdout=subprocess.PIPE,
+        )
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if line != b"ready\n":
+            process.kill()
+            pytest.fail(f"cannot mount binfmt_misc in a user namespace (Linux 6.7+): {line!r}")
+        return cls(process)
+
+    @property
+    def table(self) -> Path:
+        """The namespace's table as the host (and the agent) reach it."""
+        return Path(f"/proc/{self.process.pid}/root{TABLE_IN_NAMESPACE}")
+
+    def run(self, *argv: str | Path) -> subprocess.CompletedProcess[str]:
+        """argv[0] exec'd as is: nsenter's execvp would hand a file it cannot run to sh."""
+        target = ["nsenter", "-t", str(self.process.pid), "-U", "-m", "--preserve-credentials"]
+        execv = [sys.executable, "-c", "import os, sys; os.execv(sys.argv[1], sys.argv[1:])"]
+        return subprocess.run(
+            [*target, *execv, *map(str, argv)], capture_output=True, text=True, timeout=60
+        )
+
+    def write(self, name: str, text: str) -> None:
+        done = self.run("/bin/sh", "-c", f"printf '%s' \"$1\" > {TABLE_IN_NAMESPACE}/{name}", "-", text)
+        assert done.returncode == 0, done.stderr
+
+    def register(self, line: str) -> None:
+        self.write("register", line)
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
