@@ -1,0 +1,184 @@
+"""The placement controller's decision for one gated pod, written back to the API server.
+
+For each pod the webhook gated: judge what every container and init container starts on
+each node architecture of the cluster, narrow the pod's required node affinity to where
+all of them run, lift the gate, and say why in an Event. Any failure to judge (registry
+unreachable, credentials refused, the deadline) lifts the gate with the pod unchanged:
+placement never keeps a pod from running that it would have run without execwatch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from execwatch.cluster import errors
+from execwatch.cluster.rest import Rest, path
+from execwatch.cluster.safe import fit_bytes, printable
+from execwatch.placement.decision import Action, ContainerVerdict, decide
+from execwatch.placement.webhook import GATE, GATED_LABEL
+
+log = logging.getLogger(__name__)
+
+JSON_PATCH = "application/json-patch+json"
+REPORTING_CONTROLLER = "execwatch.io/placement"
+NOTE_LIMIT = 1024
+
+
+class VerdictUnavailable(Exception):
+    """What a pod's images run on could not be told in time: one line, the cause."""
+
+
+class VerdictSource(Protocol):
+    def judge(
+        self, pod: Mapping[str, Any], container: Mapping[str, Any], deadline: float
+    ) -> ContainerVerdict: ...
+
+
+class Observer(Protocol):
+    def decided(self, action: str, seconds: float) -> None: ...
+    def failed_open(self, cause: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the controller did to one pod."""
+
+    action: str  # an Action, or "fail-open"
+    message: str
+
+
+EVENT_REASONS = {
+    Action.PLACE: "Placed",
+    Action.LEAVE: "PlacementUnchanged",
+    Action.NOWHERE: "NoArchitectureRuns",
+}
+
+
+@dataclass
+class Placer:
+    rest: Rest
+    source: VerdictSource
+    arches: Callable[[], Iterable[str]]
+    observer: Observer
+    budget: float = 30.0  # seconds from the pod's creation to a decision, else fail open
+    clock: Callable[[], float] = time.time
+
+    def handle(self, pod: Mapping[str, Any]) -> Outcome | None:
+        """Decide for a gated pod and lift its gate; None when it is not gated (any more)."""
+        spec = pod.get("spec") or {}
+        if _gate_index(spec) is None:
+            return None
+        deadline = _created(pod) + self.budget
+        try:
+            verdicts = self._judge(pod, spec, deadline)
+        except VerdictUnavailable as exc:
+            return self._fail_open(pod, str(exc))
+        decision = decide(spec, verdicts, self.arches())
+        self._write(pod, decision.affinity(spec))
+        self._event(pod, EVENT_REASONS[decision.action], decision.message, decision.warning)
+        self.observer.decided(str(decision.action), max(0.0, self.clock() - _created(pod)))
+        return Outcome(str(decision.action), decision.message)
+
+    def _judge(
+        self, pod: Mapping[str, Any], spec: Mapping[str, Any], deadline: float
+    ) -> list[ContainerVerdict]:
+        containers: Sequence[Mapping[str, Any]] = [
+            *(spec.get("initContainers") or []),
+            *(spec.get("containers") or []),
+        ]
+        verdicts = []
+        for container in containers:
+            if self.clock() >= deadline:
+                raise VerdictUnavailable(
+                    f"no verdict within {self.budget:g} s of the pod's creation"
+                )
+            verdicts.append(self.source.judge(pod, container, deadline))
+        return verdicts
+
+    def _fail_open(self, pod: Mapping[str, Any], cause: str) -> Outcome:
+        message = f"placed without a verdict: {cause}"
+        self._write(pod, None)
+        self._event(pod, "PlacementSkipped", message, warning=True)
+        self.observer.failed_open(cause.split(":", 1)[0][:64])
+        return Outcome("fail-open", message)
+
+    def _write(self, pod: Mapping[str, Any], affinity: dict[str, Any] | None) -> None:
+        meta = pod["metadata"]
+        self.rest.call(
+            "PATCH",
+            path("api", "v1", "namespaces", meta["namespace"], "pods", meta["name"]),
+            body=ungate_patch(pod, affinity),
+            content_type=JSON_PATCH,
+        )
+
+    def _event(self, pod: Mapping[str, Any], reason: str, message: str, warning: bool) -> None:
+        meta = pod["metadata"]
+        now = datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        body = {
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            "metadata": {"name": f"{meta['name'][:200]}.placement-{uuid.uuid4().hex[:10]}"},
+            "eventTime": now,
+            "type": "Warning" if warning else "Normal",
+            "reason": reason,
+            "action": "Place",
+            "note": fit_bytes(printable(message, 4 * NOTE_LIMIT), NOTE_LIMIT),
+            "reportingController": REPORTING_CONTROLLER,
+            "reportingInstance": REPORTING_CONTROLLER,
+            "regarding": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "namespace": meta["namespace"],
+                "name": meta["name"],
+                "uid": meta["uid"],
+            },
+        }
+        events = path("apis", "events.k8s.io", "v1", "namespaces", meta["namespace"], "events")
+        try:
+            self.rest.call("POST", events, body=body)
+        except errors.ApiError as err:  # the decision stands without its Event
+            log.warning("placement event not written", extra={"kv": errors.as_dict(err)})
+
+
+def ungate_patch(pod: Mapping[str, Any], affinity: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """A JSON patch that applies only to this very pod while it still carries our gate at
+    the index seen: the new affinity (when any), the gate and the gated label removed."""
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+    index = _gate_index(spec)
+    assert index is not None
+    gate = f"/spec/schedulingGates/{index}"
+    ops: list[dict[str, Any]] = [
+        {"op": "test", "path": "/metadata/uid", "value": meta["uid"]},
+        {"op": "test", "path": f"{gate}/name", "value": GATE},
+        {"op": "remove", "path": gate},
+    ]
+    if affinity is not None:
+        ops.append({"op": "add", "path": "/spec/affinity", "value": affinity})
+    if GATED_LABEL in (meta.get("labels") or {}):
+        ops.append({"op": "remove", "path": "/metadata/labels/" + _escape(GATED_LABEL)})
+    return ops
+
+
+def _gate_index(spec: Mapping[str, Any]) -> int | None:
+    for i, gate in enumerate(spec.get("schedulingGates") or []):
+        if gate.get("name") == GATE:
+            return i
+    return None
+
+
+def _created(pod: Mapping[str, Any]) -> float:
+    stamp = str((pod.get("metadata") or {}).get("creationTimestamp") or "")
+    try:
+        return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return time.time()
+
+
+def _escape(segment: str) -> str:
+    return segment.replace("~", "~0").replace("/", "~1")

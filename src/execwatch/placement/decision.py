@@ -1,0 +1,89 @@
+"""From per-container verdicts to what happens to one gated pod."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from execwatch.placement.affinity import Spec, narrowed_affinity, user_pin
+
+
+class Outcome(enum.StrEnum):
+    """Whether what a container starts runs on one architecture."""
+
+    RUNS = "runs"
+    EMULATED = "emulated"  # runs, slowly, through a binfmt_misc emulator on such nodes
+    FAILS = "fails"
+    UNKNOWN = "unknown"  # could not be told: placement never restricts on it
+
+
+@dataclass(frozen=True)
+class ContainerVerdict:
+    """One container's image, judged per node architecture."""
+
+    container: str
+    image: str
+    outcomes: Mapping[str, Outcome]  # architecture -> outcome
+    why: Mapping[str, str] = field(default_factory=dict)  # architecture -> one line
+
+    def outcome(self, arch: str) -> Outcome:
+        return self.outcomes.get(arch, Outcome.UNKNOWN)
+
+
+class Action(enum.StrEnum):
+    PLACE = "place"  # narrow the affinity to `arches`, lift the gate
+    NOWHERE = "nowhere"  # no architecture works: a term no node matches, lift the gate
+    LEAVE = "leave"  # lift the gate, change nothing (runs everywhere, or pinned by the user)
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    arches: tuple[str, ...]
+    message: str
+    warning: bool  # a Warning Event rather than a Normal one
+
+    def affinity(self, spec: Spec) -> dict[str, Any] | None:
+        if self.action is Action.LEAVE:
+            return None
+        return narrowed_affinity(spec, self.arches)
+
+
+def decide(spec: Spec, verdicts: Sequence[ContainerVerdict], arches: Iterable[str]) -> Decision:
+    """Where the pod may go among the cluster's node `arches`, and why."""
+    cluster = sorted(set(arches))
+    runs = [a for a in cluster if all(_starts(v.outcome(a)) for v in verdicts)]
+    failing = {a: _first_failure(verdicts, a) for a in cluster if a not in runs}
+    pin = user_pin(spec)
+    if pin.pinned:
+        return _pinned(pin.allows, cluster, failing)
+    if not failing:
+        return Decision(Action.LEAVE, tuple(cluster), "runs on every node architecture", False)
+    why = "; ".join(f"{a}: {failing[a]}" for a in sorted(failing))
+    if not runs:
+        return Decision(Action.NOWHERE, (), f"runs on no node architecture: {why}", True)
+    return Decision(Action.PLACE, tuple(runs), f"placed on {', '.join(runs)} only: {why}", False)
+
+
+def _pinned(
+    allows: Callable[[str], bool], cluster: list[str], failing: Mapping[str, str]
+) -> Decision:
+    bad = [a for a in cluster if allows(a) and a in failing]
+    if not bad:
+        return Decision(Action.LEAVE, (), "the pod's own architecture choice runs", False)
+    why = "; ".join(f"{a}: {failing[a]}" for a in bad)
+    return Decision(Action.LEAVE, (), f"left as pinned, but fails on {why}", True)
+
+
+def _starts(outcome: Outcome) -> bool:
+    return outcome is not Outcome.FAILS
+
+
+def _first_failure(verdicts: Sequence[ContainerVerdict], arch: str) -> str:
+    for v in verdicts:
+        if v.outcome(arch) is Outcome.FAILS:
+            why = v.why.get(arch, "fails")
+            return f"container {v.container!r} ({v.image}): {why}"
+    return "fails"

@@ -1,0 +1,100 @@
+"""The mutating admission webhook: a scheduling gate on new pods of opted-in namespaces.
+
+The API server calls it only for namespaces labelled `execwatch.io/placement` (the
+webhook configuration's namespaceSelector) and only on pod CREATE. It answers within
+milliseconds from the request alone: no API call, no registry. The controller does the
+slow part while the pod waits, gated, for the scheduler.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+GATE = "execwatch.io/verify"
+GATED_LABEL = "execwatch.io/verify"  # lets the controller list and watch only gated pods
+GATED_VALUE = "pending"
+MODE_LABEL = "execwatch.io/placement"
+MAX_REVIEW_BYTES = 3 << 20  # the API server's own request limit for an object is 3 MiB
+
+
+class BadReview(ValueError):
+    """The body is not an AdmissionReview this webhook can answer."""
+
+
+@dataclass(frozen=True)
+class Skip:
+    why: str
+
+
+def review(body: bytes, own_namespace: str) -> bytes:
+    """The AdmissionReview answer to `body`: always allowed, with a patch when gated."""
+    if len(body) > MAX_REVIEW_BYTES:
+        raise BadReview("admission review over 3 MiB")
+    try:
+        request = json.loads(body)["request"]
+        uid = str(request["uid"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BadReview(f"not an AdmissionReview: {exc}") from None
+    response: dict[str, Any] = {"uid": uid, "allowed": True}
+    pod = request.get("object") if isinstance(request.get("object"), dict) else None
+    if pod is not None and skip_reason(request, pod, own_namespace) is None:
+        patch = gate_patch(pod)
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+    answer = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+    return json.dumps(answer).encode()
+
+
+def skip_reason(request: Mapping[str, Any], pod: Mapping[str, Any], own: str) -> Skip | None:
+    """Why this pod is not gated, or None to gate it."""
+    namespace = str(request.get("namespace") or "")
+    spec = pod.get("spec") or {}
+    meta = pod.get("metadata") or {}
+    if request.get("operation") != "CREATE" or (request.get("kind") or {}).get("kind") != "Pod":
+        return Skip("not a pod create")
+    if request.get("subResource"):
+        return Skip("a subresource")
+    if namespace.startswith("kube-") or namespace == own:
+        return Skip(f"namespace {namespace} is never gated")
+    if spec.get("nodeName"):
+        return Skip("nodeName is set: the scheduler is not involved")
+    if any(ref.get("kind") == "DaemonSet" for ref in meta.get("ownerReferences") or []):
+        return Skip("a DaemonSet pod belongs on every node")
+    if any(g.get("name") == GATE for g in spec.get("schedulingGates") or []):
+        return Skip("already gated")
+    return None
+
+
+def gate_patch(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """JSON patch operations that add the gate and the label, whatever exists already."""
+    spec = pod.get("spec") or {}
+    labels = (pod.get("metadata") or {}).get("labels")
+    ops: list[dict[str, Any]] = []
+    if spec.get("schedulingGates"):
+        ops.append({"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": GATE}})
+    else:
+        ops.append({"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GATE}]})
+    if labels:
+        path = "/metadata/labels/" + GATED_LABEL.replace("~", "~0").replace("/", "~1")
+        ops.append({"op": "add", "path": path, "value": GATED_VALUE})
+    else:
+        ops.append({"op": "add", "path": "/metadata/labels", "value": {GATED_LABEL: GATED_VALUE}})
+    return ops
+
+
+def http_handler(own_namespace: str) -> Callable[[str, bytes], tuple[int, bytes]]:
+    """The webhook's HTTP routes: POST /gate answers AdmissionReviews."""
+
+    def handle(url_path: str, body: bytes) -> tuple[int, bytes]:
+        if url_path.split("?", 1)[0] != "/gate":
+            return 404, b'{"message": "no such webhook"}'
+        try:
+            return 200, review(body, own_namespace)
+        except BadReview as exc:
+            return 400, json.dumps({"message": str(exc)}).encode()
+
+    return handle

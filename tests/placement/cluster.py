@@ -1,0 +1,66 @@
+"""Pods, namespaces and the gate webhook's registration on the tests' API server."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from execwatch.placement.webhook import MODE_LABEL
+
+OWN_NAMESPACE = "execwatch"
+
+
+def configuration(port: int, ca: Path, name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [
+            {
+                "name": "gate.placement.execwatch.io",
+                "clientConfig": {
+                    "url": f"https://127.0.0.1:{port}/gate",
+                    "caBundle": base64.b64encode(ca.read_bytes()).decode(),
+                },
+                "rules": [
+                    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                     "resources": ["pods"], "scope": "Namespaced"}
+                ],
+                "namespaceSelector": {
+                    "matchExpressions": [
+                        {"key": MODE_LABEL, "operator": "In", "values": ["enforce", "mitigate"]}
+                    ]
+                },
+                "failurePolicy": "Ignore",
+                "sideEffects": "None",
+                "timeoutSeconds": 5,
+                "admissionReviewVersions": ["v1"],
+            }
+        ],
+    }  # fmt: skip
+
+
+def namespace(api: client.ApiClient, mode: str | None, prefix: str = "team") -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    labels = {MODE_LABEL: mode} if mode else {}
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": name, "labels": labels}})
+    return name
+
+
+def create_pod(api: client.ApiClient, ns: str, **spec: Any) -> dict[str, Any]:
+    meta = spec.pop("metadata", {})
+    body = {
+        "metadata": {"name": "p", **meta},
+        "spec": {"containers": [{"name": "app", "image": "r.example/app:1"}], **spec},
+    }
+    created = client.CoreV1Api(api).create_namespaced_pod(ns, body)
+    result: dict[str, Any] = api.sanitize_for_serialization(created)
+    return result
+
+
+def gates(pod: dict[str, Any]) -> list[str]:
+    return [g["name"] for g in pod["spec"].get("schedulingGates") or []]

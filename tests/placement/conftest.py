@@ -1,0 +1,50 @@
+"""The placement tests run against the real API server of tests/kube, with the gate
+webhook served from this process on loopback behind TLS and registered with a
+MutatingWebhookConfiguration as the chart registers it."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from execwatch.placement.serving import WebhookServer
+from execwatch.placement.webhook import http_handler
+from tests.kube.cluster import KubeCluster, make_pki
+from tests.kube.fixtures import admin, kube
+from tests.placement.cluster import OWN_NAMESPACE, configuration
+
+__all__ = ["admin", "kube"]
+
+
+@pytest.fixture(scope="module")
+def webhook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[WebhookServer, Path]]:
+    pki = tmp_path_factory.mktemp("webhook-pki")
+    make_pki(pki)
+    server = WebhookServer(
+        ("127.0.0.1", 0),
+        http_handler(OWN_NAMESPACE),
+        str(pki / "serving.crt"),
+        str(pki / "serving.key"),
+    )
+    server.start()
+    try:
+        yield server, pki / "ca.crt"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def registered(kube: KubeCluster, webhook: tuple[WebhookServer, Path]) -> Iterator[WebhookServer]:
+    server, ca = webhook
+    name = f"execwatch-placement-{uuid.uuid4().hex[:6]}"
+    with kube.client() as api:
+        admission = client.AdmissionregistrationV1Api(api)
+        admission.create_mutating_webhook_configuration(configuration(server.port, ca, name))
+        try:
+            yield server
+        finally:
+            admission.delete_mutating_webhook_configuration(name)
