@@ -66,7 +66,8 @@ class BinfmtNamespace:
         )
 
     def write(self, name: str, text: str) -> None:
-        done = self.run("/bin/sh", "-c", f"printf '%s' \"$1\" > {TABLE_IN_NAMESPACE}/{name}", "-", text)
+        script = f"printf '%s' \"$1\" > {TABLE_IN_NAMESPACE}/{name}"
+        done = self.run("/bin/sh", "-c", script, "-", text)
         assert done.returncode == 0, done.stderr
 
     def register(self, line: str) -> None:

@@ -18,22 +18,11 @@ from execwatch.cluster.handler import LABEL, Handler, HandlerConfig
 from execwatch.cluster.metrics import HandlerMetrics
 from tests.kube.cluster import KubeCluster
 from tests.kube.fixtures import AGENT_NODE, admin, agent_api, agent_lightkube, handler_api, kube
+from tests.support.wait import wait_until
 
-__all__ = ["admin", "agent_api", "agent_lightkube", "handler_api", "kube"]
+__all__ = ["admin", "agent_api", "agent_lightkube", "handler_api", "kube", "wait_until"]
 
 NODE = AGENT_NODE
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, step: float = 0.05) -> Any:
-    """Poll until `predicate()` is truthy; fail the test with a clear message if not."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout}s: {predicate}")
-        time.sleep(step)
 
 
 def label_of(admin: client.ApiClient, pod: dict[str, Any]) -> str | None:

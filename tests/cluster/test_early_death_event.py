@@ -23,10 +23,11 @@ from kubernetes import client
 from execwatch.cluster.events import event_reason
 from execwatch.cluster.handler import Handler
 from tests.attribution.runc_env import KubeletCgroup, Runc, remove_pod_cgroups
-from tests.cluster.conftest import NODE, PodFactory, label_of, wait_until
+from tests.cluster.conftest import NODE, PodFactory, label_of
 from tests.cluster.test_end_to_end import pod_reader_rbac, running_agent
 from tests.cluster.test_handler import events_of, failures_total
 from tests.probe.deaths import DEATHS, KEEPALIVE, MARKER, Death
+from tests.support.wait import wait_until
 
 __all__ = ["pod_reader_rbac"]
 

@@ -30,9 +30,10 @@ from execwatch.cluster.kubeapi import RecordApi
 from execwatch.cluster.metrics import PublisherMetrics
 from execwatch.cluster.publisher import Publisher, PublisherConfig
 from tests.attribution.runc_env import KubeletCgroup, Runc, remove_pod_cgroups
-from tests.cluster.conftest import NODE, PodFactory, label_of, wait_until
+from tests.cluster.conftest import NODE, PodFactory, label_of
 from tests.cluster.test_handler import events_of, failures_total
 from tests.kube.cluster import MANIFESTS, KubeCluster, load_manifests
+from tests.support.wait import wait_until
 
 
 def series_count(event: Any) -> int:

@@ -25,13 +25,14 @@ from execwatch.cluster.handler import Handler, HandlerConfig
 from execwatch.cluster.kubeapi import RecordApi
 from execwatch.cluster.publisher import Publisher, PublisherConfig
 from execwatch.cluster.rest import Rest
-from tests.cluster.conftest import NODE, PodFactory, list_records, wait_until
+from tests.cluster.conftest import NODE, PodFactory, list_records
 from tests.cluster.records import exec_failure
 from tests.cluster.test_handler import events_of, failures_total, sample
 from tests.cluster.test_node_binding import record
 from tests.kube.cluster import KubeCluster
 from tests.kube.faultproxy import FaultProxy
 from tests.kube.fixtures import AGENT_SA, HANDLER_SA
+from tests.support.wait import wait_until
 
 FAILURES_AT_LEAST = 1000
 

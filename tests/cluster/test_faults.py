@@ -18,12 +18,13 @@ from execwatch.cluster import crd
 from execwatch.cluster.handler import Handler
 from execwatch.cluster.kubeapi import RecordApi
 from execwatch.cluster.publisher import Publisher, PublisherConfig
-from tests.cluster.conftest import NODE, PodFactory, list_records, wait_until
+from tests.cluster.conftest import NODE, PodFactory, list_records
 from tests.cluster.records import exec_failure
 from tests.cluster.test_handler import events_of, failures_total, publish
 from tests.kube.cluster import KubeCluster
 from tests.kube.fixtures import AGENT_SA, HANDLER_SA
 from tests.kube.processes import ExecwatchProcess
+from tests.support.wait import wait_until
 
 LEASE_DURATION = 4.0
 

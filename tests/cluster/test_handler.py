@@ -17,9 +17,10 @@ from execwatch.cluster.events import RECORDS_ANNOTATION
 from execwatch.cluster.handler import Handler, HandlerConfig, Retry
 from execwatch.cluster.safe import is_label_value
 from execwatch.record import AttributionStatus, ExecFailure, Reason
-from tests.cluster.conftest import NODE, PodFactory, label_of, list_records, wait_until
+from tests.cluster.conftest import NODE, PodFactory, label_of, list_records
 from tests.cluster.records import exec_failure
 from tests.kube.cluster import KubeCluster
+from tests.support.wait import wait_until
 
 StartHandler = Callable[..., Handler]
 

@@ -18,10 +18,11 @@ from kubernetes.client.exceptions import ApiException
 
 from execwatch.cluster import crd, errors
 from execwatch.cluster.kubeapi import RecordApi
-from tests.cluster.conftest import list_records, wait_until
+from tests.cluster.conftest import list_records
 from tests.cluster.records import exec_failure
 from tests.kube.cluster import KubeCluster
 from tests.kube.fixtures import AGENT_SA
+from tests.support.wait import wait_until
 
 NODES = ("node-east", "node-west")
 

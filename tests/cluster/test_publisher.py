@@ -22,11 +22,12 @@ from execwatch.cluster.metrics import PublisherMetrics
 from execwatch.cluster.publisher import Publisher, PublisherConfig
 from execwatch.cluster.spool import Spool
 from execwatch.record import AttributionStatus
-from tests.cluster.conftest import NODE, list_records, wait_until
+from tests.cluster.conftest import NODE, list_records
 from tests.cluster.records import exec_failure
 from tests.cluster.test_crd import set_quota_usage
 from tests.kube.cluster import KubeCluster
 from tests.kube.fixtures import AGENT_SA
+from tests.support.wait import wait_until
 
 
 class MemorySink:

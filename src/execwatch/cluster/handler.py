@@ -41,7 +41,7 @@ from execwatch.cluster.lease import LeaseConfig, LeaseElector
 from execwatch.cluster.metrics import HandlerMetrics
 from execwatch.cluster.pods import LABEL, Pod, PodReader, workload_of
 from execwatch.cluster.rest import Rest
-from execwatch.cluster.watcher import RecordWatcher, WatchConfig, records_path
+from execwatch.cluster.watcher import WatchConfig, Watcher, records_path
 from execwatch.cluster.workqueue import WorkQueue
 from execwatch.record import Reason
 
@@ -102,7 +102,7 @@ class Handler:
         self.queue = WorkQueue(clock=self.clock)
         self.pods = PodReader(self.rest)
         self.events = EventWriter(self.rest, cfg.identity, clock=self.wall)
-        self.watcher = RecordWatcher(
+        self.watcher = Watcher(
             WatchConfig(
                 namespace=cfg.namespace,
                 watch_timeout=cfg.watch_timeout,

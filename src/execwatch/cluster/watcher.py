@@ -1,8 +1,9 @@
-"""List + watch the ExecFailure records into the work queue (client-go's reflector).
+"""List + watch API objects into a work queue (client-go's reflector).
 
 A watch broken by an API server restart resumes from the last resourceVersion; if that
-is too old (410 Gone) the watcher lists again. Records are deleted once handled, so a
-list sees exactly the unhandled ones: nothing is lost. The watch response is read
+is too old (410 Gone) the watcher lists again. The handler watches its ExecFailure
+records (deleted once handled, so a list sees exactly the unhandled ones: nothing is
+lost); the placement controller watches gated pods by label. The watch response is read
 unparsed so that `interrupt()` (stop, lost Lease) can shut its socket and end a blocked
 read at once.
 """
@@ -17,14 +18,20 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from execwatch.cluster import crd, errors
-from execwatch.cluster.metrics import HandlerMetrics
 from execwatch.cluster.rest import Rest, path
 from execwatch.cluster.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
+
+
+class WatchMetrics(Protocol):
+    @property
+    def api_errors(self) -> Any:
+        """A Counter labelled (verb, code): failed list and watch calls."""
+
 
 MAX_EVENT = 4 * 1024 * 1024  # bytes of one watch line; a record is at most ~20 KiB
 
@@ -37,6 +44,8 @@ def records_path(namespace: str, name: str | None = None) -> str:
 @dataclass(frozen=True)
 class WatchConfig:
     namespace: str
+    resource: str = ""  # the list path; default: the ExecFailure records of `namespace`
+    label_selector: str = ""
     watch_timeout: int = 300  # seconds; the server ends each watch after this
     resync_period: float = 300.0
     request_timeout: float = 10.0
@@ -46,22 +55,30 @@ class WatchConfig:
 
 
 @dataclass
-class RecordWatcher:
+class Watcher:
     config: WatchConfig
     rest: Rest
     queue: WorkQueue
-    metrics: HandlerMetrics
+    metrics: WatchMetrics
     on_deleted: Callable[[str, str], None] = lambda name, uid: None
     clock: Callable[[], float] = time.monotonic
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _resp: Any = None
 
+    @property
+    def _path(self) -> str:
+        return self.config.resource or records_path(self.config.namespace)
+
+    def _query(self, **extra: str | int) -> dict[str, str | int]:
+        selector = (
+            {"labelSelector": self.config.label_selector} if self.config.label_selector else {}
+        )
+        return {**selector, **extra}
+
     def uids_named(self, name: str) -> list[str]:
-        """UIDs of the record called `name` now (a quorum list; the handler has no get)."""
+        """UIDs of the object called `name` now (a quorum list; the handler has no get)."""
         result = self.rest.call(
-            "GET",
-            records_path(self.config.namespace),
-            query={"fieldSelector": f"metadata.name={name}"},
+            "GET", self._path, query=self._query(fieldSelector=f"metadata.name={name}")
         )
         return [str((o.get("metadata") or {}).get("uid")) for o in result.get("items") or []]
 
@@ -70,10 +87,10 @@ class RecordWatcher:
         resourceVersion (the same on every page) to watch from."""
         token: str | None = None
         while True:
-            query: dict[str, str | int] = {"limit": self.config.list_page}
+            query = self._query(limit=self.config.list_page)
             if token:
                 query["continue"] = token
-            result = self.rest.call("GET", records_path(self.config.namespace), query=query)
+            result = self.rest.call("GET", self._path, query=query)
             for obj in result.get("items") or []:
                 self.queue.add(obj)
             meta = result.get("metadata") or {}
@@ -104,14 +121,14 @@ class RecordWatcher:
 
     def _watch_once(self, rv: str, term: threading.Event) -> str | None:
         """One watch request from `rv`; returns where to resume (None: list again)."""
-        query: dict[str, str | int] = {
-            "watch": "true",
-            "resourceVersion": rv,
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": self.config.watch_timeout,
-        }
+        query = self._query(
+            watch="true",
+            resourceVersion=rv,
+            allowWatchBookmarks="true",
+            timeoutSeconds=self.config.watch_timeout,
+        )
         timeouts = (self.config.request_timeout, self.config.watch_timeout + 30.0)
-        resp = self.rest.stream(records_path(self.config.namespace), query, timeouts)
+        resp = self.rest.stream(self._path, query, timeouts)
         with self._lock:
             self._resp = resp
         try:
@@ -132,7 +149,7 @@ class RecordWatcher:
                 if kind in ("ADDED", "MODIFIED"):
                     self.queue.add(obj)
                 elif kind == "DELETED":
-                    self.queue.forget(str(meta.get("name")))
+                    self.queue.forget(self.queue.key(obj))
                     self.on_deleted(str(meta.get("name")), str(meta.get("uid")))
             return rv
         except (OSError, ValueError) as exc:  # the stream broke, or a torn line

@@ -1,8 +1,9 @@
-"""The handler's work queue: record objects by name, de-duplicated, with per-item delays.
+"""A work queue of API objects by key, de-duplicated, with per-item delays.
 
-client-go's pattern: a record added again while queued replaces the queued copy (the
+client-go's pattern: an object added again while queued replaces the queued copy (the
 newest object wins), a retry waits its own backoff without holding up the others, and
-`forget` drops a record the watch saw deleted.
+`forget` drops an object the watch saw deleted. The handler keys its records by name;
+the placement controller keys pods by namespace and name.
 """
 
 from __future__ import annotations
@@ -16,11 +17,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def by_name(obj: dict[str, Any]) -> str:
+    return str(obj["metadata"]["name"])
+
+
+def by_namespace_and_name(obj: dict[str, Any]) -> str:
+    meta = obj["metadata"]
+    return f"{meta.get('namespace') or ''}/{meta['name']}"
+
+
 @dataclass
 class WorkQueue:
-    """Record names to handle, de-duplicated, with per-item delays for retries."""
+    """Objects to handle by `key`, de-duplicated, with per-item delays for retries."""
 
     clock: Callable[[], float] = time.monotonic
+    key: Callable[[dict[str, Any]], str] = by_name
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _items: dict[str, dict[str, Any]] = field(default_factory=dict)
     _heap: list[tuple[float, int, str]] = field(default_factory=list)
@@ -31,7 +42,7 @@ class WorkQueue:
         # managedFields is most of a record's size and nothing the handler reads: a queue
         # of thousands of records (a backlog) should not carry it.
         obj["metadata"].pop("managedFields", None)
-        name = obj["metadata"]["name"]
+        name = self.key(obj)
         with self._cond:
             fresh = name not in self._items
             self._items[name] = obj

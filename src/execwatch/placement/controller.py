@@ -78,7 +78,7 @@ class Placer:
         try:
             verdicts = self._judge(pod, spec, deadline)
         except VerdictUnavailable as exc:
-            return self._fail_open(pod, str(exc))
+            return self.fail_open(pod, str(exc))
         decision = decide(spec, verdicts, self.arches())
         self._write(pod, decision.affinity(spec))
         self._event(pod, EVENT_REASONS[decision.action], decision.message, decision.warning)
@@ -101,7 +101,18 @@ class Placer:
             verdicts.append(self.source.judge(pod, container, deadline))
         return verdicts
 
-    def _fail_open(self, pod: Mapping[str, Any], cause: str) -> Outcome:
+    def refresh(self, pod: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The pod as the API server has it now, if it is the same pod and still gated."""
+        meta = pod["metadata"]
+        try:
+            now = self.rest.call("GET", _pod_path(meta))
+        except errors.NotFoundError:
+            return None
+        same = (now.get("metadata") or {}).get("uid") == meta.get("uid")
+        return now if same and _gate_index(now.get("spec") or {}) is not None else None
+
+    def fail_open(self, pod: Mapping[str, Any], cause: str) -> Outcome:
+        """Lift the gate, the pod unchanged, and say why."""
         message = f"placed without a verdict: {cause}"
         self._write(pod, None)
         self._event(pod, "PlacementSkipped", message, warning=True)
@@ -109,10 +120,9 @@ class Placer:
         return Outcome("fail-open", message)
 
     def _write(self, pod: Mapping[str, Any], affinity: dict[str, Any] | None) -> None:
-        meta = pod["metadata"]
         self.rest.call(
             "PATCH",
-            path("api", "v1", "namespaces", meta["namespace"], "pods", meta["name"]),
+            _pod_path(pod["metadata"]),
             body=ungate_patch(pod, affinity),
             content_type=JSON_PATCH,
         )
@@ -163,6 +173,10 @@ def ungate_patch(pod: Mapping[str, Any], affinity: dict[str, Any] | None) -> lis
     if GATED_LABEL in (meta.get("labels") or {}):
         ops.append({"op": "remove", "path": "/metadata/labels/" + _escape(GATED_LABEL)})
     return ops
+
+
+def _pod_path(meta: Mapping[str, Any]) -> str:
+    return path("api", "v1", "namespaces", meta["namespace"], "pods", meta["name"])
 
 
 def _gate_index(spec: Mapping[str, Any]) -> int | None:

@@ -1,0 +1,1 @@
+"""What many test packages share: waits and harnesses."""
