@@ -14,7 +14,10 @@ from execwatch.placement.webhook import MODE_LABEL
 OWN_NAMESPACE = "execwatch"
 
 
-def configuration(port: int, ca: Path, name: str) -> dict[str, Any]:
+def configuration(port: int, ca: Path | None, name: str, host: str = "127.0.0.1") -> dict[str, Any]:
+    """The chart's MutatingWebhookConfiguration, pointed at a webhook on loopback (no
+    caBundle with `ca` None: the controller sets it)."""
+    bundle = {} if ca is None else {"caBundle": base64.b64encode(ca.read_bytes()).decode()}
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
@@ -22,10 +25,7 @@ def configuration(port: int, ca: Path, name: str) -> dict[str, Any]:
         "webhooks": [
             {
                 "name": "gate.placement.execwatch.io",
-                "clientConfig": {
-                    "url": f"https://127.0.0.1:{port}/gate",
-                    "caBundle": base64.b64encode(ca.read_bytes()).decode(),
-                },
+                "clientConfig": {"url": f"https://{host}:{port}/gate", **bundle},
                 "rules": [
                     {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
                      "resources": ["pods"], "scope": "Namespaced"}
