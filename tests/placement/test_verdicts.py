@@ -1,0 +1,133 @@
+"""ImageVerdict objects on the real API server: the schema, the merge of scan and
+observed verdicts, and concurrent writers."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from execwatch.cluster.rest import Rest
+from execwatch.placement.decision import Outcome
+from execwatch.placement.verdicts import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    PlatformVerdict,
+    VerdictStore,
+    object_name,
+)
+from tests.kube.cluster import KubeCluster, apply
+
+CRD = Path(__file__).resolve().parents[2] / "deploy" / "placement" / "imageverdict-crd.yaml"
+DIGEST = "sha256:" + "ab" * 32
+T = "2026-12-03T12:00:00Z"
+
+
+def scan(platform: str, outcome: Outcome, *why: str) -> PlatformVerdict:
+    return PlatformVerdict(platform, outcome, "scan", T, why, len(why))
+
+
+@pytest.fixture(scope="module")
+def crd(kube: KubeCluster) -> None:
+    with kube.client() as api:
+        apply(api, [yaml.safe_load(CRD.read_text())])
+
+
+@pytest.fixture
+def store(crd: None, admin: client.ApiClient) -> Iterator[VerdictStore]:
+    yield VerdictStore(Rest(admin), time.time)
+    custom = client.CustomObjectsApi(admin)
+    for item in custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]:
+        custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, item["metadata"]["name"])
+
+
+def test_kubectl_get_shows_where_an_image_runs(
+    store: VerdictStore, admin: client.ApiClient
+) -> None:
+    store.record(
+        DIGEST,
+        "r.example/app:1",
+        [scan("linux/amd64", Outcome.RUNS), scan("linux/arm64", Outcome.FAILS, "/app is x86-64")],
+    )
+
+    answer = admin.call_api(
+        f"/apis/{GROUP}/{VERSION}/{PLURAL}",
+        "GET",
+        header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+        auth_settings=["BearerToken"],
+        _preload_content=False,
+        _return_http_data_only=True,
+    )
+    table = json.loads(answer.data)  # what `kubectl get imageverdicts` prints
+    columns = [c["name"] for c in table["columnDefinitions"]]
+    [row] = table["rows"]
+    cells = dict(zip(columns, row["cells"], strict=True))
+    assert (cells["Name"], cells["Image"]) == (object_name(DIGEST), "r.example/app:1")
+    assert (cells["Runs"], cells["Fails"]) == ("linux/amd64", "linux/arm64")
+    got = store.get(DIGEST)
+    assert got is not None and got.platforms["linux/arm64"].why == ("/app is x86-64",)
+
+
+def test_an_observed_failure_outranks_a_later_scan(store: VerdictStore) -> None:
+    store.record(DIGEST, "r/app:1", [scan("linux/arm64", Outcome.RUNS)])
+    seen = PlatformVerdict("linux/arm64", Outcome.FAILS, "observed", T, ("exec format error",), 1)
+    store.record(DIGEST, "r/app:1", [seen])
+    store.record(
+        DIGEST, "r/app:1", [scan("linux/arm64", Outcome.RUNS), scan("linux/amd64", Outcome.RUNS)]
+    )
+
+    got = store.get(DIGEST)
+    assert got is not None
+    assert got.platforms["linux/arm64"] == seen
+    assert got.platforms["linux/amd64"].outcome is Outcome.RUNS
+
+
+def test_concurrent_writers_merge_instead_of_overwriting(store: VerdictStore) -> None:
+    platforms = [f"linux/arch{i}" for i in range(8)]
+    threads = [
+        threading.Thread(target=store.record, args=(DIGEST, "r/app:1", [scan(p, Outcome.RUNS)]))
+        for p in platforms
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    got = store.get(DIGEST)
+    assert got is not None and sorted(got.platforms) == platforms
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"spec": {"digest": "sha256:xyz"}},
+        {"spec": {"digest": DIGEST}, "status": {"platforms": [
+            {"platform": "linux/arm64", "outcome": "maybe", "source": "scan", "time": T}]}},
+        {"spec": {"digest": DIGEST}, "status": {"platforms": [
+            {"platform": "linux/arm64", "outcome": "runs", "source": "scan", "time": T,
+             "why": ["x"] * 9}]}},
+    ],
+)  # fmt: skip
+def test_the_schema_refuses_what_no_writer_of_ours_writes(
+    store: VerdictStore, admin: client.ApiClient, bad: dict[str, object]
+) -> None:
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ImageVerdict",
+            "metadata": {"name": object_name(DIGEST)}, **bad}  # fmt: skip
+    with pytest.raises(ApiException) as refused:
+        client.CustomObjectsApi(admin).create_cluster_custom_object(GROUP, VERSION, PLURAL, body)
+    assert refused.value.status == 422
+
+
+def test_names_come_only_from_sha256_digests() -> None:
+    assert object_name(DIGEST) == "sha256-" + "ab" * 32
+    for bad in ("sha256:../../x", "sha512:" + "a" * 128, DIGEST + "\n", DIGEST.upper()):
+        with pytest.raises(ValueError):
+            object_name(bad)
