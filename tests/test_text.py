@@ -2,15 +2,33 @@
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 import os
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from urllib.parse import unquote_to_bytes
+from xml.sax.saxutils import escape, quoteattr
 
 import pytest
+from rich.console import Console
 
 from execwatch.binfmt import Platform
 from execwatch.cluster.safe import is_label_value
 from execwatch.logs import KeyValueFormatter
-from execwatch.text import c_string, safe_text
+from execwatch.output import human_line, json_line
+from execwatch.record import Diagnosis, ExecFailure, KernelEvent, Reason
+from execwatch.text import (
+    REPORT_LIMIT,
+    c_string,
+    safe_name,
+    safe_prose,
+    safe_text,
+    terminal_text,
+    uri_path,
+)
 
 
 def test_control_characters_and_escapes_are_escaped() -> None:
@@ -91,3 +109,77 @@ def test_valid_label_values(value: str) -> None:
 def test_platform_names_are_validated_whole(text: str) -> None:
     with pytest.raises(ValueError, match="invalid platform"):
         Platform.parse(text)
+
+
+# Reports (scan, audit): one escaping for every format, then the medium's own quoting.
+
+XML_FORBIDDEN = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def every_character() -> Iterator[str]:
+    """All of Unicode, surrogates included, as os.fsdecode gives them, in chunks."""
+    for start in range(0, 0x110000, 0x8000):
+        yield "".join(map(chr, range(start, min(start + 0x8000, 0x110000))))
+
+
+def test_escaped_text_of_any_character_is_valid_xml_and_utf8_on_one_line() -> None:
+    for chunk in every_character():
+        shown = safe_text(chunk, limit=1 << 20)
+        assert not XML_FORBIDDEN.search(shown)
+        assert "\n" not in shown and "\r" not in shown and "\t" not in shown
+        shown.encode("utf-8")  # strict: no surrogate left
+        ET.fromstring(f"<a b={quoteattr(shown)}>{escape(shown)}</a>".encode())
+
+
+def test_a_name_in_a_report_reads_as_trace_prints_it_and_is_reversible() -> None:
+    raw = b"/bin/a\x1b[1m\xff\\x\n"
+    assert (
+        safe_name(os.fsdecode(raw))
+        == safe_text(os.fsdecode(raw))
+        == "/bin/a\\x1b[1m\\xff\\\\x\\x0a"
+    )
+
+
+def test_a_report_keeps_whole_paths_up_to_path_max() -> None:
+    path = "/" + "d/" * 2000 + "f"
+    assert safe_name(path) == path and len(path) > 1024
+    assert len(safe_name(path * 2)) == REPORT_LIMIT
+
+
+def test_prose_keeps_the_backslashes_its_author_wrote() -> None:
+    message = "the kernel looks for '/bin/sh\\r'\x1b[2J"
+    assert safe_prose(message) == "the kernel looks for '/bin/sh\\r'\\x1b[2J"
+
+
+def test_terminal_text_is_never_markup_nor_an_emoji_code() -> None:
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, color_system="standard", width=200)
+    console.print(terminal_text("[bold red]fake[/] :thumbs_up: \x1b[31m", "green"))
+    assert out.getvalue() == "\x1b[32m[bold red]fake[/] :thumbs_up: \\x1b[31m\x1b[0m\n"
+
+
+@pytest.mark.parametrize(
+    ("path", "uri"),
+    [
+        ("/usr/lib/libstdc++.so.6", "usr/lib/libstdc++.so.6"),
+        ("/bin/[bold] x", "bin/%5Bbold%5D%20x"),
+        (os.fsdecode(b"/bin/bad\xff"), "bin/bad%FF"),
+        ("/bin/caf\u00e9?#%", "bin/caf%C3%A9%3F%23%25"),
+        ("/a:b", "a%3Ab"),  # a first segment with ":" would read as a scheme
+        ("/", "/"),
+        ("relative", "relative"),
+    ],
+)
+def test_uri_paths_percent_encode_the_exact_bytes(path: str, uri: str) -> None:
+    assert uri_path(path) == uri
+    assert os.fsdecode(unquote_to_bytes(uri)) == (path.lstrip("/") or path)
+
+
+def test_trace_prints_a_name_as_every_report_shows_it() -> None:
+    path = os.fsdecode(b"/bin/[bold]a\x1b[1m\xff\\x")
+    event = KernelEvent(0.0, 8, 2, 2, 1, 0, "sh", "init", path, 1, 1, "execve")
+    failure = ExecFailure(event, Diagnosis(Reason.FOREIGN_ARCHITECTURE, "amd64"))
+    shown = "/bin/[bold]a\\x1b[1m\\xff\\\\x"
+    assert safe_name(path) == shown
+    assert f" {shown} " in human_line(failure)
+    assert json.loads(json_line(failure))["path"] == shown

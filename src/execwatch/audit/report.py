@@ -1,4 +1,9 @@
-"""The migration-readiness report: a table for people, JSON and SARIF for pipelines."""
+"""The migration-readiness report: a table for people, JSON and SARIF for pipelines.
+
+Names from the cluster and the images (workloads, containers, references, paths, registry
+replies) are escaped as `execwatch scan` escapes them (text.safe_name, safe_prose), and
+reach the terminal as rich Text, never as markup.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,11 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from execwatch import __version__
 from execwatch.audit.engine import AuditReport, ContainerVerdict, Status
+from execwatch.text import safe_name, safe_prose, terminal_text
 
 STYLE = {
     Status.READY: "green",
@@ -20,17 +27,23 @@ STYLE = {
 
 
 def summary(c: ContainerVerdict) -> str:
+    """One line, escaped."""
     v = c.verdict
+    name = safe_name(c.container)
     if v.status is Status.READY:
         return "ready"
     if v.status is Status.MISSING_PLATFORM:
-        return f"{c.container}: no {v.platform} in the image"
+        return f"{name}: no {safe_name(v.platform)} in the image"
     if v.status is Status.ERROR:
-        return f"{c.container}: not checked ({v.message})"
+        return f"{name}: not checked ({safe_prose(v.message)})"
     first = v.findings[0]
     star = " ★" if first["entrypoint"] else ""
     more = f" (+{len(v.findings) - 1})" if len(v.findings) > 1 else ""
-    return f"{c.container}: {first['path']}{star} {first['check']}{more}"
+    return f"{name}: {safe_name(first['path'])}{star} {safe_name(first['check'])}{more}"
+
+
+def _finding(f: dict[str, Any]) -> dict[str, Any]:
+    return {**f, "path": safe_name(f["path"]), "message": safe_prose(f["message"])}
 
 
 def print_table(report: AuditReport, console: Console) -> None:
@@ -38,54 +51,55 @@ def print_table(report: AuditReport, console: Console) -> None:
     table = Table(title="Migration readiness", title_justify="left")
     table.add_column("workload")
     for arch in archs:
-        table.add_column(f"{arch} ({report.architectures[arch]})")
+        table.add_column(terminal_text(f"{arch} ({report.architectures[arch]})"))
     for w in report.workloads:
-        cells = {a: "[dim]not scheduled here[/dim]" for a in w.unschedulable}
+        cells = {a: Text("not scheduled here", "dim") for a in w.unschedulable}
         for a in w.archs:
             bad = [c for c in a.containers if c.verdict.status is not Status.READY]
             text = "; ".join(summary(c) for c in bad) if bad else "ready"
-            cells[a.arch] = f"[{STYLE[a.status]}]{text}[/]"
-        table.add_row(w.workload.key, *(cells.get(a, "") for a in archs))
+            cells[a.arch] = Text(text, STYLE[a.status])  # summary() escaped it
+        table.add_row(terminal_text(w.workload.key), *(cells.get(a, "") for a in archs))
     console.print(table)
     counts = {s: 0 for s in Status}
     for w in report.workloads:
         for a in w.archs:
             counts[a.status] += 1
     console.print(
-        f"{len(report.workloads)} workloads; per workload and architecture: "
-        + ", ".join(f"{counts[s]} {s.label}" for s in Status)
-        + f". Images scanned: {report.scanned}, from the cache: {report.from_cache}."
-        + " ★ = the container's entrypoint.",
-        highlight=False,
+        Text(
+            f"{len(report.workloads)} workloads; per workload and architecture: "
+            + ", ".join(f"{counts[s]} {s.label}" for s in Status)
+            + f". Images scanned: {report.scanned}, from the cache: {report.from_cache}."
+            + " ★ = the container's entrypoint."
+        )
     )
 
 
 def to_json(report: AuditReport) -> str:
     doc: dict[str, Any] = {
         "tool": f"execwatch audit {__version__}",
-        "architectures": report.architectures,
+        "architectures": {safe_name(a): safe_prose(n) for a, n in report.architectures.items()},
         "scanned": report.scanned,
         "fromCache": report.from_cache,
         "workloads": [
             {
-                "kind": w.workload.kind,
-                "namespace": w.workload.namespace,
-                "name": w.workload.name,
-                "notScheduledOn": w.unschedulable,
+                "kind": safe_name(w.workload.kind),
+                "namespace": safe_name(w.workload.namespace),
+                "name": safe_name(w.workload.name),
+                "notScheduledOn": [safe_name(a) for a in w.unschedulable],
                 "architectures": {
-                    a.arch: {
+                    safe_name(a.arch): {
                         "status": a.status.label,
                         "containers": [
                             {
-                                "name": c.container,
+                                "name": safe_name(c.container),
                                 "init": c.init,
-                                "image": c.image,
-                                "reference": c.reference,
-                                "digest": c.verdict.digest,
-                                "platform": c.verdict.platform,
+                                "image": safe_name(c.image),
+                                "reference": safe_name(c.reference),
+                                "digest": c.verdict.digest and safe_name(c.verdict.digest),
+                                "platform": safe_name(c.verdict.platform),
                                 "status": c.verdict.status.label,
-                                "message": c.verdict.message,
-                                "findings": c.verdict.findings,
+                                "message": safe_prose(c.verdict.message),
+                                "findings": [_finding(f) for f in c.verdict.findings],
                             }
                             for c in a.containers
                         ],
@@ -114,23 +128,22 @@ def to_sarif(report: AuditReport) -> str:
                 v = c.verdict
                 if v.status is Status.READY:
                     continue
-                text = f"{w.workload.key} on {a.arch}: {summary(c)}"
+                key = safe_name(w.workload.key)
+                text = f"{key} on {safe_name(a.arch)}: {summary(c)}"
                 if v.findings:
-                    text += " — " + v.findings[0]["message"]
+                    text += " — " + safe_prose(v.findings[0]["message"])
                 results.append(
                     {
                         "ruleId": f"audit/{v.status.label}",
                         "level": "warning" if v.status is Status.MISSING_PLATFORM else "error",
                         "message": {"text": text},
                         "locations": [
-                            {
-                                "logicalLocations": [
-                                    {"fullyQualifiedName": w.workload.key, "kind": "resource"}
-                                ]
-                            }
+                            {"logicalLocations": [{"fullyQualifiedName": key, "kind": "resource"}]}
                         ],
                         "partialFingerprints": {
-                            "workload/arch/container": f"{w.workload.key}/{a.arch}/{c.container}"
+                            "workload/arch/container": safe_name(
+                                f"{w.workload.key}/{a.arch}/{c.container}"
+                            )
                         },
                     }
                 )

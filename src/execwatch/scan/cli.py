@@ -1,16 +1,19 @@
 """`execwatch scan`: predict exec failures in files, root filesystems and images.
 
-Exit codes: 0 no finding at or above --fail-on, 1 findings, 2 bad input.
+Exit codes: 0 no finding at or above --fail-on, 1 findings, 2 bad input or a scan that
+could not finish (any error inside it, a report that could not be written): 0 and 1 are
+only ever said of a whole scan.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 import tempfile
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from execwatch import cliargs
 from execwatch.scan import registry
@@ -113,12 +116,18 @@ def run(args: argparse.Namespace) -> int:
     except ScanInputError as exc:
         _say(f"error: {exc}")
         return EXIT_BAD_INPUT
+    except Exception as exc:  # RecursionError, MemoryError, a bug: never a finding's exit 1
+        _say(f"error: the scan could not finish: {_describe(exc)}")
+        return EXIT_BAD_INPUT
     for warning in report.warnings:
         _say(f"warning: {warning}")
     try:
         _write(report, args)
     except OSError as exc:
         _say(f"error: --output {args.output or '(stdout)'}: {exc.strerror or exc}")
+        return EXIT_BAD_INPUT
+    except Exception as exc:
+        _say(f"error: the report could not be written: {_describe(exc)}")
         return EXIT_BAD_INPUT
     worst = report.worst()
     return EXIT_FINDINGS if worst is not None and worst >= Severity.parse(args.fail_on) else 0
@@ -129,6 +138,10 @@ def _say(message: str) -> None:
     line = safe_text(message, limit=4096, escape_backslash=False)
     sys.stderr.write(f"execwatch scan: {line}\n")
     sys.stderr.flush()
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _progress(bar: Progress) -> Callable[[str, int | None], Callable[[int], None]]:
@@ -149,15 +162,25 @@ def _write(report: ScanReport, args: argparse.Namespace) -> None:
             with open(args.output, "w", encoding="utf-8") as f:
                 print_table(report, Console(file=f, width=160), None if args.all else 50)
         else:
+            if isinstance(sys.stdout, io.TextIOWrapper):  # a terminal that is not UTF-8
+                sys.stdout.reconfigure(errors="backslashreplace")
             print_table(report, Console(), None if args.all else 50)
         return
     write_report(TEXT_FORMATS[args.format](report), args.output)
 
 
 def write_report(text: str, output: str | None) -> None:
-    """To stdout, or next to `output` then renamed: a failed run never leaves half a report."""
+    """To stdout, or next to `output` then renamed: a failed run never leaves half a report.
+
+    UTF-8 whatever the locale, as JSON, SARIF and the JUnit declaration require."""
     if not output:
-        sys.stdout.write(text)
+        sys.stdout.flush()
+        binary: BinaryIO | None = getattr(sys.stdout, "buffer", None)
+        if binary is None:  # a StringIO stands in for stdout
+            sys.stdout.write(text)
+            return
+        binary.write(text.encode("utf-8"))
+        binary.flush()
         return
     if os.path.exists(output) and not os.path.isfile(output):
         # /dev/null, a FIFO, /dev/stdout: a rename would put a regular file in its place.

@@ -1,4 +1,8 @@
-"""`--format json`: one document; `findings` carries check, path, platform, severity, message."""
+"""`--format json`: one document; `findings` carries check, path, platform, severity, message.
+
+Strings from the input are escaped as everywhere else (text.safe_name, safe_prose): the
+document is plain ASCII JSON for any file name, and a path's bytes can be read back from it.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +10,17 @@ import json
 from typing import Any
 
 from execwatch import __version__
-from execwatch.scan.model import Finding, ScanReport
+from execwatch.scan.model import Finding, ImageResult, ScanReport
+from execwatch.text import safe_name, safe_prose
 
 
 def finding_dict(f: Finding, image: dict[str, str | None] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "check": str(f.check),
-        "path": f.path,
-        "platform": f.platform,
+        "path": safe_name(f.path),
+        "platform": safe_name(f.platform),
         "severity": f.severity.label,
-        "message": f.message,
+        "message": safe_prose(f.message),
     }
     if f.entrypoint:
         out["entrypoint"] = True
@@ -24,17 +29,20 @@ def finding_dict(f: Finding, image: dict[str, str | None] | None = None) -> dict
     return out
 
 
+def identity(r: ImageResult) -> dict[str, str | None]:
+    """ImageResult.identity, escaped."""
+    return {k: None if v is None else safe_name(v) for k, v in r.identity().items()}
+
+
 def render_json(report: ScanReport) -> str:
     doc = {
         "tool": {"name": "execwatch scan", "version": __version__},
-        "target": report.target,
+        "target": safe_name(report.target),
         "images": [
             {
-                "source": r.source,
-                "platform": r.platform,
-                "digest": r.digest,
-                "entrypoint": r.entrypoint,
-                "notes": r.notes,
+                **identity(r),
+                "entrypoint": r.entrypoint and [safe_name(word) for word in r.entrypoint],
+                "notes": [safe_prose(n) for n in r.notes],
                 "stats": {
                     "files": r.stats.files,
                     "executables": r.stats.executables,
@@ -46,7 +54,7 @@ def render_json(report: ScanReport) -> str:
             }
             for r in report.results
         ],
-        "findings": [finding_dict(f, r.identity()) for r in report.results for f in r.findings],
-        "warnings": report.warnings,
+        "findings": [finding_dict(f, identity(r)) for r in report.results for f in r.findings],
+        "warnings": [safe_prose(w) for w in report.warnings],
     }
     return json.dumps(doc, indent=2) + "\n"

@@ -1,4 +1,9 @@
-"""`--format sarif`: SARIF 2.1.0 for code-scanning upload; one rule per stable check id."""
+"""`--format sarif`: SARIF 2.1.0 for code-scanning upload; one rule per stable check id.
+
+Strings from the input are escaped as in every format (text.safe_name, safe_prose); a
+location is the path's exact bytes as a percent-encoded relative URI (text.uri_path).
+Fingerprints hash the raw path and message, so escaping never changes them.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ from typing import Any
 
 from execwatch import __version__
 from execwatch.scan.model import CHECK_DESCRIPTIONS, Check, Finding, ScanReport, Severity
+from execwatch.scan.report.json_report import identity
+from execwatch.text import safe_name, safe_prose, uri_path
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.NOTE: "note"}
@@ -31,20 +38,22 @@ def render_sarif(report: ScanReport) -> str:
     for r in report.results:
         image = r.digest or r.source
         for f in r.findings:
-            uri = f.path.lstrip("/") or f.path
-            where = f"{r.source} [{f.platform}]" if several else f"[{f.platform}]"
+            platform = f"[{safe_name(f.platform)}]"
+            where = f"{safe_name(r.source)} {platform}" if several else platform
             results.append(
                 {
                     "ruleId": str(f.check),
                     "ruleIndex": index[str(f.check)],
                     "level": LEVEL[f.severity],
-                    "message": {"text": f"{f.message} {where}"},
-                    "locations": [{"physicalLocation": {"artifactLocation": {"uri": uri}}}],
+                    "message": {"text": f"{safe_prose(f.message)} {where}"},
+                    "locations": [
+                        {"physicalLocation": {"artifactLocation": {"uri": uri_path(f.path)}}}
+                    ],
                     "partialFingerprints": {"execwatch/v2": _fingerprint(f, image, seen)},
                     "properties": {
-                        "platform": f.platform,
+                        "platform": safe_name(f.platform),
                         "entrypoint": f.entrypoint,
-                        "image": r.identity(),
+                        "image": identity(r),
                     },
                 }
             )
