@@ -4,8 +4,10 @@ The linker (execwatch.scan.linker) resolves libraries over any FileSystem: the s
 gives it an image's layers or an unpacked root, the node gives it this live view, so
 both apply one set of loader rules. Every lookup stays inside the root
 (RESOLVE_IN_ROOT, see confined.py), never follows a final symlink (the linker follows
-them itself, inside the root), and reads only regular files. Bounded: at most
-MAX_NODES entries are described and MAX_DIR_ENTRIES names listed per directory.
+them itself, inside the root), and reads only regular files. Bounded: the last MAX_NODES
+entries described are kept (least recently used first out; an entry past the bound is
+described again, never taken for missing), and MAX_DIR_ENTRIES names listed per directory.
+How many lookups one diagnosis makes is the linker's budget (scan.limits.Limits).
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from __future__ import annotations
 import ctypes
 import os
 import stat
+from collections import OrderedDict
 from collections.abc import Iterator
 
+from execwatch.binfmt.errors import BinfmtError
 from execwatch.binfmt.symbols import DynamicSymbols, read_dynamic_symbols
 from execwatch.diagnosis.budget import SlowMounts
 from execwatch.diagnosis.confined import (
@@ -40,7 +44,7 @@ class RootView:
         self._slow = slow
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._libc.syscall.restype = ctypes.c_long
-        self._cache: dict[str, Node | None] = {}
+        self._cache: OrderedDict[str, Node | None] = OrderedDict()
 
     def _lookup(self, path: str) -> int:
         """An O_PATH fd, after `slow` (see budget.py) has seen its mount: a hung file
@@ -70,10 +74,17 @@ class RootView:
 
     def node(self, path: str) -> Node | None:
         if path in self._cache:
+            self._cache.move_to_end(path)
             return self._cache[path]
-        node = self._load(path) if len(self._cache) < MAX_NODES else None
-        self._cache[path] = node
+        node = self._cache[path] = self._load(path)
+        if len(self._cache) > MAX_NODES:
+            self._cache.popitem(last=False)
         return node
+
+    @property
+    def cached(self) -> int:
+        """How many entries are kept (at most MAX_NODES)."""
+        return len(self._cache)
 
     def stat(self, path: str) -> os.stat_result | None:
         """lstat inside the root."""
@@ -120,7 +131,10 @@ class RootView:
         except OSError:
             return None
         with open(rfd, "rb") as f:
-            return read_dynamic_symbols(f, node.elf, imports)
+            try:
+                return read_dynamic_symbols(f, node.elf, imports)
+            except BinfmtError:  # over the symbol reader's budget: unknown, like None
+                return None
 
     def listdir(self, path: str) -> list[str]:
         try:

@@ -202,6 +202,9 @@ class Checker:
                 f"{miss.name}{by}: {miss.reason}",
                 entry,
             )
+        if result.incomplete:  # the libraries after these were never searched
+            message = f"library search stopped, more may be missing: {result.incomplete}"
+            self.add(Check.MISSING_LIBRARY, Severity.ERROR, path, message, entry)
         for v in result.versions:
             self.add(
                 Check.MISSING_SYMBOL_VERSION,

@@ -37,6 +37,15 @@ class Limits:
     max_manifests: int = 512
     max_layers: int = 1024
     max_archive_members: int = 100_000  # members of an image archive (blobs, not files)
+    # The linker, per executable resolved (scan.linker.Work): a real program needs a few
+    # hundred lookups (100 libraries x 20 directories is 2,000), all well under a second.
+    max_linker_probes: int = 1 << 15  # candidate paths looked up: names x directories
+    max_linker_steps: int = 1 << 18  # loop iterations: names, path entries, config lines
+    max_linker_bytes: int = 16 << 20  # path and configuration text built or read
+    max_linker_seconds: float = 5.0
+    max_search_dirs: int = 8192  # distinct directories, all sources together
+    max_ld_library_path_bytes: int = 128 << 10  # MAX_ARG_STRLEN: exec refuses a longer one
+    max_ld_library_path_entries: int = 1024
 
 
 class BoundedStream:

@@ -8,13 +8,23 @@ definitions satisfies any requirement. musl (`ldso/dynlink.c`): reserved libc na
 LD_LIBRARY_PATH, the rpath chain ($ORIGIN only), `<prefix>/etc/ld-musl-<arch>.path` or
 /lib:/usr/local/lib:/usr/lib; the first file found is used, whatever its ABI, and versions
 are never checked.
+
+Every resolve() runs on one work budget (`Work`, sized by scan.limits.Limits): candidate
+probes (names x directories), loop steps, bytes of paths and configuration, and a
+deadline. The directories of all sources together (DT_RPATH, LD_LIBRARY_PATH, DT_RUNPATH,
+ld.so.conf, the musl path file) are deduplicated and capped. When the budget runs out the
+search stops: with a library already missing the result says it is incomplete (ld.so
+stops at that library too), otherwise BudgetExhausted is raised. It never reports
+"all libraries found" for a search it did not finish.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import posixpath
-from collections import OrderedDict
+import time
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -22,6 +32,7 @@ from execwatch.binfmt import ElfInfo, LibcFlavor, musl_arch
 from execwatch.binfmt.symbols import DynamicSymbols, SymbolRef
 from execwatch.scan.errors import LimitExceeded
 from execwatch.scan.fs import FileSystem, Node, resolve
+from execwatch.scan.limits import Limits
 
 MUSL_RESERVED = ("c", "pthread", "rt", "m", "dl", "util", "xnet")
 MAX_CONF_FILES = 256  # ld.so.conf and everything it includes, each file read once
@@ -34,6 +45,10 @@ MAX_SYMBOL_TABLES = 1024
 MAX_SYMBOL_BYTES = 64 << 20
 # Answers kept (library, import) -> defined?: most programs import the same libc symbols.
 MAX_SYMBOL_ANSWERS = 1 << 16
+# Library lookups kept across executables, and the search-directory lists they are keyed
+# by (one list can hold Limits.max_search_dirs paths; a Debian root has a few of 10 each).
+MAX_LOOKUPS = 1 << 14
+MAX_LISTED_DIRS = 1 << 16
 
 # OCI architecture (or label) -> Debian multiarch tuple, for the default search directories.
 MULTIARCH = {
@@ -83,6 +98,39 @@ class MissingSymbol:
     needed_by: str
 
 
+class BudgetExhausted(LimitExceeded):
+    """The linker's work budget ran out before it knew whether every library loads."""
+
+
+@dataclass
+class Work:
+    """The work budget of one resolve(), and what it spent."""
+
+    limits: Limits
+    probes: int = 0
+    steps: int = 0
+    bytes: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def spend(self, probes: int = 0, steps: int = 0, nbytes: int = 0) -> None:
+        self.probes += probes
+        self.steps += steps
+        self.bytes += nbytes
+        lim = self.limits
+        if self.probes > lim.max_linker_probes:
+            raise BudgetExhausted(
+                f"library search: more than {lim.max_linker_probes} lookups (names x directories)"
+            )
+        if self.steps > lim.max_linker_steps:
+            raise BudgetExhausted(f"library search: more than {lim.max_linker_steps} steps")
+        if self.bytes > lim.max_linker_bytes:
+            raise BudgetExhausted(
+                f"library search: more than {lim.max_linker_bytes} bytes of paths and configuration"
+            )
+        if time.monotonic() - self.started > lim.max_linker_seconds:
+            raise BudgetExhausted(f"library search took more than {lim.max_linker_seconds}s")
+
+
 @dataclass
 class Resolution:
     loaded: list[Loaded] = field(default_factory=list)
@@ -90,6 +138,9 @@ class Resolution:
     versions: list[MissingVersion] = field(default_factory=list)
     interpreter: Loaded | None = None
     flavor: LibcFlavor = "glibc"  # whose rules resolved it
+    # Why the search stopped early (the budget), with `missing` holding what it found
+    # before: the libraries after those were not searched.
+    incomplete: str | None = None
 
 
 @runtime_checkable
@@ -117,14 +168,18 @@ def is_musl_reserved(name: str) -> bool:
 class Linker:
     """Library resolution inside one image; results are cached across executables."""
 
-    def __init__(self, fs: FileSystem, env: dict[str, str]) -> None:
+    def __init__(self, fs: FileSystem, env: dict[str, str], limits: Limits | None = None) -> None:
         self.fs = fs
-        self.ld_library_path = [
-            d for d in env.get("LD_LIBRARY_PATH", "").replace(";", ":").split(":") if d
-        ]
+        self.limits = limits or Limits()
+        self.work = Work(self.limits)  # the last resolve()'s
+        self._ld_library_path = env.get("LD_LIBRARY_PATH", "")
+        self._ld_library_path_list: list[str] | None = None
         self._conf_dirs: list[str] | None = None
         self._musl_paths: dict[str, list[str]] = {}
-        self._lookups: dict[tuple[str, tuple[str, ...], str], tuple[str | None, str]] = {}
+        self._lookups: OrderedDict[tuple[str, int, str], tuple[str | None, str]] = OrderedDict()
+        self._dir_lists: OrderedDict[tuple[str, ...], int] = OrderedDict()
+        self._listed_dirs = 0
+        self._next_list_id = 0
         self._symbols: OrderedDict[str, DynamicSymbols | None] = OrderedDict()
         self._symbol_bytes = 0
         self._answers = _Answers()
@@ -132,23 +187,38 @@ class Linker:
     # --- public ---------------------------------------------------------------------------
 
     def resolve(self, path: str, info: ElfInfo, flavor: LibcFlavor) -> Resolution:
+        """Raises BudgetExhausted when the budget runs out before any library is missing."""
         result = Resolution(flavor=flavor)
-        root = Loaded(path, info)
+        self.work = Work(self.limits)
         by_name: dict[str, Loaded] = {}
-        interp = result.interpreter = self._interpreter(info)
+        try:
+            self._load_all(_Run(path, info, flavor, self.work), result, by_name)
+        except BudgetExhausted as exc:
+            if not result.missing:
+                raise
+            result.incomplete = str(exc)
+            return result
+        if flavor == "glibc":
+            result.versions = self._check_versions(result.loaded, by_name)
+        return result
+
+    def _load_all(self, run: _Run, result: Resolution, by_name: dict[str, Loaded]) -> None:
+        """Breadth first, as ld.so loads: each object once, each name once."""
+        interp = result.interpreter = self._interpreter(run.exe)
         if interp is not None:
             by_name[posixpath.basename(interp.path)] = interp
             if interp.info.soname:
                 by_name[interp.info.soname] = interp
-        queue = [root]
-        seen_paths = {path}
+        queue = deque([Loaded(run.path, run.exe)])
+        seen_paths = {run.path}
         while queue:
-            obj = queue.pop(0)
+            obj = queue.popleft()
             result.loaded.append(obj)
             for name in obj.info.needed:
-                if name in by_name or (flavor == "musl" and is_musl_reserved(name)):
+                run.work.spend(steps=1)
+                if name in by_name or (run.flavor == "musl" and is_musl_reserved(name)):
                     continue
-                found, reason = self._find(name, obj, info, flavor)
+                found, reason = self._find(name, obj, run)
                 if found is None:
                     result.missing.append(MissingLibrary(name, obj.path, reason))
                     continue
@@ -161,9 +231,6 @@ class Linker:
                 if found not in seen_paths:
                     seen_paths.add(found)
                     queue.append(lib)
-        if flavor == "glibc":
-            result.versions = self._check_versions(result.loaded, by_name)
-        return result
 
     def missing_symbols(self, result: Resolution) -> list[MissingSymbol]:
         """The executable's non-weak imports that no loaded object exports (with the version
@@ -221,29 +288,47 @@ class Linker:
             return None
         return Loaded(info.interpreter, node.elf)
 
-    def _find(
-        self, name: str, obj: Loaded, exe: ElfInfo, flavor: LibcFlavor
-    ) -> tuple[str | None, str]:
+    def _find(self, name: str, obj: Loaded, run: _Run) -> tuple[str | None, str]:
         if "/" in name:
-            candidates = [self._expand(name, obj, flavor)]
-            dirs: tuple[str, ...] = ()
+            name = self._expand_all(name, obj, run)[0]
+            candidates: Iterable[str] = [name]
+            list_id = -1
         else:
-            dirs = tuple(self._search_dirs(obj, exe, flavor))
-            candidates = []
-        key = (name, dirs or tuple(candidates), flavor + obj.info.arch + str(obj.info.elf_class))
+            dirs = run.dirs_of(obj, self)
+            candidates = (posixpath.join(d, name) for d in dirs)
+            list_id = self._list_id(dirs, run.work)
+        key = (name, list_id, run.flavor + obj.info.arch + str(obj.info.elf_class))
         if key in self._lookups:
+            self._lookups.move_to_end(key)
             return self._lookups[key]
-        result = self._first_match(
-            name, candidates or [posixpath.join(d, name) for d in dirs if d], obj.info, flavor
-        )
+        result = self._first_match(candidates, obj.info, run)
         self._lookups[key] = result
+        if len(self._lookups) > MAX_LOOKUPS:
+            self._lookups.popitem(last=False)
         return result
 
+    def _list_id(self, dirs: tuple[str, ...], work: Work) -> int:
+        """A number for a search list, the key of the lookups made with it: the list is kept
+        once (LRU, MAX_LISTED_DIRS in all), not once per lookup. Ids are never reused."""
+        work.spend(steps=len(dirs))  # hashing the tuple
+        found = self._dir_lists.get(dirs)
+        if found is not None:
+            self._dir_lists.move_to_end(dirs)
+            return found
+        found = self._dir_lists[dirs] = self._next_list_id
+        self._next_list_id += 1
+        self._listed_dirs += len(dirs)
+        while len(self._dir_lists) > 1 and self._listed_dirs > MAX_LISTED_DIRS:
+            old, _ = self._dir_lists.popitem(last=False)
+            self._listed_dirs -= len(old)
+        return found
+
     def _first_match(
-        self, name: str, candidates: list[str], want: ElfInfo, flavor: LibcFlavor
+        self, candidates: Iterable[str], want: ElfInfo, run: _Run
     ) -> tuple[str | None, str]:
         rejected: list[str] = []
         for candidate in candidates:
+            run.work.spend(probes=1, nbytes=len(candidate))
             real = resolve(self.fs, candidate)
             node: Node | None = self.fs.node(real) if real else None
             if real is None or node is None or node.kind != "file":
@@ -253,44 +338,55 @@ class Linker:
             if usable:
                 return real, ""
             label = "not an ELF file" if info is None else info.arch
-            if flavor == "musl":  # musl opens the first file it finds and then fails to map it
+            if run.flavor == "musl":  # musl opens the first file it finds, then fails to map it
                 return None, f"{candidate} is {label}, not {want.arch}"
             rejected.append(f"{candidate} ({label})")
         if rejected:
             return None, "skipped wrong-ABI candidates: " + ", ".join(rejected[:3])
         return None, "not found in the search path"
 
-    def _search_dirs(self, obj: Loaded, exe: ElfInfo, flavor: LibcFlavor) -> list[str]:
-        dirs: list[str] = []
-        if flavor == "musl":
-            dirs += self.ld_library_path
+    def search_dirs(self, obj: Loaded, run: _Run) -> tuple[str, ...]:
+        """The directories searched for obj's DT_NEEDED names, in order, each once."""
+        dirs = _DirList(run.work, self.limits.max_search_dirs)
+        if run.flavor == "musl":
+            dirs.add(self._ld_library_path_dirs(run.work))
             node: Loaded | None = obj
             while node is not None:
                 rpath = node.info.runpath or node.info.rpath
-                dirs += [self._expand(d, node, flavor) for d in rpath if _musl_expandable(d)]
+                dirs.add(
+                    self._expand_all(d, node, run)[0]
+                    for d in _steps(rpath, run.work)
+                    if _musl_expandable(d)
+                )
                 node = node.parent
-            dirs += self._musl_path(exe)
-            return dirs
+            dirs.add(self._musl_path(run.exe, run.work))
+            return tuple(dirs.seen)
         if not obj.info.runpath:
             node = obj
             while node is not None:
                 if not node.info.runpath:
-                    dirs += [x for d in node.info.rpath for x in self._expand_all(d, node)]
+                    dirs.add(
+                        x
+                        for d in _steps(node.info.rpath, run.work)
+                        for x in self._expand_all(d, node, run)
+                    )
                 node = node.parent
-        dirs += self.ld_library_path
-        dirs += [x for d in obj.info.runpath for x in self._expand_all(d, obj)]
-        dirs += self._ld_so_conf()
-        dirs += self._default_dirs(obj.info)
-        return dirs
+        dirs.add(self._ld_library_path_dirs(run.work))
+        dirs.add(
+            x for d in _steps(obj.info.runpath, run.work) for x in self._expand_all(d, obj, run)
+        )
+        dirs.add(self._ld_so_conf(run.work))
+        dirs.add(self._default_dirs(obj.info))
+        return tuple(dirs.seen)
 
-    def _expand(self, text: str, obj: Loaded, flavor: LibcFlavor) -> str:
-        return self._expand_all(text, obj)[0]
+    def _ld_library_path_dirs(self, work: Work) -> list[str]:
+        if self._ld_library_path_list is None:
+            work.spend(nbytes=len(self._ld_library_path))
+            self._ld_library_path_list = parse_ld_library_path(self._ld_library_path, self.limits)
+        return self._ld_library_path_list
 
-    def _expand_all(self, text: str, obj: Loaded) -> list[str]:
-        origin = posixpath.dirname(obj.path) or "/"
-        if obj.parent is None:  # the main program's $ORIGIN comes from /proc/self/exe: resolved
-            real = resolve(self.fs, obj.path)
-            origin = posixpath.dirname(real) if real else origin
+    def _expand_all(self, text: str, obj: Loaded, run: _Run) -> list[str]:
+        origin = run.origin_of(obj, self.fs)
         out = text.replace("${ORIGIN}", origin).replace("$ORIGIN", origin)
         platform = AT_PLATFORM.get(obj.info.arch, obj.info.arch)
         out = out.replace("${PLATFORM}", platform).replace("$PLATFORM", platform)
@@ -308,14 +404,14 @@ class Linker:
         out += ["/lib64", "/usr/lib64"] if info.bits == 64 else ["/lib32", "/usr/lib32"]
         return [*out, "/lib", "/usr/lib"]
 
-    def _ld_so_conf(self) -> list[str]:
+    def _ld_so_conf(self, work: Work | None = None) -> list[str]:
         if self._conf_dirs is None:
             conf = _ConfWalk()
-            self._read_conf("/etc/ld.so.conf", conf)
+            self._read_conf("/etc/ld.so.conf", conf, work or Work(self.limits))
             self._conf_dirs = list(conf.dirs)
         return self._conf_dirs
 
-    def _read_conf(self, path: str, conf: _ConfWalk) -> None:
+    def _read_conf(self, path: str, conf: _ConfWalk, work: Work) -> None:
         if path in conf.named:  # every file of a .d directory may include the directory
             return
         conf.named.add(path)
@@ -328,7 +424,9 @@ class Linker:
         node = self.fs.node(real)
         if node is None or node.text is None:
             return
+        work.spend(nbytes=len(node.text))
         for raw in node.text.decode(errors="replace").splitlines():
+            work.spend(steps=1)
             line = raw.split("#", 1)[0].strip()
             if not line or line.startswith("hwcap "):
                 continue
@@ -338,25 +436,28 @@ class Linker:
                         pattern = posixpath.join(posixpath.dirname(path), pattern)
                     if pattern not in conf.named:
                         conf.named.add(pattern)
-                        for match in self._glob(pattern):
-                            self._read_conf(match, conf)
+                        for match in self._glob(pattern, work):
+                            self._read_conf(match, conf, work)
                 continue
             for d in line.replace(",", " ").replace(":", " ").split():
+                work.spend(steps=1)
                 if d.startswith("/"):
                     conf.dirs[d] = None
             if len(conf.dirs) > MAX_CONF_DIRS:
                 raise LimitExceeded(f"/etc/ld.so.conf names more than {MAX_CONF_DIRS} directories")
 
-    def _glob(self, pattern: str) -> list[str]:
+    def _glob(self, pattern: str, work: Work) -> list[str]:
         directory, base = posixpath.split(pattern)
         real = resolve(self.fs, directory)
         if real is None:
             return []
         return [
-            posixpath.join(directory, n) for n in self.fs.listdir(real) if fnmatch.fnmatch(n, base)
+            posixpath.join(directory, n)
+            for n in _steps(self.fs.listdir(real), work)
+            if fnmatch.fnmatch(n, base)
         ]
 
-    def _musl_path(self, exe: ElfInfo) -> list[str]:
+    def _musl_path(self, exe: ElfInfo, work: Work) -> list[str]:
         arch = musl_arch(exe) or ""
         if arch not in self._musl_paths:
             prefix = ""
@@ -369,7 +470,9 @@ class Linker:
                 node = self.fs.node(real)
             text = node.text.decode(errors="replace") if node and node.text is not None else None
             path = text if text is not None else MUSL_DEFAULT_PATH
-            self._musl_paths[arch] = [d for d in path.replace("\n", ":").split(":") if d]
+            work.spend(nbytes=len(path))
+            entries = _steps(path.replace("\n", ":").split(":"), work)
+            self._musl_paths[arch] = list(dict.fromkeys(d for d in entries if d))
         return self._musl_paths[arch]
 
     # --- versions ---------------------------------------------------------------------------
@@ -490,3 +593,74 @@ def _musl_expandable(entry: str) -> bool:
 
 def _float_abi_ok(want: ElfInfo, got: ElfInfo) -> bool:
     return want.float_abi is None or got.float_abi is None or want.float_abi == got.float_abi
+
+
+def parse_ld_library_path(value: str, limits: Limits) -> list[str]:
+    """LD_LIBRARY_PATH's directories, each once (`;` separates too, as in glibc); bounded
+    before it is split."""
+    if len(value) > limits.max_ld_library_path_bytes:
+        raise LimitExceeded(
+            f"LD_LIBRARY_PATH is longer than {limits.max_ld_library_path_bytes} bytes"
+        )
+    entries = value.replace(";", ":").split(":")
+    if len(entries) > limits.max_ld_library_path_entries:
+        raise LimitExceeded(
+            f"LD_LIBRARY_PATH has more than {limits.max_ld_library_path_entries} entries"
+        )
+    return list(dict.fromkeys(d for d in entries if d))
+
+
+def _steps(items: Iterable[str], work: Work) -> Iterator[str]:
+    for item in items:
+        work.spend(steps=1)
+        yield item
+
+
+@dataclass
+class _DirList:
+    """One search list: every source's directories in order, each once, capped in all."""
+
+    work: Work
+    cap: int
+    seen: dict[str, None] = field(default_factory=dict)
+
+    def add(self, dirs: Iterable[str]) -> None:
+        for d in dirs:
+            self.work.spend(steps=1)
+            if not d or d in self.seen:
+                continue
+            self.work.spend(nbytes=len(d))
+            self.seen[d] = None
+            if len(self.seen) > self.cap:
+                raise BudgetExhausted(
+                    f"more than {self.cap} library search directories (DT_RPATH, LD_LIBRARY_PATH,"
+                    " DT_RUNPATH, ld.so.conf and the musl path file together)"
+                )
+
+
+@dataclass
+class _Run:
+    """One resolve(): its budget, and what it worked out per loaded object."""
+
+    path: str
+    exe: ElfInfo
+    flavor: LibcFlavor
+    work: Work
+    dirs: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    origin: str | None = None
+
+    def dirs_of(self, obj: Loaded, linker: Linker) -> tuple[str, ...]:
+        """Each object is loaded once per run (by path), so its list is built once."""
+        found = self.dirs.get(obj.path)
+        if found is None:
+            found = self.dirs[obj.path] = linker.search_dirs(obj, self)
+        return found
+
+    def origin_of(self, obj: Loaded, fs: FileSystem) -> str:
+        """$ORIGIN; the main program's comes from /proc/self/exe: resolved, once."""
+        if obj.parent is not None:
+            return posixpath.dirname(obj.path) or "/"
+        if self.origin is None:
+            real = resolve(fs, obj.path)
+            self.origin = posixpath.dirname(real if real else obj.path) or "/"
+        return self.origin
