@@ -21,6 +21,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from execwatch.binfmt import (
+    BinfmtError,
     ElfInfo,
     LibcFlavor,
     Platform,
@@ -34,6 +35,7 @@ from execwatch.diagnosis.budget import SlowFileSystem, SlowMounts
 from execwatch.diagnosis.roots import RootLocator
 from execwatch.diagnosis.rootview import RootView
 from execwatch.record import Diagnosis, KernelEvent, Reason
+from execwatch.scan.errors import ScanInputError
 from execwatch.scan.fs import FileSystem, resolve
 from execwatch.scan.linker import Linker, Resolution
 
@@ -193,6 +195,9 @@ class StartupDiagnoser:
         except _RootGone:
             why = "the task is gone and no live task has its root"
             return self._unexplained(event, why), False
+        except (ScanInputError, BinfmtError) as exc:  # over a budget, a symlink loop
+            detail = f"not diagnosed: {exc}"
+            return Diagnosis(Reason.UNDIAGNOSED, self._node.architecture, detail=detail), True
 
     def _diagnose_in_root(self, event: KernelEvent) -> Diagnosis:
         root = self._locator.open(event)
