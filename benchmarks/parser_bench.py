@@ -2,6 +2,7 @@
 binaries, execwatch against pyelftools (the library's own full reader) in the same run.
 
     .venv/bin/python -m benchmarks.parser_bench [--repeat N]
+    .venv/bin/python -m benchmarks.parser_bench --only reproductions [--old-symbols FILE]
 
 Per input: best wall time of N parses; peak traced Python memory (tracemalloc, one parse);
 peak RSS growth of a fresh subprocess parsing it once, over its high-water mark after
@@ -10,6 +11,11 @@ pyelftools runs in a subprocess with a 10 s timeout and a 2 GiB address-space li
 Scan inputs (OCI layouts, JSON, ld.so.conf trees, symlink chains, sparse files) are
 scanned end to end. Target: any input up to 16 MiB within 50 ms and
 16 MiB of extra memory. Results go to .cache/bench/parser_bench.json.
+
+The reproductions of issue 24 (symbol versions: a 66 KB Verneed table and a 2 MiB file,
+tests/binfmt/test_scaling.py) are parsed by binfmt/symbols.py in a fresh process each:
+time, RSS growth, and traced peak. `--old-symbols FILE` runs another copy of the module
+beside it, e.g. `git show HEAD:src/execwatch/binfmt/symbols.py > /tmp/old_symbols.py`.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from tests.binfmt.corpus import CORPUS as ELF_CORPUS
 from tests.binfmt.corpus import measure, sparse_elf
 from tests.scan.corpus import CORPUS as SCAN_CORPUS
 
+import execwatch.binfmt.symbols
 from benchmarks.common import save
 from execwatch.binfmt import Platform, read_elf
 from execwatch.binfmt.symbols import read_dynamic_symbols
@@ -152,6 +159,68 @@ def bench_symbols(name: str, data: bytes, repeat: int) -> dict[str, object]:
             "ms": round(cost.seconds * 1000, 3), "peak_kib": cost.peak_bytes // 1024}  # fmt: skip
 
 
+REPRODUCTION_CHILD = """
+import importlib.util, io, json, resource, sys, time, tracemalloc
+module_path, case = sys.argv[1], sys.argv[2]
+spec = importlib.util.spec_from_file_location("symbols_under_bench", module_path)
+symbols = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = symbols
+spec.loader.exec_module(symbols)
+from execwatch.binfmt import BinfmtError, read_elf
+from tests.binfmt.test_scaling import verdef_long_name, verneed_shared_chain
+data = {"verneed-66KB": lambda: verneed_shared_chain(66 << 10),
+        "file-2MiB": lambda: verdef_long_name(2 << 20)}[case]()
+info = read_elf(io.BytesIO(data))
+def parse():
+    try:
+        table = symbols.read_dynamic_symbols(io.BytesIO(data), info)
+        return "unknown (None)" if table is None else f"table, {len(table.imports)} imports"
+    except BinfmtError as exc:
+        return f"{type(exc).__name__}: {exc}"
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+start, cpu = time.perf_counter(), time.process_time()
+outcome = parse()
+seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+grow = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
+peak = None
+if seconds < 1.0:  # tracemalloc slows a Python loop tenfold
+    tracemalloc.start()
+    parse()
+    peak = tracemalloc.get_traced_memory()[1] // 1024
+print(json.dumps({"bytes": len(data), "seconds": seconds, "cpu_seconds": cpu, "rss_kib": grow,
+                  "peak_kib": peak, "outcome": outcome}))
+"""
+
+
+def bench_reproductions(old: Path | None) -> list[dict[str, object]]:
+    """The reported symbol-version inputs, each in a fresh process, now (and before)."""
+    modules = {"now": Path(execwatch.binfmt.symbols.__file__)}
+    if old is not None:
+        modules["before"] = old
+    rows: list[dict[str, object]] = []
+    for case in ("verneed-66KB", "file-2MiB"):
+        for when, module in modules.items():
+            out = subprocess.run(
+                [sys.executable, "-c", REPRODUCTION_CHILD, str(module), case],
+                capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[1],
+            )  # fmt: skip
+            if out.returncode != 0:
+                rows.append({"input": case, "code": when, "outcome": out.stderr[-200:]})
+                continue
+            rows.append({"input": case, "code": when, **json.loads(out.stdout)})
+    return rows
+
+
+def _print_reproductions(rows: list[dict[str, object]]) -> None:
+    print("\n| symbol-version input | code | bytes | result | ms | CPU ms | RSS growth KiB "
+          "| peak KiB (traced) |")  # fmt: skip
+    print("|---|---|---:|---|---:|---:|---:|---:|")
+    for r in rows:
+        ms, cpu = (round(float(str(r.get(k, "nan"))) * 1000, 1) for k in ("seconds", "cpu_seconds"))
+        print(f"| {r['input']} | {r['code']} | {r.get('bytes', 0):,} | {r['outcome']} | {ms} "
+              f"| {cpu} | {r.get('rss_kib')} | {r.get('peak_kib')} |")  # fmt: skip
+
+
 def bench_scan(name: str, target: Path) -> dict[str, object]:
     options = ScanOptions(platforms=(Platform.parse("linux/amd64"),))
     outcome, cost = measure(lambda: scan(str(target), options), repeat=3)
@@ -166,7 +235,16 @@ def bench_scan(name: str, target: Path) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--only", choices=["reproductions"], help="only the issue-24 inputs")
+    parser.add_argument("--old-symbols", type=Path, metavar="FILE",
+                        help="another copy of binfmt/symbols.py to run on them too")  # fmt: skip
     args = parser.parse_args()
+    reproductions = bench_reproductions(args.old_symbols)
+    _print_reproductions(reproductions)
+    if args.only == "reproductions":
+        path = save("parser_bench_reproductions", {"reproductions": reproductions})
+        print(f"saved {path}")
+        return
     elf_rows, scan_rows, symbol_rows = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -202,7 +280,13 @@ def main() -> None:
     print(f"ELF inputs <= 16 MiB over the 50 ms / 16 MiB target: {over or 'none'}")
     path = save(
         "parser_bench",
-        {"elf": elf_rows, "symbols": symbol_rows, "scan": scan_rows, "over_target": over},
+        {
+            "elf": elf_rows,
+            "symbols": symbol_rows,
+            "scan": scan_rows,
+            "over_target": over,
+            "reproductions": reproductions,
+        },
     )
     print(f"saved {path}")
 

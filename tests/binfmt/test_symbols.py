@@ -8,16 +8,24 @@ export set), and names or versions a library lacks must not.
 from __future__ import annotations
 
 import io
+import struct
 import subprocess
 from pathlib import Path
 
 import pytest
 from elftools.elf.elffile import ELFFile
-from elftools.elf.gnuversions import GNUVerDefSection, GNUVerSymSection
+from elftools.elf.gnuversions import GNUVerDefSection, GNUVerNeedSection, GNUVerSymSection
 from elftools.elf.sections import SymbolTableSection
 
 from execwatch.binfmt import read_elf
-from execwatch.binfmt.symbols import DynamicSymbols, SymbolRef, read_dynamic_symbols
+from execwatch.binfmt.errors import LimitExceeded
+from execwatch.binfmt.symbols import (
+    DynamicSymbols,
+    SymbolLimits,
+    SymbolRef,
+    Work,
+    read_dynamic_symbols,
+)
 from tests.binfmt.cbuild import compile_c
 from tests.binfmt.conftest import LIBFOO_C, LIBFOO_MAP
 
@@ -116,3 +124,71 @@ def test_each_hash_table_style_answers_the_same(tmp_path: Path, style: str) -> N
         ("foo", None), ("foo", "FOO_1.0"), ("foo2", None), ("foo2", "FOO_2.0")
     }  # fmt: skip
     assert all(found is not None for found in answers.values())
+
+
+def libfoo(tmp_path: Path) -> Path:
+    (tmp_path / "libfoo.map").write_text(LIBFOO_MAP)
+    flags = ["-shared", "-fPIC", "-Wl,-soname,libfoo.so.1"]
+    return compile_c(
+        tmp_path / "libfoo.so.1", LIBFOO_C, "gcc", *flags,
+        f"-Wl,--version-script={tmp_path / 'libfoo.map'}",
+    )  # fmt: skip
+
+
+def test_a_verdaux_shared_by_two_verdefs_is_read_as_the_oracle_reads_it(tmp_path: Path) -> None:
+    """Linkers may point two Verdefs at one Verdaux (Debian's libjansson.so.4 does): that
+    is no loop, and each Verdef takes its name. Here FOO_1.0's Verdef is pointed at the
+    Verdaux of FOO_2.0 (vd_aux only points forward), so foo's version reads FOO_2.0, for
+    pyelftools as for the reader."""
+    lib = libfoo(tmp_path)
+    data = bytearray(lib.read_bytes())
+    with open(lib, "rb") as f:
+        section = ELFFile(f).get_section_by_name(".gnu.version_d")
+        assert section is not None
+        start = section["sh_offset"]
+    verdefs, pos = [], start
+    while True:
+        aux, nxt = struct.unpack_from("<II", data, pos + 12)
+        verdefs.append((pos, pos + aux))
+        if not nxt:
+            break
+        pos += nxt
+    (foo1, _), (_, foo2_aux) = verdefs[1], verdefs[2]
+    struct.pack_into("<I", data, foo1 + 12, foo2_aux - foo1)
+    lib.write_bytes(bytes(data))
+    table = symbols_of(lib)
+    exports = oracle_exports(lib)
+    assert {("foo", "FOO_2.0"), ("foo2", "FOO_2.0")} <= exports
+    assert ("foo", "FOO_1.0") not in exports
+    assert [e for e in exports if table.defines(ref(*e)) is not True] == []
+    assert table.defines(ref("foo", "FOO_1.0")) is False
+
+
+def test_every_version_record_walked_is_counted_once_per_step() -> None:
+    """/bin/ls: one record per Verneed and Vernaux (pyelftools counts them) and nothing
+    past the budget; a smaller budget refuses the file rather than reading part of it."""
+    with open("/bin/ls", "rb") as f:
+        needs = next(s for s in ELFFile(f).iter_sections() if isinstance(s, GNUVerNeedSection))
+        records = sum(1 + len(list(aux)) for _, aux in needs.iter_versions())
+        info = read_elf(f)
+        work = Work()
+        assert read_dynamic_symbols(f, info, work=work) is not None
+        assert work.records == records
+        with pytest.raises(LimitExceeded, match="symbol version records"):
+            read_dynamic_symbols(f, info, work=Work(SymbolLimits(max_records=records - 1)))
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        (SymbolLimits(max_read_bytes=4096), "bytes of symbol tables"),
+        (SymbolLimits(max_name_bytes=64), "bytes of symbol names"),
+        (SymbolLimits(max_steps=16), "steps reading symbols"),
+        (SymbolLimits(max_seconds=0.0), "took more than"),
+    ],
+)
+def test_each_budget_refuses_rather_than_returning_part(limits: SymbolLimits, message: str) -> None:
+    with open("/bin/ls", "rb") as f:
+        info = read_elf(f)
+        with pytest.raises(LimitExceeded, match=message):
+            read_dynamic_symbols(f, info, work=Work(limits))

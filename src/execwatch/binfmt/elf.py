@@ -284,6 +284,10 @@ class _StringTable:
                 return self._count(bytes(out))
             out += chunk
             pos += len(chunk)
+        if len(out) >= self.limits.max_string_bytes:
+            raise LimitExceeded(
+                f"a dynamic string longer than {self.limits.max_string_bytes} bytes"
+            )
         raise BinfmtError("unterminated dynamic string")
 
     def _count(self, raw: bytes) -> str:
@@ -452,8 +456,8 @@ class _Dynamic:
         limits = reader.limits
         entry = layout.dyn.size
         # ld.so stops at DT_NULL, not at p_filesz; a lying p_filesz is clamped to the file.
-        count = min(seg.filesz, max(reader.size - seg.offset, 0)) // entry
-        count = min(count, limits.max_dynamic_entries)
+        present = min(seg.filesz, max(reader.size - seg.offset, 0)) // entry
+        count = min(present, limits.max_dynamic_entries)
         raw = reader.read(seg.offset, count * entry, "dynamic segment")
         # Values of one tag in file order, each value once: 8192 DT_NEEDED entries naming
         # the same string are one library, as they are to ld.so.
@@ -463,6 +467,9 @@ class _Dynamic:
                 break
             if tag in _WANTED_TAGS:
                 tags.setdefault(tag, {})[value] = None
+        else:
+            if present > count:  # ld.so would read on: what follows is unknown, not absent
+                raise LimitExceeded(f"more than {count} dynamic entries before DT_NULL")
 
         def first(tag: str) -> int | None:
             values = tags.get(DT[tag])
@@ -629,7 +636,7 @@ def _arm_cpu_arch(reader: _Reader, ehdr: _Ehdr, little: bool, bits: int) -> int 
             if kind == SHT_ARM_ATTRIBUTES:
                 size = min(size, MAX_ARM_ATTRIBUTES_BYTES)
                 return parse_arm_cpu_arch(reader.read(offset, size, ".ARM.attributes"), little)
-    except (TruncatedFile, ValueError):
+    except (BinfmtError, ValueError):  # TruncatedFile, a bad ULEB128: no variant
         return None
     return None
 

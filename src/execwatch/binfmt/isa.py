@@ -124,8 +124,10 @@ def parse_isa_needed(data: bytes, little: bool, bits: int) -> int | None:
 
     None when the segment holds no NT_GNU_PROPERTY_TYPE_0 note (ld.so looks at the next
     one); 0 when the note is there but says nothing usable: malformed, unsorted, a size
-    other than 4, or a second GNU property note (what ld.so does with each of these).
+    other than 4, or a second GNU property note (what ld.so does with each of these). Only
+    the first MAX_NOTE_BYTES are looked at, as the ELF reader reads no more of a segment.
     """
+    data = data[:MAX_NOTE_BYTES]  # ELF readers pass at most this; the loop is bounded by it
     order = "<" if little else ">"
     align = 8 if bits == 64 else 4
     header = struct.Struct(order + "III")

@@ -2,15 +2,21 @@
 it exports a given name, looked up through its hash table as ld.so does.
 
 Read from the section headers' .dynsym, its string table, the GNU version sections and
-.gnu.hash (else .hash), all bounded: MAX_TABLE_BYTES per table, MAX_SYMBOLS symbols,
-MAX_IMPORTS imports, MAX_NAME_BYTES of import names, MAX_VERSION_ENTRIES versions, and
-chain walks of MAX_CHAIN_STEPS per lookup and MAX_AVERAGE_STEPS on average. Only the
-imports are decoded. An export is found by hashing the wanted name and comparing it with
-the few symbols of its hash chain (`elf/dl-lookup.c`), so libLLVM's 91,000 exports cost one
-read of the tables and then microseconds per name asked for, instead of 250 ms to decode
-them all. An object without section headers, or over a bound, gives None, and a lookup in
-a broken hash table None: unknown, never "nothing missing". Without any hash table, the
-exports are decoded into a set (bounded as above).
+.gnu.hash (else .hash). Only the imports are decoded. An export is found by hashing the
+wanted name and comparing it with the few symbols of its hash chain (`elf/dl-lookup.c`), so
+libLLVM's 91,000 exports cost one read of the tables and then microseconds per name asked
+for, instead of 250 ms to decode them all. Without any hash table, the exports are decoded
+into a set.
+
+Every read runs on one budget per file (`Work`, limits in `SymbolLimits`): bytes read,
+version records walked, name bytes decoded, loop steps and wall time, each checked inside
+its loop. Every version record is unpacked once per offset and every name decoded once per
+offset, at most MAX_STRING_BYTES of it scanned for its end; a record reached again (Debian's
+libjansson.so.4 shares one Verdaux between two Verdefs) is taken from a cache, but still
+counts as a step of the walk, so a chain that every record re-walks (a 66 KB Verneed table
+cost 8 s) runs out of budget. Past a bound the reader raises LimitExceeded: never a partial table
+that would read as "nothing missing". An object without section headers, or whose tables
+lie outside the file, gives None (unknown), and a lookup in a broken hash table None.
 """
 
 from __future__ import annotations
@@ -18,13 +24,17 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
+import os
 import struct
 import sys
+import time
 from array import array
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import BinaryIO, NamedTuple, TypeAlias
 
 from execwatch.binfmt.elf import ElfInfo
+from execwatch.binfmt.errors import LimitExceeded
 
 SHT_HASH = 5
 SHT_DYNSYM = 11
@@ -36,11 +46,24 @@ STB_GLOBAL, STB_WEAK, STB_GNU_UNIQUE = 1, 2, 10
 EXPORTED_BINDINGS = (STB_GLOBAL, STB_WEAK, STB_GNU_UNIQUE)
 IMPORTED_BINDINGS = (STB_GLOBAL, STB_GNU_UNIQUE)  # an undefined weak symbol may stay unbound
 MAX_TABLE_BYTES = 16 << 20
-MAX_SYMBOLS = 1 << 18  # libLLVM exports 89,000; more is treated as unknown
+# Every table of one file together. The biggest on a Debian /usr (containerd) are 8.4 MiB.
+MAX_READ_BYTES = 32 << 20
+MAX_SYMBOLS = 1 << 18  # libLLVM exports 89,000; more is refused
 MAX_IMPORTS = 1 << 15  # undefined symbols kept; python3.11 imports 511, libLLVM 524
-MAX_NAME_BYTES = 6 << 20  # distinct names decoded, each once; libLLVM's are 3 MiB
+# Name bytes sliced or decoded, imports counted with their repeats; libLLVM's are 3 MiB.
+MAX_NAME_BYTES = 6 << 20
+# One name. The longest of a Debian /usr is 673 bytes; a C++ template name can reach a few
+# KiB. Bounds the scan for a name's NUL, which would otherwise run to the table's end.
+MAX_STRING_BYTES = 32 << 10
 MAX_SECTIONS = 1 << 16
-MAX_VERSION_ENTRIES = 1 << 14
+# Verneed, Vernaux, Verdef and Verdaux records visited; the most on a Debian /usr is 72
+# (the ELF reader allows as many: ElfLimits.max_version_records).
+MAX_RECORDS = 8192
+# Loop steps: section headers, symbols walked, chunks of imports, records.
+MAX_STEPS = 1 << 20
+# Wall time, checked in every loop: the bounds above keep real files to milliseconds; this
+# is the backstop for a starved CPU (as elf.ElfLimits.max_seconds).
+MAX_SECONDS = 2.0
 MAX_OFFSET = 1 << 62  # beyond any file; a larger one would not even fit a seek (ssize_t)
 # Symbols compared along one hash chain. ld sizes the buckets for chains of a few symbols
 # (libLLVM's longest is 17); a chain without its end mark would walk the whole table.
@@ -60,6 +83,65 @@ _IS_ZERO = bytes([1]) + bytes(255)
 Section = tuple[int, int, int, int, int]  # type, offset, size, link, entsize
 # sh_type, sh_offset, sh_size, sh_link, sh_entsize of an Elf64_Shdr / Elf32_Shdr
 _SHDR64, _SHDR32 = "4xI16xQQI12xQ", "4xI8xIII8xI"
+
+
+@dataclass(frozen=True)
+class SymbolLimits:
+    """The budget of reading one file's symbols."""
+
+    max_read_bytes: int = MAX_READ_BYTES
+    max_records: int = MAX_RECORDS
+    max_name_bytes: int = MAX_NAME_BYTES
+    max_steps: int = MAX_STEPS
+    max_seconds: float = MAX_SECONDS
+
+
+DEFAULT_LIMITS = SymbolLimits()
+
+
+@dataclass
+class Work:
+    """What reading one file has cost so far; LimitExceeded as soon as a bound is passed.
+
+    Also the deterministic measure of the scaling tests: every loop of the reader charges
+    its steps here, so work proportional to the input shows as counts, not only as time.
+    """
+
+    limits: SymbolLimits = DEFAULT_LIMITS
+    read_bytes: int = 0
+    records: int = 0
+    name_bytes: int = 0
+    steps: int = 0
+    deadline: float = field(default=0.0, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.deadline:
+            self.deadline = time.monotonic() + self.limits.max_seconds
+
+    def read(self, size: int) -> None:
+        self.read_bytes += size
+        if self.read_bytes > self.limits.max_read_bytes:
+            raise LimitExceeded(f"more than {self.limits.max_read_bytes} bytes of symbol tables")
+        self.step()
+
+    def step(self, count: int = 1) -> None:
+        self.steps += count
+        if self.steps > self.limits.max_steps:
+            raise LimitExceeded(f"more than {self.limits.max_steps} steps reading symbols")
+        if time.monotonic() > self.deadline:
+            raise LimitExceeded(f"reading symbols took more than {self.limits.max_seconds}s")
+
+    def names(self, size: int) -> None:
+        self.name_bytes += size
+        if self.name_bytes > self.limits.max_name_bytes:
+            raise LimitExceeded(f"more than {self.limits.max_name_bytes} bytes of symbol names")
+
+    def record(self) -> None:
+        """One step of a walk through version records, whether read before or not."""
+        if self.records >= self.limits.max_records:
+            raise LimitExceeded(f"more than {self.limits.max_records} symbol version records")
+        self.records += 1
+        self.step()
 
 
 class SymbolRef(NamedTuple):
@@ -97,63 +179,83 @@ class DynamicSymbols:
 
 
 class _File:
-    def __init__(self, f: BinaryIO, info: ElfInfo) -> None:
+    def __init__(self, f: BinaryIO, info: ElfInfo, work: Work) -> None:
         self.f = f
         self.e = "<" if info.little_endian else ">"
         self.wide = info.bits == 64
+        self.work = work
+        self.size = f.seek(0, os.SEEK_END)
 
     def read(self, offset: int, size: int) -> bytes | None:
-        if not 0 <= offset <= MAX_OFFSET or size < 0 or size > MAX_TABLE_BYTES:
+        """The bytes, or None when they lie outside the file (unknown, not hostile)."""
+        if not 0 <= offset <= MAX_OFFSET or size < 0 or offset + size > self.size:
             return None
+        if size > MAX_TABLE_BYTES:
+            raise LimitExceeded(f"a symbol table of more than {MAX_TABLE_BYTES} bytes")
+        self.work.read(size)
         self.f.seek(offset)
         data = self.f.read(size)
         return data if len(data) == size else None
 
 
-def read_dynamic_symbols(f: BinaryIO, info: ElfInfo, imports: bool = True) -> DynamicSymbols | None:
+class _Unknown(Exception):
+    """A table lies outside the file: the object's symbols are unknown (None)."""
+
+
+def read_dynamic_symbols(
+    f: BinaryIO, info: ElfInfo, imports: bool = True, work: Work | None = None
+) -> DynamicSymbols | None:
     """The object's symbols; without its imports when `imports` is False (a provider
-    library is only asked what it exports: decoding its imports was a sixth of a scan)."""
-    r = _File(f, info)
-    sections = _sections(r)
-    if sections is None:
+    library is only asked what it exports: decoding its imports was a sixth of a scan).
+    None when unknown; LimitExceeded past the budget (`work`: a fresh one by default)."""
+    try:
+        return _read(_File(f, info, work or Work()), imports)
+    except _Unknown:
         return None
+
+
+def _read(r: _File, imports: bool) -> DynamicSymbols:
+    sections = _sections(r)
     by_type = {s[0]: s for s in reversed(sections)}
     dynsym = by_type.get(SHT_DYNSYM)
     if dynsym is None:
         return DynamicSymbols(())
     _, offset, size, link, entsize = dynsym
-    if link >= len(sections) or not entsize or size // entsize > MAX_SYMBOLS:
-        return None
-    strtab = r.read(sections[link][1], sections[link][2])
-    table = r.read(offset, size)
-    if strtab is None or table is None:
-        return None
-    symbols = _Symbols(r, table, entsize, strtab)
-    versym = _versym(r, by_type.get(SHT_GNU_VERSYM))
-    imported: tuple[SymbolRef, ...] | None = ()
+    if link >= len(sections) or not entsize:
+        raise _Unknown
+    if size // entsize > MAX_SYMBOLS:
+        raise LimitExceeded(f"more than {MAX_SYMBOLS} dynamic symbols")
+    strtab = _need(r.read(sections[link][1], sections[link][2]))
+    symbols = _Symbols(r, _need(r.read(offset, size)), entsize, strtab)
+    versym = _versym(r, by_type.get(SHT_GNU_VERSYM), symbols.count)
+    names = _Names(strtab, r.work)
+    imported: tuple[SymbolRef, ...] = ()
     if imports:  # the version needs serve only the imports
-        imported = _imports(symbols, versym, _verneeds(r, by_type.get(SHT_GNU_VERNEED), strtab))
-    if imported is None:
-        return None
-    defs = _verdefs(r, by_type.get(SHT_GNU_VERDEF), strtab)
+        needs = _verneeds(r, by_type.get(SHT_GNU_VERNEED), names)
+        imported = _imports(symbols, versym, needs, r.work)
+    defs = _verdefs(r, by_type.get(SHT_GNU_VERDEF), names)
     dynsym_index = sections.index(dynsym)
     for kind in (SHT_GNU_HASH, SHT_HASH):
         section = by_type.get(kind)
         if section is not None and section[3] == dynsym_index:
-            data = r.read(section[1], section[2])
-            if data is None:
-                return None
+            data = _need(r.read(section[1], section[2]))
             return DynamicSymbols(imported, _Exports(symbols, versym, defs, kind, data))
-    exports = _export_set(symbols, versym, defs)
-    return None if exports is None else DynamicSymbols(imported, exports)
+    return DynamicSymbols(imported, _export_set(symbols, versym, defs, names))
+
+
+def _need(data: bytes | None) -> bytes:
+    if data is None:
+        raise _Unknown
+    return data
 
 
 def _imports(
-    symbols: _Symbols, versym: array[int], needs: dict[int, tuple[str, str]]
-) -> tuple[SymbolRef, ...] | None:
+    symbols: _Symbols, versym: array[int], needs: dict[int, tuple[str, str]], work: Work
+) -> tuple[SymbolRef, ...]:
     """The hot loop of a scan (every executable's every import), run a chunk of symbols at
     a time through C-level maps rather than a Python statement per symbol. Every name's
-    bytes count against MAX_NAME_BYTES before it is sliced, repeats included."""
+    bytes count against the name budget before it is sliced, repeats included, and the
+    search for its end stops after MAX_STRING_BYTES."""
     strtab = symbols.strtab
     if not strtab.endswith(b"\0"):  # a name running off the table's end is no name
         strtab = strtab[: strtab.rfind(b"\0") + 1]
@@ -166,40 +268,39 @@ def _imports(
     libraries = {index: need[1] for index, need in needs.items()}
     picked = symbols.imported(info)
     imports: list[SymbolRef] = []
-    sliced = 0
+    nul, longest = itertools.repeat(b"\0"), itertools.repeat(MAX_STRING_BYTES + 1)
     while chunk := list(itertools.islice(picked, CHUNK)):
+        work.step(len(chunk))
         offsets = list(map(name_at.__getitem__, chunk))
         if max(offsets) > last:
             offsets = list(map(min, offsets, itertools.repeat(last)))
-        ends = list(map(find, itertools.repeat(b"\0"), offsets))
-        sliced += sum(ends) - sum(offsets)
-        if sliced > MAX_NAME_BYTES:
-            return None  # over a bound: unknown
+        ends = list(map(find, nul, offsets, map(operator.add, offsets, longest)))
+        if -1 in ends:
+            raise LimitExceeded(f"a symbol name longer than {MAX_STRING_BYTES} bytes")
+        work.names(sum(ends) - sum(offsets))
         names = list(map(cut, map(slice, offsets, ends)))
         hidden = itertools.repeat(0x7FFF)  # the hidden bit is no part of the version index
         index = list(map(operator.and_, map(versym.__getitem__, chunk), hidden))
         refs = zip(names, map(versions.get, index), map(libraries.get, index), strict=True)
         imports += map(_new_ref, itertools.repeat(SymbolRef), itertools.compress(refs, names))
         if len(imports) > MAX_IMPORTS:
-            return None
+            raise LimitExceeded(f"more than {MAX_IMPORTS} imported symbols")
     return tuple(imports)
 
 
 def _export_set(
-    symbols: _Symbols, versym: array[int], defs: dict[int, str]
-) -> frozenset[str] | None:
+    symbols: _Symbols, versym: array[int], defs: dict[int, str], names: _Names
+) -> frozenset[str]:
     """Every defined global name, and name@version: for an object without a hash table."""
     exports: set[str] = set()
-    names = _Names(symbols.strtab)
     for i in range(symbols.count):
+        if i % CHUNK == 0:
+            symbols.work.step(CHUNK)
         name_off, bind, shndx = symbols[i]
         if shndx == 0 or bind not in EXPORTED_BINDINGS:
             continue
-        raw = names.get(name_off)
-        if raw is None:
-            return None
-        if raw:
-            name = raw.decode(errors="replace")
+        name = names.text(name_off)
+        if name:
             exports.add(name)
             ver = versym[i] & 0x7FFF if i < len(versym) else 0
             if ver in defs:
@@ -211,7 +312,7 @@ class _Symbols:
     """The raw .dynsym: (name offset, binding, section index) of symbol i, on demand."""
 
     def __init__(self, r: _File, table: bytes, entsize: int, strtab: bytes) -> None:
-        self.order, self.wide = r.e, r.wide
+        self.order, self.wide, self.work = r.e, r.wide, r.work
         if r.wide:  # st_name, st_info, st_other, st_shndx
             self.entry, self.info_at, self.shndx_at, want = struct.Struct(r.e + "IBBH"), 1, 3, 24
         else:  # st_name, st_value, st_size, st_info, st_other, st_shndx
@@ -387,11 +488,9 @@ def _sysv_hash(name: bytes) -> int:
     return h
 
 
-def _sections(r: _File) -> list[Section] | None:
+def _sections(r: _File) -> list[Section]:
     """(type, offset, size, link, entsize) of each section header."""
-    head = r.read(0, 64)
-    if head is None:
-        return None
+    head = _need(r.read(0, 64))
     if r.wide:
         shoff, shentsize, shnum = (
             struct.unpack_from(r.e + "Q", head, 0x28)[0],
@@ -405,10 +504,9 @@ def _sections(r: _File) -> list[Section] | None:
         )
         fmt, want = r.e + "IIIIIIIIII", 40
     if not shoff or shentsize < want or not 0 < shnum <= MAX_SECTIONS:
-        return None
-    raw = r.read(shoff, shentsize * shnum)
-    if raw is None:
-        return None
+        raise _Unknown
+    raw = _need(r.read(shoff, shentsize * shnum))
+    r.work.step(shnum)
     if shentsize == want:  # every real file: the wanted fields of each header, in C
         return list(struct.iter_unpack(r.e + (_SHDR64 if r.wide else _SHDR32), raw))
     out = []
@@ -421,70 +519,94 @@ def _sections(r: _File) -> list[Section] | None:
 
 
 class _Names:
-    """Symbol names, each offset sliced once: 262,000 symbols naming suffixes of one long
-    string would otherwise hold a copy each (a 6 MB file, 560 MB). None past MAX_NAME_BYTES."""
+    """Names of the string table, each offset sliced and decoded once: 262,000 symbols
+    naming suffixes of one long string would otherwise hold a copy each (a 6 MB file,
+    560 MB), and version records naming one offset would decode it anew each (quadratic)."""
 
-    def __init__(self, strtab: bytes) -> None:
+    def __init__(self, strtab: bytes, work: Work) -> None:
         self.strtab = strtab
-        self.cache: dict[int, bytes] = {}
-        self.decoded = 0
+        self.work = work
+        self.decoded: dict[int, str] = {}
 
-    def get(self, offset: int) -> bytes | None:
-        name = self.cache.get(offset)
+    def text(self, offset: int) -> str:
+        name = self.decoded.get(offset)
         if name is None:
-            end = self.strtab.find(b"\0", offset)
-            name = self.cache[offset] = self.strtab[offset:end] if 0 <= offset < end else b""
-            self.decoded += len(name)
-            if self.decoded > MAX_NAME_BYTES:
-                return None
+            name = self.decoded[offset] = self._slice(offset).decode(errors="replace")
         return name
 
+    def _slice(self, offset: int) -> bytes:
+        if not 0 <= offset < len(self.strtab):
+            return b""
+        stop = offset + MAX_STRING_BYTES + 1
+        end = self.strtab.find(b"\0", offset, stop)
+        if end < 0:
+            if stop < len(self.strtab):
+                raise LimitExceeded(f"a symbol name longer than {MAX_STRING_BYTES} bytes")
+            return b""  # running off the table's end: no name
+        self.work.names(end - offset)
+        return self.strtab[offset:end]
 
-def _string(strtab: bytes, offset: int) -> str:
-    end = strtab.find(b"\0", offset)
-    return strtab[offset:end].decode(errors="replace") if 0 <= offset < end else ""
 
-
-def _versym(r: _File, section: Section | None) -> array[int]:
-    data = r.read(section[1], section[2] & ~1) if section is not None else None
-    out = array("H", data or b"")
+def _versym(r: _File, section: Section | None, count: int) -> array[int]:
+    """One version index per symbol; the rest of a longer section is never used."""
+    out = array("H")
+    if section is not None:
+        out.frombytes(_need(r.read(section[1], min(section[2], 2 * count) & ~1)))
     if (r.e == "<") != (sys.byteorder == "little"):
         out.byteswap()
     return out
 
 
-def _verdefs(r: _File, section: Section | None, strtab: bytes) -> dict[int, str]:
-    """Version index -> name defined by this object."""
+def _verdefs(r: _File, section: Section | None, names: _Names) -> dict[int, str]:
+    """Version index -> name defined by this object (the name of its first Verdaux)."""
     out: dict[int, str] = {}
-    data = r.read(section[1], section[2]) if section else None
-    pos = 0
-    while data is not None and len(out) < MAX_VERSION_ENTRIES and pos + 20 <= len(data):
+    if section is None:
+        return out
+    data = _need(r.read(section[1], section[2]))
+    aux_names: dict[int, str] = {}  # Verdaux offset -> its name
+    pos = 0  # vd_next is unsigned: every Verdef lies past the one before
+    while pos + 20 <= len(data):
+        r.work.record()
         _, _, ndx, cnt, _, aux, nxt = struct.unpack_from(r.e + "HHHHIII", data, pos)
-        if cnt and pos + aux + 8 <= len(data):
-            out[ndx] = _string(strtab, struct.unpack_from(r.e + "I", data, pos + aux)[0])
+        at = pos + aux
+        if cnt and at + 8 <= len(data):
+            r.work.record()
+            name = aux_names.get(at)
+            if name is None:
+                name = aux_names[at] = names.text(struct.unpack_from(r.e + "I", data, at)[0])
+            out[ndx] = name
         if not nxt:
             break
         pos += nxt
     return out
 
 
-def _verneeds(r: _File, section: Section | None, strtab: bytes) -> dict[int, tuple[str, str]]:
-    """Version index -> (version name, library it is needed from)."""
+def _verneeds(r: _File, section: Section | None, names: _Names) -> dict[int, tuple[str, str]]:
+    """Version index -> (version name, library it is needed from); for an index given twice,
+    the last, as ld.so's `_dl_check_map_versions` fills its table."""
     out: dict[int, tuple[str, str]] = {}
-    data = r.read(section[1], section[2]) if section else None
-    pos = 0
-    while data is not None and len(out) < MAX_VERSION_ENTRIES and pos + 16 <= len(data):
+    if section is None:
+        return out
+    data = _need(r.read(section[1], section[2]))
+    vernaux: dict[int, tuple[int, str, int]] = {}  # offset -> vna_other, name, vna_next
+    pos = 0  # vn_next and vna_next are unsigned: every walk only moves forward
+    while pos + 16 <= len(data):
+        r.work.record()
         _, cnt, file_off, aux, nxt = struct.unpack_from(r.e + "HHIII", data, pos)
-        library = _string(strtab, file_off)
-        apos = pos + aux
-        for _ in range(min(cnt, MAX_VERSION_ENTRIES)):
-            if apos + 16 > len(data):
+        library = names.text(file_off)
+        at = pos + aux
+        for _ in range(cnt):
+            if at + 16 > len(data):
                 break
-            _, _, other, name, anext = struct.unpack_from(r.e + "IHHII", data, apos)
-            out[other] = (_string(strtab, name), library)
-            if not anext:
+            r.work.record()
+            entry = vernaux.get(at)
+            if entry is None:
+                _, _, other, name, anext = struct.unpack_from(r.e + "IHHII", data, at)
+                entry = vernaux[at] = (other, names.text(name), anext)
+            out[entry[0]] = (entry[1], library)
+            if not entry[2]:
                 break
-            apos += anext
+            at += entry[2]
         if not nxt:
             break
         pos += nxt

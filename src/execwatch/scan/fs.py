@@ -271,7 +271,10 @@ class DirectoryFS:
         except OSError:
             return None
         with os.fdopen(fd, "rb") as f:
-            return read_dynamic_symbols(f, node.elf, imports)
+            try:
+                return read_dynamic_symbols(f, node.elf, imports)
+            except BinfmtError:  # over the symbol reader's budget: unknown, like None
+                return None
 
     def listdir(self, path: str) -> list[str]:
         try:
