@@ -36,6 +36,9 @@ DEFAULT_KINDS = {
     "Service",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
+    "NetworkPolicy",
+    "FlowSchema",
+    "PriorityLevelConfiguration",
 }
 EVERYTHING = (
     "serviceMonitor.enabled=true",
@@ -70,6 +73,8 @@ def test_defaults_install_the_pipeline_and_no_optional_integration() -> None:
             "ClusterRoleBinding",
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicyBinding",
+            "FlowSchema",
+            "PriorityLevelConfiguration",
         ):
             assert doc["metadata"]["namespace"] == "execwatch", doc["metadata"]
 
@@ -138,6 +143,24 @@ def test_everything_on_adds_monitoring_dashboard_and_scc() -> None:
             {
                 ("ValidatingAdmissionPolicy", "execwatch-agent-own-node"),
                 ("ValidatingAdmissionPolicyBinding", "execwatch-agent-own-node"),
+            },
+        ),
+        (
+            "agent.recordMetadataPolicy=false",
+            {
+                ("ValidatingAdmissionPolicy", "execwatch-agent-record-metadata"),
+                ("ValidatingAdmissionPolicyBinding", "execwatch-agent-record-metadata"),
+            },
+        ),
+        (
+            "networkPolicy.enabled=false",
+            {("NetworkPolicy", "execwatch-agent"), ("NetworkPolicy", "execwatch-handler")},
+        ),
+        (
+            "flowControl.enabled=false",
+            {
+                ("FlowSchema", "execwatch-agents"),
+                ("PriorityLevelConfiguration", "execwatch-agents"),
             },
         ),
     ],
@@ -435,7 +458,11 @@ def test_agent_pod_reader_option_uses_the_optional_base_rules() -> None:
 
 @pytest.mark.parametrize(
     ("policy", "user"),
-    [("execwatch-handler-pod-patches", "handler"), ("execwatch-agent-own-node", "agent")],
+    [
+        ("execwatch-handler-pod-patches", "handler"),
+        ("execwatch-agent-own-node", "agent"),
+        ("execwatch-agent-record-metadata", "agent"),
+    ],
 )
 def test_admission_policies_are_those_of_deploy_base(policy: str, user: str) -> None:
     """Same policies; the user names come from the release namespace."""
@@ -481,6 +508,61 @@ def test_service_monitors_scrape_both_components_and_label_agents_with_their_nod
         }
     ]
     assert "relabelings" not in handler["spec"]["endpoints"][0]
+
+
+def test_the_handler_keeps_the_failing_pods_labels_over_prometheus_operators() -> None:
+    """prometheus-operator adds namespace/pod/container target labels; the handler's
+    series describe another pod, so its own labels must win (honorLabels), while the
+    agent's series describe the agent and keep the target's labels."""
+    docs = render("serviceMonitor.enabled=true")
+    (handler,) = find(docs, "ServiceMonitor", "execwatch-handler")["spec"]["endpoints"]
+    (agent,) = find(docs, "ServiceMonitor", "execwatch-agent")["spec"]["endpoints"]
+    assert handler["honorLabels"] is True
+    assert "honorLabels" not in agent
+
+
+# -- network and API server exposure ------------------------------------------------------
+
+
+def test_network_policies_admit_only_the_monitoring_namespaces_on_the_metrics_port() -> None:
+    docs = render()
+    for component, workload in (("agent", "DaemonSet"), ("handler", "Deployment")):
+        policy = find(docs, "NetworkPolicy", f"execwatch-{component}")["spec"]
+        pod_labels = find(docs, workload)["spec"]["template"]["metadata"]["labels"]
+        assert policy["podSelector"]["matchLabels"].items() <= pod_labels.items()
+        assert policy["policyTypes"] == ["Ingress"]  # egress: the API server, left open
+        (rule,) = policy["ingress"]
+        assert rule["from"] == [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+        ]
+        assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+        (container,) = pod_spec(find(docs, workload))["containers"]
+        assert [p["name"] for p in container["ports"]] == ["metrics"]
+
+
+def test_network_policies_follow_the_monitoring_namespaces_set() -> None:
+    two = render(
+        "networkPolicy.metricsFrom[0].matchLabels.team=observability",
+        "networkPolicy.metricsFrom[1].matchLabels.kubernetes\\.io/metadata\\.name=openshift-user-workload-monitoring",
+    )
+    (rule,) = find(two, "NetworkPolicy", "execwatch-handler")["spec"]["ingress"]
+    assert [f["namespaceSelector"]["matchLabels"] for f in rule["from"]] == [
+        {"team": "observability"},
+        {"kubernetes.io/metadata.name": "openshift-user-workload-monitoring"},
+    ]
+    none = render("networkPolicy.metricsFrom=null")
+    assert find(none, "NetworkPolicy", "execwatch-agent")["spec"]["ingress"] == []
+    with pytest.raises(RuntimeError, match="metricsFrom"):
+        render("networkPolicy.metricsFrom[0].podSelector.x=y")
+
+
+def test_the_agents_api_priority_level_is_that_of_deploy_base() -> None:
+    for kind in ("FlowSchema", "PriorityLevelConfiguration"):
+        base = find(base_docs(), kind, "execwatch-agents")["spec"]
+        assert find(render(), kind, "execwatch-agents")["spec"] == base
+    other = find(render(namespace="observability"), "FlowSchema", "execwatch-agents")
+    (subject,) = other["spec"]["rules"][0]["subjects"]
+    assert subject["serviceAccount"] == {"name": "execwatch-agent", "namespace": "observability"}
 
 
 def test_scc_allows_exactly_what_the_agent_asks() -> None:

@@ -9,7 +9,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from execwatch.cluster.metrics import HandlerMetrics, PublisherMetrics
-from execwatch.metrics import NodeMetrics
+from execwatch.metrics import NodeMetrics, ServerMetrics
 from execwatch.record import Reason
 from tests.deploy.chart import REPO, base_docs, find, pod_spec, render
 from tests.deploy.test_dashboard import _Probe
@@ -23,6 +23,7 @@ def families() -> dict[str, tuple[str, set[str]]]:
     NodeMetrics(registry, _Probe())
     PublisherMetrics(registry=registry)
     HandlerMetrics(registry=registry)
+    ServerMetrics(registry)
     out: dict[str, tuple[str, set[str]]] = {}
     for family in registry.collect():
         name = family.name + ("_total" if family.type == "counter" else "")

@@ -65,7 +65,7 @@ class HandlerConfig:
     retry_initial: float = 0.5
     retry_max: float = 30.0
     workers: int = 16  # records handled in parallel (API round trips dominate)
-    list_page: int = 500
+    list_page: int = 50  # records per list call: a page stays small in a 256 Mi pod
     max_attempts: int = 8  # failures not due to the API before a record counts as invalid
 
 
