@@ -90,6 +90,18 @@ def test_a_webhook_that_is_down_never_blocks_a_pod(
         admission.delete_mutating_webhook_configuration(name)
 
 
+def test_idle_connections_never_stop_the_webhook(
+    registered: WebhookServer, admin: client.ApiClient
+) -> None:
+    idle = [socket.create_connection(("127.0.0.1", registered.port)) for _ in range(200)]
+    try:
+        pod = create_pod(admin, namespace(admin, "enforce"))
+    finally:
+        for s in idle:
+            s.close()
+    assert gates(pod) == [GATE]
+
+
 @pytest.mark.parametrize("body", [b"", b"{", b'{"request": {}}', b"[]", b"x" * ((3 << 20) + 1)])
 def test_a_body_that_is_no_admission_review_is_refused(body: bytes) -> None:
     with pytest.raises(BadReview):

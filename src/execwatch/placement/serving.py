@@ -1,95 +1,24 @@
-"""The webhook's HTTPS server: a fixed pool of workers, every read and write on a deadline.
+"""The webhook's HTTPS endpoint: execwatch's bounded server (httpserver.py) behind TLS.
 
 The API server calls the webhook with a timeout of a few seconds and `failurePolicy:
-Ignore`, so a slow answer only costs the gate. What any pod that reaches the port could
-do to the process is bounded: at most `workers` connections are served at once, each
-must complete its TLS handshake and send its request within `read_timeout`, and the
-answer is written within the same deadline. Further connections wait in the kernel's
-accept queue of `backlog`; nothing is spawned per connection.
+Ignore`, so a slow answer only costs the gate; what any pod that reaches the port can
+hold of the process is bounded as for the metrics port: connections, handshake and
+request deadlines, a 3 MiB body (the API server's own object limit).
 """
 
 from __future__ import annotations
 
-import logging
-import socket
 import ssl
-import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, HTTPServer
-from queue import Full, Queue
+from dataclasses import dataclass, field
 
-log = logging.getLogger(__name__)
+from prometheus_client import CollectorRegistry, Counter
+
+from execwatch.httpserver import BoundedServer, Request, ServerLimits, response
 
 Handler = Callable[[str, bytes], tuple[int, bytes]]  # (path, body) -> (status, JSON body)
-
-
-@dataclass(frozen=True)
-class Limits:
-    workers: int = 4
-    backlog: int = 64
-    read_timeout: float = 5.0
-    max_body: int = 3 << 20
-
-
-class _Server(HTTPServer):
-    """HTTPServer whose accepted sockets go to a bounded queue served by a worker pool."""
-
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], handler: Handler, limits: Limits) -> None:
-        self.request_queue_size = limits.backlog
-        self.app = handler
-        self.limits = limits
-        self.pending: Queue[tuple[socket.socket, object] | None] = Queue(limits.backlog)
-        self.refused = 0
-        super().__init__(address, _RequestHandler)
-
-    def process_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
-        try:
-            self.pending.put_nowait((request, client_address))
-        except Full:
-            self.refused += 1
-            self.shutdown_request(request)
-
-    def work(self) -> None:
-        while (item := self.pending.get()) is not None:
-            request, client_address = item
-            try:
-                request.settimeout(self.limits.read_timeout)
-                if isinstance(request, ssl.SSLSocket):
-                    request.do_handshake()
-                self.finish_request(request, client_address)
-            except Exception as exc:  # one peer's failure never stops a worker
-                log.debug("webhook connection failed", extra={"error": str(exc)})
-            finally:
-                self.shutdown_request(request)
-
-
-class _RequestHandler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"
-
-    def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or -1)
-        if not 0 <= length <= self.server.limits.max_body:
-            self._answer(413, b'{"message": "body too large or without a length"}')
-            return
-        status, body = self.server.app(self.path, self.rfile.read(length))
-        self._answer(status, body)
-
-    def _answer(self, status: int, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-        self.close_connection = True
-
-    def log_message(self, format: str, *args: object) -> None:
-        log.debug("webhook request", extra={"request": format % args})
+LIMITS = ServerLimits(max_connections=64, read_timeout=5.0, write_timeout=5.0, max_body=3 << 20)
+_STATUS = {200: "200 OK", 400: "400 Bad Request", 404: "404 Not Found"}
 
 
 @dataclass
@@ -100,25 +29,30 @@ class WebhookServer:
     handler: Handler
     cert: str
     key: str
-    limits: Limits = Limits()
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    limits: ServerLimits = LIMITS
 
     def start(self) -> None:
-        self._server = _Server(self.address, self.handler, self.limits)
         self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self._tls.minimum_version = ssl.TLSVersion.TLSv1_2
         self.reload()
-        self._server.socket = self._tls.wrap_socket(
-            self._server.socket, server_side=True, do_handshake_on_connect=False
+        dropped = Counter(
+            "execwatch_placement_webhook_connections_dropped",
+            "Connections to the placement webhook closed without an answer, by type "
+            "(over the connection cap, timed out, request too large).",
+            ["type"],
+            registry=self.registry,
         )
-        self._threads = [
-            threading.Thread(target=self._server.work, name=f"webhook-{i}", daemon=True)
-            for i in range(self.limits.workers)
-        ]
-        self._threads.append(
-            threading.Thread(target=self._server.serve_forever, name="webhook", daemon=True)
+        self._server = BoundedServer(
+            self.address, self._answer, self.limits, dropped, self._tls, "webhook"
         )
-        for t in self._threads:
-            t.start()
+        self._server.start()
+
+    def _answer(self, request: Request) -> bytes:
+        if request.method != "POST":
+            return response("405 Method Not Allowed", "text/plain", b"POST\n", request.method)
+        status, body = self.handler(request.path, request.body)
+        return response(_STATUS.get(status, f"{status} Error"), "application/json", body)
 
     def reload(self) -> None:
         """Take up a rotated certificate: new handshakes use it, open ones keep theirs."""
@@ -126,17 +60,7 @@ class WebhookServer:
 
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return self._server.server_port
 
-    @property
-    def refused(self) -> int:
-        return self._server.refused
-
-    def stop(self, timeout: float = 5.0) -> None:
+    def stop(self) -> None:
         self._server.shutdown()
-        for _ in range(self.limits.workers):
-            self._server.pending.put(None)
-        deadline = time.monotonic() + timeout
-        for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        self._server.server_close()

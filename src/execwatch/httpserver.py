@@ -1,0 +1,295 @@
+"""The HTTP/1.1 server of every port execwatch opens: metrics, probes, the webhook.
+
+One thread serves every connection through epoll, one request per connection
+(`Connection: close`). What any peer that reaches the port can hold of the process is
+bounded (`ServerLimits`): past `max_connections`, the oldest connection still waiting for
+its request, of the address holding the most, is closed at once (or the new one, if every
+slot is busy answering); a request (TLS handshake, headers and body) must arrive within
+`read_timeout`, its answer be taken within `write_timeout`. Idle or slow peers cost a
+socket for a few seconds at most, never a thread. With an `ssl.SSLContext` the handshake
+runs in the same loop, non-blocking.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import selectors
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+from urllib.parse import urlsplit
+
+log = logging.getLogger(__name__)
+
+CHUNK = 65536
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    max_connections: int = 32
+    read_timeout: float = 5.0
+    write_timeout: float = 10.0
+    max_request: int = 8192  # bytes of the request line and headers
+    max_body: int = 0  # bytes of a request body; 0: no method with a body is served
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes = b""
+
+
+Answer = Callable[[Request], bytes]
+
+
+class DropCounter(Protocol):
+    """A prometheus Counter labelled by `type`: over_cap, timeout, oversize."""
+
+    def labels(self, kind: str) -> _Incrementable: ...
+
+
+class _Incrementable(Protocol):
+    def inc(self, amount: float = 1) -> None: ...
+
+
+def response(
+    status: str,
+    content_type: str,
+    body: bytes,
+    method: str = "GET",
+    extra: tuple[tuple[str, str], ...] = (),
+) -> bytes:
+    head = [f"HTTP/1.1 {status}", f"Content-Type: {content_type}"]
+    head += [f"Content-Length: {len(body)}", "Connection: close"]
+    head += [f"{k}: {v}" for k, v in extra]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + (b"" if method == "HEAD" else body)
+
+
+_BAD_REQUEST = response("400 Bad Request", "text/plain", b"bad request\n")
+_TOO_LARGE = response("413 Content Too Large", "text/plain", b"body too large\n")
+
+
+@dataclass
+class _Conn:
+    sock: socket.socket
+    peer: str
+    deadline: float
+    handshaking: bool = False
+    inbox: bytearray = field(default_factory=bytearray)
+    outbox: memoryview | None = None
+
+
+class BoundedServer:
+    """Serves `answer` on `address` in a background thread until shutdown()."""
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        answer: Answer,
+        limits: ServerLimits,
+        dropped: DropCounter,
+        tls: ssl.SSLContext | None = None,
+        name: str = "http",
+    ) -> None:
+        host, port = address
+        family, _, _, _, sockaddr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._listener.bind(sockaddr)
+            self._listener.listen(128)
+        except OSError:
+            self._listener.close()
+            raise
+        self._listener.setblocking(False)
+        self._answer = answer
+        self._limits = limits
+        self._dropped = dropped
+        self._tls = tls
+        self._selector = selectors.DefaultSelector()
+        self._conns: dict[int, _Conn] = {}
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    @property
+    def server_port(self) -> int:
+        return int(self._listener.getsockname()[1])
+
+    def start(self) -> None:
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stopping.set()
+        self._wake_w.send(b"x")
+        self._thread.join()
+        for conn in list(self._conns.values()):
+            self._close(conn)
+        self._selector.close()
+        for s in (self._listener, self._wake_r, self._wake_w):
+            s.close()
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            for key, events in self._selector.select(self._next_timeout()):
+                if key.fileobj is self._listener:
+                    self._accept()
+                elif key.fileobj is not self._wake_r and key.data.sock.fileno() >= 0:
+                    self._serve(key.data, events)
+            self._expire()
+
+    def _next_timeout(self) -> float:
+        if not self._conns:
+            return 1.0
+        soonest = min(c.deadline for c in self._conns.values())
+        return max(0.0, soonest - time.monotonic())
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, peer = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # EMFILE and the like: the peer waits in the backlog
+                time.sleep(0.1)  # the listener stays readable: do not spin
+                return
+            if len(self._conns) >= self._limits.max_connections and not self._evict():
+                sock.close()
+                self._dropped.labels("over_cap").inc()
+                continue
+            sock.setblocking(False)
+            if self._tls is not None:
+                sock = self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+            conn = _Conn(sock, str(peer[0]), time.monotonic() + self._limits.read_timeout)
+            conn.handshaking = self._tls is not None
+            self._conns[sock.fileno()] = conn
+            self._selector.register(sock, selectors.EVENT_READ, conn)
+
+    def _evict(self) -> bool:
+        """Close the oldest connection still waiting for its request, of the address that
+        holds the most: a flood of idle connections cycles through its own slots, and
+        a probe or a caller from another address is answered."""
+        waiting = [c for c in self._conns.values() if c.outbox is None]
+        if not waiting:
+            return False
+        greediest = collections.Counter(c.peer for c in waiting).most_common(1)[0][0]
+        self._drop(next(c for c in waiting if c.peer == greediest), "over_cap")
+        return True
+
+    def _serve(self, conn: _Conn, events: int) -> None:
+        try:
+            if conn.handshaking:
+                self._handshake(conn)
+            elif events & selectors.EVENT_READ and conn.outbox is None:
+                self._read(conn)
+            elif events & selectors.EVENT_WRITE and conn.outbox is not None:
+                self._write(conn)
+        except ssl.SSLWantReadError:
+            self._selector.modify(conn.sock, selectors.EVENT_READ, conn)
+        except ssl.SSLWantWriteError:
+            self._selector.modify(conn.sock, selectors.EVENT_WRITE, conn)
+        except BlockingIOError:
+            pass  # the registration already matches what the connection waits for
+        except OSError:  # reset by the peer, a failed handshake
+            self._close(conn)
+
+    def _handshake(self, conn: _Conn) -> None:
+        assert isinstance(conn.sock, ssl.SSLSocket)
+        conn.sock.do_handshake()
+        conn.handshaking = False
+        self._selector.modify(conn.sock, selectors.EVENT_READ, conn)
+        self._read(conn)
+
+    def _read(self, conn: _Conn) -> None:
+        while True:
+            data = conn.sock.recv(CHUNK)
+            if not data:
+                self._close(conn)
+                return
+            conn.inbox += data
+            if not (isinstance(conn.sock, ssl.SSLSocket) and conn.sock.pending()):
+                break
+        request = self._complete(conn)
+        if request is None:
+            return
+        reply = request if isinstance(request, bytes) else self._reply(request)
+        conn.outbox = memoryview(reply)
+        conn.deadline = time.monotonic() + self._limits.write_timeout
+        self._selector.modify(conn.sock, selectors.EVENT_WRITE, conn)
+        self._write(conn)
+
+    def _complete(self, conn: _Conn) -> Request | bytes | None:
+        """The request once whole (or the error answer); None: more is to come."""
+        end = conn.inbox.find(b"\r\n\r\n")
+        if end < 0 or end > self._limits.max_request:
+            if end > self._limits.max_request or len(conn.inbox) > self._limits.max_request:
+                self._drop(conn, "oversize")
+            return None
+        head = _parse(bytes(conn.inbox[:end]))
+        if head is None:
+            return _BAD_REQUEST
+        method, path, headers = head
+        try:
+            length = int(headers.get("content-length") or 0)
+        except ValueError:
+            return _BAD_REQUEST
+        if length < 0 or length > self._limits.max_body:
+            return _TOO_LARGE
+        body = bytes(conn.inbox[end + 4 : end + 4 + length])
+        if len(body) < length:
+            return None
+        return Request(method, path, headers, body)
+
+    def _reply(self, request: Request) -> bytes:
+        try:
+            return self._answer(request)
+        except Exception:  # one answer failed: this request fails, the server lives on
+            log.exception("answering %s %s failed", request.method, request.path)
+            return response("500 Internal Server Error", "text/plain", b"error\n", request.method)
+
+    def _write(self, conn: _Conn) -> None:
+        assert conn.outbox is not None
+        sent = conn.sock.send(conn.outbox)
+        conn.outbox = conn.outbox[sent:]
+        if not conn.outbox:
+            self._close(conn)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for conn in [c for c in self._conns.values() if c.deadline <= now]:
+            self._drop(conn, "timeout")
+
+    def _drop(self, conn: _Conn, why: str) -> None:
+        self._dropped.labels(why).inc()
+        self._close(conn)
+
+    def _close(self, conn: _Conn) -> None:
+        self._conns.pop(conn.sock.fileno(), None)
+        self._selector.unregister(conn.sock)
+        conn.sock.close()
+
+
+def _parse(head: bytes) -> tuple[str, str, dict[str, str]] | None:
+    """`METHOD PATH HTTP/1.x` and the headers, lower-cased; None if it is not that."""
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        return None
+    headers = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep:
+            return None
+        headers[name.strip().lower()] = value.strip()
+    return parts[0], urlsplit(parts[1]).path, headers
