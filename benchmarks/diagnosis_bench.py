@@ -1,6 +1,14 @@
 """How often the entrypoint of a container that dies at once is still diagnosed.
 
     .venv/bin/python -m benchmarks.diagnosis_bench [--tries 100] [--case missing-library]
+    .venv/bin/python -m benchmarks.diagnosis_bench --cost [--calls 2000]
+
+--cost measures instead what the sandbox costs per diagnosis: one real diagnosis (an
+arm64 ELF on this node's file system, read through /proc/PID/root) made in the calling
+thread, then handed to a diagnosis thread (the pipeline before the sandbox), then to the
+pool of worker processes (execwatch.diagnosis.sandbox), reused call after call; also
+what starting one worker (fork, rlimits, its first answer) costs and the memory each
+worker holds on its own.
 
 Each try creates a pod and a container through containerd's CRI plugin whose entrypoint
 is an arm64 binary: it fails exec and the container is gone within milliseconds, with
@@ -14,19 +22,32 @@ dies right after a successful exec, and the case's reason is expected.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
+import queue
+import statistics
 import tempfile
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.attribution.containerd_env import APP_IMAGE, Containerd, oci_archive_of
 from tests.attribution.runc_env import FOREIGN_ARCH, FOREIGN_IN_ROOTFS
+from tests.binfmt.elfbuild import ElfSpec, build_elf
 from tests.probe.deaths import BY_NAME, DEATHS, KEEPALIVE, Death, DeathTracer
 
-from benchmarks.common import require_root, save
+from benchmarks.common import require_root, rss_mb, save
 from execwatch.attribution import Attributor
 from execwatch.attribution.cri.client import CriContainers
+from execwatch.diagnosis import FileDiagnoser
+from execwatch.diagnosis.budget import SlowMounts
+from execwatch.diagnosis.sandbox import DiagnosisPool
 from execwatch.probe import Probe
-from execwatch.record import ExecFailure, Reason
+from execwatch.record import Diagnosis, ExecFailure, KernelEvent, Reason
+
+EM_AARCH64 = 183
 
 
 def case_image(containerd: Containerd, death: Death, tmp: Path) -> str:
@@ -61,12 +82,120 @@ def diagnosed(record: ExecFailure | None, death: Death | None) -> bool:
     return d.reason is Reason.FOREIGN_ARCHITECTURE and d.binary_arch == FOREIGN_ARCH
 
 
+def own_failure(path: Path) -> KernelEvent:
+    """A failed exec of `path` by this process, as the probe would report it."""
+    return KernelEvent(
+        time=time.time(),
+        errno=errno.ENOEXEC,
+        pid=os.getpid(),
+        tgid=os.getpid(),
+        ppid=os.getppid(),
+        uid=os.getuid(),
+        comm="bench",
+        parent_comm="",
+        path=str(path),
+        cgroup_id=0,
+        mntns=os.stat("/proc/self/ns/mnt").st_ino,
+        syscall="execve",
+        root_ino=os.stat("/").st_ino,
+    )
+
+
+def timings(call: Callable[[], Diagnosis], calls: int) -> dict[str, float]:
+    """Median and 99th percentile of one call, in microseconds."""
+    took = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        diagnosis = call()
+        took.append(time.perf_counter() - started)
+        assert diagnosis.reason is Reason.FOREIGN_ARCHITECTURE, diagnosis
+    took.sort()
+    return {
+        "median_us": round(statistics.median(took) * 1e6, 1),
+        "p99_us": round(took[int(len(took) * 0.99)] * 1e6, 1),
+    }
+
+
+def thread_handoff(diagnoser: FileDiagnoser, event: KernelEvent, calls: int) -> dict[str, float]:
+    """The old design: the event queued to a diagnosis thread, the answer waited for."""
+    jobs: queue.SimpleQueue[KernelEvent | None] = queue.SimpleQueue()
+    answers: queue.SimpleQueue[Diagnosis] = queue.SimpleQueue()
+
+    def work() -> None:
+        while (job := jobs.get()) is not None:
+            answers.put(diagnoser.diagnose(job))
+
+    def ask() -> Diagnosis:
+        jobs.put(event)
+        return answers.get()
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    try:
+        return timings(ask, calls)
+    finally:
+        jobs.put(None)
+        worker.join()
+
+
+def private_mb(pid: int) -> float:
+    """What a worker holds on its own (Private_Clean + Private_Dirty), in MB."""
+    total = 0
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith(("Private_Clean:", "Private_Dirty:")):
+            total += int(line.split()[1])
+    return round(total / 1024, 2)
+
+
+def cost(calls: int) -> dict[str, object]:
+    with tempfile.TemporaryDirectory() as tmp:
+        binary = Path(tmp) / "hello-arm64"
+        binary.write_bytes(build_elf(ElfSpec(machine=EM_AARCH64)).data)
+        event = own_failure(binary)
+        slow = SlowMounts()
+        diagnoser = FileDiagnoser(slow=slow)
+        in_thread = timings(lambda: diagnoser.diagnose(event), calls)
+        handed_to_thread = thread_handoff(diagnoser, event, calls)
+        starts = []
+        for _ in range(20):
+            started = time.perf_counter()
+            DiagnosisPool(diagnoser, size=1, slow=slow).close()
+            starts.append(time.perf_counter() - started)
+        pool = DiagnosisPool(diagnoser, size=2, slow=slow)
+        try:
+            in_worker = timings(lambda: pool.diagnose(event).diagnosis, calls)
+            workers = [
+                int(p) for p in Path(f"/proc/self/task/{os.getpid()}/children").read_text().split()
+            ]
+            memory = [private_mb(pid) for pid in workers]
+        finally:
+            pool.close()
+    return {
+        "calls": calls,
+        "in_calling_thread": in_thread,
+        "handed_to_a_thread": handed_to_thread,  # what the pipeline did before
+        "handed_to_a_worker_process": in_worker,  # what it does now
+        "sandbox_cost_us": round(in_worker["median_us"] - handed_to_thread["median_us"], 1),
+        "worker_start_ms": round(statistics.median(starts) * 1e3, 2),
+        "worker_private_mb": memory,
+        "bench_rss_mb": round(rss_mb()[0], 1),
+        "load_average": [round(x, 1) for x in os.getloadavg()],
+    }
+
+
 def main(argv: list[str] | None = None) -> dict[str, object]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tries", type=int, default=100)
     shown = [d.name for d in DEATHS if d.shown]
     parser.add_argument("--case", choices=shown, help="an early death instead")
+    parser.add_argument("--cost", action="store_true", help="the sandbox's cost per diagnosis")
+    parser.add_argument("--calls", type=int, default=2000)
     args = parser.parse_args(argv)
+    if args.cost:
+        figures = cost(args.calls)
+        print(json.dumps(figures, indent=2))
+        print(f"saved {save('diagnosis_cost', figures)}")
+        return figures
     require_root()
     death = BY_NAME[args.case] if args.case else None
     command = list(death.argv) if death else [FOREIGN_IN_ROOTFS]

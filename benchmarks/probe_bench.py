@@ -45,7 +45,6 @@ import os
 import resource
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -73,6 +72,7 @@ ONE_LINER = (
 BPFTRACE_PROG = "sys_exit_execve"  # what bpftrace names the one-liner's program
 FOREIGN = Path(__file__).resolve().parent.parent / ".cache/foreign/arm64/root/usr/bin/hello"
 HERE = Path(__file__).resolve().parent
+HEAD_KIND_CGROUP = layout.head_picker("kind", "cgroup_id")  # the same in every record
 
 
 def multiarch() -> str:
@@ -263,11 +263,10 @@ class Consumer:
 
     def on_record(self, raw: bytes) -> None:
         self.records += 1
-        if len(raw) == layout.EVENT_STRUCT.size:
-            cgroup = int.from_bytes(raw[layout.EVENT_FIELDS.cgroup], sys.byteorder)
+        kind, cgroup = HEAD_KIND_CGROUP.unpack_from(raw)
+        if kind == layout.KIND_EXEC_FAILED:
             self.watched_records += cgroup == self.watch_cgroup
         else:
-            cgroup = int.from_bytes(raw[layout.DEATH_FIELDS.cgroup], sys.byteorder)
             self.watched_deaths += cgroup == self.watch_cgroup
         self.pipeline.on_record(raw)
 

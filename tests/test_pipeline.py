@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -16,19 +17,27 @@ from execwatch.record import Attribution, Diagnosis, ExecFailure, KernelEvent, R
 def raw_event(path: bytes, *, cgroup: int = 7, err: int = 8, stale: bytes = b"") -> bytes:
     """A ring-buffer record; `stale` imitates bytes the ring buffer left after the NUL."""
     filename = (path + b"\0" + stale).ljust(layout.PATH_LEN, b"\0")
-    return layout.EVENT_STRUCT.pack(
-        1_000_000_000, cgroup, 1, 4026531840, 2, err, 10, 10, 1, 0, -100, 0, 0,
-        b"sh", b"bash", filename, b"", b"", 0, 0, 0, 0, 0, 0, 0, b"", b"",
+    return layout.EXEC_FAILED.pack(
+        ktime_ns=1_000_000_000, cgroup_id=cgroup, cgroup_parent_id=1, mntns=4026531840,
+        root_ino=2, err=err, pid=10, tgid=10, ppid=1, dirfd=-100, comm=b"sh",
+        parent_comm=b"bash", filename=filename,
     )  # fmt: skip
 
 
 class CountingDiagnoser:
+    """Counts its calls in shared memory: diagnosis runs in the pipeline's worker processes."""
+
     def __init__(self, reason: Reason = Reason.FOREIGN_ARCHITECTURE) -> None:
-        self.calls = 0
+        self._calls = multiprocessing.Value("i", 0)
         self.reason = reason
 
+    @property
+    def calls(self) -> int:
+        return int(self._calls.value)
+
     def diagnose(self, event: KernelEvent) -> Diagnosis:
-        self.calls += 1
+        with self._calls.get_lock():
+            self._calls.value += 1
         return Diagnosis(self.reason, "amd64", "arm64")
 
 

@@ -3,7 +3,9 @@
 Shared by `execwatch trace` and the cluster agent. The consume loop (the ring-buffer
 thread) only counts, folds and queues: diagnosis and attribution read tenant file
 systems, so they run on worker threads, each call within a time budget (see
-execwatch.diagnosis.budget). A burst of identical failures (one container retrying one
+execwatch.diagnosis.budget). Each diagnosis runs in a worker process that is killed when
+it overruns its time or memory (see execwatch.diagnosis.sandbox); attribution and the
+folding stay in this process. A burst of identical failures (one container retrying one
 binary) is diagnosed once and folded: the first occurrence is emitted when diagnosed,
 the repeats as one record with their exact count per window. Repeats are recognised on
 the raw record, before decoding, so a failure storm stays cheap. The kernel folds a PATH
@@ -17,7 +19,6 @@ import dataclasses
 import errno
 import logging
 import queue
-import sys
 import threading
 import time
 from collections import OrderedDict
@@ -26,8 +27,10 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from execwatch.diagnosis.budget import Attempt, SlowMounts
+from execwatch.diagnosis.sandbox import STARVED_FACTOR, DiagnosisPool, SandboxLimits
 from execwatch.probe import layout
 from execwatch.probe.events import decode_record as decode
+from execwatch.probe.events import repeat_key
 from execwatch.record import QUIET_REASONS, Attribution, Diagnosis, ExecFailure, KernelEvent, Reason
 
 log = logging.getLogger(__name__)
@@ -44,8 +47,7 @@ BUSY_S = 0.2
 AggregationKey = tuple[int, int, int, int, bytes, bytes]
 DIAGNOSIS_BUDGET_S = 1.0  # a local diagnosis takes about a millisecond
 STALL_AFTER_S = 20.0
-# A call running (not blocked in the kernel) is abandoned only after this many budgets.
-STARVED_FACTOR = 10
+HealthCheck = Callable[[], "str | None"]
 
 
 class Diagnoser(Protocol):
@@ -119,12 +121,21 @@ class CountsPruner:
 
 
 class Heartbeat:
-    """When the consume loop last went round. Liveness fails only when it stalls: slow
-    diagnosis is the workers' business and never makes the agent look dead."""
+    """When the consume loop last went round, and the checks of what it depends on.
+    Liveness fails when the loop stalls or diagnosis capacity is gone (no worker process
+    alive and none can be started); a merely slow diagnosis never makes the agent look dead."""
 
     def __init__(self, stall_after: float = STALL_AFTER_S) -> None:
         self.stall_after = stall_after
         self._last = time.monotonic()
+        self._checks: list[HealthCheck] = []
+
+    def watch(self, check: HealthCheck) -> None:
+        self._checks.append(check)
+
+    def unwatch(self, check: HealthCheck) -> None:
+        if check in self._checks:
+            self._checks.remove(check)
 
     def beat(self, now: float | None = None) -> None:
         self._last = time.monotonic() if now is None else now
@@ -137,16 +148,17 @@ class Heartbeat:
         age = self.age()
         if age > self.stall_after:
             return f"the ring-buffer consume loop has not run for {age:.1f} s"
-        return None
+        return next((p for check in list(self._checks) if (p := check()) is not None), None)
 
 
 @dataclass(eq=False)
 class _Worker:
-    """One diagnosis thread and what it is doing, for the watchdog."""
+    """One worker thread and what it is doing, for the watchdog (which watches attribution:
+    the diagnosis pool kills its own overrunning processes)."""
 
     thread: threading.Thread = dataclasses.field(default_factory=threading.Thread)
     slot: _Slot | None = None
-    stage: str = ""  # "diagnosis" or "attribution" while a call runs
+    stage: str = ""  # "attribution" while a call runs
     started: float = 0.0
     attempt: Attempt | None = None
     diagnosis: Diagnosis | None = None  # done, while attribution runs
@@ -177,37 +189,10 @@ class _Slot:
 
 
 def aggregation_key(raw: bytes) -> AggregationKey:
-    """(cgroup, mntns, root, errno, filename, fd name) straight from the record's bytes.
-
-    Strings are cut at their NUL: the ring buffer does not zero what follows it. An early
-    death's key is (cgroup, mntns, root, -signal or -256 - exit code, exe device, exe
-    inode). The root keeps two chroots of one mount namespace apart: one name can be
-    missing in one and a binary without its loader in the other."""
-    if len(raw) == layout.DEATH_STRUCT.size:
-        return death_key(raw)
-    f, order = layout.EVENT_FIELDS, sys.byteorder
-    return (
-        int.from_bytes(raw[f.cgroup], order),
-        int.from_bytes(raw[f.mntns], order),
-        int.from_bytes(raw[f.root_ino], order),
-        int.from_bytes(raw[f.err], order),
-        raw[f.filename].split(b"\0", 1)[0],
-        raw[f.fd_name].split(b"\0", 1)[0],
-    )
-
-
-def death_key(raw: bytes) -> AggregationKey:
-    d, order = layout.DEATH_FIELDS, sys.byteorder
-    sig = int.from_bytes(raw[d.signal], order, signed=True)
-    code = int.from_bytes(raw[d.exit_code], order, signed=True)
-    return (
-        int.from_bytes(raw[d.cgroup], order),
-        int.from_bytes(raw[d.mntns], order),
-        int.from_bytes(raw[d.root_ino], order),
-        -sig if sig else -256 - code,
-        raw[d.exe_dev],
-        raw[d.exe_ino],
-    )
+    """The record's repeat key, by its kind (probe.events.KINDS), straight from its bytes:
+    for a failed exec (cgroup, mntns, root, errno, filename, fd name), for an early death
+    (cgroup, mntns, root, -signal or -256 - exit code, exe device, exe inode)."""
+    return repeat_key(raw)
 
 
 def _undiagnosed(detail: str) -> Diagnosis:
@@ -215,7 +200,8 @@ def _undiagnosed(detail: str) -> Diagnosis:
 
 
 class NodePipeline:
-    """Use as a context manager (or call close()): it owns its worker threads."""
+    """Use as a context manager (or call close()): it owns its worker threads and the
+    diagnosis worker processes (`workers` of each; `limits` bounds each process)."""
 
     def __init__(
         self,
@@ -236,8 +222,8 @@ class NodePipeline:
         heartbeat: Heartbeat | None = None,
         max_stuck: int = 8,
         folds: KernelFolds | None = None,
+        limits: SandboxLimits | None = None,
     ) -> None:
-        self._diagnoser = diagnoser
         self._sink = sink
         self._epoch_offset = epoch_offset
         self._attributor = attributor
@@ -260,6 +246,15 @@ class NodePipeline:
         self._workers: list[_Worker] = []
         self._stop = threading.Event()
         self._calls = threading.Event()  # set while a worker's call may need watching
+        self._pool = DiagnosisPool(
+            diagnoser,
+            size=workers,
+            budget=budget,
+            slow=self.slow,
+            limits=limits or SandboxLimits(),
+            max_stuck=max_stuck,
+        )
+        self.heartbeat.watch(self._pool.problem)
         for _ in range(workers):
             self._start_worker()
         self._watchdog = threading.Thread(target=self._watch, name="watchdog", daemon=True)
@@ -331,6 +326,10 @@ class NodePipeline:
         finally:
             self.close()
 
+    def diagnosis_capacity(self) -> int:
+        """Diagnosis worker processes alive now (idle or busy)."""
+        return self._pool.live()
+
     def drain(self, timeout: float) -> bool:
         """Wait until every queued record is diagnosed and emitted; False on timeout."""
         deadline = time.monotonic() + timeout
@@ -358,6 +357,8 @@ class NodePipeline:
                 break
         for worker in live:
             worker.thread.join(timeout=1.0)
+        self.heartbeat.unwatch(self._pool.problem)
+        self._pool.close()
         self.flush(final=True)
 
     def flush(self, *, final: bool = False) -> None:
@@ -403,8 +404,9 @@ class NodePipeline:
             self._workers.append(worker)
 
     def _work(self, worker: _Worker) -> None:
-        """Diagnoses inline (no hand-off: a dying container's rootfs is there for only
-        milliseconds); the watchdog takes over a call that overruns its budget."""
+        """Hands the event at once to an idle diagnosis process (a dying container's
+        rootfs is there for only milliseconds), then attributes it here; the pool kills a
+        diagnosis that overruns, the watchdog takes over an attribution that does."""
         while (slot := self._queue.get()) is not None:
             with self._lock:
                 worker.slot, worker.diagnosis = slot, None
@@ -427,11 +429,10 @@ class NodePipeline:
 
     def _build(self, worker: _Worker, event: KernelEvent) -> ExecFailure:
         """A bug in diagnosis or attribution degrades the record; it never loses it."""
-        try:
-            diagnosis = self._timed(worker, "diagnosis", lambda: self._diagnoser.diagnose(event))
-        except Exception as exc:
-            log.exception("diagnosis failed", extra={"kv": {"path": event.path}})
-            diagnosis = _undiagnosed(f"diagnosis failed: {exc!r}")
+        outcome = self._pool.diagnose(event)
+        if outcome.killed and self._observer:
+            self._observer.overran(outcome.killed)
+        diagnosis = outcome.diagnosis
         with self._lock:
             worker.diagnosis = diagnosis
         attributor = self._attributor
@@ -469,11 +470,10 @@ class NodePipeline:
                 worker.stage = ""
 
     def _watch(self) -> None:
-        """Settles, as Undiagnosed, a record whose diagnosis or attribution overran its
-        budget blocked in the kernel (a read on a hung mount cannot be interrupted),
-        remembers that mount, and starts a fresh worker in place of the blocked one.
-        A call that is merely slow, running Python on a starved CPU, is left to finish
-        up to STARVED_FACTOR budgets and never makes its mount look slow."""
+        """Settles a record whose attribution overran its budget blocked in the kernel
+        (a read on a hung mount cannot be interrupted), with its diagnosis, and starts a
+        fresh worker thread in place of the blocked one. A call that is merely slow,
+        running Python on a starved CPU, is left to finish up to STARVED_FACTOR budgets."""
         period = min(0.1, self._budget / 4)
         while self._calls.wait() and not self._stop.wait(period):  # asleep while none runs
             now = time.monotonic()

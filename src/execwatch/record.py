@@ -120,6 +120,10 @@ class KernelEvent:
     age_ms: float | None = None  # early death: time since the task started
     exe_ino: int = 0  # early death: the executable's inode and device (os.makedev form)
     exe_dev: int = 0
+    # The container the agent's live inventory names for cgroup_id, looked up in the agent
+    # before the event goes to a diagnosis worker, whose copy of the inventory is as old as
+    # the worker ("": looked up, none; None: not looked up).
+    container_id: str | None = None
 
     @property
     def early_death(self) -> bool:

@@ -4,9 +4,10 @@
 
 Every name in its one directory is a read-only executable file holding CONTENT_FILE's
 bytes. Reads by any other process are answered, so the kernel can read the file's
-header and fail the exec for real (a foreign ELF: ENOEXEC); reads by AGENT_PID block
-forever, like a hung FUSE daemon or NFS server. Direct I/O keeps the page cache from
-answering for it. Runs in the foreground until killed.
+header and fail the exec for real (a foreign ELF: ENOEXEC); reads by AGENT_PID and by
+its diagnosis worker processes block forever, like a hung FUSE daemon or NFS server.
+Direct I/O keeps the page cache from answering for it. Runs in the foreground until
+killed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import mfusepy
+
+from execwatch.diagnosis.sandbox import WORKER_NAME
 
 
 class HungForOne(mfusepy.Operations):  # type: ignore[misc]
@@ -50,21 +53,22 @@ class HungForOne(mfusepy.Operations):  # type: ignore[misc]
         return 0
 
     def read(self, path: str, size: int, offset: int, fh: Any) -> bytes:
-        if self._tgid(mfusepy.fuse_get_context()[2]) == self.agent_pid:
+        if self._agent(mfusepy.fuse_get_context()[2]):
             self.never.wait()
             raise mfusepy.FuseOSError(errno.EIO)
         return self.content[offset : offset + size]
 
-    @staticmethod
-    def _tgid(tid: int) -> int:
+    def _agent(self, tid: int) -> bool:
+        """The agent itself, or one of its diagnosis worker processes; not a child the
+        test forked to exec a file here (its comm is still the agent's during the exec)."""
         try:
             status = Path(f"/proc/{tid}/status").read_text()
         except OSError:
-            return tid
-        for line in status.splitlines():
-            if line.startswith("Tgid:"):
-                return int(line.split()[1])
-        return tid
+            return False
+        fields = {k: v.strip() for k, _, v in (ln.partition(":") for ln in status.splitlines())}
+        if int(fields.get("Tgid", tid)) == self.agent_pid:
+            return True
+        return fields.get("PPid") == str(self.agent_pid) and fields.get("Name") == WORKER_NAME
 
 
 def main() -> None:

@@ -1,68 +1,94 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
-/* Kernel-version differences, in one place. Each helper picks its way when the
- * program is loaded: libbpf resolves the CO-RE checks below against the running
- * kernel's BTF to constants, and the verifier never visits the branch that calls a
- * helper the kernel lacks. Include after the task_struct and pt_regs declarations.
- * Supported: Linux 5.10 and later (tests/kernels boots each kernel of the matrix). */
+/* Kernel-version differences, in one place: each names the release and the upstream
+ * commit behind it. Each helper picks its way when the program is loaded: libbpf
+ * resolves the CO-RE checks below against the running kernel's BTF to constants, and
+ * the verifier never visits the branch that calls a helper the kernel lacks. Include
+ * after the task_struct, pt_regs and kernfs_node declarations.
+ * Supported: Linux 5.10 and later (tests/kernels boots each kernel of the matrix).
+ *
+ * One difference shapes code rather than picking a branch: before 5.12 the verifier
+ * refuses a stack access at a variable offset (01f810ace9ed, "bpf: Allow
+ * variable-offset stack access"), so loops that index the stack are unrolled. */
 #ifndef EXECWATCH_COMPAT_H
 #define EXECWATCH_COMPAT_H
+
+/* bpf_get_current_task_btf: 5.11, commit 3ca1032ab7ab ("bpf: Implement
+ * get_current_task_btf and RET_PTR_TO_BTF_ID"). Its task is BTF-typed: reads through it
+ * are plain loads that fault safely to 0, where the untyped task needs a probe read per
+ * pointer. */
+#define EW_HAVE_TASK_BTF bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_get_current_task_btf)
+
+/* bpf_task_pt_regs: 5.15, commit dd6e10fbd9fb ("bpf: Add bpf_task_pt_regs() helper"). */
+#define EW_HAVE_TASK_PT_REGS bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_task_pt_regs)
 
 /* task_pt_regs(): the registers saved at syscall entry sit at the top of the task's
  * kernel stack, THREAD_SIZE bytes: 16 KiB on x86_64 and on arm64 with 4 KiB pages
  * (KASAN kernels double it). Only used where bpf_task_pt_regs is missing (< 5.15). */
 #define EW_THREAD_SIZE (16 * 1024)
 
-/* The current task. bpf_get_current_task_btf is 5.11+. Before it, the untyped
- * bpf_get_current_task: every read of the task goes through CO-RE probe reads anyway. */
+/* The current task: BTF-typed from 5.11, else the untyped bpf_get_current_task (every
+ * read of the task below then goes through a CO-RE probe read). */
 static __always_inline struct task_struct *current_task(void)
 {
-	if (bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_get_current_task_btf))
+	if (EW_HAVE_TASK_BTF)
 		return bpf_get_current_task_btf();
 	return (struct task_struct *)bpf_get_current_task();
 }
 
 /* The current syscall's user registers, for its arguments at syscall exit (nothing is
- * stored at entry, so a successful exec costs nothing more). bpf_task_pt_regs is 5.15+. */
+ * stored at entry, so a successful exec costs nothing more): bpf_task_pt_regs from 5.15,
+ * else computed from the stack as task_pt_regs() does. */
 static __always_inline struct pt_regs *syscall_regs(struct task_struct *task)
 {
 	char *stack;
 
-	if (bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_task_pt_regs))
+	if (EW_HAVE_TASK_PT_REGS)
 		return (struct pt_regs *)bpf_task_pt_regs(task);
 	stack = BPF_CORE_READ(task, stack);
 	return (struct pt_regs *)(stack + EW_THREAD_SIZE - bpf_core_type_size(struct pt_regs));
 }
 
 /* An argument of the current syscall from syscall_regs(): bpf_task_pt_regs' result is a
- * BTF pointer (5.15+), read with a plain load that faults safely to 0; the computed one
- * before it needs a probe read. On the exec failure path of every PATH-search miss. */
+ * BTF pointer (5.15, dd6e10fbd9fb), read with a plain load that faults safely to 0; the
+ * computed one before it needs a probe read. On the exec failure path of every
+ * PATH-search miss. */
 #define syscall_arg(regs, PARM)                                                         \
-	(bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_task_pt_regs)            \
-		 ? (unsigned long)PT_REGS_##PARM##_SYSCALL(regs)                          \
-		 : (unsigned long)PT_REGS_##PARM##_CORE_SYSCALL(regs))
+	(EW_HAVE_TASK_PT_REGS ? (unsigned long)PT_REGS_##PARM##_SYSCALL(regs)            \
+			      : (unsigned long)PT_REGS_##PARM##_CORE_SYSCALL(regs))
 
-/* The caller's cgroup v2 id, as bpf_get_current_cgroup_id() reads it: with current_task()'s
- * BTF-typed task (5.11+), plain loads instead of a helper call on every failure. */
+/* The caller's cgroup v2 id, as bpf_get_current_cgroup_id() reads it: with the BTF-typed
+ * task (5.11, 3ca1032ab7ab), plain loads instead of a helper call on every failure. */
 static __always_inline __u64 current_cgroup_id(struct task_struct *task)
 {
-	if (bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_get_current_task_btf))
+	if (EW_HAVE_TASK_BTF)
 		return task->cgroups->dfl_cgrp->kn->id;
 	return bpf_get_current_cgroup_id();
 }
 
-/* The caller's mount namespace and root directory inode: what keeps two roots apart. With
- * current_task()'s BTF-typed task (5.11+) these are plain loads, faulting safely to 0;
- * before, one probe read per pointer. Needs nsproxy, mnt_namespace, fs_struct, dentry and
- * inode declared. */
+/* The caller's mount namespace and root directory inode: what keeps two roots apart.
+ * Plain loads with the BTF-typed task (5.11, 3ca1032ab7ab), else one probe read per
+ * pointer. */
 static __always_inline void caller_root(struct task_struct *task, __u64 *mntns, __u64 *root_ino)
 {
-	if (bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_get_current_task_btf)) {
+	if (EW_HAVE_TASK_BTF) {
 		*mntns = task->nsproxy->mnt_ns->ns.inum;
 		*root_ino = task->fs->root.dentry->d_inode->i_ino;
 		return;
 	}
 	*mntns = BPF_CORE_READ(task, nsproxy, mnt_ns, ns.inum);
 	*root_ino = BPF_CORE_READ(task, fs, root.dentry, d_inode, i_ino);
+}
+
+/* kernfs_node::parent is __parent from 6.15, commit 633488947ef6 ("kernfs: Use RCU to
+ * access kernfs_node::parent."): one flavour for each, picked by CO-RE. */
+struct kernfs_node___new { struct kernfs_node *__parent; } __attribute__((preserve_access_index));
+struct kernfs_node___old { struct kernfs_node *parent; } __attribute__((preserve_access_index));
+
+static __always_inline struct kernfs_node *kernfs_parent(struct kernfs_node *kn)
+{
+	if (bpf_core_field_exists(((struct kernfs_node___new *)0)->__parent))
+		return BPF_CORE_READ((struct kernfs_node___new *)kn, __parent);
+	return BPF_CORE_READ((struct kernfs_node___old *)kn, parent);
 }
 
 #endif

@@ -57,13 +57,10 @@ struct files_struct { struct fdtable *fdt; } __attribute__((preserve_access_inde
 struct ns_common { unsigned int inum; } __attribute__((preserve_access_index));
 struct mnt_namespace { struct ns_common ns; } __attribute__((preserve_access_index));
 struct nsproxy { struct mnt_namespace *mnt_ns; } __attribute__((preserve_access_index));
-/* kernfs_node::parent became __parent in Linux 6.15: one flavor for each. */
-struct kernfs_node {
+struct kernfs_node { /* its parent: see kernfs_parent() in compat.bpf.h */
 	const char *name;
 	__u64 id;
 } __attribute__((preserve_access_index));
-struct kernfs_node___new { struct kernfs_node *__parent; } __attribute__((preserve_access_index));
-struct kernfs_node___old { struct kernfs_node *parent; } __attribute__((preserve_access_index));
 struct cgroup { struct kernfs_node *kn; } __attribute__((preserve_access_index));
 struct css_set { struct cgroup *dfl_cgrp; } __attribute__((preserve_access_index));
 struct task_struct {
@@ -221,9 +218,16 @@ static __always_inline struct mount *real_mount(struct vfsmount *vm)
 	return (struct mount *)((char *)vm - bpf_core_field_offset(struct mount, mnt));
 }
 
-/* The names from d up to `stop` (a dentry on stop_mnt), or up to the root of its mount
- * namespace when stop is 0, crossing mounts as d_path() does; leaf first, each name
- * followed by '/', into path_scratch. Returns 1 when the walk got there whole.
+enum walk_end {
+	WALK_CUT = 0,     /* too deep or too long, detached, or unreadable */
+	WALK_AT_STOP = 1, /* reached `stop` */
+	WALK_AT_NS_ROOT = 2, /* reached the root of the mount namespace first */
+};
+
+/* The names from d up to `stop` (a dentry on stop_mnt) or to the root of its mount
+ * namespace, whichever comes first, crossing mounts as d_path() does; leaf first, each
+ * name followed by '/', into path_scratch. The one dentry walk: every path in a record
+ * comes from here. Returns an enum walk_end.
  * Global, so the verifier checks its loop once, not once per caller's state. */
 __noinline int walk_path(__u64 dentry, __u64 vfsmount, __u64 stop, __u64 stop_mnt)
 {
@@ -231,7 +235,7 @@ __noinline int walk_path(__u64 dentry, __u64 vfsmount, __u64 stop, __u64 stop_mn
 	struct vfsmount *vm = (struct vfsmount *)vfsmount;
 	struct mount *mnt = real_mount(vm), *parent;
 	__u32 zero = 0, off = 0;
-	int whole = 0;
+	int end = WALK_CUT;
 	long n;
 	char *buf = bpf_map_lookup_elem(&path_scratch, &zero);
 
@@ -239,13 +243,13 @@ __noinline int walk_path(__u64 dentry, __u64 vfsmount, __u64 stop, __u64 stop_mn
 		return 0;
 	for (int i = 0; i < EW_DPATH_DEPTH; i++) {
 		if ((__u64)d == stop && (__u64)vm == stop_mnt) {
-			whole = 1;
+			end = WALK_AT_STOP;
 			break;
 		}
 		if (d == BPF_CORE_READ(vm, mnt_root)) {
 			parent = BPF_CORE_READ(mnt, mnt_parent);
 			if (parent == mnt) { /* the namespace's root mount */
-				whole = !stop;
+				end = WALK_AT_NS_ROOT;
 				break;
 			}
 			d = BPF_CORE_READ(mnt, mnt_mountpoint);
@@ -269,33 +273,34 @@ __noinline int walk_path(__u64 dentry, __u64 vfsmount, __u64 stop, __u64 stop_mn
 		d = up;
 	}
 	if (off >= EW_DPATH_LEN) {
-		whole = 0;
+		end = WALK_CUT;
 		off = EW_DPATH_LEN - 1;
 	}
 	asm volatile("" : "+r"(off)); /* keep the mask: the verifier must see the bound */
 	buf[off & (EW_DPATH_LEN - 1)] = 0;
-	return whole;
+	return end;
 }
 
-/* walk_path, then its result into dst (EW_DPATH_LEN bytes of the event). */
+/* walk_path, then its result into dst (EW_DPATH_LEN bytes of a record). */
 static __always_inline int read_path(struct dentry *d, struct vfsmount *vm, struct dentry *stop,
 				     struct vfsmount *stop_mnt, char *dst)
 {
 	__u32 zero = 0;
-	int whole = walk_path((__u64)d, (__u64)vm, (__u64)stop, (__u64)stop_mnt);
+	int end = walk_path((__u64)d, (__u64)vm, (__u64)stop, (__u64)stop_mnt);
 	char *buf = bpf_map_lookup_elem(&path_scratch, &zero);
 
 	if (!buf || bpf_probe_read_kernel(dst, EW_DPATH_LEN, buf)) {
 		dst[0] = 0;
-		return 0;
+		return WALK_CUT;
 	}
-	return whole;
+	return end;
 }
 
 /* What finds the root and the file after the caller is gone: its root's path, and the
  * directory (dirfd or cwd) a relative name resolves against, or for AT_EMPTY_PATH the
- * file behind the fd itself, with its path inside the root. */
-static __always_inline void read_paths(struct task_struct *task, struct ew_event *e)
+ * file behind the fd itself, with its path inside the root. A call, off the fold path:
+ * its signature puts struct ew_event in the object's BTF, which the loader checks. */
+static __noinline void read_paths(struct task_struct *task, struct ew_event *e)
 {
 	struct dentry *root = BPF_CORE_READ(task, fs, root.dentry), *base = 0;
 	struct vfsmount *root_mnt = BPF_CORE_READ(task, fs, root.mnt), *base_mnt = 0;
@@ -303,7 +308,8 @@ static __always_inline void read_paths(struct task_struct *task, struct ew_event
 
 	e->root_dev = BPF_CORE_READ(root, d_inode, i_sb, s_dev);
 	e->root_mnt_id = BPF_CORE_READ(real_mount(root_mnt), mnt_id);
-	e->path_flags = read_path(root, root_mnt, 0, 0, e->root_path) ? EW_ROOT_PATH_OK : 0;
+	e->path_flags = read_path(root, root_mnt, 0, 0, e->root_path) == WALK_AT_NS_ROOT ?
+				EW_ROOT_PATH_OK : 0;
 	e->pad = 0;
 	if (e->filename[0] != '/' && e->syscall == EW_EXECVEAT && e->dirfd != AT_FDCWD) {
 		f = fd_file(task, e->dirfd);
@@ -325,29 +331,41 @@ static __always_inline void read_paths(struct task_struct *task, struct ew_event
 	e->base_ino = BPF_CORE_READ(base, d_inode, i_ino);
 	e->base_mnt_id = BPF_CORE_READ(real_mount(base_mnt), mnt_id);
 	e->path_flags |= EW_BASE_SET;
-	if (read_path(base, base_mnt, root, root_mnt, e->base_path))
+	if (read_path(base, base_mnt, root, root_mnt, e->base_path) == WALK_AT_STOP)
 		e->path_flags |= EW_BASE_IN_ROOT;
 }
 
-/* The cgroup's name and parent id let user space rebuild its path even when the cgroup
- * was created and removed before anyone listed it (a container that dies at once). */
-static __always_inline void read_cgroup_into(struct task_struct *task, __u64 *parent_id, char *name)
+/* The head's task fields. The cgroup's name and parent id let user space rebuild its path
+ * even when the cgroup was created and removed before anyone listed it (a container that
+ * dies at once). A call: on_failure's fold path then keeps its registers to itself. */
+static __noinline void fill_task(struct ew_head *h, struct task_struct *task)
 {
 	struct kernfs_node *kn = BPF_CORE_READ(task, cgroups, dfl_cgrp, kn);
-	struct kernfs_node *parent;
+	struct kernfs_node *parent = kernfs_parent(kn);
+	__u64 id = bpf_get_current_pid_tgid();
 
-	if (bpf_core_field_exists(((struct kernfs_node___new *)0)->__parent))
-		parent = BPF_CORE_READ((struct kernfs_node___new *)kn, __parent);
-	else
-		parent = BPF_CORE_READ((struct kernfs_node___old *)kn, parent);
-	*parent_id = parent ? BPF_CORE_READ(parent, id) : 0;
-	if (bpf_probe_read_kernel_str(name, EW_CGROUP_NAME_LEN, BPF_CORE_READ(kn, name)) < 0)
-		name[0] = 0;
+	h->pid = (__u32)id;
+	h->cgroup_parent_id = parent ? BPF_CORE_READ(parent, id) : 0;
+	h->tgid = id >> 32;
+	h->ppid = BPF_CORE_READ(task, real_parent, tgid);
+	h->uid = (__u32)bpf_get_current_uid_gid();
+	h->pad = 0;
+	bpf_get_current_comm(h->comm, sizeof(h->comm));
+	BPF_CORE_READ_STR_INTO(&h->parent_comm, task, real_parent, comm);
+	if (bpf_probe_read_kernel_str(h->cgroup_name, EW_CGROUP_NAME_LEN, BPF_CORE_READ(kn, name)) < 0)
+		h->cgroup_name[0] = 0;
 }
 
-static __always_inline void read_cgroup(struct task_struct *task, struct ew_event *e)
+/* Who and where, for every kind of record: what the caller has at hand, then the task's. */
+static __always_inline void fill_head(struct ew_head *h, enum ew_kind kind, struct task_struct *task,
+				      __u64 now, __u64 cgroup_id, __u64 mntns, __u64 root_ino)
 {
-	read_cgroup_into(task, &e->cgroup_parent_id, e->cgroup_name);
+	h->kind = kind;
+	h->ktime_ns = now;
+	h->cgroup_id = cgroup_id;
+	h->mntns = mntns;
+	h->root_ino = root_ino;
+	fill_task(h, task);
 }
 
 /* Resized at load time: EW_FOLD_SETS sets and EW_FOLD_SLOTS names per possible CPU. */
@@ -376,7 +394,7 @@ volatile struct ew_fold_clock fold_clock = { .epoch = 1, .harvested = 1 };
 #endif
 
 /* A miss's name, on the stack: its words up to its NUL, zero after it within its word.
- * Loops are unrolled: 5.10's verifier refuses a variable stack offset. */
+ * Loops are unrolled: a variable stack offset is refused before 5.12 (compat.bpf.h). */
 struct fold_name {
 	__u64 words[EW_FOLD_WORDS];
 	__u32 nwords;
@@ -454,7 +472,7 @@ static __always_inline int fold_free_way(const struct ew_fold_set *set)
  * slot of the set (`way`, as the fold path found it) or in a free one. With neither, this
  * name is sent every time until user space has read a slot's last folds. */
 static __always_inline void fold_arm(struct ew_fold_set *set, __u32 set_idx, int way, __u64 tag,
-				     __u32 epoch, const struct fold_name *f, const struct ew_event *e)
+				     __u32 epoch, const struct fold_name *f, const struct ew_head *h)
 {
 	struct ew_fold_name *named;
 	__u32 idx;
@@ -467,9 +485,9 @@ static __always_inline void fold_arm(struct ew_fold_set *set, __u32 set_idx, int
 		named = bpf_map_lookup_elem(&fold_names, &idx);
 		if (!named)
 			return;
-		named->cgroup_id = e->cgroup_id;
-		named->mntns = e->mntns;
-		named->root_ino = e->root_ino;
+		named->cgroup_id = h->cgroup_id;
+		named->mntns = h->mntns;
+		named->root_ino = h->root_ino;
 		named->err = ENOENT;
 		named->pad = 0;
 #pragma unroll
@@ -529,27 +547,15 @@ static __noinline int on_failure(long ret, enum ew_syscall sc)
 		bump(&stats, &idx);
 		return 0;
 	}
-	__u64 id = bpf_get_current_pid_tgid();
-
-	e->ktime_ns = now;
-	e->cgroup_id = cgroup_id;
-	e->mntns = mntns;
-	e->root_ino = root_ino;
+	fill_head(&e->head, EW_KIND_EXEC_FAILED, task, now, cgroup_id, mntns, root_ino);
 	if (set) /* only once a record is sure to go: it carries the name */
-		fold_arm(set, set_idx, way, tag, epoch, &fname, e);
-	read_cgroup(task, e);
+		fold_arm(set, set_idx, way, tag, epoch, &fname, &e->head);
 	e->err = (int)-ret;
-	e->pid = (__u32)id;
-	e->tgid = id >> 32;
-	e->ppid = BPF_CORE_READ(task, real_parent, tgid);
-	e->uid = (__u32)bpf_get_current_uid_gid();
 	e->syscall = sc;
-	bpf_get_current_comm(e->comm, sizeof(e->comm));
-	BPF_CORE_READ_STR_INTO(&e->parent_comm, task, real_parent, comm);
 	e->fd_name[0] = 0;
 	if (sc == EW_EXECVEAT) {
-		e->dirfd = (int)PT_REGS_PARM1_CORE_SYSCALL(regs);
-		e->flags = (__u32)PT_REGS_PARM5_CORE_SYSCALL(regs);
+		e->dirfd = (int)syscall_arg(regs, PARM1);
+		e->flags = (__u32)syscall_arg(regs, PARM5);
 	} else {
 		e->dirfd = AT_FDCWD;
 		e->flags = 0;
@@ -635,48 +641,24 @@ static __always_inline __u64 early_age(struct task_struct *task, __u64 now)
 	return age < cfg.death_window_ns ? age + 1 : 0;
 }
 
-/* The executable's path as the task sees it, leaf first, crossing mounts up to its root.
- * Slot i is what step i found; a mount crossing leaves its slot empty. One index, so the
- * verifier walks the loop without a second counter's states. */
+/* The executable, and its path as the task sees it (leaf first, up to the task's root). */
 static __noinline void read_exe(struct task_struct *task, struct ew_death *e)
 {
 	struct file *exe = BPF_CORE_READ(task, mm, exe_file);
-	struct dentry *d, *parent, *root_d;
-	struct vfsmount *vm, *root_m;
-	struct mount *m, *pm;
-	int i;
+	int end;
 
 	e->exe_ino = 0;
 	e->exe_dev = 0;
-	e->exe_depth = EW_EXE_TRUNCATED;
+	e->exe_flags = 0;
+	e->exe_path[0] = 0;
 	if (!exe)
 		return;
 	e->exe_ino = BPF_CORE_READ(exe, f_inode, i_ino);
 	e->exe_dev = BPF_CORE_READ(exe, f_inode, i_sb, s_dev);
-	d = BPF_CORE_READ(exe, f_path.dentry);
-	vm = BPF_CORE_READ(exe, f_path.mnt);
-	root_d = BPF_CORE_READ(task, fs, root.dentry);
-	root_m = BPF_CORE_READ(task, fs, root.mnt);
-	for (i = 0; i < EW_EXE_DEPTH; i++) {
-		e->exe[i][0] = 0;
-		if (d == root_d && vm == root_m)
-			break;
-		if (d == BPF_CORE_READ(vm, mnt_root)) {
-			m = (struct mount *)((void *)vm - bpf_core_field_offset(struct mount, mnt));
-			pm = BPF_CORE_READ(m, mnt_parent);
-			if (pm == m)
-				break; /* the namespace's root */
-			d = BPF_CORE_READ(m, mnt_mountpoint);
-			vm = (struct vfsmount *)((void *)pm + bpf_core_field_offset(struct mount, mnt));
-			continue;
-		}
-		bpf_probe_read_kernel_str(e->exe[i], EW_EXE_NAME_LEN, BPF_CORE_READ(d, d_name.name));
-		parent = BPF_CORE_READ(d, d_parent);
-		if (parent == d)
-			break;
-		d = parent;
-	}
-	e->exe_depth = i < EW_EXE_DEPTH ? i : EW_EXE_DEPTH | EW_EXE_TRUNCATED;
+	end = read_path(BPF_CORE_READ(exe, f_path.dentry), BPF_CORE_READ(exe, f_path.mnt),
+			BPF_CORE_READ(task, fs, root.dentry), BPF_CORE_READ(task, fs, root.mnt),
+			e->exe_path);
+	e->exe_flags = end == WALK_CUT ? 0 : EW_EXE_PATH_OK;
 }
 
 struct death {
@@ -690,9 +672,8 @@ struct death {
 
 static __noinline int report_death(const struct death *d)
 {
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-	__u64 cgroup_id = bpf_get_current_cgroup_id();
-	__u64 id = bpf_get_current_pid_tgid();
+	struct task_struct *task = current_task();
+	__u64 cgroup_id = current_cgroup_id(task), mntns, root_ino;
 	struct ew_death *e;
 	__u32 idx;
 
@@ -704,23 +685,14 @@ static __noinline int report_death(const struct death *d)
 		bump(&stats, &idx);
 		return 0;
 	}
-	e->ktime_ns = d->now;
+	caller_root(task, &mntns, &root_ino);
+	fill_head(&e->head, EW_KIND_EARLY_DEATH, task, d->now, cgroup_id, mntns, root_ino);
 	e->age_ns = d->age;
-	e->cgroup_id = cgroup_id;
-	read_cgroup_into(task, &e->cgroup_parent_id, e->cgroup_name);
-	e->mntns = BPF_CORE_READ(task, nsproxy, mnt_ns, ns.inum);
-	e->root_ino = BPF_CORE_READ(task, fs, root.dentry, d_inode, i_ino);
 	e->ip = d->ip;
 	e->interp_base = d->base;
 	e->exit_code = d->kind == EW_DEATH_SIGNAL ? -1 : d->value;
 	e->signal = d->kind == EW_DEATH_SIGNAL ? d->value : 0;
-	e->pid = (__u32)id;
-	e->tgid = id >> 32;
-	e->ppid = BPF_CORE_READ(task, real_parent, tgid);
-	e->uid = (__u32)bpf_get_current_uid_gid();
-	e->kind = d->kind;
-	bpf_get_current_comm(e->comm, sizeof(e->comm));
-	BPF_CORE_READ_STR_INTO(&e->parent_comm, task, real_parent, comm);
+	e->cause = d->kind;
 	read_exe(task, e);
 	bpf_ringbuf_submit(e, wakeup_flag(d->now, cgroup_id));
 	return 0;
@@ -729,7 +701,7 @@ static __noinline int report_death(const struct death *d)
 /* Reached only for exit codes 1 and 127: the auxv scan is off every ordinary exit's path. */
 static __noinline int on_loader_exit(int code)
 {
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	struct task_struct *task = current_task();
 	unsigned long pair[2];
 	struct mm_struct *mm = BPF_CORE_READ(task, mm);
 	struct death d = { .now = bpf_ktime_get_boot_ns(), .kind = EW_DEATH_LOADER_EXIT, .value = code };
@@ -739,8 +711,8 @@ static __noinline int on_loader_exit(int code)
 
 	if (!age || !mm)
 		return 0;
-	/* Pair by pair: a whole auxv on the stack would exceed 5.10's 512-byte limit for the
-	 * call chain. AT_BASE is about the ninth pair, so this is a few reads. */
+	/* Pair by pair: a whole auxv on the stack would exceed the verifier's 512-byte limit
+	 * for the call chain. AT_BASE is about the ninth pair, so this is a few reads. */
 	for (int i = 0; i < AUXV_PAIRS; i++) {
 		if (bpf_probe_read_kernel(pair, sizeof(pair),
 					  __builtin_preserve_access_index(&mm->saved_auxv[2 * i])))
@@ -754,7 +726,7 @@ static __noinline int on_loader_exit(int code)
 	}
 	if (!base) /* static: no loader */
 		return 0;
-	regs = syscall_regs(current_task());
+	regs = syscall_regs(task);
 	ip = PT_REGS_IP_CORE(regs);
 	if (ip < base || ip - base >= LOADER_SPAN)
 		return 0;
@@ -775,7 +747,7 @@ int enter_exit_group(struct sys_enter_exit_group_ctx *ctx)
 
 static __noinline int on_fatal_signal(int sig)
 {
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	struct task_struct *task = current_task();
 	struct death d = { .now = bpf_ktime_get_boot_ns(), .kind = EW_DEATH_SIGNAL, .value = sig };
 	__u64 age = early_age(task, d.now);
 

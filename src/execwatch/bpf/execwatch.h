@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Layout shared by the BPF program and user space (src/execwatch/probe/layout.py).
- * Change both together: tests/test_layout.py compiles this header and compares. */
+ * Change both together: the probe compares them in the object's BTF at every load, and
+ * tests/probe/test_layout.py compiles this header and compares. */
 #ifndef EXECWATCH_H
 #define EXECWATCH_H
 
@@ -35,34 +36,47 @@ struct ew_config {
 	__u64 fold_key[EW_FOLD_KEY_WORDS]; /* random at every load: the tag's NH key */
 };
 
-struct ew_event {
-	__u64 ktime_ns;       /* bpf_ktime_get_boot_ns() */
-	__u64 cgroup_id;      /* cgroup v2 inode of the caller */
+/* Every ring-buffer record starts with its kind: user space picks the decoder by it. */
+enum ew_kind {
+	EW_KIND_EXEC_FAILED = 1, /* struct ew_event */
+	EW_KIND_EARLY_DEATH = 2, /* struct ew_death */
+};
+
+/* Who and where, first in every record. */
+struct ew_head {
+	enum ew_kind kind;
+	__u32 pid;              /* thread id */
+	__u64 ktime_ns;         /* bpf_ktime_get_boot_ns() */
+	__u64 cgroup_id;        /* cgroup v2 inode of the caller */
 	__u64 cgroup_parent_id; /* its parent's: a pod's cgroup outlives its containers' */
-	__u64 mntns;          /* mount namespace inode of the caller */
-	__u64 root_ino;       /* inode of the caller's root directory (chroot/pivot_root) */
-	__s32 err;            /* positive errno */
-	__u32 pid;            /* thread id */
+	__u64 mntns;            /* mount namespace inode of the caller */
+	__u64 root_ino;         /* inode of the caller's root directory (chroot/pivot_root) */
 	__u32 tgid;
-	__u32 ppid;           /* parent tgid */
+	__u32 ppid;             /* parent tgid */
 	__u32 uid;
-	__s32 dirfd;          /* execveat only */
-	__u32 flags;          /* execveat only (AT_EMPTY_PATH: fexecve) */
-	__u32 syscall;        /* enum ew_syscall */
+	__u32 pad;
 	char comm[EW_TASK_COMM_LEN];
 	char parent_comm[EW_TASK_COMM_LEN];
-	char filename[EW_PATH_LEN];
-	char fd_name[EW_TASK_COMM_LEN * 4]; /* basename behind dirfd when AT_EMPTY_PATH */
 	char cgroup_name[EW_CGROUP_NAME_LEN]; /* the cgroup directory's own name */
-	/* What finds the caller's root and the file once the caller is gone. Paths come
-	 * from the dentry chain, leaf first: "c/b/a/" is /a/b/c (no lookup in BPF). */
+};
+
+/* A failed exec. Paths come from the dentry chain, leaf first: "c/b/a/" is /a/b/c (no
+ * lookup in BPF); root and base find the caller's root and the file once it is gone. */
+struct ew_event {
+	struct ew_head head;  /* kind EW_KIND_EXEC_FAILED */
 	__u64 root_dev;       /* the root directory's s_dev (kernel encoding) */
 	__u64 base_dev;       /* the base: for AT_EMPTY_PATH the file itself; else the */
 	__u64 base_ino;       /* directory a relative name resolves against (dirfd or cwd) */
+	__s32 err;            /* positive errno */
+	__s32 dirfd;          /* execveat only */
+	__u32 flags;          /* execveat only (AT_EMPTY_PATH: fexecve) */
+	__u32 syscall;        /* enum ew_syscall */
 	__u32 root_mnt_id;
 	__u32 base_mnt_id;
 	__u32 path_flags;     /* EW_ROOT_PATH_OK | EW_BASE_SET | EW_BASE_IN_ROOT */
 	__u32 pad;
+	char filename[EW_PATH_LEN];
+	char fd_name[EW_TASK_COMM_LEN * 4]; /* basename behind dirfd when AT_EMPTY_PATH */
 	char root_path[EW_DPATH_LEN]; /* the root's path in its mount namespace */
 	char base_path[EW_DPATH_LEN]; /* the base's path inside the caller's root */
 };
@@ -125,8 +139,6 @@ struct ew_fold_clock {        /* the program's .data: written by user space only
 
 /* ---- Early deaths: a process that dies soon after a successful exec ---- */
 
-#define EW_EXE_DEPTH 8      /* steps up the executable's path kept, leaf first */
-#define EW_EXE_NAME_LEN 64
 /* death_totals index: a fatal signal is its number, a loader exit EW_TOTAL_EXIT + code. */
 #define EW_TOTAL_EXIT 64
 #define EW_DEATH_TOTALS (EW_TOTAL_EXIT + 256)
@@ -137,30 +149,19 @@ enum ew_death_kind {
 };
 
 struct ew_death {
-	__u64 ktime_ns;         /* bpf_ktime_get_boot_ns() */
+	struct ew_head head;    /* kind EW_KIND_EARLY_DEATH */
 	__u64 age_ns;           /* since the task started (its exec follows the fork) */
-	__u64 cgroup_id;
-	__u64 cgroup_parent_id;
-	__u64 mntns;
-	__u64 root_ino;
 	__u64 exe_ino;          /* mm->exe_file, to find the binary once the task is gone */
 	__u64 exe_dev;          /* its superblock's dev_t, kernel encoding (major << 20 | minor) */
 	__u64 ip;               /* user instruction pointer at exit_group */
 	__u64 interp_base;      /* AT_BASE from the saved auxv: where the loader is mapped */
 	__s32 exit_code;        /* exit_group status (loader exit) */
 	__s32 signal;           /* fatal signal number (signal death) */
-	__u32 pid;
-	__u32 tgid;
-	__u32 ppid;
-	__u32 uid;
-	__u32 kind;             /* enum ew_death_kind */
-	__u32 exe_depth;        /* steps filled in exe[]; bit 31: the walk did not reach / */
-	char comm[EW_TASK_COMM_LEN];
-	char parent_comm[EW_TASK_COMM_LEN];
-	char exe[EW_EXE_DEPTH][EW_EXE_NAME_LEN]; /* its path in the task's root; "" at mounts */
-	char cgroup_name[EW_CGROUP_NAME_LEN];
+	__u32 cause;            /* enum ew_death_kind */
+	__u32 exe_flags;        /* EW_EXE_PATH_OK: exe_path reaches the task's root */
+	char exe_path[EW_DPATH_LEN]; /* leaf first, like ew_event's paths */
 };
 
-#define EW_EXE_TRUNCATED 0x80000000u
+#define EW_EXE_PATH_OK 0x1
 
 #endif

@@ -6,6 +6,7 @@ comes from execwatch.binfmt, the same module the image scanner uses.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import stat
@@ -60,15 +61,21 @@ class FileDiagnoser:
         rootfs = ContainerRootfs()
 
         def container_rootfs(event: KernelEvent) -> Iterator[Path]:
-            container_id = containers.container_id(
-                event.cgroup_id,
-                event.tgid,
-                name=event.cgroup_name,
-                parent_id=event.cgroup_parent_id,
-            )
-            return rootfs.candidates(container_id, parent=event.ppid)
+            container_id = event.container_id
+            if container_id is None:
+                container_id = _container_of(containers, event)
+            return rootfs.candidates(container_id or None, parent=event.ppid)
 
-        return cls(RootLocator(extra=[container_rootfs]), slow=slow)
+        made = cls(RootLocator(extra=[container_rootfs]), slow=slow)
+        made._containers = containers
+        return made
+
+    def prepare(self, event: KernelEvent) -> KernelEvent:
+        """In the agent, before a diagnosis worker takes the event: what only the agent's
+        live state knows (the container of the cgroup, from the attribution inventory)."""
+        if self._containers is None or event.container_id is not None:
+            return event
+        return dataclasses.replace(event, container_id=_container_of(self._containers, event) or "")
 
     def __init__(
         self,
@@ -81,6 +88,7 @@ class FileDiagnoser:
         self._slow = slow
         self._resolver = Resolver(slow)
         self._startup = StartupDiagnoser(self._locator, self._node, slow)
+        self._containers: ContainerIds | None = None
 
     @property
     def node_arch(self) -> str:
@@ -272,3 +280,9 @@ class FileDiagnoser:
         detail: str = "",
     ) -> Diagnosis:
         return Diagnosis(reason, self.node_arch, binary_arch, interpreter, detail)
+
+
+def _container_of(containers: ContainerIds, event: KernelEvent) -> str | None:
+    return containers.container_id(
+        event.cgroup_id, event.tgid, name=event.cgroup_name, parent_id=event.cgroup_parent_id
+    )

@@ -1,15 +1,30 @@
-"""Decoding ring-buffer records into KernelEvent."""
+"""Ring-buffer records by kind: each kind's decoder into KernelEvent and its repeat key.
+
+Every record starts with its kind (enum ew_kind in bpf/execwatch.h); KINDS maps it to
+the record's layout, decoder and repeat key. A new kind of record is one entry there.
+"""
 
 from __future__ import annotations
 
 import os
+import sys
 import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 
 from execwatch.probe import layout
 from execwatch.record import KernelEvent
 from execwatch.text import c_string
 
 AT_EMPTY_PATH = 0x1000
+# What makes two records repeats of one another, read from the raw record (no decoding):
+# (cgroup, mount namespace, root inode, then three of the kind's own fields).
+RepeatKey = tuple[int, int, int, int, bytes, bytes]
+
+
+class UnknownRecord(ValueError):
+    """A record whose kind no entry of KINDS knows: the object and execwatch disagree."""
 
 
 def boot_to_epoch_offset() -> float:
@@ -17,43 +32,66 @@ def boot_to_epoch_offset() -> float:
     return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
-def decode(raw: bytes, epoch_offset: float) -> KernelEvent:
-    (
-        ktime, cgroup_id, cgroup_parent_id, mntns, root_ino, err, pid, tgid, ppid, uid,
-        dirfd, flags, syscall, comm, parent_comm, filename, fd_name, cgroup_name,
-        root_dev, base_dev, base_ino, root_mnt_id, base_mnt_id, path_flags, _pad,
-        root_path, base_path,
-    ) = layout.EVENT_STRUCT.unpack_from(raw)  # fmt: skip
-    path = c_string(filename)
-    via_fd = not path and bool(flags & AT_EMPTY_PATH)
+def decode_exec_failed(raw: bytes, epoch_offset: float) -> KernelEvent:
+    r = layout.EXEC_FAILED.unpack(raw)
+    path = c_string(r.filename)
+    via_fd = not path and bool(r.flags & AT_EMPTY_PATH)
     if via_fd:
-        path = c_string(fd_name)  # fexecve: only the basename behind the fd is known
+        path = c_string(r.fd_name)  # fexecve: only the basename behind the fd is known
     return KernelEvent(
-        time=epoch_offset + ktime / 1e9,
-        errno=err,
-        pid=pid,
-        tgid=tgid,
-        ppid=ppid,
-        uid=uid,
-        comm=c_string(comm),
-        parent_comm=c_string(parent_comm),
+        time=epoch_offset + r.ktime_ns / 1e9,
+        errno=r.err,
+        pid=r.pid,
+        tgid=r.tgid,
+        ppid=r.ppid,
+        uid=r.uid,
+        comm=c_string(r.comm),
+        parent_comm=c_string(r.parent_comm),
         path=path,
-        cgroup_id=cgroup_id,
-        mntns=mntns,
-        root_ino=root_ino,
-        cgroup_parent_id=cgroup_parent_id,
-        cgroup_name=c_string(cgroup_name),
-        syscall=layout.SYSCALLS[syscall] if syscall < len(layout.SYSCALLS) else str(syscall),
-        dirfd=dirfd,
-        flags=flags,
+        cgroup_id=r.cgroup_id,
+        mntns=r.mntns,
+        root_ino=r.root_ino,
+        cgroup_parent_id=r.cgroup_parent_id,
+        cgroup_name=c_string(r.cgroup_name),
+        syscall=layout.SYSCALLS[r.syscall] if r.syscall < len(layout.SYSCALLS) else str(r.syscall),
+        dirfd=r.dirfd,
+        flags=r.flags,
         via_fd=via_fd,
-        root_dev=user_dev(root_dev),
-        root_mnt_id=root_mnt_id,
-        root_path=leaf_first(root_path) if path_flags & layout.ROOT_PATH_OK else None,
-        base_dev=user_dev(base_dev),
-        base_ino=base_ino,
-        base_mnt_id=base_mnt_id,
-        base_path=leaf_first(base_path) if path_flags & layout.BASE_IN_ROOT else None,
+        root_dev=user_dev(r.root_dev),
+        root_mnt_id=r.root_mnt_id,
+        root_path=leaf_first(r.root_path) if r.path_flags & layout.ROOT_PATH_OK else None,
+        base_dev=user_dev(r.base_dev),
+        base_ino=r.base_ino,
+        base_mnt_id=r.base_mnt_id,
+        base_path=leaf_first(r.base_path) if r.path_flags & layout.BASE_IN_ROOT else None,
+    )
+
+
+def decode_early_death(raw: bytes, epoch_offset: float) -> KernelEvent:
+    r = layout.EARLY_DEATH.unpack(raw)
+    signal_death = r.cause == layout.DEATH_SIGNAL
+    path = leaf_first(r.exe_path)
+    return KernelEvent(
+        time=epoch_offset + r.ktime_ns / 1e9,
+        errno=0,
+        pid=r.pid,
+        tgid=r.tgid,
+        ppid=r.ppid,
+        uid=r.uid,
+        comm=c_string(r.comm),
+        parent_comm=c_string(r.parent_comm),
+        path=path if r.exe_flags & layout.EXE_PATH_OK else "…" + path,
+        cgroup_id=r.cgroup_id,
+        mntns=r.mntns,
+        syscall="signal" if signal_death else "exit_group",
+        root_ino=r.root_ino,
+        cgroup_parent_id=r.cgroup_parent_id,
+        cgroup_name=c_string(r.cgroup_name),
+        exit_code=None if signal_death else r.exit_code,
+        signal=r.signal if signal_death else None,
+        age_ms=r.age_ns / 1e6,
+        exe_ino=r.exe_ino,
+        exe_dev=user_dev(r.exe_dev),
     )
 
 
@@ -68,54 +106,67 @@ def user_dev(kernel_dev: int) -> int:
     return os.makedev(kernel_dev >> 20, kernel_dev & 0xFFFFF)
 
 
-def exe_path(raw_components: bytes, depth: int) -> str:
-    """The executable's path from the kernel's leaf-first dentry names ("…/" when cut short).
-
-    An empty slot is a mount crossing, not a component."""
-    n = min(depth & 0xFF, layout.EXE_DEPTH)
-    size = layout.EXE_NAME_LEN
-    names = [c_string(raw_components[i * size : (i + 1) * size]) for i in range(n)]
-    path = "/" + "/".join(name for name in reversed(names) if name)
-    return "…" + path if depth & layout.EXE_TRUNCATED else path
+_EXEC_FAILED_KEY = layout.EXEC_FAILED.picker(
+    "cgroup_id", "mntns", "root_ino", "err", "filename", "fd_name"
+)
+_EARLY_DEATH_KEY = layout.EARLY_DEATH.picker(
+    "cgroup_id", "mntns", "root_ino", "exe_ino", "exe_dev", "exit_code", "signal"
+)
 
 
-def kernel_dev(dev: int) -> int:
-    """The kernel's internal dev_t (major << 20 | minor) as st_dev reports it."""
-    return os.makedev(dev >> 20, dev & 0xFFFFF)
+def exec_failed_key(raw: bytes) -> RepeatKey:
+    """(cgroup, mntns, root, errno, filename, fd name). Strings are cut at their NUL: the
+    ring buffer does not zero what follows it. The root keeps two chroots of one mount
+    namespace apart: one name can be missing in one and a binary without its loader in
+    the other."""
+    cgroup, mntns, root, err, filename, fd_name = _EXEC_FAILED_KEY.unpack_from(raw)
+    return cgroup, mntns, root, err, filename.split(b"\0", 1)[0], fd_name.split(b"\0", 1)[0]
 
 
-def decode_death(raw: bytes, epoch_offset: float) -> KernelEvent:
-    (
-        ktime, age, cgroup_id, cgroup_parent_id, mntns, root_ino, exe_ino, exe_dev, _ip, _base,
-        exit_code, sig, pid, tgid, ppid, uid, kind, depth, comm, parent_comm, exe, cgroup_name,
-    ) = layout.DEATH_STRUCT.unpack_from(raw)  # fmt: skip
-    signal_death = kind == layout.DEATH_SIGNAL
-    return KernelEvent(
-        time=epoch_offset + ktime / 1e9,
-        errno=0,
-        pid=pid,
-        tgid=tgid,
-        ppid=ppid,
-        uid=uid,
-        comm=c_string(comm),
-        parent_comm=c_string(parent_comm),
-        path=exe_path(exe, depth),
-        cgroup_id=cgroup_id,
-        mntns=mntns,
-        syscall="signal" if signal_death else "exit_group",
-        root_ino=root_ino,
-        cgroup_parent_id=cgroup_parent_id,
-        cgroup_name=c_string(cgroup_name),
-        exit_code=None if signal_death else exit_code,
-        signal=sig if signal_death else None,
-        age_ms=age / 1e6,
-        exe_ino=exe_ino,
-        exe_dev=kernel_dev(exe_dev),
-    )
+def early_death_key(raw: bytes) -> RepeatKey:
+    """(cgroup, mntns, root, -signal or -256 - exit code, exe device, exe inode): never
+    an errno, so a death is never a repeat of a failed exec."""
+    cgroup, mntns, root, ino, dev, code, sig = _EARLY_DEATH_KEY.unpack_from(raw)
+    how = -sig if sig else -256 - code
+    return cgroup, mntns, root, how, dev.to_bytes(8, sys.byteorder), ino.to_bytes(8, sys.byteorder)
+
+
+@dataclass(frozen=True)
+class RecordKind:
+    """One kind of ring-buffer record: its layout, decoder and repeat key."""
+
+    layout: layout.Record
+    decode: Callable[[bytes, float], KernelEvent]
+    repeat_key: Callable[[bytes], RepeatKey]
+
+
+KINDS: Mapping[int, RecordKind] = MappingProxyType(
+    {
+        k.layout.kind: k
+        for k in (
+            RecordKind(layout.EXEC_FAILED, decode_exec_failed, exec_failed_key),
+            RecordKind(layout.EARLY_DEATH, decode_early_death, early_death_key),
+        )
+    }
+)
+
+
+def kind_of(raw: bytes) -> RecordKind:
+    kind = layout.KIND.unpack_from(raw)[0] if len(raw) >= layout.KIND.size else None
+    found = KINDS.get(kind) if kind is not None else None
+    if found is None or len(raw) < found.layout.size:
+        raise UnknownRecord(
+            f"ring-buffer record of unknown kind {kind} ({len(raw)} bytes): the BPF object "
+            "and execwatch disagree, rebuild it"
+        )
+    return found
 
 
 def decode_record(raw: bytes, epoch_offset: float) -> KernelEvent:
-    """Either ring buffer's record: the two structs differ in size (tests/probe/test_layout)."""
-    if len(raw) == layout.DEATH_STRUCT.size:
-        return decode_death(raw, epoch_offset)
-    return decode(raw, epoch_offset)
+    """Any ring buffer's record, by its kind."""
+    return kind_of(raw).decode(raw, epoch_offset)
+
+
+def repeat_key(raw: bytes) -> RepeatKey:
+    """What makes records repeats of one another, straight from the raw bytes."""
+    return kind_of(raw).repeat_key(raw)

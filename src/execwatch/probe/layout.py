@@ -1,12 +1,21 @@
-"""The event and config layouts of bpf/execwatch.h, mirrored for user space.
+"""The layouts of bpf/execwatch.h, declared once for user space.
 
-tests/test_layout.py compiles the C header and checks these offsets against it.
+Each C struct is declared here once, as a ctypes Structure. Everything else derives
+from it: the struct format that decodes a ring-buffer record (several times faster than
+ctypes.from_buffer_copy), the narrower formats the repeat keys read, and the named views.
+The probe compares every declaration with the object's BTF at each load
+(probe.loader.check_layout), and tests/probe/test_layout.py compiles the C header and
+compares.
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
-import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from struct import Struct
+from typing import Any
 
 TASK_COMM_LEN = 16
 PATH_LEN = 256
@@ -22,6 +31,7 @@ FOLD_SLOTS = FOLD_SETS * FOLD_WAYS  # per CPU
 ROOT_PATH_OK = 0x1
 BASE_SET = 0x2
 BASE_IN_ROOT = 0x4
+EXE_PATH_OK = 0x1
 SYSCALLS = ("execve", "execveat")
 STAT_RINGBUF_DROPS = 0
 STAT_COUNTER_FULL = 1
@@ -31,13 +41,12 @@ STAT_NAMES = {
     STAT_COUNTER_FULL: "counter_map_full",
     STAT_DEATH_DROPS: "death_ringbuf_full",
 }
-EXE_DEPTH = 8
-EXE_NAME_LEN = 64
-EXE_TRUNCATED = 0x80000000
 TOTAL_EXIT = 64  # death_totals: a signal is its number, a loader exit TOTAL_EXIT + code
 DEATH_TOTALS = TOTAL_EXIT + 256
 DEATH_LOADER_EXIT = 0
 DEATH_SIGNAL = 1
+KIND_EXEC_FAILED = 1  # enum ew_kind
+KIND_EARLY_DEATH = 2
 
 
 class Config(ctypes.Structure):
@@ -51,62 +60,65 @@ class Config(ctypes.Structure):
     )
 
 
-class Event(ctypes.Structure):
+class Head(ctypes.Structure):
+    """Who and where: first in every ring-buffer record, its kind first."""
+
     _fields_ = (
+        ("kind", ctypes.c_uint32),
+        ("pid", ctypes.c_uint32),
         ("ktime_ns", ctypes.c_uint64),
         ("cgroup_id", ctypes.c_uint64),
         ("cgroup_parent_id", ctypes.c_uint64),
         ("mntns", ctypes.c_uint64),
         ("root_ino", ctypes.c_uint64),
-        ("err", ctypes.c_int32),
-        ("pid", ctypes.c_uint32),
         ("tgid", ctypes.c_uint32),
         ("ppid", ctypes.c_uint32),
         ("uid", ctypes.c_uint32),
-        ("dirfd", ctypes.c_int32),
-        ("flags", ctypes.c_uint32),
-        ("syscall", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
         ("comm", ctypes.c_char * TASK_COMM_LEN),
         ("parent_comm", ctypes.c_char * TASK_COMM_LEN),
-        ("filename", ctypes.c_char * PATH_LEN),
-        ("fd_name", ctypes.c_char * FD_NAME_LEN),
         ("cgroup_name", ctypes.c_char * CGROUP_NAME_LEN),
+    )
+
+
+class Event(ctypes.Structure):
+    """A failed exec (EW_KIND_EXEC_FAILED)."""
+
+    _fields_ = (
+        ("head", Head),
         ("root_dev", ctypes.c_uint64),
         ("base_dev", ctypes.c_uint64),
         ("base_ino", ctypes.c_uint64),
+        ("err", ctypes.c_int32),
+        ("dirfd", ctypes.c_int32),
+        ("flags", ctypes.c_uint32),
+        ("syscall", ctypes.c_uint32),
         ("root_mnt_id", ctypes.c_uint32),
         ("base_mnt_id", ctypes.c_uint32),
         ("path_flags", ctypes.c_uint32),
         ("pad", ctypes.c_uint32),
+        ("filename", ctypes.c_char * PATH_LEN),
+        ("fd_name", ctypes.c_char * FD_NAME_LEN),
         ("root_path", ctypes.c_char * DPATH_LEN),
         ("base_path", ctypes.c_char * DPATH_LEN),
     )
 
 
 class Death(ctypes.Structure):
+    """A process that died right after a successful exec (EW_KIND_EARLY_DEATH)."""
+
     _fields_ = (
-        ("ktime_ns", ctypes.c_uint64),
+        ("head", Head),
         ("age_ns", ctypes.c_uint64),
-        ("cgroup_id", ctypes.c_uint64),
-        ("cgroup_parent_id", ctypes.c_uint64),
-        ("mntns", ctypes.c_uint64),
-        ("root_ino", ctypes.c_uint64),
         ("exe_ino", ctypes.c_uint64),
         ("exe_dev", ctypes.c_uint64),
         ("ip", ctypes.c_uint64),
         ("interp_base", ctypes.c_uint64),
         ("exit_code", ctypes.c_int32),
         ("signal", ctypes.c_int32),
-        ("pid", ctypes.c_uint32),
-        ("tgid", ctypes.c_uint32),
-        ("ppid", ctypes.c_uint32),
-        ("uid", ctypes.c_uint32),
-        ("kind", ctypes.c_uint32),
-        ("exe_depth", ctypes.c_uint32),
-        ("comm", ctypes.c_char * TASK_COMM_LEN),
-        ("parent_comm", ctypes.c_char * TASK_COMM_LEN),
-        ("exe", ctypes.c_char * (EXE_DEPTH * EXE_NAME_LEN)),
-        ("cgroup_name", ctypes.c_char * CGROUP_NAME_LEN),
+        ("cause", ctypes.c_uint32),
+        ("exe_flags", ctypes.c_uint32),
+        ("exe_path", ctypes.c_char * DPATH_LEN),
     )
 
 
@@ -138,45 +150,129 @@ class FoldClock(ctypes.Structure):
     _fields_ = (("epoch", ctypes.c_uint64), ("harvested", ctypes.c_uint64))
 
 
+# Every declaration above and the C struct it mirrors: what the load-time check compares.
+DECLARED: tuple[tuple[type[ctypes.Structure], str], ...] = (
+    (Config, "ew_config"),
+    (Head, "ew_head"),
+    (Event, "ew_event"),
+    (Death, "ew_death"),
+    (CountKey, "ew_count_key"),
+    (FoldSlot, "ew_fold_slot"),
+    (FoldSet, "ew_fold_set"),
+    (FoldName, "ew_fold_name"),
+    (FoldClock, "ew_fold_clock"),
+)
+
 # (cgroup id, mount namespace, root inode, errno, name): what the kernel folds repeats of.
 FoldedName = tuple[int, int, int, int, bytes]
 
 
-class EventFields:
-    """Byte slices of Event fields, for reading a few fields without decoding the record."""
+@dataclass(frozen=True)
+class Field:
+    """One scalar, string or array of a declaration, nested structs flattened."""
 
-    cgroup = slice(Event.cgroup_id.offset, Event.cgroup_id.offset + 8)
-    mntns = slice(Event.mntns.offset, Event.mntns.offset + 8)
-    root_ino = slice(Event.root_ino.offset, Event.root_ino.offset + 8)
-    err = slice(Event.err.offset, Event.err.offset + 4)
-    filename = slice(Event.filename.offset, Event.filename.offset + PATH_LEN)
-    fd_name = slice(Event.fd_name.offset, Event.fd_name.offset + FD_NAME_LEN)
+    path: str  # "head.cgroup_id"
+    offset: int
+    size: int
+    code: str  # its struct format code: "Q", "i", "16s", "19Q"
 
+    @property
+    def name(self) -> str:
+        return self.path.rpartition(".")[2]
 
-EVENT_FIELDS = EventFields()
-
-# struct.Struct decodes a ring-buffer record several times faster than ctypes.from_buffer_copy.
-EVENT_STRUCT = struct.Struct(
-    f"=QQQQQiIIIIiII{TASK_COMM_LEN}s{TASK_COMM_LEN}s{PATH_LEN}s{FD_NAME_LEN}s{CGROUP_NAME_LEN}s"
-    f"QQQIIII{DPATH_LEN}s{DPATH_LEN}s"
-)
-
-DEATH_STRUCT = struct.Struct(
-    f"=QQQQQQQQQQiiIIIIII{TASK_COMM_LEN}s{TASK_COMM_LEN}s{EXE_DEPTH * EXE_NAME_LEN}s"
-    f"{CGROUP_NAME_LEN}s"
-)
+    @property
+    def padding(self) -> bool:
+        return self.name == "pad"
 
 
-class DeathFields:
-    """Byte slices of Death fields, for the pipeline's repeat key."""
+def fields(ctype: type[ctypes.Structure], base: int = 0, prefix: str = "") -> Iterator[Field]:
+    """The declaration's fields in offset order, nested structs flattened into dotted paths."""
+    for entry in ctype._fields_:
+        name, kind = entry[0], entry[1]
+        offset = base + getattr(ctype, name).offset
+        if issubclass(kind, ctypes.Structure):
+            yield from fields(kind, offset, f"{prefix}{name}.")
+        else:
+            yield Field(f"{prefix}{name}", offset, ctypes.sizeof(kind), struct_code(kind))
 
-    cgroup = slice(Death.cgroup_id.offset, Death.cgroup_id.offset + 8)
-    mntns = slice(Death.mntns.offset, Death.mntns.offset + 8)
-    root_ino = slice(Death.root_ino.offset, Death.root_ino.offset + 8)
-    exe_ino = slice(Death.exe_ino.offset, Death.exe_ino.offset + 8)
-    exe_dev = slice(Death.exe_dev.offset, Death.exe_dev.offset + 8)
-    exit_code = slice(Death.exit_code.offset, Death.exit_code.offset + 4)
-    signal = slice(Death.signal.offset, Death.signal.offset + 4)
+
+def struct_code(kind: Any) -> str:
+    """The struct module's code for a ctypes scalar, char array or scalar array."""
+    if issubclass(kind, ctypes.Array):
+        if kind._type_ is ctypes.c_char or issubclass(kind._type_, ctypes.Structure):
+            return f"{ctypes.sizeof(kind)}s"  # a string, or structs as bytes
+        return f"{kind._length_}{struct_code(kind._type_)}"
+    code = {1: "b", 2: "h", 4: "i", 8: "q"}[ctypes.sizeof(kind)]
+    return code if str(kind._type_).islower() else code.upper()
 
 
-DEATH_FIELDS = DeathFields()
+def struct_format(chosen: list[Field], size: int) -> str:
+    """A standard-size format reading `chosen` (in offset order) and skipping the rest."""
+    out, at = ["="], 0
+    for f in chosen:
+        if f.offset > at:
+            out.append(f"{f.offset - at}x")
+        out.append(f.code)
+        at = f.offset + f.size
+    if size > at:
+        out.append(f"{size - at}x")
+    return "".join(out)
+
+
+@dataclass(frozen=True)
+class Record:
+    """A ring-buffer record's layout: its kind tag and the declaration it follows."""
+
+    kind: int
+    c_kind: str  # its name in enum ew_kind
+    ctype: type[ctypes.Structure]
+    fields: tuple[Field, ...] = field(init=False)
+    struct: Struct = field(init=False)  # every field but the padding
+    view: Callable[..., Any] = field(init=False)  # a named tuple of those fields
+
+    def __post_init__(self) -> None:
+        named = tuple(f for f in fields(self.ctype) if not f.padding)
+        size = ctypes.sizeof(self.ctype)
+        object.__setattr__(self, "fields", named)
+        object.__setattr__(self, "struct", Struct(struct_format(list(named), size)))
+        view = collections.namedtuple(self.ctype.__name__, [f.name for f in named])  # type: ignore[misc]
+        object.__setattr__(self, "view", view._make)
+
+    @property
+    def size(self) -> int:
+        return self.struct.size
+
+    def unpack(self, raw: bytes) -> Any:
+        """The record's fields by name (head fields by their own names)."""
+        return self.view(self.struct.unpack_from(raw))
+
+    def picker(self, *names: str) -> Struct:
+        """A format that reads only these fields (in offset order) from a record."""
+        chosen = [f for f in self.fields if f.name in names]
+        if len(chosen) != len(names):
+            raise KeyError(f"{self.ctype.__name__} has no field among {names}")
+        return Struct(struct_format(chosen, self.size))
+
+    def pack(self, **values: Any) -> bytes:
+        """A record of this kind as the probe would send it; fields not given are zero."""
+        unknown = set(values) - {f.name for f in self.fields}
+        if unknown:
+            raise KeyError(f"{self.ctype.__name__} has no field {sorted(unknown)}")
+        values["kind"] = self.kind
+        return self.struct.pack(
+            *(values.get(f.name, b"" if f.code.endswith("s") else 0) for f in self.fields)
+        )
+
+
+EXEC_FAILED = Record(KIND_EXEC_FAILED, "EW_KIND_EXEC_FAILED", Event)
+EARLY_DEATH = Record(KIND_EARLY_DEATH, "EW_KIND_EARLY_DEATH", Death)
+RECORDS = (EXEC_FAILED, EARLY_DEATH)
+KIND = Struct("=I")  # every record's first field
+
+
+def head_picker(*names: str) -> Struct:
+    """A format that reads only these fields of the head, from a record of any kind."""
+    chosen = [f for f in fields(Head) if f.name in names]
+    if len(chosen) != len(names):
+        raise KeyError(f"the record head has no field among {names}")
+    return Struct(struct_format(chosen, ctypes.sizeof(Head)))

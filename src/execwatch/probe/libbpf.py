@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint32, c_uint64, c_void_p
+from ctypes import POINTER, c_char_p, c_int, c_int64, c_size_t, c_uint32, c_uint64, c_void_p
 
 RingBufferCallback = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_size_t)
 # libbpf_print_fn_t: (level, fmt, va_list); a va_list argument is passed as a pointer.
@@ -61,6 +61,12 @@ def load_libbpf(name: str = "libbpf.so.1") -> ctypes.CDLL:
         "libbpf_probe_bpf_map_type": (c_int, [c_int, c_void_p]),
         "bpf_map_create": (c_int, [c_int, c_char_p, c_uint32, c_uint32, c_uint32, c_void_p]),
         "libbpf_set_print": (c_void_p, [PrintCallback]),
+        "bpf_object__btf": (c_void_p, [c_void_p]),
+        "btf__find_by_name_kind": (c_int, [c_void_p, c_char_p, c_uint32]),
+        "btf__type_by_id": (c_void_p, [c_void_p, c_uint32]),
+        "btf__name_by_offset": (c_char_p, [c_void_p, c_uint32]),
+        "btf__resolve_size": (c_int64, [c_void_p, c_uint32]),
+        "btf__resolve_type": (c_int, [c_void_p, c_uint32]),
     }
     for fn, (restype, argtypes) in signatures.items():
         func = getattr(lib, fn)

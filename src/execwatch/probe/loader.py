@@ -146,6 +146,7 @@ class Probe:
             raise ProbeError(f"cannot open {path}: {os.strerror(ctypes.get_errno())}")
         self._obj = obj
         try:
+            check_layout(ObjectBtf.of(self._lib, obj))
             self._configure()
             self._load_and_attach()
         except BaseException:
@@ -241,7 +242,7 @@ class Probe:
 
     def open_ring_buffer(self, on_record: Callable[[bytes], None]) -> None:
         """Deliver each raw record of both ring buffers (failed execs, early deaths) to
-        on_record during poll(); events.decode_record tells them apart by size."""
+        on_record during poll(); each starts with its kind (see probe.events.KINDS)."""
 
         def trampoline(_ctx: int, data: int, size: int) -> int:
             try:
@@ -379,6 +380,113 @@ class Probe:
         if self._obj:
             self._lib.bpf_object__close(self._obj)
             self._obj = None
+
+
+BTF_KIND_STRUCT = 4
+BTF_KIND_ENUM = 6
+
+
+class BtfType(ctypes.Structure):  # struct btf_type (linux/btf.h)
+    _fields_ = (("name_off", ctypes.c_uint32), ("info", ctypes.c_uint32), ("size", ctypes.c_uint32))
+
+
+class BtfMember(ctypes.Structure):  # struct btf_member, after a struct's btf_type
+    _fields_ = (
+        ("name_off", ctypes.c_uint32),
+        ("type", ctypes.c_uint32),
+        ("offset", ctypes.c_uint32),
+    )
+
+
+class BtfEnum(ctypes.Structure):  # struct btf_enum, after an enum's btf_type
+    _fields_ = (("name_off", ctypes.c_uint32), ("val", ctypes.c_int32))
+
+
+# (dotted path, byte offset, size) of each scalar, string or array, nested structs flattened
+FlatField = tuple[str, int, int]
+
+
+@dataclass(frozen=True)
+class ObjectBtf:
+    """The types a BPF object was compiled with, read through libbpf."""
+
+    lib: ctypes.CDLL
+    btf: int
+
+    @classmethod
+    def of(cls, lib: ctypes.CDLL, obj: int) -> ObjectBtf:
+        btf = lib.bpf_object__btf(obj)
+        if not btf:
+            raise ProbeError("BPF object carries no BTF: rebuild it with `make bpf`")
+        return cls(lib, btf)
+
+    def struct(self, name: str) -> tuple[int, list[FlatField]] | None:
+        """The struct's size and flattened fields, or None if the object has no such struct."""
+        type_id = self.lib.btf__find_by_name_kind(self.btf, name.encode(), BTF_KIND_STRUCT)
+        if type_id <= 0:
+            return None
+        return self._type(type_id).size, list(self._fields(type_id, 0, ""))
+
+    def enum(self, name: str) -> dict[str, int] | None:
+        type_id = self.lib.btf__find_by_name_kind(self.btf, name.encode(), BTF_KIND_ENUM)
+        if type_id <= 0:
+            return None
+        values = self._after(type_id, BtfEnum)
+        return {self._name(v.name_off): v.val for v in values}
+
+    def _fields(self, type_id: int, base: int, prefix: str) -> Iterator[FlatField]:
+        kflag = self._type(type_id).info >> 31  # then the offset's top byte is a bitfield size
+        for m in self._after(type_id, BtfMember):
+            offset = base + (m.offset & 0xFFFFFF if kflag else m.offset) // 8
+            path = prefix + self._name(m.name_off)
+            resolved = self.lib.btf__resolve_type(self.btf, m.type)
+            if (self._type(resolved).info >> 24) & 0x1F == BTF_KIND_STRUCT:
+                yield from self._fields(resolved, offset, path + ".")
+            else:
+                yield path, offset, int(self.lib.btf__resolve_size(self.btf, m.type))
+
+    def _type(self, type_id: int) -> BtfType:
+        return BtfType.from_address(self.lib.btf__type_by_id(self.btf, type_id))
+
+    def _after(self, type_id: int, entry: type[K]) -> ctypes.Array[K]:
+        """The vlen entries that follow a type's btf_type."""
+        address = self.lib.btf__type_by_id(self.btf, type_id)
+        vlen = BtfType.from_address(address).info & 0xFFFF
+        array: ctypes.Array[K] = (entry * vlen).from_address(address + ctypes.sizeof(BtfType))
+        return array
+
+    def _name(self, offset: int) -> str:
+        return bytes(self.lib.btf__name_by_offset(self.btf, offset) or b"").decode()
+
+
+def layout_mismatch(btf: ObjectBtf) -> str | None:
+    """How the object's structs and record kinds differ from probe.layout's, or None."""
+    for ctype, c_name in layout.DECLARED:
+        found = btf.struct(c_name)
+        if found is None:
+            return f"the BPF object has no struct {c_name}"
+        ours = [(f.path, f.offset, f.size) for f in layout.fields(ctype)]
+        size, theirs = found
+        for mine, its in itertools.zip_longest(ours, theirs):
+            if mine != its:
+                return f"struct {c_name}: the object has {its}, execwatch {mine}"
+        if size != ctypes.sizeof(ctype):
+            return (
+                f"struct {c_name}: the object's is {size} bytes, execwatch's {ctypes.sizeof(ctype)}"
+            )
+    kinds = {r.c_kind: r.kind for r in layout.RECORDS}
+    if btf.enum("ew_kind") != kinds:
+        return f"enum ew_kind: the object has {btf.enum('ew_kind')}, execwatch {kinds}"
+    return None
+
+
+def check_layout(btf: ObjectBtf) -> None:
+    """Refuse an object built from another execwatch.h than this execwatch's layout."""
+    mismatch = layout_mismatch(btf)
+    if mismatch:
+        raise ProbeError(
+            f"BPF object and execwatch disagree on the layout ({mismatch}): rebuild it"
+        )
 
 
 def death_label(index: int) -> str:
