@@ -9,6 +9,7 @@ import pytest
 from kubernetes import client
 from prometheus_client import CollectorRegistry, Counter
 
+from execwatch.cluster.lease import LeaseConfig
 from execwatch.cluster.rest import Rest
 from execwatch.placement.controller import Placer
 from execwatch.placement.run import ControllerConfig, PlacementController
@@ -23,10 +24,11 @@ def controller(kube: KubeCluster, identity: str, source: Scripted) -> PlacementC
     api = kube.client()
     placer = Placer(Rest(api), source, lambda: ("amd64", "arm64"), Seen())
     errors = Counter("e", "e", ["verb", "code"], registry=CollectorRegistry())
-    cfg = ControllerConfig(
-        namespace="execwatch", identity=identity, lease_duration=3, renew_deadline=2,
-        retry_period=0.5,
+    lease = LeaseConfig(
+        namespace="execwatch", name="execwatch-placement", identity=identity,
+        lease_duration=3, renew_deadline=2, retry_period=0.5, request_timeout=1,
     )  # fmt: skip
+    cfg = ControllerConfig(lease)
     return PlacementController(cfg, api, placer, errors)
 
 

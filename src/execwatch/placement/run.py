@@ -33,15 +33,10 @@ class _WatchMetrics:
     api_errors: Any
 
 
-@dataclass
+@dataclass(frozen=True)
 class ControllerConfig:
-    namespace: str  # of the Lease
-    identity: str
-    lease_name: str = "execwatch-placement"
+    lease: LeaseConfig  # the Lease execwatch-placement in execwatch's namespace
     workers: int = 4
-    lease_duration: float = 15.0
-    renew_deadline: float = 10.0
-    retry_period: float = 2.0
     request_timeout: float = 10.0
     retry_initial: float = 0.5
     retry_max: float = 10.0
@@ -63,7 +58,7 @@ class PlacementController:
         self.queue = WorkQueue(clock=self.clock, key=by_namespace_and_name)
         self.watcher = Watcher(
             WatchConfig(
-                namespace=cfg.namespace,
+                namespace=cfg.lease.namespace,
                 resource=path("api", "v1", "pods"),
                 label_selector=f"{GATED_LABEL}={GATED_VALUE}",
                 request_timeout=cfg.request_timeout,
@@ -75,15 +70,7 @@ class PlacementController:
             clock=self.clock,
         )
         self.elector = LeaseElector(
-            LeaseConfig(
-                namespace=cfg.namespace,
-                name=cfg.lease_name,
-                identity=cfg.identity,
-                lease_duration=cfg.lease_duration,
-                renew_deadline=cfg.renew_deadline,
-                retry_period=cfg.retry_period,
-                request_timeout=min(cfg.request_timeout, cfg.retry_period * 2),
-            ),
+            cfg.lease,
             self.api_client,
             on_change=self._on_leader_change,
             clock=self.clock,

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 from execwatch.probe import layout
 from execwatch.record import KernelEvent
@@ -32,6 +33,24 @@ def boot_to_epoch_offset() -> float:
     return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
+def _head(r: Any, epoch_offset: float) -> dict[str, Any]:
+    """The KernelEvent fields of struct ew_head, which every record kind starts with."""
+    return {
+        "time": epoch_offset + r.ktime_ns / 1e9,
+        "pid": r.pid,
+        "tgid": r.tgid,
+        "ppid": r.ppid,
+        "uid": r.uid,
+        "comm": c_string(r.comm),
+        "parent_comm": c_string(r.parent_comm),
+        "cgroup_id": r.cgroup_id,
+        "mntns": r.mntns,
+        "root_ino": r.root_ino,
+        "cgroup_parent_id": r.cgroup_parent_id,
+        "cgroup_name": c_string(r.cgroup_name),
+    }
+
+
 def decode_exec_failed(raw: bytes, epoch_offset: float) -> KernelEvent:
     r = layout.EXEC_FAILED.unpack(raw)
     path = c_string(r.filename)
@@ -39,20 +58,9 @@ def decode_exec_failed(raw: bytes, epoch_offset: float) -> KernelEvent:
     if via_fd:
         path = c_string(r.fd_name)  # fexecve: only the basename behind the fd is known
     return KernelEvent(
-        time=epoch_offset + r.ktime_ns / 1e9,
+        **_head(r, epoch_offset),
         errno=r.err,
-        pid=r.pid,
-        tgid=r.tgid,
-        ppid=r.ppid,
-        uid=r.uid,
-        comm=c_string(r.comm),
-        parent_comm=c_string(r.parent_comm),
         path=path,
-        cgroup_id=r.cgroup_id,
-        mntns=r.mntns,
-        root_ino=r.root_ino,
-        cgroup_parent_id=r.cgroup_parent_id,
-        cgroup_name=c_string(r.cgroup_name),
         syscall=layout.SYSCALLS[r.syscall] if r.syscall < len(layout.SYSCALLS) else str(r.syscall),
         dirfd=r.dirfd,
         flags=r.flags,
@@ -72,21 +80,10 @@ def decode_early_death(raw: bytes, epoch_offset: float) -> KernelEvent:
     signal_death = r.cause == layout.DEATH_SIGNAL
     path = leaf_first(r.exe_path)
     return KernelEvent(
-        time=epoch_offset + r.ktime_ns / 1e9,
+        **_head(r, epoch_offset),
         errno=0,
-        pid=r.pid,
-        tgid=r.tgid,
-        ppid=r.ppid,
-        uid=r.uid,
-        comm=c_string(r.comm),
-        parent_comm=c_string(r.parent_comm),
         path=path if r.exe_flags & layout.EXE_PATH_OK else "…" + path,
-        cgroup_id=r.cgroup_id,
-        mntns=r.mntns,
         syscall="signal" if signal_death else "exit_group",
-        root_ino=r.root_ino,
-        cgroup_parent_id=r.cgroup_parent_id,
-        cgroup_name=c_string(r.cgroup_name),
         exit_code=None if signal_death else r.exit_code,
         signal=r.signal if signal_death else None,
         age_ms=r.age_ns / 1e6,
