@@ -11,11 +11,16 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from execwatch.audit.engine import ImageAuditor, Status
+from execwatch.audit.engine import audit as run_audit
+from execwatch.audit.inventory import Container, Inventory, Workload
+from execwatch.audit.inventory import Node as InventoryNode
 from execwatch.cli import main
 from execwatch.scan.limits import Limits
 from execwatch.scan.registry import RegistryOptions, resolve
 from tests.kube.cluster import ADMIN_TOKEN, KubeCluster
-from tests.registry.server import Registry
+from tests.registry.server import HostileRegistry, Registry
+from tests.scan.imagebuild import Image, file, layer_tar, oci_layout
 
 NS = "shop"
 ARM64_ONLY = {
@@ -438,3 +443,91 @@ def test_a_broken_kubeconfig_is_one_line_and_exit_2(
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("execwatch audit: error: cluster: ")
     assert err.count("\n") == 1
+
+
+def deep_path(depth: int) -> str:
+    return "/".join(["d"] * depth) + "/run"
+
+
+def test_one_image_that_cannot_be_checked_is_its_workloads_error_not_an_aborted_audit(
+    cluster: dict[str, str],
+    kube: KubeCluster,
+    registry: Registry,
+    pushed: dict[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    admin: client.ApiClient,
+) -> None:
+    """Issue 24: one layer with a member 1,200 directories deep aborted the whole audit with
+    a RecursionError and no report. That image is checked now, one 3,000 deep is an error
+    verdict with its one-line cause, and every other workload keeps its verdict."""
+    work = tmp_path / "images"
+    images = {
+        "deep": Image([[file(deep_path(1200), b"#!/nowhere/sh\n")]]),
+        "deeper": Image([[file(deep_path(3000), b"#!/nowhere/sh\n")]]),
+    }
+    refs = {n: registry.push(oci_layout(work / n, [i]), f"team/{n}:1") for n, i in images.items()}
+    refs["web"] = pushed["hello"]
+    core, apps = client.CoreV1Api(admin), client.AppsV1Api(admin)
+    core.create_namespace({"metadata": {"name": "deep"}})
+    for name, image in refs.items():
+        spec = {"selector": sel(name), "template": template(name, image)}
+        apps.create_namespaced_deployment("deep", {"metadata": {"name": name}, "spec": spec})
+    code, out, err = audit(capsys, kube, registry, tmp_path, "-n", "deep", "--format", "json")
+    assert (code, err) == (2, "")
+    doc = json.loads(out)
+    assert statuses(doc) == {
+        "Deployment/deep": {"amd64": "would-fail"},
+        "Deployment/deeper": {"amd64": "error"},
+        "Deployment/web": {"amd64": "ready"},
+    }
+    by_name = {w["name"]: w["architectures"]["amd64"]["containers"][0] for w in doc["workloads"]}
+    assert [f["path"] for f in by_name["deep"]["findings"]] == ["/" + deep_path(1200)]
+    message = by_name["deeper"]["message"]
+    assert "deeper than 2048" in message and "\n" not in message
+
+
+def test_every_image_failure_is_that_workloads_error_verdict(tmp_path: Path) -> None:
+    """The engine alone, against a registry that serves whatever it is given: an image too
+    deep to check, a layer longer than declared, a digest that is a path. Each is an ERROR
+    verdict with its one-line cause; the others are checked as usual; nothing is raised."""
+    hostile = HostileRegistry()
+    try:
+        tar = "application/vnd.oci.image.layer.v1.tar"
+        config = Image([]).config()
+
+        def image(name: str, layer: dict[str, Any]) -> str:
+            return hostile.image(f"team/{name}:1", config, [layer])
+
+        refs = {
+            "deep": image("deep", hostile.blob(layer_tar([file(deep_path(1200), b"#!/x\n")]), tar)),
+            "deeper": image("deeper", hostile.blob(layer_tar([file(deep_path(3000), b"")]), tar)),
+            "liar": image(
+                "liar", hostile.blob(layer_tar([file("run", b"#!/x\n")]), tar) | {"size": 9}
+            ),
+            "escape": image(
+                "escape", {"mediaType": tar, "digest": "sha256:../../../../etc/passwd", "size": 9}
+            ),
+        }
+        workloads = [
+            Workload("Deployment", "x", name, {}, [Container("main", ref)])
+            for name, ref in refs.items()
+        ]
+        options = RegistryOptions(insecure=frozenset({hostile.host}), cache_dir=str(tmp_path))
+        auditor = ImageAuditor(options, Limits(), str(tmp_path))
+        report = run_audit(
+            Inventory(workloads, [InventoryNode("n1", "amd64", "linux")]), [], auditor
+        )
+    finally:
+        hostile.close()
+    verdicts = {w.workload.name: w.archs[0].containers[0].verdict for w in report.workloads}
+    assert {n: v.status for n, v in verdicts.items()} == {
+        "deep": Status.WOULD_FAIL,
+        "deeper": Status.ERROR,
+        "liar": Status.ERROR,
+        "escape": Status.ERROR,
+    }
+    assert "deeper than 2048" in verdicts["deeper"].message
+    assert "its descriptor says 9" in verdicts["liar"].message
+    assert "invalid digest 'sha256:../../" in verdicts["escape"].message
+    assert all("\n" not in v.message for v in verdicts.values())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import http.server
 import json
 import os
@@ -148,6 +149,23 @@ class Registry:
         subprocess.run([*argv, source, f"docker://{dest}"], check=True, capture_output=True)
         return dest
 
+    def manifest(self, repo_tag: str, put: dict[str, Any] | None = None) -> dict[str, Any]:
+        """GET an OCI manifest; or PUT `put` as it is (the blobs it names must be in the
+        repository already), as a client that lies in its descriptors would."""
+        repo, _, tag = repo_tag.partition(":")
+        token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+        media_type = "application/vnd.oci.image.manifest.v1+json"
+        headers = {"Authorization": f"Basic {token}", "Accept": media_type}
+        request = urllib.request.Request(
+            f"https://{self.host}/v2/{repo}/manifests/{tag}",
+            data=None if put is None else json.dumps(put).encode(),
+            method="GET" if put is None else "PUT",
+            headers=headers if put is None else {**headers, "Content-Type": media_type},
+        )
+        ctx = ssl.create_default_context(cafile=str(self.ca))
+        with urllib.request.urlopen(request, context=ctx, timeout=30) as response:
+            return put or dict(json.loads(response.read()))
+
 
 @contextlib.contextmanager
 def running_registry(workdir: Path, **options: Any) -> Iterator[Registry]:
@@ -284,6 +302,90 @@ class TokenServer:
         ).stdout  # fmt: skip
         self.issued += 1
         return f"{signing_input}.{b64(signature)}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@dataclass
+class Blob:
+    """A blob as a hostile registry serves it: `data` sent `repeat` times, with or without
+    a Content-Length (without one, the body ends when the connection closes)."""
+
+    data: bytes
+    repeat: int = 1
+    length: bool = True
+    delay: float = 0.0  # seconds between two `data`: a registry that drips
+
+
+class HostileRegistry:
+    """A registry over plain HTTP that serves whatever a test gives it: manifests naming any
+    digest, blobs longer than their descriptors say. No real registry accepts such a push;
+    a compromised or malicious one serves it all the same. Records every path asked for and
+    the bytes of each blob it got out before the client hung up."""
+
+    def __init__(self) -> None:
+        self.manifests: dict[str, tuple[str, bytes]] = {}  # "repo/ref" -> (type, body)
+        self.blobs: dict[str, Blob] = {}  # digest -> body
+        self.requested: list[str] = []
+        self.sent: dict[str, int] = {}
+        registry = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                registry.requested.append(self.path)
+                rest, _, ref = self.path.removeprefix("/v2/").rpartition("/")
+                name, _, kind = rest.rpartition("/")
+                if kind == "manifests" and f"{name}/{ref}" in registry.manifests:
+                    media_type, body = registry.manifests[f"{name}/{ref}"]
+                    self._send(Blob(body), media_type, ref)
+                elif kind == "blobs" and ref in registry.blobs:
+                    self._send(registry.blobs[ref], "application/octet-stream", ref)
+                else:
+                    self.send_response(404 if self.path != "/v2/" else 200)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+
+            def _send(self, blob: Blob, media_type: str, key: str) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", media_type)
+                if blob.length:
+                    self.send_header("Content-Length", str(len(blob.data) * blob.repeat))
+                self.end_headers()
+                registry.sent[key] = 0
+                with contextlib.suppress(OSError):
+                    for _ in range(blob.repeat):
+                        self.wfile.write(blob.data)
+                        self.wfile.flush()
+                        registry.sent[key] += len(blob.data)
+                        time.sleep(blob.delay)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.host = f"127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def blob(self, data: bytes, media_type: str, **how: Any) -> dict[str, Any]:
+        """Serve `data` (as `how` says); its descriptor, with the size of `data`."""
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        self.blobs[digest] = Blob(data, **how)
+        return {"mediaType": media_type, "digest": digest, "size": len(data)}
+
+    def image(self, repo_tag: str, config: dict[str, Any], layers: list[dict[str, Any]]) -> str:
+        """An OCI manifest of `config` and the layer descriptors given as they are; the
+        reference to it."""
+        media_type = "application/vnd.oci.image.manifest.v1+json"
+        config_desc = self.blob(
+            json.dumps(config).encode(), "application/vnd.oci.image.config.v1+json"
+        )
+        manifest = {"schemaVersion": 2, "mediaType": media_type, "config": config_desc,
+                    "layers": layers}  # fmt: skip
+        repo, _, tag = repo_tag.partition(":")
+        self.manifests[f"{repo}/{tag}"] = (media_type, json.dumps(manifest).encode())
+        return f"{self.host}/{repo_tag}"
 
     def close(self) -> None:
         self.httpd.shutdown()

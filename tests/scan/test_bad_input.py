@@ -24,6 +24,7 @@ from tests.scan.imagebuild import (
     docker25_archive,
     file,
     layer_tar,
+    legacy_docker_archive,
     oci_layout,
     tar_directory,
 )
@@ -217,3 +218,23 @@ def test_a_compressed_image_archive_is_streamed_in_layer_order(
     assert code == 1
     strip = [{k: v for k, v in f.items() if k != "image"} for f in doc["findings"]]
     assert strip == [{k: v for k, v in f.items() if k != "image"} for f in expected]
+
+
+def test_a_docker_save_manifest_with_more_layers_than_allowed_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 24: manifest.json's Layers was not capped (an OCI manifest's is): 1,025 times
+    the same 10 KiB layer was applied 1,025 times. Limits.max_layers holds for both now."""
+    archive = legacy_docker_archive(image(), tmp_path / "legacy.tar")
+    with tarfile.open(archive) as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
+        members = {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}  # type: ignore[union-attr]
+    assert scan_json(capsys, str(archive))[0] == 1
+    manifest[0]["Layers"] = manifest[0]["Layers"][:1] * 1025
+    members["manifest.json"] = json.dumps(manifest).encode()
+    with tarfile.open(archive, "w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    assert "an image of more than 1024 layers" in scan_error(capsys, str(archive))

@@ -2,18 +2,36 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
+import itertools
 import json
 import os
 import tarfile
+import time
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import zstandard
 
+from execwatch.binfmt import Platform
+from execwatch.scan.errors import LimitExceeded
+from execwatch.scan.fs import MemoryFS, Node
+from execwatch.scan.layers import apply_layer
+from execwatch.scan.limits import Limits
+from execwatch.scan.runner import ScanOptions, scan
 from tests.scan.helpers import run, scan_error
-from tests.scan.imagebuild import Blobs, Entry, Image, file, oci_layout, symlink
+from tests.scan.imagebuild import (
+    Blobs,
+    Entry,
+    Image,
+    file,
+    legacy_docker_archive,
+    oci_layout,
+    symlink,
+)
 
 
 def raw_layer(members: list[tarfile.TarInfo]) -> bytes:
@@ -223,3 +241,153 @@ def test_a_symlink_climbing_above_the_root_is_clamped_like_a_chroot(
     doc = json.loads(capsys.readouterr().out)
     found = {(f["check"], f["path"], f.get("entrypoint", False)) for f in doc["findings"]}
     assert ("missing-shebang-interpreter", "/opt/tool", True) in found  # the resolved file
+
+
+def deep(depth: int, leaf: str = "run") -> str:
+    return "/".join(["d"] * depth) + "/" + leaf
+
+
+def test_a_member_1200_directories_deep_is_scanned_and_whited_out_without_recursion(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 24: a 199-byte layer with one member 1,200 directories deep was a 2,009-line
+    RecursionError. The tree is walked in loops: built, made opaque, whited out, checked."""
+    script = file(deep(1200), b"#!/nowhere/sh\n")
+    image = Image([[script]], entrypoint=["/" + deep(1200)])
+    capsys.readouterr()
+    assert run([str(oci_layout(tmp_path / "one", [image])), "--format", "json"]) == 1
+    (finding,) = json.loads(capsys.readouterr().out)["findings"]
+    assert (finding["check"], finding["path"]) == ("missing-shebang-interpreter", "/" + deep(1200))
+    layers = [
+        [script, file("bin/keep", b"#!/nowhere/sh\n")],
+        [file(deep(1199, ".wh..wh..opq"), b"", 0o644), file(deep(600, ".wh..wh..opq"), b"", 0o644)],
+        [file(".wh.d", b"", 0o644)],  # the whole tree, removed in one whiteout
+    ]
+    capsys.readouterr()
+    assert run([str(oci_layout(tmp_path / "three", [Image(layers)])), "--format", "json"]) == 1
+    (finding,) = json.loads(capsys.readouterr().out)["findings"]
+    assert finding["path"] == "/bin/keep"
+
+
+def test_a_member_deeper_than_the_tree_allows_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    layout = layout_with_raw_layer(tmp_path / "l", raw_layer([member(deep(3000))]), TAR)
+    assert "deeper than 2048" in scan_error(capsys, str(layout))
+
+
+def test_a_chain_of_2000_symlinks_is_a_loop_not_a_recursion_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    links = [symlink(f"l{i}", f"l{i + 1}") for i in range(2000)]
+    image = Image([[*links, file("l2000", b"#!/nowhere/sh\n")]], entrypoint=["/l0"])
+    message = scan_error(capsys, str(oci_layout(tmp_path / "l", [image])))
+    assert "symlink loop at /l" in message and "more than 40 links nested" in message
+
+
+def edit_first_layer(layout: Path, **fields: object) -> Path:
+    """Change the first layer descriptor of the layout's (first) manifest, which is then
+    stored under its new digest, as a writer of a hostile layout would."""
+    index = json.loads((layout / "index.json").read_text())
+    manifest = json.loads(
+        (layout / "blobs/sha256" / index["manifests"][0]["digest"][7:]).read_bytes()
+    )
+    manifest["layers"][0] |= fields
+    data = json.dumps(manifest).encode()
+    digest = hashlib.sha256(data).hexdigest()
+    (layout / "blobs/sha256" / digest).write_bytes(data)
+    index["manifests"][0] |= {"digest": f"sha256:{digest}", "size": len(data)}
+    (layout / "index.json").write_text(json.dumps(index))
+    return layout
+
+
+def test_a_layer_longer_than_its_descriptor_declares_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 24: a layer declared as 100 bytes was read whole (2 GB and more); reading stops
+    at the 101st byte now, whatever the blob holds."""
+    layout = layout_with_raw_layer(tmp_path / "l", raw_layer([member("x", size=1 << 20)]), TAR)
+    edit_first_layer(layout, size=100)
+    assert "layer larger than the 100 bytes it declares" in scan_error(capsys, str(layout))
+
+
+@pytest.mark.parametrize("size", [-1, "100", True, 1.5])
+def test_a_layer_descriptor_with_an_invalid_size_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], size: object
+) -> None:
+    layout = layout_with_raw_layer(tmp_path / "l", raw_layer([member("x")]), TAR)
+    edit_first_layer(layout, size=size)
+    assert "descriptor has no valid size" in scan_error(capsys, str(layout))
+
+
+@pytest.mark.parametrize(
+    "digest",
+    [
+        "sha256:" + "../" * 30 + "dev/zero",
+        "sha256:" + "A" * 64,  # upper case
+        "sha256:" + "a" * 63,
+        "md5:" + "a" * 32,  # an algorithm hashlib knows, but no OCI digest
+        "sha512:" + "a" * 64,
+    ],
+)
+def test_layer_digests_that_are_not_oci_digests_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], digest: str
+) -> None:
+    layout = oci_layout(tmp_path / "l", [Image([[file("x", b"#!/bin/sh\n")]])])
+    edit_first_layer(layout, digest=digest)
+    assert "invalid digest" in scan_error(capsys, str(layout))
+
+
+def test_each_image_has_a_time_and_a_byte_budget(tmp_path: Path) -> None:
+    layout = oci_layout(tmp_path / "l", [Image([[file("bin/x", b"#!/nowhere/sh\n" * 5000)]])])
+    amd64 = (Platform.parse("linux/amd64"),)
+    assert scan(str(layout), ScanOptions(platforms=amd64)).findings
+    with pytest.raises(LimitExceeded, match="not scanned within 0 s"):
+        scan(str(layout), ScanOptions(platforms=amd64, limits=Limits(max_image_seconds=0)))
+    small = ScanOptions(platforms=amd64, limits=Limits(max_image_bytes=100))
+    with pytest.raises(LimitExceeded, match="more than 100 bytes read: its layers declare"):
+        scan(str(layout), small)  # refused before reading: the descriptors say how much
+    archive = legacy_docker_archive(Image([[file("bin/x", b"#!/nowhere/sh\n")]]), tmp_path / "a")
+    with pytest.raises(LimitExceeded, match=r"more than 100 bytes read$"):
+        scan(str(archive), small)  # no sizes declared: stopped while reading
+
+
+def tree_cost(paths: list[str]) -> tuple[int, float, int]:
+    """(MemoryFS loop steps, seconds, peak traced bytes) of putting `paths` (files, their
+    parents implied), then applying a layer that makes the root opaque and whites out /d."""
+    wipe = raw_layer([member(".wh..wh..opq", size=0), member(".wh.d", size=0)])
+    tracemalloc.start()
+    started = time.perf_counter()
+    fs = MemoryFS()
+    for path in paths:
+        fs.put(path, Node("file"))
+    apply_layer(fs, io.BytesIO(wipe), "wipe", Limits(), [0])
+    seconds = time.perf_counter() - started
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert list(fs.nodes) == ["/"] and fs.path_bytes == 0
+    return fs.steps, seconds, peak
+
+
+def test_tree_work_grows_linearly_with_entries_and_with_depth() -> None:
+    """x2 steps: entries 1k..16k (files in directories of 64), depth 128..2048 (one file,
+    its parents implied). Loop steps are linear to the entry; time and traced memory
+    within 40x over a 16x range, where a quadratic walk would be 256x."""
+    by_entries = [
+        tree_cost([f"/d/{i // 64}/{i}" for i in range(n)]) for n in (1024 << k for k in range(5))
+    ]
+    by_depth = [tree_cost(["/" + deep(n - 1)]) for n in (128 << k for k in range(5))]
+    for costs in (by_entries, by_depth):
+        steps = [c[0] for c in costs]
+        assert all(1.9 < b / a < 2.1 for a, b in itertools.pairwise(steps)), steps
+        assert costs[-1][1] < 40 * costs[0][1], [c[1] for c in costs]
+    assert by_entries[-1][2] < 40 * by_entries[0][2], [c[2] for c in by_entries]
+    # one deep member implies all its parents: their paths (2048 + ... + 2 bytes) are what
+    # it costs, bounded by Limits.max_tree_path_bytes and max_tree_depth
+    assert by_depth[-1][2] < 16 << 20, by_depth[-1][2]
+    with pytest.raises(LimitExceeded, match="deeper than 2048"):
+        tree_cost(["/" + deep(2048)])
+    with pytest.raises(LimitExceeded, match="more than 1000 entries"):
+        MemoryFS(Limits(max_tree_nodes=1000)).put("/" + deep(1000), Node("file"))
+    with pytest.raises(LimitExceeded, match="more than 4096 bytes of paths"):
+        MemoryFS(Limits(max_tree_path_bytes=4096)).put("/" + deep(100), Node("file"))

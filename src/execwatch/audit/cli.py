@@ -19,9 +19,11 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 
 from execwatch import cliargs
 from execwatch.audit.engine import AuditReport, ImageAuditor, Status, Tick, audit
+from execwatch.audit.inventory import Inventory
 from execwatch.audit.report import print_table, to_json, to_sarif
 from execwatch.scan import registry
 from execwatch.scan.cli import output_problem, write_report
+from execwatch.scan.errors import ScanInputError
 from execwatch.scan.limits import Limits
 from execwatch.text import one_line
 
@@ -74,22 +76,35 @@ def run(args: argparse.Namespace) -> int:
         inventory = read_cluster(api, args.namespace)
     except (ConfigException, client.ApiException, Urllib3Error, OSError) as exc:
         return _refused(err, f"cluster: {getattr(exc, 'reason', None) or exc}")
-    options = registry.options_from(args)
-    auditor = ImageAuditor(options, Limits(), args.cache_dir)
-    if not args.no_progress and err.is_terminal:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=err, transient=True) as bar:  # fmt: skip
-            report = audit(inventory, args.arch, auditor, _progress(bar))
-    else:
-        report = audit(inventory, args.arch, auditor)
+    try:  # each image's failure is its own ERROR verdict: this is for the rest of the run
+        report = _audit(inventory, args, err)
+    except ScanInputError as exc:
+        return _refused(err, str(exc))
+    except Exception as exc:
+        return _refused(err, f"the audit could not finish: {_describe(exc)}")
     try:
         _write(report, args)
     except OSError as exc:
         return _refused(err, f"--output {args.output or '(stdout)'}: {exc.strerror or exc}")
+    except Exception as exc:
+        return _refused(err, f"the report could not be written: {_describe(exc)}")
     worst = report.worst()
     if worst is Status.ERROR:
         return EXIT_BAD_INPUT
     return EXIT_FAILING if worst is not None and worst > Status.READY else EXIT_CLEAN
+
+
+def _audit(inventory: Inventory, args: argparse.Namespace, err: Console) -> AuditReport:
+    auditor = ImageAuditor(registry.options_from(args), Limits(), args.cache_dir)
+    if not args.no_progress and err.is_terminal:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=err, transient=True) as bar:  # fmt: skip
+            return audit(inventory, args.arch, auditor, _progress(bar))
+    return audit(inventory, args.arch, auditor)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _refused(err: Console, message: str) -> int:

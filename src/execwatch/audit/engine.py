@@ -33,6 +33,7 @@ from execwatch.scan.registry import (
 )
 from execwatch.scan.runner import ScanOptions, _scan_image
 from execwatch.scan.sources import ImageSource
+from execwatch.text import one_line
 
 
 class Status(enum.IntEnum):
@@ -112,11 +113,13 @@ class ImageAuditor:
         self.from_cache = 0
 
     def verdict(self, reference: str, arch: str) -> Verdict:
+        """Never raises for one image: whatever stops its check is its ERROR verdict, and
+        the audit goes on with the next (an Exception, not a KeyboardInterrupt)."""
         platform = Platform("linux", arch)
         try:
             digest = self._digest(reference)
-        except ScanInputError as exc:
-            return Verdict(Status.ERROR, str(platform), message=str(exc))
+        except Exception as exc:
+            return Verdict(Status.ERROR, str(platform), message=_cause(exc))
         key = (digest, str(platform))
         if key not in self.memo:
             self.memo[key] = self._load(digest, platform) or self._scan(reference, digest, platform)
@@ -137,8 +140,8 @@ class ImageAuditor:
             if isinstance(image, Verdict):
                 return image
             result = _scan_image(image, ScanOptions(limits=self.limits), None, platform)
-        except ScanInputError as exc:
-            return Verdict(Status.ERROR, str(platform), digest, message=str(exc))
+        except Exception as exc:  # RecursionError, MemoryError, a bug: this image's ERROR
+            return Verdict(Status.ERROR, str(platform), digest, message=_cause(exc))
         self.scanned += 1
         failing = [f for f in result.findings if f.severity >= Severity.ERROR]
         verdict = Verdict(
@@ -188,13 +191,26 @@ class ImageAuditor:
         return verdict
 
     def _store(self, digest: str, platform: Platform, verdict: Verdict) -> None:
-        os.makedirs(self.cache_dir, exist_ok=True)
+        """Best effort: a cache that cannot be written costs a re-scan next time, no more."""
         doc = {**asdict(verdict), "status": verdict.status.name}
         del doc["cached"]
-        fd, tmp = tempfile.mkstemp(dir=self.cache_dir, prefix=".part-")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f)
-        os.replace(tmp, self._path(digest, platform))
+        try:
+            os.makedirs(self.cache_dir, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.cache_dir, prefix=".part-")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(doc, f)
+            os.replace(tmp, self._path(digest, platform))
+        except OSError:
+            return
+
+
+def _cause(exc: Exception) -> str:
+    """The one line an ERROR verdict carries: an input error's own message, else what
+    kind of failure stopped the scan."""
+    if isinstance(exc, ScanInputError):
+        return one_line(str(exc))
+    detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return one_line(f"the scan could not finish: {detail}")
 
 
 def target_architectures(inventory: Inventory, planned: list[str]) -> dict[str, str]:

@@ -19,6 +19,7 @@ from typing import Any, BinaryIO, Protocol
 from execwatch.binfmt import BinfmtError, ElfInfo, read_elf, sniff
 from execwatch.binfmt.symbols import DynamicSymbols, read_dynamic_symbols
 from execwatch.scan.errors import LimitExceeded, ScanInputError
+from execwatch.scan.limits import Limits
 
 HEAD_BYTES = 256  # what the kernel's binfmt handlers look at (BINPRM_BUF_SIZE)
 SMALL_TEXT_BYTES = 64 << 10  # ld.so.conf, ld-musl-*.path and friends
@@ -85,6 +86,7 @@ class _Walk:
         self.fs = fs
         self.cache = cache
         self.steps = 0
+        self.nesting = 0  # links being resolved inside one another: bounds the recursion
 
     def path(self, start: str, path: str) -> _Resolved:
         current = "/" if path.startswith("/") else start
@@ -120,24 +122,38 @@ class _Walk:
         if found is _IN_PROGRESS:
             raise SymlinkLoop(f"symlink loop at {path}")
         if found is None:
+            if self.nesting >= MAX_SYMLINKS:  # each one a link followed: the kernel's ELOOP
+                raise SymlinkLoop(f"symlink loop at {path}: more than {MAX_SYMLINKS} links nested")
             self.cache[path] = _IN_PROGRESS
+            self.nesting += 1
             try:
                 real, hops = self.path(path.rpartition("/")[0] or "/", target)
             except ScanInputError:
                 del self.cache[path]
                 raise
+            finally:
+                self.nesting -= 1
             found = self.cache[path] = (real, hops + 1)
         return found
 
 
 class MemoryFS:
-    """The merged result of applying image layers, held in memory (metadata and headers)."""
+    """The merged result of applying image layers, held in memory (metadata and headers).
 
-    def __init__(self) -> None:
+    Every walk over the tree is a loop, never a recursion, and the tree is bounded in
+    depth, entries and path bytes (Limits.max_tree_*): a member 100,000 directories deep
+    is a LimitExceeded, not a RecursionError. `steps` counts the loop iterations, so the
+    cost of building a tree can be measured rather than timed.
+    """
+
+    def __init__(self, limits: Limits | None = None) -> None:
+        self.limits = limits or Limits()
         self.nodes: dict[str, Node] = {"/": Node("dir", 0o755)}
         self.children: dict[str, set[str]] = {"/": set()}
         self.text_bytes = 0  # configuration text kept, over all layers (Limits.max_text_bytes)
         self.link_cache: dict[str, _Resolved] = {}  # resolve(): cleared on every change
+        self.path_bytes = 0
+        self.steps = 0
 
     def node(self, path: str) -> Node | None:
         return self.nodes.get(path)
@@ -152,32 +168,56 @@ class MemoryFS:
                 yield path, node.mode
 
     def put(self, path: str, node: Node) -> None:
+        """Add or replace `path`, creating missing parents (and replacing a non-directory
+        in the way); a directory put over a directory keeps its children."""
+        if path.count("/") > self.limits.max_tree_depth:
+            raise LimitExceeded(f"{path[:64]!r}…: deeper than {self.limits.max_tree_depth}")
         self.link_cache.clear()
+        missing = []
         parent = posixpath.dirname(path)
-        self._ensure_dir(parent)
-        if node.kind != "dir" or self.nodes.get(path, Node("file")).kind != "dir":
+        while parent != "/" and not self._is_dir(parent):
+            missing.append(parent)
+            parent = posixpath.dirname(parent)
+            self.steps += 1
+        for directory in reversed(missing):
+            self.remove(directory)
+            self._link(directory, Node("dir", 0o755))
+        if node.kind != "dir" or not self._is_dir(path):
             self.remove(path)
+        self._link(path, node)
+
+    def _is_dir(self, path: str) -> bool:
+        existing = self.nodes.get(path)
+        return existing is not None and existing.kind == "dir"
+
+    def _link(self, path: str, node: Node) -> None:
+        if path not in self.nodes:
+            self.path_bytes += len(path)
+            if len(self.nodes) >= self.limits.max_tree_nodes:
+                raise LimitExceeded(f"more than {self.limits.max_tree_nodes} entries in the image")
+            if self.path_bytes > self.limits.max_tree_path_bytes:
+                raise LimitExceeded(
+                    f"more than {self.limits.max_tree_path_bytes} bytes of paths in the image"
+                )
+        self.steps += 1
         self.nodes[path] = node
-        self.children[parent].add(posixpath.basename(path))
+        self.children[posixpath.dirname(path)].add(posixpath.basename(path))
         if node.kind == "dir":
             self.children.setdefault(path, set())
 
-    def _ensure_dir(self, path: str) -> None:
-        existing = self.nodes.get(path)
-        if existing is not None and existing.kind == "dir":
-            return
-        if path != "/":
-            self.put(path, Node("dir", 0o755))
-
     def remove(self, path: str) -> None:
+        """Remove `path` and everything under it: one visit per entry removed."""
         if path == "/" or path not in self.nodes:
             return
         self.link_cache.clear()
-        for child in list(self.children.get(path, ())):
-            self.remove(posixpath.join(path, child))
-        self.children.pop(path, None)
-        del self.nodes[path]
         self.children[posixpath.dirname(path)].discard(posixpath.basename(path))
+        stack = [path]
+        while stack:
+            current = stack.pop()
+            self.steps += 1
+            del self.nodes[current]
+            self.path_bytes -= len(current)
+            stack.extend(current + "/" + child for child in self.children.pop(current, ()))
 
     def clear_dir(self, path: str) -> None:
         for child in list(self.children.get(path, ())):

@@ -20,6 +20,7 @@ from execwatch.binfmt import sniff
 from execwatch.scan.errors import CorruptInput, LimitExceeded, ScanInputError
 from execwatch.scan.fs import HEAD_BYTES, MemoryFS, Node, describe_file, wants_text
 from execwatch.scan.limits import Limits, Readable, Tally, check_tar_end
+from execwatch.scan.sources import Budget
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
@@ -67,14 +68,17 @@ def apply_layer(
     limits: Limits,
     entries: list[int],
     require_end: bool = True,
+    budget: Budget | None = None,
 ) -> None:
     """Apply one layer. `entries` counts tar members over all layers of the image.
 
     require_end: a tar cut short is an error (check_tar_end). A layer with a digest needs
     no such check: its digest already proves it whole, and accepting a writer that omits
-    the end-of-archive blocks costs nothing there.
+    the end-of-archive blocks costs nothing there. budget: the image's deadline, checked
+    at every member.
     """
     added: set[str] = set()
+    opaque: set[str] = set()
     tarinfo = type(
         "_TarInfo", (_BoundedTarInfo,), {"max_header_bytes": limits.max_tar_header_bytes}
     )
@@ -91,7 +95,9 @@ def apply_layer(
                         f"{layer}: link {member.name!r} has a target longer than"
                         f" {limits.max_link_target_bytes} bytes"
                     )
-                _apply_member(fs, tar, member, layer, added, limits)
+                if budget is not None:
+                    budget.charge()
+                _apply_member(fs, tar, member, layer, (added, opaque), limits)
             if require_end:
                 check_tar_end(tar.offset, tally, layer)
     except _HeaderTooBig as exc:
@@ -107,15 +113,16 @@ def _apply_member(
     tar: tarfile.TarFile,
     member: tarfile.TarInfo,
     layer: str,
-    added: set[str],
+    seen: tuple[set[str], set[str]],
     limits: Limits,
 ) -> None:
     path = member_path(member.name, layer)
     if path is None:
         return
+    added, opaque = seen
     parent, base = posixpath.split(path)
     if base == OPAQUE:
-        _opaque(fs, parent, added)
+        _opaque(fs, parent, added, opaque)
         return
     if base.startswith(WHITEOUT):
         fs.remove(posixpath.join(parent, base[len(WHITEOUT) :]))
@@ -152,14 +159,31 @@ def _mark_added(path: str, added: set[str]) -> None:
         path = posixpath.dirname(path)
 
 
-def _opaque(fs: MemoryFS, directory: str, added: set[str]) -> None:
-    """Hide the lower children of `directory`, keeping what this layer already put there."""
-    for child in fs.listdir(directory):
-        path = posixpath.join(directory, child)
-        if path not in added:
-            fs.remove(path)
-        elif fs.node(path) is not None and fs.node(path).kind == "dir":  # type: ignore[union-attr]
-            _opaque(fs, path, added)
+def _opaque(fs: MemoryFS, directory: str, added: set[str], done: set[str]) -> None:
+    """Hide the lower children of `directory`, keeping what this layer already put there.
+
+    A loop over the directory's subtree that stops at directories already made opaque in
+    this layer (`done`): everything under those is this layer's, so however the markers are
+    ordered and nested, each entry is visited once per layer.
+    """
+    ancestor = directory
+    while ancestor not in done:
+        if ancestor == "/":
+            break
+        ancestor = posixpath.dirname(ancestor)
+    if ancestor in done:
+        return
+    stack = [directory]
+    while stack:
+        current = stack.pop()
+        for child in fs.listdir(current):
+            path = posixpath.join(current, child)
+            node = fs.node(path)
+            if path not in added:
+                fs.remove(path)
+            elif node is not None and node.kind == "dir" and path not in done:
+                stack.append(path)
+    done.add(directory)
     _mark_added(directory, added)
 
 

@@ -37,6 +37,15 @@ class Limits:
     max_manifests: int = 512
     max_layers: int = 1024
     max_archive_members: int = 100_000  # members of an image archive (blobs, not files)
+    # One image, all of its layers (scan.sources.Budget): bytes read from its source, and
+    # wall time. 16 GiB compressed is 4x the largest public images (CUDA, ML stacks).
+    max_image_bytes: int = 16 << 30
+    max_image_seconds: float = 1800.0
+    # Its merged tree (scan.fs.MemoryFS): PATH_MAX / 2 components is the deepest path one
+    # syscall names; a large distribution image has a few hundred thousand entries.
+    max_tree_depth: int = 2048
+    max_tree_nodes: int = 2_000_000
+    max_tree_path_bytes: int = 256 << 20  # the entries' paths, which the tree keeps
     # The linker, per executable resolved (scan.linker.Work): a real program needs a few
     # hundred lookups (100 libraries x 20 directories is 2,000), all well under a second.
     max_linker_probes: int = 1 << 15  # candidate paths looked up: names x directories

@@ -16,8 +16,10 @@ import hashlib
 import json
 import os
 import re
+import stat
 import tempfile
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
@@ -32,7 +34,9 @@ from execwatch.scan.sources import (
     ImageSource,
     Layer,
     check_digest,
+    declared_size,
     is_attestation,
+    valid_digest,
 )
 from execwatch.scan.sources import _descriptor_platform as descriptor_platform
 
@@ -59,7 +63,7 @@ _DOMAIN = (
 )
 _REFERENCE = re.compile(
     rf"^(?P<name>(?:(?P<domain>{_DOMAIN})/)?{_COMPONENT}(?:/{_COMPONENT})*)"
-    r"(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>sha256:[a-f0-9]{64}))?$"
+    r"(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>sha256:[a-f0-9]{64}|sha512:[a-f0-9]{128}))?$"
 )
 
 
@@ -276,28 +280,46 @@ def _decode(entry: dict[str, Any], path: str) -> Credentials:
 
 
 class BlobCache:
-    """Verified blobs by digest, at most `max_bytes` in total, least recently used evicted."""
+    """Verified blobs by digest, at most `max_bytes` in total, least recently used evicted.
+
+    A path is only ever built from a digest of the OCI form (so it names a file directly
+    in blobs/<algorithm>/), and only a regular file is opened there, without following a
+    symlink: a digest from a registry cannot make the cache read or touch anything else.
+    """
+
+    ALGORITHMS = ("sha256", "sha512")
 
     def __init__(self, root: str, max_bytes: int) -> None:
-        self.root = os.path.join(root, "blobs", "sha256")
+        self.root = os.path.join(root, "blobs")
         self.max_bytes = max_bytes
 
     def path(self, digest: str) -> str:
-        return os.path.join(self.root, digest.split(":", 1)[1])
+        algorithm, hexdigest = valid_digest(digest, "blob cache").split(":", 1)
+        directory = os.path.join(self.root, algorithm)
+        path = os.path.join(directory, hexdigest)
+        if os.path.dirname(os.path.normpath(path)) != os.path.normpath(directory):
+            raise ScanInputError(f"blob cache: {digest[:80]!r} names a path outside the cache")
+        return path
 
-    def open(self, digest: str) -> IO[bytes] | None:
+    def open(self, digest: str, size: int) -> IO[bytes] | None:
+        """The cached blob, if it is a regular file of the declared size."""
         try:
-            f = open(self.path(digest), "rb")  # noqa: SIM115
+            fd = os.open(self.path(digest), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
             return None
-        os.utime(f.fileno())  # mark as recently used
-        return f
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+            os.close(fd)
+            return None
+        os.utime(fd)  # mark as recently used
+        return os.fdopen(fd, "rb")
 
-    def writer(self, size: int) -> IO[bytes] | None:
+    def writer(self, digest: str, size: int) -> IO[bytes] | None:
         if size > self.max_bytes:
             return None
-        os.makedirs(self.root, exist_ok=True)
-        return tempfile.NamedTemporaryFile(dir=self.root, prefix=".part-", delete=False)
+        directory = os.path.dirname(self.path(digest))
+        os.makedirs(directory, exist_ok=True)
+        return tempfile.NamedTemporaryFile(dir=directory, prefix=".part-", delete=False)
 
     def commit(self, tmp: IO[bytes], digest: str) -> None:
         tmp.close()
@@ -306,11 +328,16 @@ class BlobCache:
 
     def _evict(self) -> None:
         entries = []
-        with os.scandir(self.root) as it:
-            for e in it:
-                if not e.name.startswith("."):
-                    st = e.stat()
-                    entries.append((st.st_mtime, st.st_size, e.path))
+        for algorithm in self.ALGORITHMS:
+            try:
+                it = os.scandir(os.path.join(self.root, algorithm))
+            except FileNotFoundError:
+                continue
+            with it:
+                for e in it:
+                    if not e.name.startswith(".") and e.is_file(follow_symlinks=False):
+                        st = e.stat(follow_symlinks=False)
+                        entries.append((st.st_mtime, st.st_size, e.path))
         total = sum(size for _, size, _ in entries)
         for _, size, path in sorted(entries):
             if total <= self.max_bytes:
@@ -372,17 +399,20 @@ class RegistryClient:
 
     def manifest(self, reference: str) -> tuple[dict[str, Any], str]:
         """A manifest or index by tag or digest, bounded, checked against a requested digest."""
+        if ":" in reference:  # a digest (a tag has no colon): checked before it makes a URL
+            valid_digest(reference, f"{self.ref}: manifest")
+        deadline = time.monotonic() + self.limits.max_image_seconds
         with self._errors(f"manifest {reference}"):
             r = self.dxf._request(  # type: ignore[no-untyped-call]  # public getter: unbounded
                 "get", "manifests/" + reference, headers={"Accept": ACCEPT}, stream=True
             )
             with r:
-                raw = r.raw.read(self.limits.max_json_bytes + 1, decode_content=True)
+                raw = _read_capped(r, self.limits.max_json_bytes + 1, deadline, self.ref)
                 media_type = r.headers.get("Content-Type", "").split(";")[0].strip()
         if len(raw) > self.limits.max_json_bytes:
             raise ScanInputError(f"{self.ref}: manifest larger than {self.limits.max_json_bytes}")
         digest = "sha256:" + hashlib.sha256(raw).hexdigest()
-        if reference.startswith("sha256:"):
+        if ":" in reference:
             check_digest(raw, reference, f"{self.ref}: manifest")
         try:
             doc = json.loads(raw)
@@ -395,13 +425,13 @@ class RegistryClient:
         self.stats.fetched += len(raw)
         return doc, digest
 
-    def json_blob(self, digest: str) -> Any:
-        with self.open_blob(digest, self.limits.max_json_bytes) as f:
-            raw = f.read(self.limits.max_json_bytes + 1)
-        if len(raw) > self.limits.max_json_bytes:
+    def json_blob(self, digest: str, size: int) -> Any:
+        if size > self.limits.max_json_bytes:
             raise ScanInputError(
-                f"{self.ref}: blob {digest} larger than {self.limits.max_json_bytes}"
+                f"{self.ref}: blob {digest[:80]} larger than {self.limits.max_json_bytes}"
             )
+        with self.open_blob(digest, size) as f:
+            raw = f.read(size + 1)
         check_digest(raw, digest, f"{self.ref}: blob")  # a cached copy is checked too
         try:
             return json.loads(raw)
@@ -409,17 +439,26 @@ class RegistryClient:
             raise ScanInputError(f"{self.ref}: blob {digest} is not JSON") from exc
 
     def open_blob(self, digest: str, size: int) -> IO[bytes]:
-        """The blob's bytes as a stream: from the cache, or from the registry through it."""
-        if not digest.startswith("sha256:"):
-            raise ScanInputError(f"{self.ref}: only sha256 blob digests are supported: {digest}")
-        cached = self.cache.open(digest) if self.cache else None
+        """The blob's bytes as a stream: from the cache, or from the registry through it.
+
+        Never more than `size` (the descriptor's) + 1 bytes are read: a blob that runs
+        past its declared size fails there, before the cache or the scan gets more."""
+        valid_digest(digest, f"{self.ref}: blob")
+        cached = self.cache.open(digest, size) if self.cache else None
         if cached is not None:
-            self.stats.cached += os.fstat(cached.fileno()).st_size
+            self.stats.cached += size
             return cached
         with self._errors(f"blob {digest[:19]}"):
-            chunks = self.dxf.pull_blob(digest, chunk_size=CHUNK)
-        tee = self.cache.writer(size) if self.cache else None
-        return _BlobStream(iter(chunks), self, digest, tee)  # type: ignore[arg-type, return-value]
+            r = self.dxf._request("get", "blobs/" + digest, stream=True)  # type: ignore[no-untyped-call]
+        announced = r.headers.get("Content-Length", "")
+        encoded = r.headers.get("Content-Encoding", "identity") != "identity"
+        if announced.isdigit() and int(announced) != size and not encoded:
+            r.close()
+            raise RegistryError(
+                f"{self.ref}: blob {digest[:19]} is {announced} bytes, its descriptor says {size}"
+            )
+        tee = self.cache.writer(digest, size) if self.cache else None
+        return _BlobStream(r, self, digest, size, tee)  # type: ignore[return-value]
 
     def _errors(self, what: str) -> _Translate:
         return _Translate(self.ref, what, self.credentials)
@@ -444,6 +483,7 @@ class _Translate:
 
 def describe_error(exc: BaseException, ref: Reference, creds: Credentials | None) -> str | None:
     import requests
+    import urllib3
     from dxf import exceptions as dxf_errors
 
     if isinstance(exc, dxf_errors.DXFUnauthorizedError):  # dxf's name for HTTP 401
@@ -462,6 +502,10 @@ def describe_error(exc: BaseException, ref: Reference, creds: Credentials | None
         return f"no answer from {ref.api_host} within the timeout"
     if isinstance(exc, requests.exceptions.ChunkedEncodingError | requests.ConnectionError):
         return f"connection to {ref.api_host} failed: {_first_line(exc)}"
+    if isinstance(exc, urllib3.exceptions.ReadTimeoutError | TimeoutError):
+        return f"no answer from {ref.api_host} within the timeout"
+    if isinstance(exc, urllib3.exceptions.HTTPError | OSError):  # a body cut short
+        return f"connection to {ref.api_host} failed: {_first_line(exc)}"
     if isinstance(exc, dxf_errors.DXFDigestMismatchError):
         return f"content does not match its digest ({exc})"
     if isinstance(exc, dxf_errors.DXFAuthInsecureError):
@@ -476,43 +520,85 @@ def _first_line(exc: BaseException) -> str:
     return text[0][:300] if text else type(exc).__name__
 
 
+def _read_capped(r: requests.Response, limit: int, deadline: float, ref: Reference) -> bytes:
+    """At most `limit` bytes of a response body, each read returning what has arrived, so
+    that a registry dripping bytes meets the deadline rather than holds the scan."""
+    out = bytearray()
+    while len(out) < limit:
+        chunk = r.raw.read1(min(CHUNK, limit - len(out)), decode_content=True)
+        if not chunk:
+            break
+        out += chunk
+        if time.monotonic() > deadline:
+            raise RegistryError(f"{ref}: {ref.api_host} too slow: the deadline passed")
+    return bytes(out)
+
+
 class _BlobStream:
-    """A file-like view of dxf's verified chunk iterator, copied into the cache as it goes."""
+    """A file-like view of a blob response: read to its declared size + 1 at most, hashed
+    as it goes, checked at the end, and copied into the cache when whole and verified."""
 
     def __init__(
-        self, chunks: Iterator[bytes], client: RegistryClient, digest: str, tee: IO[bytes] | None
+        self,
+        response: requests.Response,
+        client: RegistryClient,
+        digest: str,
+        size: int,
+        tee: IO[bytes] | None,
     ) -> None:
-        self.chunks = chunks
+        self.response = response
         self.client = client
         self.digest = digest
+        self.size = size
         self.tee = tee
-        self.buffer = b""
+        self.hash = hashlib.new(digest.split(":", 1)[0])
+        self.got = 0
+        self.buffer = bytearray()
         self.done = False
+        self.deadline = time.monotonic() + client.limits.max_image_seconds
 
     def read(self, size: int = -1) -> bytes:
-        while not self.done and (size < 0 or len(self.buffer) < size):
-            try:
-                with self.client._errors(f"blob {self.digest[:19]}"):
-                    chunk = next(self.chunks)
-            except StopIteration:
-                self._finish()
-                break
-            self.client.stats.fetched += len(chunk)
-            if self.tee is not None:
-                self.tee.write(chunk)
-            self.buffer += chunk
-        if size < 0:
-            size = len(self.buffer)
-        data, self.buffer = self.buffer[:size], self.buffer[size:]
+        limit = self.size + 1 if size < 0 else size
+        while not self.done and len(self.buffer) < limit:
+            self._pull()
+        data = bytes(self.buffer[:limit])
+        del self.buffer[:limit]
         return data
 
+    def _pull(self) -> None:
+        ask = min(CHUNK, self.size + 1 - self.got)
+        with self.client._errors(f"blob {self.digest[:19]}"):
+            chunk = self.response.raw.read1(ask, decode_content=True)
+        if not chunk:
+            self._finish()
+            return
+        self.got += len(chunk)
+        self.client.stats.fetched += len(chunk)
+        if time.monotonic() > self.deadline:
+            raise RegistryError(f"{self.client.ref}: blob {self.digest[:19]}: deadline passed")
+        if self.got > self.size:
+            raise RegistryError(
+                f"{self.client.ref}: blob {self.digest[:19]} is larger than the"
+                f" {self.size} bytes its descriptor declares"
+            )
+        self.hash.update(chunk)
+        if self.tee is not None:
+            self.tee.write(chunk)
+        self.buffer += chunk
+
     def _finish(self) -> None:
-        self.done = True  # dxf raised already if the digest did not match
+        self.done = True
+        what = f"{self.client.ref}: blob {self.digest[:19]}"
+        if self.got != self.size:
+            raise RegistryError(f"{what}: ended after {self.got} of its {self.size} bytes")
+        if self.hash.hexdigest() != self.digest.split(":", 1)[1]:
+            raise RegistryError(f"{what}: content does not match its digest {self.digest}")
         if self.tee is not None and self.client.cache is not None:
             self.client.cache.commit(self.tee, self.digest)
             self.tee = None
 
     def close(self) -> None:
+        self.response.close()
         if self.tee is not None:  # incomplete: never cached
             self.tee.close()
             os.unlink(self.tee.name)
@@ -594,8 +680,9 @@ def _walk(
     if not isinstance(manifests, list):
         raise ScanInputError(f"{ref}: index has no manifests list")
     for child in manifests:
-        if not isinstance(child, dict) or not isinstance(child.get("digest"), str):
+        if not isinstance(child, dict):
             raise ScanInputError(f"{ref}: malformed descriptor in index")
+        valid_digest(child.get("digest"), f"{ref}: index")
         if is_attestation(child) or child["digest"] in seen:
             continue
         seen.add(child["digest"])
@@ -610,9 +697,11 @@ def _image(
 ) -> ImageSource:
     ref, limits = client.ref, client.limits
     config_desc = manifest.get("config")
-    if not isinstance(config_desc, dict) or not isinstance(config_desc.get("digest"), str):
+    if not isinstance(config_desc, dict):
         raise ScanInputError(f"{ref}: manifest {digest[:19]} has no config")
-    config = client.json_blob(config_desc["digest"])
+    what = f"{ref}: config of {digest[:19]}"
+    config_digest = valid_digest(config_desc.get("digest"), what)
+    config = client.json_blob(config_digest, declared_size(config_desc.get("size"), what))
     if not isinstance(config, dict):
         raise ScanInputError(f"{ref}: config of {digest[:19]} is not an object")
     layers_desc = manifest.get("layers")
@@ -620,15 +709,15 @@ def _image(
         raise ScanInputError(f"{ref}: manifest {digest[:19]} has no usable layers list")
     layers = []
     for ld in layers_desc:
-        if not isinstance(ld, dict) or not isinstance(ld.get("digest"), str):
+        if not isinstance(ld, dict):
             raise ScanInputError(f"{ref}: malformed layer descriptor")
+        layer_digest = valid_digest(ld.get("digest"), f"{ref}: layer")
         if ld.get("mediaType") not in LAYER_TYPES:
             raise ScanInputError(f"{ref}: unknown layer media type {ld.get('mediaType')!r}")
-        size = ld["size"] if isinstance(ld.get("size"), int) else 0
-        client.stats.layer_bytes[ld["digest"]] = size
-        layers.append(
-            Layer(ld["digest"], ld["mediaType"], ld["digest"], _opener(client, ld["digest"], size))
-        )
+        size = declared_size(ld.get("size"), f"{ref}: layer {layer_digest[:19]}")
+        client.stats.layer_bytes[layer_digest] = size
+        opener = _opener(client, layer_digest, size)
+        layers.append(Layer(layer_digest, ld["mediaType"], layer_digest, opener, size))
     label = f"{ref.registry}/{ref.repository}@{digest}"
     return ImageSource(label, descriptor_platform(desc or {}), config, layers, digest)
 

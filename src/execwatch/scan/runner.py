@@ -17,7 +17,7 @@ import zstandard
 
 from execwatch.binfmt import Platform, node_platform
 from execwatch.scan.checks import Checker, Target
-from execwatch.scan.errors import CorruptInput, NothingToCheck, ScanInputError
+from execwatch.scan.errors import CorruptInput, LimitExceeded, NothingToCheck, ScanInputError
 from execwatch.scan.fs import DirectoryFS, FileSystem, MemoryFS, describe_file
 from execwatch.scan.layers import apply_layer
 from execwatch.scan.limits import Limits, decompressed
@@ -25,6 +25,7 @@ from execwatch.scan.linker import SymbolSource
 from execwatch.scan.model import ImageResult, ScanReport
 from execwatch.scan.registry import RegistryOptions, looks_like_reference, registry_images
 from execwatch.scan.sources import (
+    Budget,
     ImageSource,
     directory_store,
     images_in_store,
@@ -116,7 +117,7 @@ def _scan(target: str, options: ScanOptions, progress: Progress | None) -> ScanR
 
 
 def _scan_file(path: str, options: ScanOptions) -> list[ImageResult]:
-    fs = MemoryFS()
+    fs = MemoryFS(options.limits)
     name = "/" + os.path.basename(path)
     mode = stat.S_IMODE(os.stat(path).st_mode) | 0o100  # a lone file is checked as executable
     with open(path, "rb") as f:
@@ -150,10 +151,12 @@ def _scan_rootfs(root: str, options: ScanOptions, progress: Progress | None) -> 
 def _scan_rootfs_archive(
     path: str, options: ScanOptions, progress: Progress | None
 ) -> list[ImageResult]:
-    fs = MemoryFS()
+    fs = MemoryFS(options.limits)
     counter = [0, 0]
+    budget = Budget.start(path, options.limits)
     with open(path, "rb") as f:
-        apply_layer(fs, decompressed(f, path, options.limits, counter), path, options.limits, [0])
+        stream = decompressed(f, path, options.limits, counter)
+        apply_layer(fs, stream, path, options.limits, [0], budget=budget)
     results: list[ImageResult] = []
     for platform in options.platforms or (node_platform(),):
         result = _check(path, fs, _target(fs, platform, options), progress)
@@ -194,15 +197,20 @@ def _scan_image(
 ) -> ImageResult:
     """One image, against the platform it states, else `want`, else this node's."""
     started = time.perf_counter()
-    fs = MemoryFS()
+    fs = MemoryFS(options.limits)
     counter, entries = [0, 0], [0]
+    budget = Budget.start(image.label, options.limits)
+    declared = sum(layer.size or 0 for layer in image.layers)
+    if declared > budget.max_bytes:
+        raise LimitExceeded(
+            f"{image.label}: more than {budget.max_bytes} bytes read: its layers declare {declared}"
+        )
     for i, layer in enumerate(image.layers):
         if progress is not None:
             progress(f"layer {i + 1}/{len(image.layers)}", None)(0)
-        with layer_stream(layer, options.limits, counter) as stream:
-            apply_layer(
-                fs, stream, layer.name, options.limits, entries, require_end=layer.digest is None
-            )
+        with layer_stream(layer, options.limits, counter, budget) as stream:
+            apply_layer(fs, stream, layer.name, options.limits, entries,
+                        require_end=layer.digest is None, budget=budget)  # fmt: skip
     config_platform = image.config_platform()
     platform = image.platform or config_platform or want or node_platform()
     cfg = image.config.get("config") if isinstance(image.config.get("config"), dict) else {}

@@ -14,6 +14,7 @@ import posixpath
 import re
 import stat
 import tarfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from typing import IO, Any, Literal
 from execwatch.binfmt import Platform
 from execwatch.scan.errors import CorruptInput, LimitExceeded, ScanInputError
 from execwatch.scan.limits import (
+    CHUNK,
     GZIP_MAGIC,
     ZSTD_MAGIC,
     Limits,
@@ -61,6 +63,35 @@ class Layer:
     media_type: str | None
     digest: str | None
     open: Callable[[], IO[bytes]]
+    size: int | None = None  # as its descriptor declares it: reading stops one byte past
+
+
+@dataclass
+class Budget:
+    """What one image may cost: wall time and bytes read from its source.
+
+    The one place every per-image loop asks (layer reads, tar members): a registry that
+    drips bytes, a layer that never ends or a tree that takes hours stops at the first
+    check past the deadline, with a LimitExceeded naming the image.
+    """
+
+    label: str
+    seconds: float
+    max_bytes: int
+    deadline: float = 0.0
+    bytes: int = 0
+
+    @classmethod
+    def start(cls, label: str, limits: Limits) -> Budget:
+        seconds = limits.max_image_seconds
+        return cls(label, seconds, limits.max_image_bytes, time.monotonic() + seconds)
+
+    def charge(self, n: int = 0) -> None:
+        self.bytes += n
+        if self.bytes > self.max_bytes:
+            raise LimitExceeded(f"{self.label}: more than {self.max_bytes} bytes read")
+        if time.monotonic() > self.deadline:
+            raise LimitExceeded(f"{self.label}: not scanned within {self.seconds:g} s")
 
 
 @dataclass
@@ -106,9 +137,7 @@ class BlobStore:
         return True
 
     def blob_path(self, digest: str) -> str:
-        if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
-            raise ScanInputError(f"{self.label}: invalid digest {digest!r}")
-        algorithm, hexdigest = digest.split(":", 1)
+        algorithm, hexdigest = valid_digest(digest, self.label).split(":", 1)
         return f"blobs/{algorithm}/{hexdigest}"
 
     def json(self, path: str, limits: Limits, digest: str | None = None) -> Any:
@@ -119,8 +148,25 @@ class BlobStore:
         return parse_json(raw, f"{self.label}: {path}", limits)
 
 
+def valid_digest(digest: object, what: str) -> str:
+    """The digest if it has the OCI form (sha256 or sha512, lowercase hex of the exact
+    length): what a path, a URL or a comparison may be built from. Anything else is
+    refused before any use, whoever supplied it (a layout, an archive, a registry)."""
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        shown = digest[:80] if isinstance(digest, str) else type(digest).__name__
+        raise ScanInputError(f"{what}: invalid digest {shown!r}")
+    return digest
+
+
+def declared_size(value: object, what: str) -> int:
+    """A descriptor's `size`: a non-negative integer (a bool is not one)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ScanInputError(f"{what}: descriptor has no valid size: {str(value)[:32]!r}")
+    return value
+
+
 def check_digest(raw: bytes, digest: str, what: str) -> None:
-    algorithm, expected = digest.split(":", 1)
+    algorithm, expected = valid_digest(digest, what).split(":", 1)
     if hashlib.new(algorithm, raw).hexdigest() != expected:
         raise ScanInputError(f"{what}: content does not match digest {digest}")
 
@@ -285,9 +331,10 @@ def _manifest_image(
         media_type = ld.get("mediaType")
         if media_type not in LAYER_TYPES:
             raise ScanInputError(f"{store.label}: unknown layer media type {media_type!r}")
-        digest = str(ld.get("digest"))
+        digest = valid_digest(ld.get("digest"), store.label)
+        size = declared_size(ld["size"], store.label) if "size" in ld else None
         path = store.blob_path(digest)
-        layers.append(Layer(digest, media_type, digest, _opener(store, path)))
+        layers.append(Layer(digest, media_type, digest, _opener(store, path), size))
     short = str(desc.get("digest", ""))[:19]
     label = f"{store.label}{'#' + ref if ref else ''}@{short}"
     if not isinstance(config, dict):
@@ -307,10 +354,14 @@ def docker_images(store: BlobStore, limits: Limits) -> list[ImageSource]:
     manifest = store.json("manifest.json", limits)
     if not isinstance(manifest, list):
         raise ScanInputError(f"{store.label}: manifest.json is not a list")
+    if len(manifest) > limits.max_manifests:
+        raise LimitExceeded(f"{store.label}: more than {limits.max_manifests} images")
     out = []
     for entry in manifest:
         if not isinstance(entry, dict) or not isinstance(entry.get("Layers"), list):
             raise ScanInputError(f"{store.label}: malformed manifest.json entry")
+        if len(entry["Layers"]) > limits.max_layers:
+            raise LimitExceeded(f"{store.label}: an image of more than {limits.max_layers} layers")
         config_path = str(entry.get("Config"))
         config = store.json(config_path, limits)
         if not isinstance(config, dict):
@@ -502,30 +553,49 @@ def is_archive(path: str) -> bool:
 
 
 @contextmanager
-def layer_stream(layer: Layer, limits: Limits, counter: list[int]) -> Iterator[Readable]:
-    """Open a layer, decompress it (bounded), and check its digest once fully read."""
+def layer_stream(
+    layer: Layer, limits: Limits, counter: list[int], budget: Budget
+) -> Iterator[Readable]:
+    """Open a layer, decompress it (bounded), and check its digest once fully read.
+
+    Every byte read is charged to the image's budget, and a layer that declares its size
+    is read to one byte past it at most: the drain after the tar's end is bounded too."""
     with layer.open() as raw:
-        hashing = _Hashing(raw, layer.digest)
+        hashing = _Hashing(raw, layer, budget)
         yield decompressed(hashing, layer.name, limits, counter)
-        while hashing.read(1 << 20):
+        while hashing.read(CHUNK):
             pass
-        hashing.verify(layer.name)
+        hashing.verify()
 
 
 class _Hashing:
-    def __init__(self, inner: IO[bytes], digest: str | None) -> None:
+    def __init__(self, inner: IO[bytes], layer: Layer, budget: Budget) -> None:
         self.inner = inner
-        self.digest = digest
-        self.hash = hashlib.new(digest.split(":", 1)[0]) if digest else None
+        self.layer = layer
+        self.budget = budget
+        self.got = 0
+        self.hash = hashlib.new(layer.digest.split(":", 1)[0]) if layer.digest else None
 
     def read(self, size: int = -1) -> bytes:
-        data = self.inner.read(size)
+        want = CHUNK if size < 0 or size > CHUNK else size
+        if self.layer.size is not None:
+            want = min(want, self.layer.size + 1 - self.got)
+        data = self.inner.read(want) if want > 0 else b""
+        self.got += len(data)
+        self.budget.charge(len(data))
+        if self.layer.size is not None and self.got > self.layer.size:
+            raise LimitExceeded(
+                f"{self.layer.name}: layer larger than the {self.layer.size} bytes it declares"
+            )
         if self.hash is not None:
             self.hash.update(data)
         return data
 
-    def verify(self, name: str) -> None:
-        if self.hash is None or self.digest is None:
+    def verify(self) -> None:
+        size, name = self.layer.size, self.layer.name
+        if size is not None and self.got != size:
+            raise CorruptInput(f"{name}: layer of {self.got} bytes, {size} declared")
+        if self.hash is None or self.layer.digest is None:
             return
-        if self.hash.hexdigest() != self.digest.split(":", 1)[1]:
+        if self.hash.hexdigest() != self.layer.digest.split(":", 1)[1]:
             raise ScanInputError(f"{name}: layer content does not match its digest")
