@@ -16,6 +16,7 @@ from execwatch.audit.engine import audit as run_audit
 from execwatch.audit.inventory import Container, Inventory, Workload
 from execwatch.audit.inventory import Node as InventoryNode
 from execwatch.cli import main
+from execwatch.scan.isolated import MiB, ProcessLimits
 from execwatch.scan.limits import Limits
 from execwatch.scan.registry import RegistryOptions, resolve
 from tests.kube.cluster import ADMIN_TOKEN, KubeCluster
@@ -531,3 +532,38 @@ def test_every_image_failure_is_that_workloads_error_verdict(tmp_path: Path) -> 
     assert "its descriptor says 9" in verdicts["liar"].message
     assert "invalid digest 'sha256:../../" in verdicts["escape"].message
     assert all("\n" not in v.message for v in verdicts.values())
+
+
+def test_an_image_that_exhausts_its_process_is_an_error_and_the_audit_goes_on(
+    tmp_path: Path,
+) -> None:
+    """Each image is scanned in a process of its own (scan.isolated): one whose tree needs
+    more memory than that process may take is stopped and is its workload's ERROR verdict;
+    the next image is checked as usual, in a fresh process."""
+    hostile = HostileRegistry()
+    try:
+        tar = "application/vnd.oci.image.layer.v1.tar"
+        config = Image([]).config()
+        names = [file(f"d/{i:04d}" + "x" * (400 << 10), b"") for i in range(200)]
+        refs = {
+            "hungry": hostile.image("team/hungry:1", config, [hostile.blob(layer_tar(names), tar)]),
+            "plain": hostile.image(
+                "team/plain:1", config, [hostile.blob(layer_tar([file("run", b"#!/x\n")]), tar)]
+            ),
+        }
+        workloads = [
+            Workload("Deployment", "x", name, {}, [Container("main", ref)])
+            for name, ref in refs.items()
+        ]
+        options = RegistryOptions(insecure=frozenset({hostile.host}), cache_dir=str(tmp_path))
+        process = ProcessLimits(memory=64 * MiB, cpu_s=60, wall_s=60)
+        auditor = ImageAuditor(options, Limits(), str(tmp_path), process)
+        report = run_audit(
+            Inventory(workloads, [InventoryNode("n1", "amd64", "linux")]), [], auditor
+        )
+    finally:
+        hostile.close()
+    verdicts = {w.workload.name: w.archs[0].containers[0].verdict for w in report.workloads}
+    assert verdicts["hungry"].status is Status.ERROR
+    assert "over its memory budget (64 MiB)" in verdicts["hungry"].message
+    assert verdicts["plain"].status is Status.WOULD_FAIL

@@ -8,6 +8,7 @@ request to learn its digest.
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import json
 import os
@@ -21,6 +22,7 @@ from execwatch.audit.inventory import Inventory, Workload
 from execwatch.audit.scheduling import allowed_architectures
 from execwatch.binfmt import Platform
 from execwatch.scan.errors import ScanInputError
+from execwatch.scan.isolated import ProcessLimits, run_isolated
 from execwatch.scan.limits import Limits
 from execwatch.scan.model import Severity
 from execwatch.scan.registry import (
@@ -102,9 +104,17 @@ Tick = Callable[[str], None]
 class ImageAuditor:
     """Scans one (image, platform) at most once per run, and once per digest across runs."""
 
-    def __init__(self, options: RegistryOptions, limits: Limits, cache_dir: str | None) -> None:
+    def __init__(
+        self,
+        options: RegistryOptions,
+        limits: Limits,
+        cache_dir: str | None,
+        process: ProcessLimits | None = None,
+    ) -> None:
         self.options = options
         self.limits = limits
+        # Each image is scanned in a child process that is killed past these (scan.isolated).
+        self.process = process or ProcessLimits(wall_s=limits.max_image_seconds + 60)
         self.cache_dir = os.path.join(cache_dir or default_cache_dir(), "audit")
         self.resolved: dict[str, tuple[RegistryClient | None, dict[str, Any] | None, str]] = {}
         self.images: dict[str, list[ImageSource]] = {}
@@ -139,7 +149,9 @@ class ImageAuditor:
             image = self._select(reference, digest, platform)
             if isinstance(image, Verdict):
                 return image
-            result = _scan_image(image, ScanOptions(limits=self.limits), None, platform)
+            options = ScanOptions(limits=self.limits)
+            scan_one = functools.partial(_scan_image, image, options, None, platform)
+            result = run_isolated(scan_one, self.process, f"{reference} ({platform})")
         except Exception as exc:  # RecursionError, MemoryError, a bug: this image's ERROR
             return Verdict(Status.ERROR, str(platform), digest, message=_cause(exc))
         self.scanned += 1

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, BinaryIO
 from execwatch import cliargs
 from execwatch.scan import registry
 from execwatch.scan.errors import ScanInputError
+from execwatch.scan.isolated import ProcessLimits, run_isolated
 from execwatch.scan.model import ScanReport, Severity
 from execwatch.scan.report import FORMATS, TEXT_FORMATS
 from execwatch.scan.runner import ScanOptions, scan
@@ -73,6 +74,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         action="store_true",
         help="a target with nothing executable in it is a warning, not an error (exit 2)",
     )
+    p.add_argument(
+        "--max-memory",
+        type=cliargs.size,
+        default=ProcessLimits().memory,
+        metavar="SIZE",
+        help="address space the scan's own process may add (default 4G); past it the scan"
+        " stops with exit 2",
+    )
     p.add_argument("--all", action="store_true", help="table: show every finding")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     registry.add_arguments(p)
@@ -92,27 +101,8 @@ def run(args: argparse.Namespace) -> int:
         _say(f"error: {problem}")
         return EXIT_BAD_INPUT
     try:
-        if not args.no_progress and sys.stderr.isatty():
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
-
-            with Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=Console(stderr=True),
-                transient=True,
-            ) as bar:
-                report = scan(args.target, options, _progress(bar))
-        else:
-            report = scan(args.target, options)
+        limits = ProcessLimits(memory=args.max_memory)
+        report = run_isolated(lambda: _scan(args, options), limits, args.target)
     except ScanInputError as exc:
         _say(f"error: {exc}")
         return EXIT_BAD_INPUT
@@ -131,6 +121,25 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     worst = report.worst()
     return EXIT_FINDINGS if worst is not None and worst >= Severity.parse(args.fail_on) else 0
+
+
+def _scan(args: argparse.Namespace, options: ScanOptions) -> ScanReport:
+    """The scan itself, in its own process (scan.isolated), with a progress bar on a
+    terminal."""
+    if args.no_progress or not sys.stderr.isatty():
+        return scan(args.target, options)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
+        return scan(args.target, options, _progress(bar))
 
 
 def _say(message: str) -> None:
