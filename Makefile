@@ -22,8 +22,9 @@ $(BPF_OBJ): $(BPF_DIR)/execwatch.bpf.c $(BPF_DIR)/execwatch.h $(BPF_DIR)/compat.
 trace: setup
 	.venv/bin/execwatch trace $(TRACE_ARGS)
 
-test: setup-test
-	.venv/bin/pytest $(PYTEST_ARGS)
+# The Go tools build in the background while the tests that need none run (dev/test.sh).
+test:
+	dev/test.sh $(PYTEST_ARGS)
 
 bench: setup-test
 	.venv/bin/python -m benchmarks $(BENCH_ARGS)

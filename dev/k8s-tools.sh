@@ -6,6 +6,7 @@
 #   dev/k8s-tools.sh [DIR [TOOL...]]   build into DIR (default: $EXECWATCH_K8S_BIN or
 #                                      .cache/k8s-bin) every tool, or only the TOOLs named
 #   TOOL: etcd kube-apiserver helm kubectl node rollouts prometheus
+# (dev/go-tools.sh runs it once per tool, in the order the tests need them.)
 #
 # Builds kube-apiserver, etcd and helm; kubectl too when K8S_TOOLS_KUBECTL=1. With
 # K8S_TOOLS_NODE=1 (the default) also what one real node needs: kubelet,
@@ -24,13 +25,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-KUBERNETES_VERSION=${KUBERNETES_VERSION:-v1.36.3}
+# The node's components are 1.35, not 1.36: kubelet 1.36 refuses containerd 1.x (Debian
+# ships 1.6), and 1.35.4 is the only 1.35 release the module proxy serves. The API server
+# is the same release: its packages are then a subset of the node components' (1,764 of
+# its 1,769 non-standard packages), so one build cache serves both and a fresh machine
+# compiles 80 MB of Go source instead of 136 MB (docs/cluster.md). Either may be set
+# apart (a kubelet may be one minor older than its API server).
+KUBE_NODE_VERSION=${KUBE_NODE_VERSION:-v1.35.4}
+KUBERNETES_VERSION=${KUBERNETES_VERSION:-$KUBE_NODE_VERSION}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 HELM_VERSION=${HELM_VERSION:-v3.20.2}
-# The node's components are 1.35, not 1.36: kubelet 1.36 refuses containerd 1.x (Debian
-# ships 1.6), and 1.35.4 is the only 1.35 release the module proxy serves. A kubelet may
-# be older than its API server (version skew policy). docs/install.md says more.
-KUBE_NODE_VERSION=${KUBE_NODE_VERSION:-v1.35.4}
 # v1.10.2 needs Go >= 1.26.10; v1.10.1 builds with this machine's Go.
 ARGO_ROLLOUTS_VERSION=${ARGO_ROLLOUTS_VERSION:-v1.10.1}
 # Prometheus 3.16 (its Go module is tagged v0.316.0). Debian's prometheus is built
@@ -83,45 +87,76 @@ build() { # name module-dir package ldflags [tags]
   log "built $name in $(( $(date +%s) - t0 ))s"
 }
 
+# kubernetes_module VERSION: the throw-away main module for k8s.io/kubernetes@VERSION in
+# $work/kubernetes-VERSION, with every component this script builds in its tools.go, so
+# that the API server and the node's components share one module (and one build cache)
+# when they are at the same release.
 kubernetes_module() {
-  local src minor
-  [ -f "$work/kubernetes/.ready-$KUBERNETES_VERSION" ] && return 0
-  log "resolving k8s.io/kubernetes@$KUBERNETES_VERSION"
-  src=$(mod_dir "k8s.io/kubernetes@$KUBERNETES_VERSION")
-  [ -n "$src" ] || { log "cannot download k8s.io/kubernetes@$KUBERNETES_VERSION"; exit 1; }
-  minor=${KUBERNETES_VERSION#v1.}
-  new_module kubernetes
+  local version=$1 src minor dir=$work/kubernetes-$1
+  [ -f "$dir/.ready" ] && return 0
+  log "resolving k8s.io/kubernetes@$version"
+  src=$(mod_dir "k8s.io/kubernetes@$version")
+  [ -n "$src" ] || { log "cannot download k8s.io/kubernetes@$version"; exit 1; }
+  minor=${version#v1.}
+  new_module "kubernetes-$version"
   {
-    echo "require k8s.io/kubernetes $KUBERNETES_VERSION"
+    echo "require k8s.io/kubernetes $version"
     echo "replace ("
     # Every `k8s.io/x => ./staging/src/k8s.io/x` becomes `k8s.io/x => k8s.io/x v0.<minor>`.
     sed -n 's#^[[:space:]]*\(k8s\.io/[^ ]*\) => \./staging/src/.*#\t\1 => \1 v0.'"$minor"'#p' "$src/go.mod"
     echo ")"
-  } >>"$work/kubernetes/go.mod"
-  printf 'package tools\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver/app"\n)\n' \
-    >"$work/kubernetes/tools.go"
-  (cd "$work/kubernetes" && go mod tidy >/dev/null)
-  touch "$work/kubernetes/.ready-$KUBERNETES_VERSION"
+  } >>"$dir/go.mod"
+  {
+    printf 'package tools\n\nimport (\n'
+    for app in kube-apiserver kubelet kube-controller-manager kube-scheduler; do
+      printf '\t_ "k8s.io/kubernetes/cmd/%s/app"\n' "$app"
+    done
+    printf ')\n'
+  } >"$dir/tools.go"
+  (cd "$dir" && go mod tidy >/dev/null)
+  touch "$dir/.ready"
 }
 
-k8s_ldflags() {
-  local v=$KUBERNETES_VERSION minor
+k8s_ldflags() { # version
+  local v=$1 minor
   minor=${v#v1.}; minor=${minor%%.*}
   printf -- '-X k8s.io/component-base/version.gitVersion=%s -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=%s -X k8s.io/component-base/version.gitTreeState=clean' "$v" "$minor"
 }
 
+# build_k8s VERSION COMPONENT...: the components not yet built at VERSION, in one
+# `go build` (their links overlap, and the package graph is loaded once).
+build_k8s() {
+  local version=$1 name todo=() pkgs=() t0
+  shift
+  for name in "$@"; do
+    up_to_date "$name" "$version" || todo+=("$name")
+  done
+  [ ${#todo[@]} -gt 0 ] || return 0
+  kubernetes_module "$version"
+  for name in "${todo[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$name"); done
+  t0=$(date +%s)
+  rm -rf "$out/.tmp-k8s"
+  mkdir -p "$out/.tmp-k8s"
+  (cd "$work/kubernetes-$version" && nice -n 10 go build -p "$GO_BUILD_PARALLEL" -trimpath \
+    -ldflags "-s -w $(k8s_ldflags "$version")" -o "$out/.tmp-k8s/" "${pkgs[@]}")
+  for name in "${todo[@]}"; do
+    mv "$out/.tmp-k8s/$name" "$out/$name"
+    echo "$version" >"$out/.$name.version"
+  done
+  rmdir "$out/.tmp-k8s"
+  log "built ${todo[*]} $version in $(( $(date +%s) - t0 ))s"
+}
+
 build_kube_apiserver() {
-  up_to_date kube-apiserver "$KUBERNETES_VERSION" && return 0
-  kubernetes_module
-  build kube-apiserver "$work/kubernetes" k8s.io/kubernetes/cmd/kube-apiserver "$(k8s_ldflags)"
-  echo "$KUBERNETES_VERSION" >"$out/.kube-apiserver.version"
+  build_k8s "$KUBERNETES_VERSION" kube-apiserver
 }
 
 build_kubectl() {
   up_to_date kubectl "$KUBERNETES_VERSION" && return 0
-  kubernetes_module
-  (cd "$work/kubernetes" && go get "k8s.io/kubectl@v0.${KUBERNETES_VERSION#v1.}" >/dev/null)
-  build kubectl "$work/kubernetes" k8s.io/kubernetes/cmd/kubectl "$(k8s_ldflags)"
+  kubernetes_module "$KUBERNETES_VERSION"
+  (cd "$work/kubernetes-$KUBERNETES_VERSION" && go get "k8s.io/kubectl@v0.${KUBERNETES_VERSION#v1.}" >/dev/null)
+  build kubectl "$work/kubernetes-$KUBERNETES_VERSION" k8s.io/kubernetes/cmd/kubectl \
+    "$(k8s_ldflags "$KUBERNETES_VERSION")"
   echo "$KUBERNETES_VERSION" >"$out/.kubectl.version"
 }
 
@@ -148,40 +183,8 @@ build_helm() {
 
 # -- one real node: kubelet, controller-manager, scheduler (KUBE_NODE_VERSION) -------------
 
-# The same throw-away module as kubernetes_module, at the node's release, in its own
-# directory so the two releases never share a go.mod.
-kubernetes_node_module() {
-  local src minor dir=$work/kubernetes-node
-  [ -f "$dir/.ready-$KUBE_NODE_VERSION" ] && return 0
-  log "resolving k8s.io/kubernetes@$KUBE_NODE_VERSION"
-  src=$(mod_dir "k8s.io/kubernetes@$KUBE_NODE_VERSION")
-  [ -n "$src" ] || { log "cannot download k8s.io/kubernetes@$KUBE_NODE_VERSION"; exit 1; }
-  minor=${KUBE_NODE_VERSION#v1.}
-  new_module kubernetes-node
-  {
-    echo "require k8s.io/kubernetes $KUBE_NODE_VERSION"
-    echo "replace ("
-    sed -n 's#^[[:space:]]*\(k8s\.io/[^ ]*\) => \./staging/src/.*#\t\1 => \1 v0.'"$minor"'#p' "$src/go.mod"
-    echo ")"
-  } >>"$dir/go.mod"
-  printf 'package tools\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kubelet/app"\n\t_ "k8s.io/kubernetes/cmd/kube-controller-manager/app"\n\t_ "k8s.io/kubernetes/cmd/kube-scheduler/app"\n)\n' \
-    >"$dir/tools.go"
-  (cd "$dir" && go mod tidy >/dev/null)
-  touch "$dir/.ready-$KUBE_NODE_VERSION"
-}
-
-build_node_component() { # name
-  up_to_date "$1" "$KUBE_NODE_VERSION" && return 0
-  kubernetes_node_module
-  build "$1" "$work/kubernetes-node" \
-    "k8s.io/kubernetes/cmd/$1" "$(KUBERNETES_VERSION=$KUBE_NODE_VERSION k8s_ldflags)"
-  echo "$KUBE_NODE_VERSION" >"$out/.$1.version"
-}
-
 build_node() {
-  build_node_component kubelet
-  build_node_component kube-controller-manager
-  build_node_component kube-scheduler
+  build_k8s "$KUBE_NODE_VERSION" kubelet kube-controller-manager kube-scheduler
 }
 
 # -- Argo Rollouts: the controller and its CRDs ----------------------------------------------
@@ -247,6 +250,6 @@ wanted kube-apiserver && build_kube_apiserver
 wanted helm && build_helm
 wanted kubectl "${K8S_TOOLS_KUBECTL:-0}" && build_kubectl
 wanted node "${K8S_TOOLS_NODE:-1}" && build_node
-wanted rollouts "${K8S_TOOLS_NODE:-1}" && build_argo_rollouts
 wanted prometheus "${K8S_TOOLS_NODE:-1}" && build_prometheus
+wanted rollouts "${K8S_TOOLS_NODE:-1}" && build_argo_rollouts
 log "tools ready in $out ($(( $(date +%s) - t_start ))s)"

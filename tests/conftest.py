@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import os
+import time
+import types
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
 from execwatch.logs import KeyValueFormatter
 from tests.attribution.containerd_env import Containerd
+from tests.gotools import TOOLS, BuildRun, ToolUnavailable, order_key, tools_needed
 
 REPO = Path(__file__).resolve().parent.parent
 FOREIGN = REPO / ".cache" / "foreign"
+GO_TOOLS = pytest.StashKey[dict[str, ToolUnavailable | None]]()  # tool -> why not, once known
 
 
 @pytest.fixture(scope="session")
@@ -42,3 +47,68 @@ def no_cli_log_handler() -> Iterator[None]:
     yield
     root = logging.getLogger()
     root.handlers[:] = [h for h in root.handlers if not isinstance(h.formatter, KeyValueFormatter)]
+
+
+def _tools(item: pytest.Item) -> frozenset[str]:
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs if info is not None else {}
+    fixtures = [(d[-1].func.__module__, name) for name, d in defs.items() if d]
+    module = getattr(item, "module", None)
+    modules = [module.__name__] if isinstance(module, types.ModuleType) else []
+    for value in vars(module).values() if modules else ():
+        if isinstance(value, types.ModuleType):
+            modules.append(value.__name__)
+        elif isinstance(name := getattr(value, "__module__", None), str):
+            modules.append(name)
+    return tools_needed(modules, fixtures)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that need no Go tool first, then by the build order of the tools they need
+    (tests/gotools.py), so that `make test` runs them while the tools build. A directory
+    moves as a whole, in its own order (tests/node's modules depend on theirs)."""
+    keys: dict[Path, int] = {}
+    for item in items:
+        d = item.path.parent
+        keys[d] = max(keys.get(d, -1), order_key(_tools(item)))
+    items.sort(key=lambda item: keys[item.path.parent])
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    """Wait for the Go tools this test needs while `make test` builds them: outside
+    the test's own timeout, which starts inside."""
+    run = BuildRun.from_env(os.environ)
+    if run is not None:
+        known = item.config.stash.setdefault(GO_TOOLS, {})
+        needed = _tools(item)
+        for tool in sorted(needed - known.keys(), key=TOOLS.index):
+            if any(known.get(t) for t in needed):
+                break  # this test fails anyway
+            known[tool] = _wait(item.config, run, tool)
+    return (yield)
+
+
+def _wait(config: pytest.Config, run: BuildRun, tool: str) -> ToolUnavailable | None:
+    state = run.check(tool)
+    if state is not False:
+        return None if state is True else state
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    say = reporter.write_line if reporter is not None else print
+    say(f"waiting for the Go tool {tool} (building: {run.log(tool)})")
+    t0 = time.monotonic()
+    unavailable = run.wait(tool)
+    outcome = "ready" if unavailable is None else "NOT AVAILABLE"
+    say(f"{tool}: {outcome} after {time.monotonic() - t0:.0f} s")
+    return unavailable
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test whose tool could not be built fails, with the end of the build's log."""
+    known = item.config.stash.get(GO_TOOLS, {})
+    for tool in sorted(_tools(item), key=TOOLS.index):
+        unavailable = known.get(tool)
+        if unavailable is not None:
+            pytest.fail(unavailable.message(), pytrace=False)

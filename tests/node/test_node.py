@@ -18,7 +18,7 @@ def test_node_is_ready_and_schedulable_with_the_pinned_versions(node: Node) -> N
     conds = {c.type: c.status for c in n.status.conditions}
     assert conds["Ready"] == "True"
     version = client.VersionApi(node.client()).get_code()
-    assert version.git_version == "v1.36.3"
+    assert version.git_version == "v1.35.4"
 
 
 def test_a_pod_runs_on_the_bridge(node: Node) -> None:
