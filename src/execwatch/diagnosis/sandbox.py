@@ -25,7 +25,6 @@ import logging
 import math
 import mmap
 import os
-import resource
 import signal
 import struct
 import threading
@@ -36,6 +35,7 @@ from typing import Protocol, runtime_checkable
 
 from execwatch.diagnosis.budget import Attempt, SlowMounts, blocked_in_kernel
 from execwatch.record import Diagnosis, KernelEvent, Reason
+from execwatch.rlimits import limit_cpu, limit_memory
 
 log = logging.getLogger(__name__)
 
@@ -462,7 +462,8 @@ def _serve(
     # agent replaces it) before the agent. Raising the score needs no capability.
     with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as score:
         score.write("1000")
-    memory = _limit_memory(limits.memory)
+    limit_memory(limits.memory)
+    memory = limits.memory
     cpu_s = limits.cpu_s or math.ceil(deadline) + 1
     if slow is not None:  # CLOCK_MONOTONIC is the whole system's: the agent reads `since`
         slow.after_fork(lambda mount: WHERE.pack_into(where, 0, time.monotonic(), mount.mount_id))
@@ -478,7 +479,7 @@ def _serve(
         WHERE.pack_into(where, 0, 0.0, 0)
         if slow is not None:
             slow.adopt(refusals)
-        _limit_cpu(cpu_s)
+        limit_cpu(cpu_s)
         try:
             conn.send(("done", diagnoser.diagnose(event)))
         except MemoryError:
@@ -487,29 +488,3 @@ def _serve(
         except Exception as exc:  # a bug degrades this record only
             log.exception("diagnosis failed", extra={"kv": {"path": event.path}})
             conn.send(("failed", repr(exc)))
-
-
-def _limit_memory(extra: int) -> int:
-    """RLIMIT_AS: what the worker inherited plus `extra`; returns `extra`."""
-    used = _address_space()
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    soft = used + extra if hard == resource.RLIM_INFINITY else min(hard, used + extra)
-    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-    return extra
-
-
-def _address_space() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def _limit_cpu(seconds: int) -> None:
-    """RLIMIT_CPU counts a process's whole life: the soft limit moves before each call."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    used = math.ceil(usage.ru_utime + usage.ru_stime)
-    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
-    soft = used + seconds if hard == resource.RLIM_INFINITY else min(hard, used + seconds)
-    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
-import resource
 import select
 import signal
 import time
@@ -21,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from execwatch.rlimits import limit_cpu, limit_memory
 from execwatch.scan.errors import ScanInputError
 
 T = TypeVar("T")
@@ -63,7 +63,8 @@ def run_isolated(work: Callable[[], T], limits: ProcessLimits, what: str) -> T:
 def _child(work: Callable[[], Any], limits: ProcessLimits, write_end: int) -> None:
     code = 0
     try:
-        _limit(limits)
+        limit_memory(limits.memory)
+        limit_cpu(limits.cpu_s)
         try:
             payload: tuple[str, Any] = ("ok", work())
         except MemoryError:
@@ -77,28 +78,6 @@ def _child(work: Callable[[], Any], limits: ProcessLimits, write_end: int) -> No
         code = 4
     finally:
         os._exit(code)
-
-
-def _limit(limits: ProcessLimits) -> None:
-    used = _address_space()
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    soft = used + limits.memory
-    resource.setrlimit(
-        resource.RLIMIT_AS, (soft if hard == resource.RLIM_INFINITY else min(hard, soft), hard)
-    )
-    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
-    cpu = limits.cpu_s
-    resource.setrlimit(
-        resource.RLIMIT_CPU, (cpu if hard == resource.RLIM_INFINITY else min(hard, cpu), hard)
-    )
-
-
-def _address_space() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def _picklable(exc: BaseException) -> BaseException:
