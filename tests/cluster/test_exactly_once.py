@@ -155,6 +155,7 @@ def test_counts_are_exact_through_injected_faults_and_leader_changes(
     )
     assert proxy.total() >= 300, proxy.faults
     assert proxy.faults["drop_reply"] + proxy.faults["reset_after"] >= 50
+    assert proxy.faults["refuse_429_apf"] >= 10  # the API server's own 429: no Status body
     assert changes == 4
     assert dropped == 0 and published == caused
     assert counted == caused

@@ -4,7 +4,10 @@ It terminates TLS with the API server's own serving certificate (valid for 127.0
 so clients keep verifying against the cluster CA), forwards each HTTP/1.1 request on a
 connection of its own to the API server, and for a chosen share of requests instead:
 
-- `refuse_429` / `refuse_500` / `refuse_503`: answers itself, without forwarding;
+- `refuse_429` / `refuse_500` / `refuse_503`: answers itself with a Status, without forwarding;
+- `refuse_429_apf`: answers as kube-apiserver's priority-and-fairness filter rejects a
+  request (`tooManyRequests` in apiserver/pkg/server/filters/priority-and-fairness.go):
+  429, Retry-After, and a text/plain body, not a Status;
 - `delay`: waits 20-300 ms, then forwards;
 - `reset_before`: resets the client's connection without forwarding;
 - `drop_reply`: forwards, lets the API server act, then closes without answering;
@@ -33,6 +36,7 @@ from pathlib import Path
 
 KINDS = (
     "refuse_429",
+    "refuse_429_apf",
     "refuse_500",
     "refuse_503",
     "delay",
@@ -150,6 +154,9 @@ class FaultProxy:
     ) -> bool:
         """Serve one request; False when the connection is finished."""
         fault = self._choose(req)
+        if fault == "refuse_429_apf":
+            _answer_plain(conn, 429, b"Too many requests, please try again later.\n")
+            return True
         if fault and fault.startswith("refuse_"):
             status = int(fault.removeprefix("refuse_"))
             _answer(conn, status, {"Retry-After": "0"} if status == 429 else {})
@@ -234,6 +241,13 @@ def _read_request(rfile: object) -> Request | None:
         raise ValueError("chunked request bodies are not supported")
     body = rfile.read(length) if length else b""  # type: ignore[attr-defined]
     return Request(method, target, headers, body)
+
+
+def _answer_plain(conn: ssl.SSLSocket, status: int, body: bytes) -> None:
+    head = [f"HTTP/1.1 {status} Too Many Requests", "Content-Type: text/plain; charset=utf-8"]
+    head += ["Retry-After: 1", "X-Content-Type-Options: nosniff"]
+    head += [f"Content-Length: {len(body)}", "", ""]
+    conn.sendall("\r\n".join(head).encode() + body)
 
 
 def _answer(conn: ssl.SSLSocket, status: int, extra: dict[str, str]) -> None:

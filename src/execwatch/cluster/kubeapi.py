@@ -72,6 +72,11 @@ def translate() -> Iterator[None]:
         raise errors.from_status(
             code, str(status.reason or ""), str(status.message or "")[:1024], headers
         ) from None
+    except httpx2.HTTPStatusError as exc:  # an error answer whose body is not a Status (429)
+        answer = exc.response
+        raise errors.from_status(
+            answer.status_code, answer.reason_phrase, answer.text[:1024], dict(answer.headers)
+        ) from None
     except (httpx2.TransportError, OSError) as exc:  # no answer: resets, timeouts, TLS
         raise errors.RetryableError(0, type(exc).__name__, str(exc)[:256]) from None
     except ValueError as exc:  # an error answer that is not a Status (a proxy's page)

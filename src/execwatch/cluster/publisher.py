@@ -517,6 +517,11 @@ class Publisher:
             self._done(entry, published=True)
         except errors.ApiError as err:
             self._failed(entry, err)
+        except Exception as exc:  # a client bug must not end the one thread that publishes
+            log.exception(
+                "unexpected error creating a record", extra={"kv": {"record": entry.name}}
+            )
+            self._failed(entry, errors.RetryableError(0, type(exc).__name__, str(exc)[:256]))
         else:
             self._done(entry, published=True)
 
