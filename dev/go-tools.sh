@@ -6,6 +6,7 @@
 #   etcd, kube-apiserver    tests/audit, tests/cluster, tests/kube
 #   helm                    tests/deploy, the node's install
 #   node                    kubelet, controller-manager, scheduler: tests/node
+#   kwok                    simulated nodes: tests/fleet
 #   prometheus              tests/node/test_story_prometheus.py
 #   rollouts                tests/node/test_story_rollout.py
 #
@@ -20,7 +21,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-TOOLS=(registry etcd kube-apiserver helm node prometheus rollouts)
+TOOLS=(registry etcd kube-apiserver helm node kwok prometheus rollouts)
 
 run=${1:-}
 k8s_bin=${EXECWATCH_K8S_BIN:-$PWD/.cache/k8s-bin}

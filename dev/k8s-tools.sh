@@ -5,7 +5,7 @@
 #
 #   dev/k8s-tools.sh [DIR [TOOL...]]   build into DIR (default: $EXECWATCH_K8S_BIN or
 #                                      .cache/k8s-bin) every tool, or only the TOOLs named
-#   TOOL: etcd kube-apiserver helm kubectl node rollouts prometheus
+#   TOOL: etcd kube-apiserver helm kubectl node kwok rollouts prometheus
 # (dev/go-tools.sh runs it once per tool, in the order the tests need them.)
 #
 # Builds kube-apiserver, etcd and helm; kubectl too when K8S_TOOLS_KUBECTL=1. With
@@ -42,6 +42,8 @@ ARGO_ROLLOUTS_VERSION=${ARGO_ROLLOUTS_VERSION:-v1.10.1}
 # is compiled in (plugins/plugin_kubernetes.go: `!remove_all_sd || enable_kubernetes_sd`;
 # file and http discovery always are), and no UI assets (they need the `builtinassets`
 # tag): the cold build is cheaper (docs/cluster.md).
+# KWOK simulates nodes for tests/fleet (its go.mod has no replace directives: go install).
+KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
 PROMETHEUS_VERSION=${PROMETHEUS_VERSION:-v0.316.0}
 PROMETHEUS_TAGS=${PROMETHEUS_TAGS-remove_all_sd,enable_kubernetes_sd}  # "": every discovery
 # Two cores are shared with other work: keep the compiler from taking both.
@@ -236,6 +238,19 @@ build_prometheus() {
   echo "$stamp" >"$out/.prometheus.version"
 }
 
+# -- KWOK: simulated nodes -----------------------------------------------------------------
+
+build_kwok() {
+  up_to_date kwok "$KWOK_VERSION" && return 0
+  local t0
+  t0=$(date +%s)
+  log "building kwok $KWOK_VERSION"
+  (cd "$work" && GOBIN="$out" nice -n 10 go install -p "$GO_BUILD_PARALLEL" -trimpath \
+    "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION")
+  echo "$KWOK_VERSION" >"$out/.kwok.version"
+  log "built kwok in $(( $(date +%s) - t0 ))s"
+}
+
 wanted() { # tool [default]: named on the command line, or no tool named and default 1
   case $only in
     "  ") [ "${2:-1}" = 1 ] ;;
@@ -250,6 +265,7 @@ wanted kube-apiserver && build_kube_apiserver
 wanted helm && build_helm
 wanted kubectl "${K8S_TOOLS_KUBECTL:-0}" && build_kubectl
 wanted node "${K8S_TOOLS_NODE:-1}" && build_node
+wanted kwok "${K8S_TOOLS_NODE:-1}" && build_kwok
 wanted prometheus "${K8S_TOOLS_NODE:-1}" && build_prometheus
 wanted rollouts "${K8S_TOOLS_NODE:-1}" && build_argo_rollouts
 log "tools ready in $out ($(( $(date +%s) - t_start ))s)"

@@ -22,7 +22,7 @@ POLL_S = 2.0
 LOG_TAIL_LINES = 30
 
 # dev/go-tools.sh's order, which is also the order of the tests that need them.
-TOOLS = ("registry", "etcd", "kube-apiserver", "helm", "node", "prometheus", "rollouts")
+TOOLS = ("registry", "etcd", "kube-apiserver", "helm", "node", "kwok", "prometheus", "rollouts")
 
 KUBE = frozenset({"etcd", "kube-apiserver"})
 # (module defining the fixture, fixture name) -> the tools behind it
@@ -32,6 +32,7 @@ FIXTURE_TOOLS: Mapping[tuple[str, str], frozenset[str]] = {
     ("tests.node.conftest", "node"): KUBE | {"node"},
     ("tests.node.conftest", "release"): frozenset({"helm"}),
     ("tests.node.conftest", "prometheus"): frozenset({"prometheus"}),
+    ("tests.fleet.conftest", "fleet"): KUBE | {"node", "kwok"},
 }
 # Module name prefix -> tools, for a test module by its own name and by the names it
 # imports (a test that starts a tool itself, not through a fixture).
@@ -41,6 +42,7 @@ MODULE_TOOLS: Mapping[str, frozenset[str]] = {
     "tests.deploy.": frozenset({"helm"}),
     "tests.node.": KUBE | {"node", "helm"},
     "tests.node.test_story_rollout": frozenset({"rollouts"}),
+    "tests.fleet.": KUBE | {"node", "kwok"},
 }
 
 

@@ -19,6 +19,7 @@ VERSIONS = {  # every pin of dev/k8s-tools.sh and dev/registry-tool.sh, overridd
     "HELM_VERSION": "vtest",
     "ARGO_ROLLOUTS_VERSION": "vtest",
     "PROMETHEUS_VERSION": "vtest",
+    "KWOK_VERSION": "vtest",
     "PROMETHEUS_TAGS": "",
     "REGISTRY_VERSION": "vtest",
 }
@@ -30,6 +31,7 @@ BINARIES = {  # k8s-bin binary -> its version stamp under VERSIONS
     "kube-controller-manager": "v1.0.0",
     "kube-scheduler": "v1.0.0",
     "rollouts-controller": "vtest",
+    "kwok": "vtest",
     "prometheus": "vtest tags=",
 }
 

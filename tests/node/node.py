@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -93,6 +93,49 @@ def find_node_binaries() -> dict[str, Path]:
             "the Kubernetes binaries; Debian's containernetworking-plugins and iptables)"
         )
     return found
+
+
+def controller_argvs(
+    bins: dict[str, Path],
+    kubeconfig: Path,
+    pki: Path,
+    workdir: Path,
+    service_range: str,
+    controller_manager_args: Sequence[str] = (),
+    scheduler_args: Sequence[str] = (),
+) -> dict[str, list[str]]:
+    """kube-controller-manager and kube-scheduler against the API server of `kubeconfig`,
+    `pki` holding make_pki's CA and ServiceAccount key: this node's, and tests/fleet's."""
+    return {
+        "kube-controller-manager": [
+            str(bins["kube-controller-manager"]),
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--root-ca-file={pki / 'ca.crt'}",
+            f"--service-cluster-ip-range={service_range}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}",
+            f"--cert-dir={workdir / 'kcm-certs'}",
+            "--leader-elect=false",
+            "--use-service-account-credentials=false",
+            "--v=1",
+            *controller_manager_args,
+        ],
+        "kube-scheduler": [
+            str(bins["kube-scheduler"]),
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}",
+            f"--cert-dir={workdir / 'scheduler-certs'}",
+            "--leader-elect=false",
+            "--v=1",
+            *scheduler_args,
+        ],
+    }
 
 
 def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -328,43 +371,15 @@ class Node:
         wait_for("kube-apiserver /readyz", ready, timeout, every=0.25)
 
     def _start_controllers(self) -> None:
-        kubeconfig = str(self.kubeconfig)
-        self._proc(
-            "kube-controller-manager",
-            [
-                str(self.bins["kube-controller-manager"]),
-                f"--kubeconfig={kubeconfig}",
-                f"--authentication-kubeconfig={kubeconfig}",
-                f"--authorization-kubeconfig={kubeconfig}",
-                f"--service-account-private-key-file={self.pki / 'sa.key'}",
-                f"--root-ca-file={self.pki / 'ca.crt'}",
-                f"--service-cluster-ip-range={SERVICE_RANGE}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={free_port()}",
-                f"--cert-dir={self.workdir / 'kcm-certs'}",
-                "--leader-elect=false",
-                "--use-service-account-credentials=false",
-                # 2 minutes instead of the default 5: still longer than an install and the
-                # agent's 30 s refusal grace (what test_story proves survives), 3 minutes less
-                # of every `make test`.
-                f"--resource-quota-sync-period={QUOTA_RESYNC:.0f}s",
-                "--v=1",
-            ],
-        )
-        self._proc(
-            "kube-scheduler",
-            [
-                str(self.bins["kube-scheduler"]),
-                f"--kubeconfig={kubeconfig}",
-                f"--authentication-kubeconfig={kubeconfig}",
-                f"--authorization-kubeconfig={kubeconfig}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={free_port()}",
-                f"--cert-dir={self.workdir / 'scheduler-certs'}",
-                "--leader-elect=false",
-                "--v=1",
-            ],
-        )
+        # A quota resync every 2 minutes instead of the default 5: still longer than an
+        # install and the agent's 30 s refusal grace (what test_story proves survives),
+        # 3 minutes less of every `make test`.
+        argvs = controller_argvs(
+            self.bins, self.kubeconfig, self.pki, self.workdir, SERVICE_RANGE,
+            controller_manager_args=[f"--resource-quota-sync-period={QUOTA_RESYNC:.0f}s"],
+        )  # fmt: skip
+        for name, argv in argvs.items():
+            self._proc(name, argv)
 
     def _start_containerd(self) -> None:
         self.containerd = Containerd(
