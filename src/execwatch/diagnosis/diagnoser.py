@@ -134,20 +134,23 @@ class FileDiagnoser:
         return self._resolver.open_regular(root, path)
 
     def _open_fd_target(self, root: Root, event: KernelEvent) -> int:
-        """Through the caller's fd while it lives; then by the path inside its root that the
-        kernel recorded, if that is still the very same file (device and inode)."""
+        """Through the caller's fd while it lives and still holds the file the kernel
+        recorded (device and inode: the pid may have been reused); then by the path inside
+        its root that the kernel recorded, if that is still the very same file."""
         try:
             path_fd = os.open(f"/proc/{event.tgid}/fd/{event.dirfd}", os.O_PATH)
         except OSError:
+            path_fd = -1
+        if path_fd >= 0 and not _same_file(path_fd, event):
+            os.close(path_fd)  # another process's fd under a reused pid
+            path_fd = -1
+        if path_fd < 0:
             if event.base_path is None:
-                raise
+                raise FileNotFoundError(errno.ENOENT, "the caller's fd is gone", event.path)
             path_fd = self._resolver.lookup(root, event.base_path)
-            st = os.fstat(path_fd)
-            if (st.st_ino, st.st_dev) != (event.base_ino, event.base_dev):
+            if not _same_file(path_fd, event):
                 os.close(path_fd)
-                raise FileNotFoundError(
-                    errno.ENOENT, "the fd's file was replaced", event.base_path
-                ) from None
+                raise FileNotFoundError(errno.ENOENT, "the fd's file was replaced", event.base_path)
         return reopen_regular(path_fd, event.path, self._slow)
 
     def _unreadable_reason(self, ctx: _Context) -> Reason:
@@ -286,3 +289,11 @@ def _container_of(containers: ContainerIds, event: KernelEvent) -> str | None:
     return containers.container_id(
         event.cgroup_id, event.tgid, name=event.cgroup_name, parent_id=event.cgroup_parent_id
     )
+
+
+def _same_file(fd: int, event: KernelEvent) -> bool:
+    """The fd is the file the kernel recorded for fexecve (when it recorded one)."""
+    if not event.base_ino:
+        return True
+    st = os.fstat(fd)
+    return (st.st_ino, st.st_dev) == (event.base_ino, event.base_dev)
