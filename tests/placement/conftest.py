@@ -16,8 +16,10 @@ from execwatch.placement.webhook import http_handler
 from tests.kube.cluster import KubeCluster, make_pki
 from tests.kube.fixtures import admin, kube
 from tests.placement.cluster import OWN_NAMESPACE, configuration
+from tests.registry.fixtures import pushed, registry
+from tests.scan.conftest import built, host_glibc, host_musl
 
-__all__ = ["admin", "kube"]
+__all__ = ["admin", "built", "host_glibc", "host_musl", "kube", "pushed", "registry"]
 
 
 @pytest.fixture(scope="module")
