@@ -73,6 +73,11 @@ class Attribution:
     cgroup_path: str | None = None
     runtime: str | None = None
     container_id: str | None = None
+    # The caller's root, opened in the agent before the event goes to a diagnosis worker
+    # (a dying task or container is gone within milliseconds; the open fd pins its file
+    # system): the worker's fd for it, -1 when none was opened.
+    root_fd: int = -1
+    root_description: str = ""
     pod_uid: str | None = None
     namespace: str | None = None
     pod: str | None = None
@@ -124,6 +129,11 @@ class KernelEvent:
     # before the event goes to a diagnosis worker, whose copy of the inventory is as old as
     # the worker ("": looked up, none; None: not looked up).
     container_id: str | None = None
+    # The caller's root, opened in the agent before the event goes to a diagnosis worker
+    # (a dying task or container is gone within milliseconds; the open fd pins its file
+    # system): the worker's fd for it, -1 when none was opened.
+    root_fd: int = -1
+    root_description: str = ""
 
     @property
     def early_death(self) -> bool:

@@ -142,7 +142,9 @@ def trace_loop(
 ) -> int:
     registry = CollectorRegistry()
     metrics = NodeMetrics(registry, probe)
-    slow = SlowMounts()
+    # A call held by the kernel for a quarter of the budget makes its mount suspect: a
+    # larger budget (a slow or emulated machine) lets slow file systems be slow.
+    slow = SlowMounts(suspect_after=max(0.25, args.diagnosis_budget / 4))
     pipeline = NodePipeline(
         FileDiagnoser.for_host(attributor, slow),
         Printer(sys.stdout, as_json=args.json),

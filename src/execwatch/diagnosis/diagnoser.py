@@ -72,10 +72,16 @@ class FileDiagnoser:
 
     def prepare(self, event: KernelEvent) -> KernelEvent:
         """In the agent, before a diagnosis worker takes the event: what only the agent's
-        live state knows (the container of the cgroup, from the attribution inventory)."""
-        if self._containers is None or event.container_id is not None:
+        live state knows (the container of the cgroup, from the attribution inventory), and
+        the caller's root, opened now (`root_fd`, the caller's to close): a dying task or
+        container is gone within milliseconds, and the open fd pins its file system."""
+        if self._containers is not None and event.container_id is None:
+            container = _container_of(self._containers, event) or ""
+            event = dataclasses.replace(event, container_id=container)
+        root = self._locator.open(event)
+        if root is None:
             return event
-        return dataclasses.replace(event, container_id=_container_of(self._containers, event) or "")
+        return dataclasses.replace(event, root_fd=root.fd, root_description=root.description)
 
     def __init__(
         self,

@@ -32,6 +32,8 @@ class RootLocator:
         self._peer_by_root: OrderedDict[tuple[int, int], int] = OrderedDict()  # bounded LRU
 
     def open(self, event: KernelEvent) -> Root | None:
+        if event.root_fd >= 0:  # opened by the agent before the worker took the event
+            return Root(os.dup(event.root_fd), event.root_description)
         for pid in (event.tgid, event.ppid):
             root = self._open_pid_root(pid, event)
             if root:

@@ -19,6 +19,7 @@ that worker, which is then killed at its deadline like any other.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import gc
 import logging
@@ -31,6 +32,7 @@ import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, Pipe, wait
+from multiprocessing.reduction import recv_handle, send_handle
 from typing import Protocol, runtime_checkable
 
 from execwatch.diagnosis.budget import Attempt, SlowMounts, blocked_in_kernel
@@ -184,7 +186,13 @@ class DiagnosisPool:
             refusals = self._slow.refusals() if self._slow is not None else ()
             if isinstance(self._diagnoser, Preparing):
                 event = self._diagnoser.prepare(event)
-            worker.conn.send((event, refusals))
+            try:
+                worker.conn.send((event, refusals))
+                if event.root_fd >= 0:  # the worker gets its own copy of the open root
+                    send_handle(worker.conn, event.root_fd, worker.pid)
+            finally:
+                if event.root_fd >= 0:
+                    os.close(event.root_fd)
             outcome, healthy = self._await(worker)
         except OSError as exc:  # the worker's end is gone: it died between calls
             outcome = self._death(worker, exc)
@@ -476,6 +484,8 @@ def _serve(
         if job is None:
             return 0
         event, refusals = job
+        if event.root_fd >= 0:
+            event = dataclasses.replace(event, root_fd=recv_handle(conn))
         WHERE.pack_into(where, 0, 0.0, 0)
         if slow is not None:
             slow.adopt(refusals)
@@ -488,3 +498,6 @@ def _serve(
         except Exception as exc:  # a bug degrades this record only
             log.exception("diagnosis failed", extra={"kv": {"path": event.path}})
             conn.send(("failed", repr(exc)))
+        finally:
+            if event.root_fd >= 0:
+                os.close(event.root_fd)
