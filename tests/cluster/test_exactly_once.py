@@ -155,7 +155,6 @@ def test_counts_are_exact_through_injected_faults_and_leader_changes(
     )
     assert proxy.total() >= 300, proxy.faults
     assert proxy.faults["drop_reply"] + proxy.faults["reset_after"] >= 50
-    assert proxy.faults["refuse_429_apf"] >= 10  # the API server's own 429: no Status body
     assert changes == 4
     assert dropped == 0 and published == caused
     assert counted == caused
@@ -317,3 +316,38 @@ def test_rest_never_retries_on_its_own(kube: KubeCluster, proxy: FaultProxy) -> 
             rest.call("GET", "/api/v1/namespaces/execwatch")
     assert err.value.status == 0 and err.value.may_have_acted
     assert proxy.requests == 1
+
+
+def test_the_api_servers_own_429s_never_stop_the_publisher(
+    kube: KubeCluster, admin: client.ApiClient, make_pod: PodFactory
+) -> None:
+    """Half of the agent's creates answered as kube-apiserver's priority-and-fairness filter
+    rejects a request (429, Retry-After, a text/plain body, not a Status): every record is
+    created once, none is dropped, the publishing thread lives on."""
+    pki = kube.workdir / "pki"
+    proxy = FaultProxy(
+        kube.port, pki / "serving.crt", pki / "serving.key", kube.ca, rate=0.5, seed=3,
+        kinds=("refuse_429_apf",), select=lambda req: req.method == "POST",
+    ).start()  # fmt: skip
+    pod = make_pod(name="app-7d9f8b6c5d-apf00")
+    publisher = Publisher(
+        PublisherConfig(node=NODE, aggregation_window=0.2, rate=500, burst=200,
+                        backoff_initial=0.05, backoff_max=0.5),
+        RecordApi(
+            kubeapi.client_for(proxy.url, str(kube.ca), kube.node_token(*AGENT_SA, NODE)),
+            crd.DEFAULT_NAMESPACE,
+        ),
+    )  # fmt: skip
+    publisher.start()
+    try:
+        for i in range(40):
+            publisher.submit(exec_failure(pod=pod, path=f"/usr/bin/tool-{i}"))
+        wait_until(lambda: len(list_records(admin)) >= 40, timeout=120)
+    finally:
+        publisher.stop(flush_timeout=30)
+        proxy.stop()
+    assert proxy.faults["refuse_429_apf"] >= 10
+    assert len(list_records(admin)) == 40
+    assert publisher.metrics.registry.get_sample_value(
+        "execwatch_publisher_dropped_total", {"type": "rejected"}
+    ) in (None, 0.0)

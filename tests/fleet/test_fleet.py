@@ -24,7 +24,6 @@ from execwatch.cluster.handler import Handler, HandlerConfig
 from execwatch.cluster.kubeapi import RecordApi
 from execwatch.cluster.metrics import HandlerMetrics
 from execwatch.cluster.publisher import Publisher, PublisherConfig
-from execwatch.record import Reason
 from tests.cluster.records import exec_failure
 from tests.fleet.conftest import NODES, AgentFleet
 from tests.fleet.kwok import FLEET_LABEL, TOLERATION
@@ -162,44 +161,6 @@ def test_the_fleet_is_100_nodes_of_two_architectures_and_1000_running_pods(
     assert set(shop.pods) == {n.name for n in nodes}
     assert all(set(w) == set(WORKLOADS) for w in shop.pods.values())
     assert set(fleet.agents) == {n.name for n in nodes}
-
-
-def test_every_failure_published_by_the_agents_is_counted_once_per_workload_and_node(
-    fleet: AgentFleet, shop: Shop, handler: Handler
-) -> None:
-    caused: Counts = collections.Counter()
-    agents = [agent(fleet, n.name) for n in fleet.fleet.nodes[::SAMPLE]]
-    arch = {n.name: n.arch for n in fleet.fleet.nodes}
-    try:
-        for i, a in enumerate(agents):
-            # Each sampled node: a few workloads crash-loop, each a different number of times
-            # (repeats fold into one record per key within the aggregation window).
-            for j, workload in enumerate(WORKLOADS[i % 3 :: 3]):
-                repeats = 1 + (i + j) % 4
-                failure = exec_failure(
-                    pod=shop.pods[a.node][workload],
-                    reason=Reason.FOREIGN_ARCHITECTURE,
-                    node_arch=arch[a.node],
-                    binary_arch=OTHER_ARCH[arch[a.node]],
-                )
-                for _ in range(repeats):
-                    a.publisher.submit(failure)
-                caused[(workload, a.node, arch[a.node])] += repeats
-    finally:
-        for a in agents:
-            a.close()
-    assert sum(a.publisher.spooled() for a in agents) == 0
-
-    total = sum(caused.values())
-    wait_until(lambda: sum(counted(handler).values()) >= total and not records(fleet), 180)
-    wait_until(handler.idle, 10)
-    assert counted(handler, "workload", "node", "node_arch") == caused
-    by_workload: Counts = collections.Counter()
-    for (workload, _, _), n in caused.items():
-        by_workload[(workload,)] += n
-    assert counted(handler, "workload") == by_workload
-    assert len(by_workload) == len(WORKLOADS)
-    assert sum(counted(handler, "node_arch").get((a,), 0) for a in ("amd64", "arm64")) == total
 
 
 def test_an_agent_speaking_for_another_node_is_refused_at_admission(

@@ -34,9 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-KINDS = (
+KINDS = (  # the default mix; refuse_429_apf is chosen by the tests that want it
     "refuse_429",
-    "refuse_429_apf",
     "refuse_500",
     "refuse_503",
     "delay",
