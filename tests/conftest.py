@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from execwatch.logs import KeyValueFormatter
+from execwatch.pipeline import NodePipeline
 from tests.attribution.containerd_env import Containerd
 from tests.gotools import TOOLS, BuildRun, ToolUnavailable, order_key, tools_needed
 
@@ -112,3 +113,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         unavailable = known.get(tool)
         if unavailable is not None:
             pytest.fail(unavailable.message(), pytrace=False)
+
+
+@pytest.fixture
+def pipelines() -> Iterator[list[NodePipeline]]:
+    """NodePipelines a test makes, closed after it (their diagnosis workers stopped)."""
+    made: list[NodePipeline] = []
+    yield made
+    for p in made:
+        p.close()

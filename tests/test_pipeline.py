@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -44,14 +44,6 @@ class CountingDiagnoser:
 @pytest.fixture
 def emitted() -> list[ExecFailure]:
     return []
-
-
-@pytest.fixture
-def pipelines() -> Iterator[list[NodePipeline]]:
-    made: list[NodePipeline] = []
-    yield made
-    for p in made:
-        p.close()
 
 
 @pytest.fixture

@@ -71,14 +71,6 @@ class Hostile:
         return Diagnosis(Reason(reason), "amd64", library=getattr(finding, "library", None))
 
 
-@pytest.fixture
-def pipelines() -> Iterator[list[NodePipeline]]:
-    made: list[NodePipeline] = []
-    yield made
-    for p in made:
-        p.close()
-
-
 Make = Callable[..., tuple[NodePipeline, list[ExecFailure], Observer]]
 
 
