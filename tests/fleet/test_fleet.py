@@ -32,8 +32,6 @@ from tests.support.wait import wait_until
 
 NAMESPACE = "shop"
 WORKLOADS = tuple(f"app-{i}" for i in range(10))  # each: one pod on every node
-SAMPLE = 5  # every 5th node publishes: 14 amd64 and 6 arm64 agents
-OTHER_ARCH = {"amd64": "arm64", "arm64": "amd64"}
 
 Counts = collections.Counter[tuple[str, ...]]
 
