@@ -44,7 +44,6 @@ from execwatch.attribution.cri.client import CriContainers
 from execwatch.diagnosis import FileDiagnoser
 from execwatch.diagnosis.budget import SlowMounts
 from execwatch.diagnosis.sandbox import DiagnosisPool
-from execwatch.probe import Probe
 from execwatch.record import Diagnosis, ExecFailure, KernelEvent, Reason
 
 EM_AARCH64 = 183
@@ -208,24 +207,20 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             image = case_image(containerd, death, Path(tmp)) if death else APP_IMAGE
             with (
                 Attributor(containers=CriContainers(sockets=[containerd.socket])) as attributor,
-                Probe() as probe,
+                DeathTracer.open(show_crashes=False, attributor=attributor) as tracer,
             ):
-                tracer = DeathTracer(probe, show_crashes=False, attributor=attributor)
-                try:
-                    for i in range(args.tries):
-                        record = run_once(containerd, tracer, f"bench-{i}", command, image)
-                        key = (
-                            "diagnosed"
-                            if diagnosed(record, death)
-                            else (str(record.diagnosis.reason) if record else "missing")
-                        )
-                        reasons[key] = reasons.get(key, 0) + 1
-                        if record is not None and key != "diagnosed":
-                            why.setdefault(record.diagnosis.detail, 0)
-                            why[record.diagnosis.detail] += 1
-                        tracer.records.clear()
-                finally:
-                    tracer.close()
+                for i in range(args.tries):
+                    record = run_once(containerd, tracer, f"bench-{i}", command, image)
+                    key = (
+                        "diagnosed"
+                        if diagnosed(record, death)
+                        else (str(record.diagnosis.reason) if record else "missing")
+                    )
+                    reasons[key] = reasons.get(key, 0) + 1
+                    if record is not None and key != "diagnosed":
+                        why.setdefault(record.diagnosis.detail, 0)
+                        why[record.diagnosis.detail] += 1
+                    tracer.records.clear()
         finally:
             containerd.stop()
     result: dict[str, object] = {

@@ -20,11 +20,11 @@ from pathlib import Path
 
 from tests.binfmt.elfbuild import ElfSpec, build_elf
 
-from execwatch.diagnosis.confined import Root
-from execwatch.diagnosis.rootview import RootView
 from execwatch.diagnosis.startup import explain
-from execwatch.scan.fs import DirectoryFS
-from execwatch.scan.linker import Linker
+from execwatch.runnable.directory import DirectoryFS
+from execwatch.runnable.linker import Linker
+from execwatch.runnable.liveroot import RootView
+from execwatch.runnable.openat2 import Root
 
 NAMES, DIRS = 1024, 4096
 

@@ -11,37 +11,13 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-
-class Reason(enum.StrEnum):
-    """Why an exec failed, or why a process died right after its exec.
-
-    Values are stable: they become metric labels, Event reasons and the CRD's enum; the
-    deploy tests compare those (and the docs tables) against this enum."""
-
-    FOREIGN_ARCHITECTURE = "ForeignArchitecture"
-    MISSING_INTERPRETER = "MissingInterpreter"
-    BAD_INTERPRETER = "BadInterpreter"
-    MISSING_SHEBANG_INTERPRETER = "MissingShebangInterpreter"
-    NO_SHEBANG = "NoShebang"
-    CORRUPT_BINARY = "CorruptBinary"
-    PERMISSION_DENIED = "PermissionDenied"
-    NOT_FOUND = "NotFound"
-    UNDIAGNOSED = "Undiagnosed"
-    # After a successful exec: the dynamic loader gave up, or the program died at once.
-    MISSING_LIBRARY = "MissingLibrary"
-    MISSING_SYMBOL_VERSION = "MissingSymbolVersion"
-    MISSING_SYMBOL = "MissingSymbol"
-    LIBC_MISMATCH = "LibcMismatch"
-    UNSUPPORTED_CPU = "UnsupportedCPU"
-    STARTUP_CRASH = "StartupCrash"
-    BENIGN_EXIT = "BenignExit"  # e.g. a shell's "command not found" (127): counted, not reported
-
+from execwatch.runnable.reason import Reason as Reason  # the vocabulary every record speaks
 
 # Counted in metrics but not reported unless asked for: noise or the program's own bug.
 QUIET_REASONS = frozenset({Reason.NOT_FOUND, Reason.BENIGN_EXIT, Reason.STARTUP_CRASH})
 # Not a platform problem: alerts and the Argo analysis leave these out (their selectors are
 # tested against this set).
-NOT_ALERTED = frozenset({*QUIET_REASONS, Reason.NO_SHEBANG})
+NOT_ALERTED = frozenset({*QUIET_REASONS, Reason.NO_SHEBANG, Reason.EMULATED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +101,8 @@ class KernelEvent:
     age_ms: float | None = None  # early death: time since the task started
     exe_ino: int = 0  # early death: the executable's inode and device (os.makedev form)
     exe_dev: int = 0
+    emulator: str | None = None  # emulated: the binfmt_misc interpreter that ran path
+    emulated_arch: str | None = None  # emulated: the architecture its entry selects
     # The container the agent's live inventory names for cgroup_id, looked up in the agent
     # before the event goes to a diagnosis worker, whose copy of the inventory is as old as
     # the worker ("": looked up, none; None: not looked up).
@@ -152,6 +130,8 @@ class KernelEvent:
                 return f"SIG{self.signal}"
         if self.exit_code is not None:
             return f"EXIT{self.exit_code}"
+        if self.emulator is not None:
+            return "EMULATED"
         return errno_mod.errorcode.get(self.errno, str(self.errno))
 
 

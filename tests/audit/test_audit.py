@@ -16,8 +16,8 @@ from execwatch.audit.engine import audit as run_audit
 from execwatch.audit.inventory import Container, Inventory, Workload
 from execwatch.audit.inventory import Node as InventoryNode
 from execwatch.cli import main
+from execwatch.runnable.limits import Limits
 from execwatch.scan.isolated import MiB, ProcessLimits
-from execwatch.scan.limits import Limits
 from execwatch.scan.registry import RegistryOptions, resolve
 from tests.kube.cluster import ADMIN_TOKEN, KubeCluster
 from tests.registry.server import HostileRegistry, Registry

@@ -25,10 +25,11 @@ with atheris.instrument_imports():
     from execwatch.binfmt import BinfmtError, parse_shebang, read_elf
     from execwatch.binfmt.isa import parse_isa_needed
     from execwatch.binfmt.symbols import DynamicSymbols, SymbolRef, read_dynamic_symbols
+    from execwatch.runnable.limits import Limits
+    from execwatch.runnable.memory import MemoryFS
     from execwatch.scan.errors import ScanInputError
-    from execwatch.scan.fs import MemoryFS
     from execwatch.scan.layers import apply_layer
-    from execwatch.scan.limits import Limits, parse_json
+    from execwatch.scan.limits import parse_json
 
 PEAK_BYTES = 16 << 20
 SECONDS = 5.0  # instrumentation slows Python 10-20x, CI load more; exact: parser_bench

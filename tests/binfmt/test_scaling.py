@@ -36,9 +36,9 @@ from execwatch.binfmt.elf import DEFAULT_LIMITS as ELF_LIMITS
 from execwatch.binfmt.errors import LimitExceeded
 from execwatch.binfmt.isa import MAX_NOTE_BYTES, parse_isa_needed
 from execwatch.binfmt.platform import Platform
-from execwatch.diagnosis.confined import Root
-from execwatch.diagnosis.rootview import RootView
 from execwatch.diagnosis.startup import explain
+from execwatch.runnable.liveroot import RootView
+from execwatch.runnable.openat2 import Root
 from execwatch.scan.runner import ScanOptions, scan
 from tests.binfmt.corpus import BASE, PT_NOTE, raw_elf64
 from tests.binfmt.elfbuild import DT, ElfSpec, build_elf

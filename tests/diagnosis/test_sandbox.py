@@ -20,14 +20,16 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from execwatch.diagnosis.confined import Root
-from execwatch.diagnosis.rootview import RootView
 from execwatch.diagnosis.sandbox import SandboxLimits
 from execwatch.diagnosis.startup import explain
 from execwatch.metrics import serve
 from execwatch.pipeline import NodePipeline
 from execwatch.record import Diagnosis, ExecFailure, KernelEvent, Reason
+from execwatch.runnable.liveroot import RootView
+from execwatch.runnable.openat2 import Root
 from tests.binfmt.elfbuild import ElfSpec, build_elf
+from tests.support.pipeline import make_pipeline
+from tests.support.wait import wait_until
 from tests.test_pipeline import Observer, raw_event
 
 MiB = 1 << 20
@@ -80,7 +82,7 @@ def make(pipelines: list[NodePipeline]) -> Make:
         emitted: list[ExecFailure] = []
         observer = Observer()
         options: dict[str, object] = {"budget": BUDGET, "observer": observer, **kw}
-        p = NodePipeline(diagnoser, emitted.append, epoch_offset=0.0, **options)  # type: ignore[arg-type]
+        p = make_pipeline(diagnoser, emitted.append, **options)
         pipelines.append(p)
         return p, emitted, observer
 
@@ -107,6 +109,14 @@ def children() -> set[int]:
     for task in Path("/proc/self/task").iterdir():
         found |= {int(pid) for pid in (task / "children").read_text().split()}
     return found
+
+
+def dead(pid: int) -> bool:
+    """Exited: a zombie not reaped yet, or gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def test_the_worker_is_a_reused_child_process(make: Make) -> None:
@@ -319,7 +329,7 @@ def test_workers_that_die_idle_are_replaced_by_the_health_check(make: Make) -> N
     assert len(old) == 2
     for pid in old:
         os.kill(pid, signal.SIGKILL)
-    time.sleep(0.1)
+    wait_until(lambda: all(dead(pid) for pid in old), timeout=10)  # SIGKILL is not instant
     assert p.heartbeat.problem() is None
     assert p.diagnosis_capacity() == 2
     assert len(children()) == 2 and not children() & old

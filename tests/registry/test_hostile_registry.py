@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from execwatch.binfmt import Platform
+from execwatch.runnable.limits import Limits
 from execwatch.scan.errors import ScanInputError
-from execwatch.scan.limits import Limits
 from execwatch.scan.registry import RegistryOptions
 from execwatch.scan.runner import ScanOptions, scan
 from tests.registry.server import Blob, HostileRegistry, Registry

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from execwatch.runnable.limits import Limits
 from execwatch.scan.errors import ScanInputError
-from execwatch.scan.limits import Limits
 from execwatch.scan.registry import Reference, find_credentials, looks_like_reference
 
 DIGEST = "sha256:" + "ab" * 32

@@ -10,8 +10,9 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from execwatch.scan.fs import MemoryFS, Node
-from execwatch.scan.linker import Linker
+from execwatch.runnable.fs import Node
+from execwatch.runnable.linker import Linker
+from execwatch.runnable.memory import MemoryFS
 from tests.binfmt.corpus import sparse_elf
 from tests.binfmt.elfbuild import ElfSpec, build_elf
 from tests.scan.imagebuild import Entry, Image, file, oci_layout, symlink

@@ -17,10 +17,11 @@ import pytest
 import zstandard
 
 from execwatch.binfmt import Platform
+from execwatch.runnable.fs import Node
+from execwatch.runnable.limits import Limits
+from execwatch.runnable.memory import MemoryFS
 from execwatch.scan.errors import LimitExceeded
-from execwatch.scan.fs import MemoryFS, Node
 from execwatch.scan.layers import apply_layer
-from execwatch.scan.limits import Limits
 from execwatch.scan.runner import ScanOptions, scan
 from tests.scan.helpers import run, scan_error
 from tests.scan.imagebuild import (

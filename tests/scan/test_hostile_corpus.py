@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from execwatch.binfmt import Platform, parse_shebang
+from execwatch.runnable.fs import SymlinkLoop
+from execwatch.runnable.limits import Limits
+from execwatch.runnable.linker import MAX_CONF_DIRS, MAX_CONF_FILES
 from execwatch.scan.errors import LimitExceeded, NothingToCheck, ScanInputError
-from execwatch.scan.fs import SymlinkLoop
-from execwatch.scan.limits import Limits
-from execwatch.scan.linker import MAX_CONF_DIRS, MAX_CONF_FILES
 from execwatch.scan.model import ScanReport
 from execwatch.scan.runner import ScanOptions, scan
 from tests.binfmt.corpus import measure

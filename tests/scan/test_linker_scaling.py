@@ -3,7 +3,7 @@
 The hostile input is built for real: an executable with N missing DT_NEEDED names in a root
 whose search path (ld.so.conf, DT_RPATH, DT_RUNPATH, LD_LIBRARY_PATH or musl's path file)
 names M existing directories. Searching every name in every directory is N x M lookups:
-the budget (scan.limits.Limits) caps that product, and when it runs out the result says
+the budget (runnable.limits.Limits) caps that product, and when it runs out the result says
 so: never "all libraries found". The security review's reproduction (1,024 names x 4,096
 ld.so.conf directories, 33.5 s and 758 MiB in explain() on the node) runs through the
 node's own view of a root on disk (RootView, openat2).
@@ -22,14 +22,16 @@ from pathlib import Path
 import pytest
 
 from execwatch.binfmt import ElfInfo, LibcFlavor, read_elf
-from execwatch.diagnosis.confined import Root
-from execwatch.diagnosis.rootview import MAX_NODES, RootView
 from execwatch.diagnosis.startup import explain
 from execwatch.record import Reason
+from execwatch.runnable.directory import DirectoryFS
+from execwatch.runnable.fs import FileSystem, Node
+from execwatch.runnable.limits import Limits
+from execwatch.runnable.linker import BudgetExhausted, Linker, Resolution
+from execwatch.runnable.liveroot import MAX_NODES, RootView
+from execwatch.runnable.memory import MemoryFS
+from execwatch.runnable.openat2 import Root
 from execwatch.scan.errors import LimitExceeded
-from execwatch.scan.fs import DirectoryFS, FileSystem, MemoryFS, Node
-from execwatch.scan.limits import Limits
-from execwatch.scan.linker import BudgetExhausted, Linker, Resolution
 from tests.binfmt.corpus import measure
 from tests.binfmt.elfbuild import ElfSpec, build_elf
 from tests.scan.helpers import scan_error, scan_json

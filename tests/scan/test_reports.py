@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from execwatch.scan.model import CHECK_DESCRIPTIONS, Check
+from execwatch.scan.vocabulary import CHECK_DESCRIPTIONS, Check
 from tests.binfmt.elfbuild import ElfSpec, build_elf
 from tests.scan.helpers import run
 from tests.scan.imagebuild import Image, file, oci_layout

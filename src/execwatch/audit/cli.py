@@ -11,20 +11,19 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from urllib3.exceptions import HTTPError as Urllib3Error
 
 from execwatch import cliargs
 from execwatch.audit.engine import AuditReport, ImageAuditor, Status, Tick, audit
 from execwatch.audit.inventory import Inventory
 from execwatch.audit.report import print_table, to_json, to_sarif
+from execwatch.cluster.rest import Rest
+from execwatch.runnable.limits import Limits
 from execwatch.scan import registry
 from execwatch.scan.cli import output_problem, write_report
 from execwatch.scan.errors import ScanInputError
-from execwatch.scan.limits import Limits
 from execwatch.text import one_line
 
 EXIT_CLEAN, EXIT_FAILING, EXIT_BAD_INPUT = 0, 1, 2
@@ -57,24 +56,21 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run(args: argparse.Namespace) -> int:
-    # The official client (58 MB of models) loads for `execwatch audit` only, not for
-    # every command: the node agent must stay small (docs/cluster.md, "Memory").
-    from kubernetes import client
-    from kubernetes.config.config_exception import ConfigException
-
     from execwatch.audit.inventory import read_cluster
+    from execwatch.cluster.errors import ApiError
 
     err = Console(stderr=True)
     problem = output_problem(args.output)
     if problem:
         return _refused(err, problem)
     try:
-        api = _api_client(args)
-    except Exception as exc:  # ConfigException, a YAML error, a kubeconfig of the wrong shape
+        rest = _rest(args)
+    except Exception as exc:  # lightkube's ConfigError, a YAML error, a kubeconfig's shape
         return _refused(err, f"cluster: {exc}")
     try:
-        inventory = read_cluster(api, args.namespace)
-    except (ConfigException, client.ApiException, Urllib3Error, OSError) as exc:
+        with rest:
+            inventory = read_cluster(rest, args.namespace)
+    except (ApiError, OSError) as exc:  # OSError: a token or CA file that went away
         return _refused(err, f"cluster: {getattr(exc, 'reason', None) or exc}")
     try:  # each image's failure is its own ERROR verdict: this is for the rest of the run
         report = _audit(inventory, args, err)
@@ -117,17 +113,16 @@ def _refused(err: Console, message: str) -> int:
     return EXIT_BAD_INPUT
 
 
-def _api_client(args: argparse.Namespace) -> Any:
-    from kubernetes import client, config
+def _rest(args: argparse.Namespace) -> Rest:
+    """The kubeconfig (--kubeconfig, $KUBECONFIG, ~/.kube/config) at --context, else the
+    in-cluster ServiceAccount."""
+    from lightkube import KubeConfig
 
     path = args.kubeconfig or os.environ.get("KUBECONFIG")
-    if path or os.path.exists(os.path.expanduser("~/.kube/config")):
-        cfg = client.Configuration()
-        config.load_kube_config(config_file=path, context=args.context,
-                                client_configuration=cfg)  # fmt: skip
-        return client.ApiClient(cfg)
-    config.load_incluster_config()
-    return client.ApiClient()
+    default = os.path.expanduser("~/.kube/config")
+    if path or os.path.exists(default):
+        return Rest(KubeConfig.from_file(path or default), context=args.context)
+    return Rest(KubeConfig.from_service_account())
 
 
 def _progress(bar: Progress) -> Callable[[int], Tick]:

@@ -21,9 +21,10 @@ from execwatch import __version__
 from execwatch.audit.inventory import Inventory, Workload
 from execwatch.audit.scheduling import allowed_architectures
 from execwatch.binfmt import Platform
+from execwatch.runnable.limits import Limits
+from execwatch.scan import ScanOptions, scan_image
 from execwatch.scan.errors import ScanInputError
 from execwatch.scan.isolated import ProcessLimits, run_isolated
-from execwatch.scan.limits import Limits
 from execwatch.scan.model import Severity
 from execwatch.scan.registry import (
     Reference,
@@ -33,7 +34,6 @@ from execwatch.scan.registry import (
     images_of,
     resolve,
 )
-from execwatch.scan.runner import ScanOptions, _scan_image
 from execwatch.scan.sources import ImageSource
 from execwatch.text import one_line
 
@@ -150,7 +150,7 @@ class ImageAuditor:
             if isinstance(image, Verdict):
                 return image
             options = ScanOptions(limits=self.limits)
-            scan_one = functools.partial(_scan_image, image, options, None, platform)
+            scan_one = functools.partial(scan_image, image, options, platform)
             result = run_isolated(scan_one, self.process, f"{reference} ({platform})")
         except Exception as exc:  # RecursionError, MemoryError, a bug: this image's ERROR
             return Verdict(Status.ERROR, str(platform), digest, message=_cause(exc))

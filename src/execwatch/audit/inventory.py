@@ -6,17 +6,24 @@ and cronjobs (docs/audit.md has the ClusterRole). Lists are paged.
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from execwatch.cluster.rest import Rest, path
 
 PAGE = 500
 _DIGEST = re.compile(r"@(sha256:[a-f0-9]{64})$")
 
-# kind -> (list call, path of the pod template's spec in the object)
-Lister = Callable[..., Any]
+# kind -> (API group path, resource)
+SOURCES = (
+    ("Deployment", "apis/apps/v1", "deployments"),
+    ("StatefulSet", "apis/apps/v1", "statefulsets"),
+    ("DaemonSet", "apis/apps/v1", "daemonsets"),
+    ("CronJob", "apis/batch/v1", "cronjobs"),
+    ("Job", "apis/batch/v1", "jobs"),
+)
 
 
 @dataclass
@@ -61,33 +68,13 @@ class Inventory:
     nodes: list[Node]
 
 
-def read_cluster(api: Any, namespace: str | None = None) -> Inventory:
-    """`api`: a kubernetes.client.ApiClient (imported here, not with the package: the
-    node agent imports execwatch.cli too and must not load the 58 MB client)."""
-    from kubernetes import client
-
-    apps, batch, core = client.AppsV1Api(api), client.BatchV1Api(api), client.CoreV1Api(api)
-
-    def listing(all_ns: Lister, one_ns: Lister) -> Iterator[dict[str, Any]]:
-        if namespace is None:
-            return _pages(all_ns)
-        return _pages(one_ns, namespace)
-
+def read_cluster(rest: Rest, namespace: str | None = None) -> Inventory:
+    """Every workload (of `namespace`, else of all) with its pods' digests, and the nodes.
+    Failures are `cluster.errors.ApiError`s."""
     workloads: dict[str, Workload] = {}
-    sources = [
-        (kind, listing(getattr(api_, f"list_{name}_for_all_namespaces"),
-                       getattr(api_, f"list_namespaced_{name}")))
-        for kind, api_, name in (
-            ("Deployment", apps, "deployment"),
-            ("StatefulSet", apps, "stateful_set"),
-            ("DaemonSet", apps, "daemon_set"),
-            ("CronJob", batch, "cron_job"),
-            ("Job", batch, "job"),
-        )
-    ]  # fmt: skip
     job_owner: dict[tuple[str, str], str] = {}
-    for kind, items in sources:
-        for obj in items:
+    for kind, group, resource in SOURCES:
+        for obj in _pages(rest, group, resource, namespace):
             meta = obj.get("metadata") or {}
             owner = _controller(meta)
             if kind == "Job" and owner is not None and owner[0] == "CronJob":
@@ -98,24 +85,29 @@ def read_cluster(api: Any, namespace: str | None = None) -> Inventory:
                 w = _workload(kind, meta, template)
                 workloads[w.key] = w
     rs_owner: dict[tuple[str, str], str] = {}
-    for rs in listing(apps.list_replica_set_for_all_namespaces, apps.list_namespaced_replica_set):
+    for rs in _pages(rest, "apis/apps/v1", "replicasets", namespace):
         meta = rs.get("metadata") or {}
         owner = _controller(meta)
         if owner is not None and owner[0] == "Deployment":
             rs_owner[(meta.get("namespace", ""), meta.get("name", ""))] = owner[1]
-    for pod in listing(core.list_pod_for_all_namespaces, core.list_namespaced_pod):
+    for pod in _pages(rest, "api/v1", "pods", namespace):
         _attach_pod(pod, workloads, rs_owner, job_owner)
-    nodes = [_node(n) for n in _pages(core.list_node)]
+    nodes = [_node(n) for n in _pages(rest, "api/v1", "nodes", None)]
     return Inventory(sorted(workloads.values(), key=lambda w: w.key), nodes)
 
 
-def _pages(call: Lister, *args: str) -> Iterator[dict[str, Any]]:
+def _pages(
+    rest: Rest, group: str, resource: str, namespace: str | None
+) -> Iterator[dict[str, Any]]:
+    """Every object of `resource` (in `namespace`, else in all), a page at a time."""
+    where = ("namespaces", namespace) if namespace else ()
+    url = path(*group.split("/"), *where, resource)
     token: str | None = None
     while True:
-        kwargs: dict[str, Any] = {"limit": PAGE, "_preload_content": False}
+        query: dict[str, str | int] = {"limit": PAGE}
         if token:
-            kwargs["_continue"] = token
-        doc = json.loads(call(*args, **kwargs).data)
+            query["continue"] = token
+        doc = rest.call("GET", url, query=query)
         yield from doc.get("items") or []
         token = (doc.get("metadata") or {}).get("continue")
         if not token:

@@ -21,15 +21,27 @@ import re
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
-from execwatch.diagnosis.confined import Resolver, Root
+from execwatch.runnable.openat2 import Resolver, Root
 
 CONTAINER_ID = re.compile(r"^[0-9a-f]{12,128}$")
 CRIO_CONFIG = "/run/containers/storage/overlay-containers/{id}/userdata/config.json"
 MAX_MOUNTINFO_BYTES = 8 << 20  # ~50,000 mounts; a namespace a tenant fills is read no further
 MAX_CONFIG_BYTES = 1 << 20  # a CRI-O config.json is a few KiB
 MAX_CANDIDATES = 16  # mounts naming one container id: its rootfs and a few volumes
+
+
+class Candidate(NamedTuple):
+    """A mount path inside the root of a /proc view: opened there with RESOLVE_IN_ROOT
+    (roots.py), so a symlink on the way, in a namespace a tenant may own, stays inside it."""
+
+    view_root: Path  # /proc/PID/root
+    inside: str  # absolute, as that task sees it
+
+    @property
+    def path(self) -> Path:
+        return self.view_root / self.inside.lstrip("/")
 
 
 class ContainerRootfs:
@@ -40,7 +52,7 @@ class ContainerRootfs:
         self._proc = proc
         self._resolver = Resolver()
 
-    def candidates(self, container_id: str | None, parent: int = 0) -> Iterator[Path]:
+    def candidates(self, container_id: str | None, parent: int = 0) -> Iterator[Candidate]:
         if not container_id or not CONTAINER_ID.fullmatch(container_id):
             return
         for view in self._views(parent):
@@ -61,7 +73,7 @@ class ContainerRootfs:
                 seen.add(namespace)
                 yield view
 
-    def _from_mounts(self, view: Path, container_id: str) -> Iterator[Path]:
+    def _from_mounts(self, view: Path, container_id: str) -> Iterator[Candidate]:
         needle = f"/{container_id}/".encode()
         try:
             with open(view / "mountinfo", "rb") as f:
@@ -76,7 +88,7 @@ class ContainerRootfs:
         for mountpoint in found:
             yield _inside(view, mountpoint.decode(errors="surrogateescape").replace("\\040", " "))
 
-    def _from_crio(self, view: Path, container_id: str) -> Iterator[Path]:
+    def _from_crio(self, view: Path, container_id: str) -> Iterator[Candidate]:
         """The config is read inside the view's root: a parent's may be a tenant's, whose
         symlinks must not lead to the node's files, nor a FIFO block the read."""
         try:
@@ -104,5 +116,5 @@ def _lines(f: BinaryIO, budget: int) -> Iterator[bytes]:
         yield line.rstrip(b"\n")
 
 
-def _inside(view: Path, path: str) -> Path:
-    return view / "root" / path.lstrip("/")
+def _inside(view: Path, path: str) -> Candidate:
+    return Candidate(view / "root", "/" + path.lstrip("/"))

@@ -16,11 +16,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from execwatch.diagnosis.confined import Root
+from execwatch.diagnosis.container_rootfs import Candidate
 from execwatch.record import KernelEvent
+from execwatch.runnable.openat2 import Resolver, Root
 
 AT_FDCWD = -100
-ExtraLocator = Callable[[KernelEvent], Iterable[Path]]
+ExtraLocator = Callable[[KernelEvent], Iterable[Candidate]]
 
 
 class RootLocator:
@@ -29,6 +30,7 @@ class RootLocator:
     def __init__(self, proc: Path = Path("/proc"), extra: Iterable[ExtraLocator] = ()) -> None:
         self._proc = proc
         self._extra = list(extra)
+        self._resolver = Resolver()
         self._peer_by_root: OrderedDict[tuple[int, int], int] = OrderedDict()  # bounded LRU
 
     def open(self, event: KernelEvent) -> Root | None:
@@ -42,8 +44,8 @@ class RootLocator:
         if root := self._open_recorded(event):
             return root
         for locate in self._extra:  # before the /proc scan: a dead container's rootfs goes fast
-            for path in locate(event):
-                if root := self._open_rootfs(path, event):
+            for candidate in locate(event):
+                if root := self._open_rootfs(candidate, event):
                     return root
         peer = self._find_peer(event)
         if peer is not None and (root := self._open_pid_root(peer, event)):
@@ -76,15 +78,21 @@ class RootLocator:
                 continue
         return None
 
-    def _open_rootfs(self, path: Path, event: KernelEvent) -> Root | None:
+    def _open_rootfs(self, candidate: Candidate, event: KernelEvent) -> Root | None:
         try:
-            fd = os.open(path, os.O_PATH | os.O_DIRECTORY)
+            view = Root(os.open(candidate.view_root, os.O_PATH | os.O_DIRECTORY), "")
         except OSError:
             return None
+        try:  # inside that view's root: its symlinks cannot lead to the node's files
+            fd = self._resolver.lookup(view, candidate.inside)
+        except OSError:
+            return None
+        finally:
+            view.close()
         st = os.fstat(fd)
         same_dev = not event.root_dev or st.st_dev == event.root_dev  # deaths carry no dev
         if event.root_ino and st.st_ino == event.root_ino and same_dev:
-            return Root(fd, f"container rootfs {path}")
+            return Root(fd, f"container rootfs {candidate.path}")
         os.close(fd)  # without the kernel's root inode a guess could be any filesystem
         return None
 

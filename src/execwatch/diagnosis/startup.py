@@ -3,10 +3,10 @@
 The kernel reports an early death (execwatch.bpf: the loader called exit_group, or a
 fatal signal came within the window) with the executable's path, inode and device. Here
 the executable is found again in the task's root (or a stand-in with the same root) and
-resolved with the scanner's linker, so `execwatch scan` and the node agree on what is
-missing. An early death that nothing explains is a StartupCrash when a signal killed it
-and BenignExit otherwise (a musl shell saying "command not found" exits 127 from
-inside musl's loader, which is also its libc).
+judged by the rules `execwatch scan` applies (execwatch.runnable.rules), so the scan and
+the node agree on what is missing. An early death that nothing explains is a StartupCrash
+when a signal killed it and BenignExit otherwise (a musl shell saying "command not found"
+exits 127 from inside musl's loader, which is also its libc).
 
 The checks run in ld.so's order: libraries, symbol versions, the CPU's x86-64 level
 (`dl_isa_level_check`, glibc only, against this node's /proc/cpuinfo read once), then
@@ -18,128 +18,31 @@ from __future__ import annotations
 
 import signal
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import replace
 
-from execwatch.binfmt import (
-    BinfmtError,
-    ElfInfo,
-    LibcFlavor,
-    Platform,
-    can_execute,
-    libc_flavor,
-    loader_flavor,
-    node_platform,
-)
-from execwatch.binfmt.isa import Shortfall, first_shortfall, read_cpu_levels
+from execwatch.binfmt import BinfmtError, ElfInfo, LibcFlavor, Platform, node_platform
+from execwatch.binfmt.isa import read_cpu_levels
+from execwatch.diagnosis import wording
 from execwatch.diagnosis.budget import SlowFileSystem, SlowMounts
 from execwatch.diagnosis.roots import RootLocator
-from execwatch.diagnosis.rootview import RootView
 from execwatch.record import Diagnosis, KernelEvent, Reason
-from execwatch.scan.errors import ScanInputError
-from execwatch.scan.fs import FileSystem, resolve
-from execwatch.scan.linker import Linker, Resolution
+from execwatch.runnable import rules
+from execwatch.runnable.errors import InputError
+from execwatch.runnable.fs import FileSystem
+from execwatch.runnable.liveroot import RootView
+from execwatch.runnable.rules import Fault
 
 CACHE_SIZE = 1024
 
 
-@dataclass(frozen=True)
-class Finding:
-    reason: Reason
-    detail: str
-    interpreter: str | None = None
-    library: str | None = None
-    symbol: str | None = None
-    version: str | None = None
-
-
-def running_loader(fs: FileSystem, info: ElfInfo) -> tuple[str, LibcFlavor | None] | None:
-    """The file behind PT_INTERP in this root, and which C library it really belongs to."""
-    if info.interpreter is None:
-        return None
-    real = resolve(fs, info.interpreter)
-    loader = fs.node(real) if real else None
-    if real is None or loader is None:
-        return None  # the kernel would have refused the exec: not an early death
-    return real, loader_flavor(real, loader.elf)
-
-
 def explain(
     fs: FileSystem, path: str, info: ElfInfo, cpu_levels: int | None = None
-) -> Finding | None:
-    """What the dynamic loader of this root cannot do for this executable, or None.
-
-    `cpu_levels`: the x86-64 levels of the CPU it ran on (binfmt.isa), None if unknown."""
-    found = running_loader(fs, info)
-    if found is None or info.interpreter is None:
-        return None
-    real, actual = found
-    wanted = libc_flavor(info.interpreter)
-    if wanted is not None and actual is not None and wanted != actual:
-        return Finding(
-            Reason.LIBC_MISMATCH,
-            f"a {wanted} binary run by {actual}'s loader ({info.interpreter} -> {real}),"
-            " as gcompat installs it: symbols resolve against the wrong C library",
-            interpreter=info.interpreter,
-        )
-    linker = Linker(fs, {})
-    result = linker.resolve(path, info, actual or wanted or "glibc")
-    if result.missing:
-        miss = result.missing[0]
-        by = "" if miss.needed_by == path else f" (needed by {miss.needed_by})"
-        return Finding(
-            Reason.MISSING_LIBRARY,
-            f"{miss.name}{by}: {miss.reason}",
-            interpreter=info.interpreter,
-            library=miss.name,
-        )
-    if result.versions:
-        v = result.versions[0]
-        return Finding(
-            Reason.MISSING_SYMBOL_VERSION,
-            f"{v.library}: version `{v.version}' not found (required by {v.needed_by})",
-            interpreter=info.interpreter,
-            library=v.library,
-            version=v.version,
-        )
-    if (
-        (actual or wanted or "glibc") == "glibc"
-        and cpu_levels is not None
-        and checks_levels(result)
-    ):
-        objects = [(o.path, o.info.x86_isa_needed) for o in result.loaded]
-        short = first_shortfall(objects, cpu_levels)
-        if short is not None:
-            return cpu_finding(short, path, info, "CPU ISA level is lower than required")
-    for sym in linker.missing_symbols(result):
-        version = f", version {sym.version}" if sym.version else ""
-        return Finding(
-            Reason.MISSING_SYMBOL,
-            f"undefined symbol: {sym.symbol}{version}"
-            + (f" (not in {sym.library})" if sym.library else ""),
-            interpreter=info.interpreter,
-            library=sym.library,
-            symbol=sym.symbol,
-            version=sym.version,
-        )
-    return None
-
-
-def checks_levels(result: Resolution) -> bool:
-    """glibc's loader checks ISA levels since 2.33, whose libc.so.6 defines GLIBC_2.33; an
-    older one lets the program run into SIGILL (a program without libc: assumed new)."""
-    libc = next((o for o in result.loaded if o.info.soname == "libc.so.6"), None)
-    return libc is None or "GLIBC_2.33" in libc.info.version_defs
-
-
-def cpu_finding(short: Shortfall, path: str, info: ElfInfo, symptom: str) -> Finding:
-    lib = None if short.path == path else short.path
-    return Finding(
-        Reason.UNSUPPORTED_CPU,
-        f"{short.path} requires {short.required}, this CPU has {short.has}: {symptom}",
-        interpreter=info.interpreter,
-        library=lib,
-        version=short.required,
-    )
+) -> Fault | None:
+    """The fault the dynamic loader of this root stops at first for this executable, or
+    None, worded as the node reports it. `cpu_levels`: the x86-64 levels (binfmt.isa) of
+    the CPU it ran on, None if unknown."""
+    faults = rules.startup_faults(fs, path, info, cpu_levels)
+    return wording.startup_fault(faults[0]) if faults else None
 
 
 class _RootGone(Exception):
@@ -195,7 +98,7 @@ class StartupDiagnoser:
         except _RootGone:
             why = "the task is gone and no live task has its root"
             return self._unexplained(event, why), False
-        except (ScanInputError, BinfmtError) as exc:  # over a budget, a symlink loop
+        except (InputError, BinfmtError) as exc:  # over a budget, a symlink loop
             detail = f"not diagnosed: {exc}"
             return Diagnosis(Reason.UNDIAGNOSED, self._node.architecture, detail=detail), True
 
@@ -214,16 +117,16 @@ class StartupDiagnoser:
             if node is None or node.elf is None:
                 return self._unexplained(event, "not a readable ELF file")
             info = node.elf
-            if info.platform is not None and not can_execute(self._node, info.platform):
+            if info.platform is not None and not rules.runs_on(self._node, info):
                 return self._unexplained(event, f"an {info.arch} binary (binfmt_misc?)")
             finding = explain(fs, event.path, info, self._cpu_levels)
             if finding is None and event.signal == signal.SIGILL:
                 finding = self._illegal_instruction(event.path, info)
-            loader = running_loader(fs, info)
+            loader = rules.find_loader(fs, info.interpreter) if info.interpreter else None
         finally:
             root.close()
         if finding is None:
-            flavor = loader[1] if loader else None
+            flavor = loader.flavor() if loader else None
             return self._unexplained(event, "its libraries and versions resolve", flavor)
         return Diagnosis(
             finding.reason,
@@ -236,15 +139,13 @@ class StartupDiagnoser:
             version=finding.version,
         )
 
-    def _illegal_instruction(self, path: str, info: ElfInfo) -> Finding | None:
+    def _illegal_instruction(self, path: str, info: ElfInfo) -> Fault | None:
         """SIGILL from a binary that no loader checked (static, musl) and that says it
         needs a level this CPU lacks."""
-        if self._cpu_levels is None:
+        fault = rules.cpu_fault(path, [(path, info.x86_isa_needed)], self._cpu_levels)
+        if fault is None:
             return None
-        short = first_shortfall([(path, info.x86_isa_needed)], self._cpu_levels)
-        if short is None:
-            return None
-        return cpu_finding(short, path, info, "no loader checks it, the CPU stops it with SIGILL")
+        return replace(wording.sigill(fault), interpreter=info.interpreter)
 
     def _unexplained(
         self, event: KernelEvent, why: str, flavor: LibcFlavor | None = None

@@ -1,6 +1,10 @@
 """The checks: will each executable of a filesystem start on a platform?
 
-Executables are regular files with an execute bit that are ELF programs or `#!` scripts.
+The rules (execwatch.runnable.rules, the node's too) judge each executable; each fault is
+reported under the check that spells its Reason (vocabulary.py), with a severity and the
+scan's wording (wording.py). `not-static`, `shebang-crlf` and `env-not-on-PATH` are the
+scan's own checks. Executables are regular files with an execute bit that are ELF
+programs or `#!` scripts.
 The image's entrypoint/cmd program (and its `#!` interpreter) is checked first and its
 findings are marked, because its failure crash-loops the pod.
 """
@@ -15,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from execwatch.binfmt import (
-    GLIBC_LOADERS,
     ElfInfo,
     LibcFlavor,
     Platform,
@@ -24,13 +27,16 @@ from execwatch.binfmt import (
     parse_shebang,
     sniff,
 )
-from execwatch.binfmt.isa import first_shortfall, level_name, platform_levels
-from execwatch.scan.fs import FileSystem, Node, resolve
-from execwatch.scan.linker import Linker
-from execwatch.scan.model import Check, Finding, Severity, Stats
+from execwatch.binfmt.isa import platform_levels
+from execwatch.runnable import rules
+from execwatch.runnable.fs import FileSystem, Node, resolve
+from execwatch.runnable.linker import Linker
+from execwatch.runnable.rules import Fault
+from execwatch.scan import wording
+from execwatch.scan.model import Finding, Severity, Stats
+from execwatch.scan.vocabulary import CHECK_OF_REASON, Check
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-GCOMPAT_LIBS = ("/lib/libgcompat.so.0", "/usr/lib/libgcompat.so.0")
 
 
 @dataclass
@@ -48,31 +54,6 @@ class Target:
     cpu_levels: int | None = None  # --cpu-level: the x86-64 levels (binfmt.isa) of the nodes
 
 
-@dataclass(frozen=True)
-class ImageLibc:
-    glibc: bool
-    musl: bool
-    gcompat: bool
-
-    @classmethod
-    def detect(cls, fs: FileSystem) -> ImageLibc:
-        glibc = any(resolve(fs, p) for p in set(GLIBC_LOADERS.values()))
-        musl = False
-        for d in ("/lib", "/usr/lib"):
-            real = resolve(fs, d)
-            if real and any(n.startswith("ld-musl-") for n in fs.listdir(real)):
-                musl = True
-        gcompat = any(resolve(fs, p) for p in GCOMPAT_LIBS)
-        return cls(glibc and not (musl and gcompat), musl, musl and gcompat)
-
-    def flavor(self) -> LibcFlavor | None:
-        if self.musl and not self.glibc:
-            return "musl"
-        if self.glibc and not self.musl:
-            return "glibc"
-        return None
-
-
 Progress = Callable[[int], None]
 
 
@@ -81,9 +62,7 @@ class Checker:
         self.t = target
         self.platform = str(target.platform)
         self.linker = Linker(target.fs, target.env)
-        self.libc = (
-            ImageLibc.detect(target.fs) if not target.isolated else ImageLibc(False, False, False)
-        )
+        self.libc = None if target.isolated else rules.image_libc(target.fs)
         self.findings: list[Finding] = []
         self.checked: set[str] = set()
         self.stats = Stats()
@@ -112,6 +91,10 @@ class Checker:
     def add(self, check: Check, severity: Severity, path: str, message: str, entry: bool) -> None:
         self.findings.append(Finding(check, severity, path, self.platform, message, entry))
 
+    def report(self, fault: Fault, severity: Severity, message: str, entry: bool) -> None:
+        """A fault of the rules, under the check that spells its Reason."""
+        self.add(CHECK_OF_REASON[fault.reason], severity, fault.path, message, entry)
+
     # --- entrypoint -------------------------------------------------------------------------
 
     def _check_entrypoint(self, argv: list[str]) -> None:
@@ -128,13 +111,8 @@ class Checker:
                 self._check_file(real, node, entry=True)
                 return
         where = "" if "/" in program else f" on PATH {':'.join(self.path)}"
-        self.add(
-            Check.MISSING_ENTRYPOINT,
-            Severity.ERROR,
-            program,
-            f"entrypoint program {program!r} not found{where}",
-            entry=True,
-        )
+        message = f"entrypoint program {program!r} not found{where}"
+        self.report(rules.not_found(program), Severity.ERROR, message, entry=True)
 
     # --- one executable ---------------------------------------------------------------------
 
@@ -154,76 +132,44 @@ class Checker:
         self.stats.elf += 1
         if node.elf is None:
             self.stats.executables += 1
-            self.add(
-                Check.CORRUPT_BINARY,
-                Severity.ERROR,
-                path,
-                f"malformed ELF: {node.elf_error}",
-                entry,
-            )
+            corrupt = rules.corrupt_binary(path, node.elf_error or "")
+            self.report(corrupt, Severity.ERROR, f"malformed ELF: {node.elf_error}", entry)
             return
         info = node.elf
         if not info.is_executable:
             return  # a shared library with an execute bit: checked through its users
         self.stats.executables += 1
-        self.binary_platforms[str(info.platform) if info.platform else info.arch] += 1
-        if info.platform is None or not can_execute(self.t.platform, info.platform):
-            self.add(
-                Check.ARCH_MISMATCH,
-                Severity.ERROR,
-                path,
-                f"ELF for {_describe(info)} cannot run on {self.platform} (exec format error)",
-                entry,
-            )
+        self.binary_platforms[wording.platform_of(info)] += 1
+        foreign = rules.foreign_architecture(path, info, self.t.platform)
+        if foreign is not None:
+            message = wording.foreign(info, self.platform)
+            self.report(foreign, Severity.ERROR, message, entry)
             return
-        if self.t.require_static and not info.is_static:
-            how = f"loader {info.interpreter}" if info.interpreter else "DT_NEEDED libraries"
-            self.add(
-                Check.NOT_STATIC,
-                Severity.ERROR,
-                path,
-                f"dynamically linked ({how}); --require-static",
-                entry,
-            )
+        self._check_static(path, info, entry)
         if self.t.isolated or info.is_static:
             self._check_cpu(path, [(path, info.x86_isa_needed)], entry)
             return
         flavor = self._loader_check(path, info, entry)
-        if flavor is None:
-            return
+        if flavor is not None:
+            self._check_libraries(path, info, flavor, entry)
+
+    def _check_static(self, path: str, info: ElfInfo, entry: bool) -> None:
+        if self.t.require_static and not info.is_static:
+            how = f"loader {info.interpreter}" if info.interpreter else "DT_NEEDED libraries"
+            message = f"dynamically linked ({how}); --require-static"
+            self.add(Check.NOT_STATIC, Severity.ERROR, path, message, entry)
+
+    def _check_libraries(self, path: str, info: ElfInfo, flavor: LibcFlavor, entry: bool) -> None:
         result = self.linker.resolve(path, info, flavor)
         self._check_cpu(path, [(o.path, o.info.x86_isa_needed) for o in result.loaded], entry)
-        for miss in result.missing:
-            by = "" if miss.needed_by == path else f" (needed by {miss.needed_by})"
-            self.add(
-                Check.MISSING_LIBRARY,
-                Severity.ERROR,
-                path,
-                f"{miss.name}{by}: {miss.reason}",
-                entry,
-            )
-        if result.incomplete:  # the libraries after these were never searched
-            message = f"library search stopped, more may be missing: {result.incomplete}"
-            self.add(Check.MISSING_LIBRARY, Severity.ERROR, path, message, entry)
-        for v in result.versions:
-            self.add(
-                Check.MISSING_SYMBOL_VERSION,
-                Severity.ERROR,
-                path,
-                f"{v.library}: version `{v.version}' not found (required by {v.needed_by})",
-                entry,
-            )
-        if result.missing or result.versions:
+        faults = rules.library_faults(result, path, info.interpreter)
+        for fault in faults:
+            self.report(fault, Severity.ERROR, fault.detail, entry)
+        if faults:
             return
-        for sym in self.linker.missing_symbols(result):
-            version = f", version {sym.version}" if sym.version else ""
-            self.add(
-                Check.MISSING_SYMBOL,
-                Severity.ERROR,
-                path,
-                f"undefined symbol: {sym.symbol}{version} (symbol lookup error, exit 127)",
-                entry,
-            )
+        for fault in rules.symbol_faults(self.linker, result, path):
+            message = f"{fault.detail} (symbol lookup error, exit 127)"
+            self.report(fault, Severity.ERROR, message, entry)
 
     def _check_cpu(self, path: str, objects: list[tuple[str, int]], entry: bool) -> None:
         """An x86-64 level the nodes lack: --cpu-level, else the platform's amd64 variant
@@ -232,75 +178,28 @@ class Checker:
         levels = self.t.cpu_levels
         if levels is None:
             levels = platform_levels(self.t.platform)
-        short = None if levels is None else first_shortfall(objects, levels)
-        if short is None or levels is None:
+        fault = rules.cpu_fault(path, objects, levels)
+        if fault is None or levels is None:
             return
-        which = "" if short.path == path else f" ({short.path})"
         if stated:
-            message = (
-                f"needs {short.required}{which}, the nodes have {level_name(levels)}:"
-                " glibc's loader refuses it (CPU ISA level is lower than required, exit 127),"
-                " other loaders let it die of SIGILL"
-            )
-            self.add(Check.CPU_LEVEL, Severity.ERROR, path, message, entry)
-            return
-        message = (
-            f"needs {short.required}{which}, but {self.platform} promises only"
-            " x86-64-baseline CPUs (state the nodes' level with --cpu-level or an amd64/vN"
-            " platform)"
-        )
-        self.add(Check.CPU_LEVEL, Severity.WARNING, path, message, entry)
+            self.report(fault, Severity.ERROR, wording.cpu_refused(fault, levels), entry)
+        else:
+            message = wording.cpu_unpromised(fault, self.platform)
+            self.report(fault, Severity.WARNING, message, entry)
 
     def _loader_check(self, path: str, info: ElfInfo, entry: bool) -> LibcFlavor | None:
         """Check PT_INTERP; return the libc rules to resolve libraries with, or None to stop."""
-        interp = info.interpreter
-        if interp is None:  # DT_NEEDED without a loader: the kernel runs it, nothing loads them
+        if info.interpreter is None:  # DT_NEEDED without a loader: the kernel runs it
             return None
-        wanted = libc_flavor(interp)
-        image = self.libc.flavor()
-        real = resolve(self.t.fs, interp)
-        loader = self.t.fs.node(real) if real else None
-        if loader is None or loader.kind != "file":
-            if wanted is not None and image is not None and wanted != image:
-                self.add(
-                    Check.LIBC_MISMATCH,
-                    Severity.ERROR,
-                    path,
-                    f"{wanted} binary in a {image} image: its loader {interp} is missing"
-                    " (no such file or directory, exit 127)",
-                    entry,
-                )
-            else:
-                self.add(
-                    Check.MISSING_INTERPRETER,
-                    Severity.ERROR,
-                    path,
-                    f"ELF interpreter {interp} not found in the image"
-                    " (no such file or directory, exit 127)",
-                    entry,
-                )
+        loader = rules.find_loader(self.t.fs, info.interpreter)
+        fault = rules.loader_fault(path, info, loader, self.libc)
+        if fault is not None:
+            self.report(fault, Severity.ERROR, wording.loader_problem(fault, loader), entry)
             return None
-        if loader.elf is None or not info.same_abi(loader.elf):
-            what = "not an ELF file" if loader.elf is None else f"ELF for {loader.elf.arch}"
-            self.add(
-                Check.MISSING_INTERPRETER,
-                Severity.ERROR,
-                path,
-                f"ELF interpreter {interp} is {what} (accessing a corrupted shared library)",
-                entry,
-            )
-            return None
-        if wanted == "glibc" and self.libc.gcompat:
-            self.add(
-                Check.LIBC_MISMATCH,
-                Severity.WARNING,
-                path,
-                "glibc binary on a musl image through gcompat: symbol versions are not"
-                " checked and it can crash at run time (SIGSEGV, exit 139)",
-                entry,
-            )
-            return "musl"
-        return wanted or "glibc"
+        mismatch = rules.libc_fault(path, loader)
+        if mismatch is not None:
+            self.report(mismatch, Severity.WARNING, wording.libc_mismatch(loader), entry)
+        return loader.flavor() or libc_flavor(info.interpreter) or "glibc"
 
     def _check_script(self, path: str, node: Node, entry: bool) -> None:
         shebang = parse_shebang(node.head)
@@ -321,13 +220,9 @@ class Checker:
         real = resolve(self.t.fs, shebang.interpreter)
         interp_node = self.t.fs.node(real) if real else None
         if real is None or interp_node is None or interp_node.kind != "file":
-            self.add(
-                Check.MISSING_SHEBANG_INTERPRETER,
-                Severity.ERROR,
-                path,
-                f"#! interpreter {shebang.interpreter} not found in the image",
-                entry,
-            )
+            message = f"#! interpreter {shebang.interpreter} not found in the image"
+            missing = rules.shebang_fault(path, shebang.interpreter)
+            self.report(missing, Severity.ERROR, message, entry)
             return
         if entry and interp_node.executable:
             self._check_file(real, interp_node, entry=True)
@@ -381,10 +276,6 @@ class Checker:
             f" {dominant} (built FROM --platform=$BUILDPLATFORM?)",
             entry=False,
         )
-
-
-def _describe(info: ElfInfo) -> str:
-    return str(info.platform) if info.platform else info.arch
 
 
 def _env_command(argument: str) -> str | None:

@@ -17,9 +17,11 @@ from typing import Any
 import zstandard
 
 from execwatch.binfmt import sniff
+from execwatch.runnable.fs import HEAD_BYTES, Node, describe_file, wants_text
+from execwatch.runnable.limits import Limits
+from execwatch.runnable.memory import MemoryFS
 from execwatch.scan.errors import CorruptInput, LimitExceeded, ScanInputError
-from execwatch.scan.fs import HEAD_BYTES, MemoryFS, Node, describe_file, wants_text
-from execwatch.scan.limits import Limits, Readable, Tally, check_tar_end
+from execwatch.scan.limits import Readable, Tally, check_tar_end
 from execwatch.scan.sources import Budget
 
 WHITEOUT = ".wh."

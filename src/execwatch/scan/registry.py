@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
 from execwatch import cliargs
+from execwatch.runnable.limits import Limits
 from execwatch.scan.errors import ScanInputError
-from execwatch.scan.limits import Limits
 from execwatch.scan.model import ImageResult
 from execwatch.scan.sources import (
     INDEX_TYPES,
@@ -35,10 +35,10 @@ from execwatch.scan.sources import (
     Layer,
     check_digest,
     declared_size,
+    descriptor_platform,
     is_attestation,
     valid_digest,
 )
-from execwatch.scan.sources import _descriptor_platform as descriptor_platform
 
 if TYPE_CHECKING:  # requests and dxf are imported when a registry is asked: not at start-up
     import requests

@@ -16,12 +16,15 @@ from typing import Any
 import zstandard
 
 from execwatch.binfmt import Platform, node_platform
+from execwatch.runnable.directory import DirectoryFS
+from execwatch.runnable.fs import FileSystem, describe_file
+from execwatch.runnable.limits import Limits
+from execwatch.runnable.linker import SymbolSource
+from execwatch.runnable.memory import MemoryFS
 from execwatch.scan.checks import Checker, Target
 from execwatch.scan.errors import CorruptInput, LimitExceeded, NothingToCheck, ScanInputError
-from execwatch.scan.fs import DirectoryFS, FileSystem, MemoryFS, describe_file
 from execwatch.scan.layers import apply_layer
-from execwatch.scan.limits import Limits, decompressed
-from execwatch.scan.linker import SymbolSource
+from execwatch.scan.limits import decompressed
 from execwatch.scan.model import ImageResult, ScanReport
 from execwatch.scan.registry import RegistryOptions, looks_like_reference, registry_images
 from execwatch.scan.sources import (
@@ -174,7 +177,7 @@ def _scan_images(
     if not images:
         raise ScanInputError("no image manifests found")
     if not options.platforms:
-        return [_scan_image(image, options, progress) for image in images]
+        return [scan_image(image, options, progress=progress) for image in images]
     stated = [(image, image.platform or image.config_platform()) for image in images]
     chosen: dict[tuple[int, str], tuple[ImageSource, Platform]] = {}
     lacking = []
@@ -186,16 +189,17 @@ def _scan_images(
     if lacking:
         have = ", ".join(sorted({str(p) for _, p in stated}))
         raise ScanInputError(f"no {' and no '.join(lacking)} image (the input has: {have})")
-    return [_scan_image(image, options, progress, want) for image, want in chosen.values()]
+    return [scan_image(image, options, want, progress) for image, want in chosen.values()]
 
 
-def _scan_image(
+def scan_image(
     image: ImageSource,
     options: ScanOptions,
-    progress: Progress | None,
     want: Platform | None = None,
+    progress: Progress | None = None,
 ) -> ImageResult:
-    """One image, against the platform it states, else `want`, else this node's."""
+    """One image, against the platform it states, else `want`, else this node's: the
+    verdict audit and placement ask for (run it in scan.isolated's child process)."""
     started = time.perf_counter()
     fs = MemoryFS(options.limits)
     counter, entries = [0, 0], [0]

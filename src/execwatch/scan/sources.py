@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Literal
 
 from execwatch.binfmt import Platform
+from execwatch.runnable.limits import Limits
 from execwatch.scan.errors import CorruptInput, LimitExceeded, ScanInputError
 from execwatch.scan.limits import (
     CHUNK,
     GZIP_MAGIC,
     ZSTD_MAGIC,
-    Limits,
     Readable,
     Tally,
     check_tar_end,
@@ -243,7 +243,7 @@ def archive_store(tar: tarfile.TarFile, label: str) -> BlobStore:
     return BlobStore(opener, label)
 
 
-def _descriptor_platform(desc: dict[str, Any]) -> Platform | None:
+def descriptor_platform(desc: dict[str, Any]) -> Platform | None:
     p = desc.get("platform")
     if not isinstance(p, dict):
         return None
@@ -342,7 +342,7 @@ def _manifest_image(
     manifest_digest = desc.get("digest")
     if not isinstance(manifest_digest, str):
         manifest_digest = None
-    return ImageSource(label, _descriptor_platform(desc), config, layers, manifest_digest)
+    return ImageSource(label, descriptor_platform(desc), config, layers, manifest_digest)
 
 
 def _opener(store: BlobStore, path: str) -> Callable[[], IO[bytes]]:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from execwatch.scan.model import Check, Finding, ScanReport
+from execwatch.scan.model import Finding, ScanReport
+from execwatch.scan.vocabulary import Check
 from execwatch.text import safe_name, safe_prose
 
 DECLARATION = '<?xml version="1.0" encoding="UTF-8"?>\n'

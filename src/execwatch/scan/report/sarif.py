@@ -13,8 +13,9 @@ from collections import Counter
 from typing import Any
 
 from execwatch import __version__
-from execwatch.scan.model import CHECK_DESCRIPTIONS, Check, Finding, ScanReport, Severity
+from execwatch.scan.model import Finding, ScanReport, Severity
 from execwatch.scan.report.json_report import identity
+from execwatch.scan.vocabulary import CHECK_DESCRIPTIONS, Check
 from execwatch.text import safe_name, safe_prose, uri_path
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"

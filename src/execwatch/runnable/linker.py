@@ -9,7 +9,7 @@ LD_LIBRARY_PATH, the rpath chain ($ORIGIN only), `<prefix>/etc/ld-musl-<arch>.pa
 /lib:/usr/local/lib:/usr/lib; the first file found is used, whatever its ABI, and versions
 are never checked.
 
-Every resolve() runs on one work budget (`Work`, sized by scan.limits.Limits): candidate
+Every resolve() runs on one work budget (`Work`, sized by runnable.limits.Limits): candidate
 probes (names x directories), loop steps, bytes of paths and configuration, and a
 deadline. The directories of all sources together (DT_RPATH, LD_LIBRARY_PATH, DT_RUNPATH,
 ld.so.conf, the musl path file) are deduplicated and capped. When the budget runs out the
@@ -30,9 +30,9 @@ from typing import Protocol, runtime_checkable
 
 from execwatch.binfmt import ElfInfo, LibcFlavor, musl_arch
 from execwatch.binfmt.symbols import DynamicSymbols, SymbolRef
-from execwatch.scan.errors import LimitExceeded
-from execwatch.scan.fs import FileSystem, Node, resolve
-from execwatch.scan.limits import Limits
+from execwatch.runnable.errors import LimitExceeded
+from execwatch.runnable.fs import FileSystem, Node, resolve
+from execwatch.runnable.limits import Limits
 
 MUSL_RESERVED = ("c", "pthread", "rt", "m", "dl", "util", "xnet")
 MAX_CONF_FILES = 256  # ld.so.conf and everything it includes, each file read once

@@ -1,55 +1,43 @@
-"""A task's root filesystem as the scanner's FileSystem view, read through openat2.
+"""A live task's root filesystem as a FileSystem view, read through openat2.
 
-The linker (execwatch.scan.linker) resolves libraries over any FileSystem: the scanner
-gives it an image's layers or an unpacked root, the node gives it this live view, so
-both apply one set of loader rules. Every lookup stays inside the root
-(RESOLVE_IN_ROOT, see confined.py), never follows a final symlink (the linker follows
+The linker (linker.py) resolves libraries over any FileSystem: the scanner gives it an
+image's layers or an unpacked root, the node gives it this live view, so both apply one
+set of loader rules. Every lookup stays inside the root (RESOLVE_IN_ROOT, see
+openat2.py), never follows a final symlink (the linker follows
 them itself, inside the root), and reads only regular files. Bounded: the last MAX_NODES
 entries described are kept (least recently used first out; an entry past the bound is
 described again, never taken for missing), and MAX_DIR_ENTRIES names listed per directory.
-How many lookups one diagnosis makes is the linker's budget (scan.limits.Limits).
+How many lookups one diagnosis makes is the linker's budget (runnable.limits.Limits).
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import stat
 from collections import OrderedDict
 from collections.abc import Iterator
 
-from execwatch.binfmt.errors import BinfmtError
-from execwatch.binfmt.symbols import DynamicSymbols, read_dynamic_symbols
-from execwatch.diagnosis.budget import SlowMounts
-from execwatch.diagnosis.confined import (
-    RESOLVE_IN_ROOT,
-    RESOLVE_NO_MAGICLINKS,
-    SYS_OPENAT2,
-    OpenHow,
-    Root,
-    reopen_regular,
-)
-from execwatch.scan.fs import Node, describe_file
+from execwatch.binfmt.symbols import DynamicSymbols
+from execwatch.runnable.fs import Node, describe_file, read_symbols
+from execwatch.runnable.openat2 import READ_FLAGS, MountGuard, Resolver, Root, reopen_regular
 
 MAX_NODES = 4096
 MAX_DIR_ENTRIES = 4096
-READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
 class RootView:
-    """execwatch.scan.fs.FileSystem over an O_PATH fd on a task's root."""
+    """runnable.fs.FileSystem over an O_PATH fd on a task's root."""
 
-    def __init__(self, root: Root, slow: SlowMounts | None = None) -> None:
+    def __init__(self, root: Root, slow: MountGuard | None = None) -> None:
         self._root = root
         self._slow = slow
-        self._libc = ctypes.CDLL(None, use_errno=True)
-        self._libc.syscall.restype = ctypes.c_long
+        self._resolver = Resolver()
         self._cache: OrderedDict[str, Node | None] = OrderedDict()
 
     def _lookup(self, path: str) -> int:
-        """An O_PATH fd, after `slow` (see budget.py) has seen its mount: a hung file
+        """An O_PATH fd, after `slow` (diagnosis/budget.py) has seen its mount: a hung file
         system is refused instead of blocking fstat and reads."""
-        fd = self._openat2(path)
+        fd = self._resolver.lookup(self._root, path, follow=False)
         if self._slow is not None:
             try:
                 self._slow.enter(fd)
@@ -57,20 +45,6 @@ class RootView:
                 os.close(fd)
                 raise
         return fd
-
-    def _openat2(self, path: str) -> int:
-        how = OpenHow(
-            flags=os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC,
-            mode=0,
-            resolve=RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
-        )
-        fd = self._libc.syscall(
-            SYS_OPENAT2, self._root.fd, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how)
-        )
-        if fd < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err), path)
-        return int(fd)
 
     def node(self, path: str) -> Node | None:
         if path in self._cache:
@@ -123,18 +97,9 @@ class RootView:
             os.close(fd)
 
     def dynamic_symbols(self, path: str, imports: bool = True) -> DynamicSymbols | None:
-        node = self.node(path)
-        if node is None or node.elf is None:
-            return None
-        try:
-            rfd = reopen_regular(self._lookup(path), path)
-        except OSError:
-            return None
-        with open(rfd, "rb") as f:
-            try:
-                return read_dynamic_symbols(f, node.elf, imports)
-            except BinfmtError:  # over the symbol reader's budget: unknown, like None
-                return None
+        return read_symbols(
+            self.node(path), lambda: reopen_regular(self._lookup(path), path), imports
+        )
 
     def listdir(self, path: str) -> list[str]:
         try:

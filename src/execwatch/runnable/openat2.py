@@ -1,4 +1,4 @@
-"""Opening files inside another task's root without ever leaving it.
+"""Opening files inside another task's root without ever leaving it: the one openat2 wrapper.
 
 openat2(RESOLVE_IN_ROOT) makes the kernel treat the directory fd as "/" for the whole
 lookup: absolute symlinks and ".." stay inside the container's root filesystem, so a
@@ -12,8 +12,7 @@ import ctypes
 import os
 import stat
 from dataclasses import dataclass
-
-from execwatch.diagnosis.budget import SlowMounts
+from typing import Protocol
 
 SYS_OPENAT2 = 437  # the same number on every architecture (added with the unified table)
 RESOLVE_NO_MAGICLINKS = 0x02
@@ -23,6 +22,13 @@ READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 class NotRegularFile(OSError):
     pass
+
+
+class MountGuard(Protocol):
+    """Refuses (raises) a mount where an earlier read overran its budget
+    (diagnosis.budget.SlowMounts)."""
+
+    def enter(self, fd: int) -> None: ...
 
 
 class OpenHow(ctypes.Structure):
@@ -43,16 +49,16 @@ class Root:
 class Resolver:
     """openat2 through libc's syscall(); one instance per process is enough."""
 
-    def __init__(self, slow: SlowMounts | None = None) -> None:
+    def __init__(self, slow: MountGuard | None = None) -> None:
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._libc.syscall.restype = ctypes.c_long
         self._slow = slow
 
-    def lookup(self, root: Root, path: str) -> int:
-        """An O_PATH fd for path inside root (nothing is opened for reading); raise OSError."""
-        how = OpenHow(
-            flags=os.O_PATH | os.O_CLOEXEC, mode=0, resolve=RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS
-        )
+    def lookup(self, root: Root, path: str, *, follow: bool = True) -> int:
+        """An O_PATH fd for path inside root (nothing is opened for reading); raise OSError.
+        follow=False: a final symlink is the fd's file, not followed."""
+        flags = os.O_PATH | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+        how = OpenHow(flags=flags, mode=0, resolve=RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
         fd = self._libc.syscall(
             SYS_OPENAT2, root.fd, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how)
         )
@@ -75,10 +81,10 @@ class Resolver:
         return True
 
 
-def reopen_regular(path_fd: int, name: str, slow: SlowMounts | None = None) -> int:
+def reopen_regular(path_fd: int, name: str, slow: MountGuard | None = None) -> int:
     """Turn an O_PATH fd into a read fd after checking it is a regular file; closes path_fd.
 
-    `slow` refuses (SlowFileSystem) a mount where an earlier diagnosis overran its budget."""
+    `slow` refuses a mount where an earlier diagnosis overran its budget."""
     try:
         if slow is not None:
             slow.enter(path_fd)

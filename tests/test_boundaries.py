@@ -1,0 +1,79 @@
+"""No package of execwatch imports another package's private names."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "execwatch"
+
+
+def package_of(module: str) -> str:
+    """execwatch.scan.runner -> scan; execwatch.record -> record (a top-level module)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(SRC.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_imports(source: str, importer: str) -> list[str]:
+    """`from execwatch.X import _name`, or from a private module of X, where X is not the
+    importer's own package: (line, module, names) as text."""
+    own = package_of(importer)
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        module = node.module or "" if isinstance(node, ast.ImportFrom) else ""
+        if not module.startswith("execwatch") or package_of(module) == own:
+            continue
+        assert isinstance(node, ast.ImportFrom)
+        names = [a.name for a in node.names if is_private(a.name)]
+        if names or any(is_private(part) for part in module.split(".")):
+            found.append(f"{node.lineno}: from {module} import {', '.join(names) or '...'}")
+    return found
+
+
+def test_no_package_imports_another_packages_private_names() -> None:
+    found = {
+        str(path.relative_to(SRC.parent)): hits
+        for path in sorted(SRC.rglob("*.py"))
+        if (hits := private_imports(path.read_text(), module_name(path)))
+    }
+    assert found == {}
+
+
+def test_what_the_check_catches_and_lets_through() -> None:
+    source = (
+        "from execwatch.scan.runner import _scan_image\n"
+        "from execwatch.scan._impl import helper\n"
+        "from execwatch.audit.inventory import _own_package\n"
+        "from execwatch import __version__\n"
+        "from execwatch.scan import scan_image\n"
+    )
+    assert private_imports(source, "execwatch.audit.engine") == [
+        "1: from execwatch.scan.runner import _scan_image",
+        "2: from execwatch.scan._impl import ...",
+    ]
+
+
+def imported_packages(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    modules = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    modules |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    return {package_of(m) for m in modules if m.startswith("execwatch.")}
+
+
+def test_the_neutral_package_imports_neither_of_its_users() -> None:
+    """runnable/ is what scan and diagnosis share: it depends on neither, and the node's
+    diagnosis does not load the scanner (its registry client, decompressors) either."""
+    for path in sorted((SRC / "runnable").rglob("*.py")):
+        assert not imported_packages(path) & {"scan", "diagnosis"}, path
+    for path in sorted((SRC / "diagnosis").rglob("*.py")):
+        assert "scan" not in imported_packages(path), path
