@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import errno as errno_mod
 import gzip
-from collections.abc import Callable, Iterable, Iterator
+import ssl
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Counter
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
-from execwatch.httpserver import BoundedServer, Request, ServerLimits, response
+from execwatch.binfmt.emulation import Emulator
+from execwatch.httpserver import BoundedServer, Deferred, Request, ServerLimits, response
 from execwatch.record import Reason
 
 
@@ -27,10 +29,22 @@ class KernelCounters(Protocol):
     def errno_totals(self) -> dict[int, int]: ...
     def death_totals(self) -> dict[str, int]: ...
     def stats(self) -> dict[str, int]: ...
+    def shed_top(self) -> tuple[Mapping[str, str], int] | None: ...
+
+
+@runtime_checkable
+class EmulatorInventory(Protocol):
+    """A probe that watches the node's binfmt_misc emulators (probe.loader.Probe)."""
+
+    def binfmt_emulators(self) -> tuple[Emulator, ...]: ...
+    def emulated_totals(self) -> dict[str, int]: ...
 
 
 # None when healthy, else a one-line reason: see pipeline.Heartbeat.problem.
 HealthCheck = Callable[[], "str | None"]
+# The answer to a scrape that `serve()` would give if allowed, else an error answer, or a
+# Deferred one: cluster.metricsauth.MetricsAuth.answer.
+Guard = Callable[[Request, Callable[[], bytes]], "bytes | Deferred"]
 
 
 @dataclass
@@ -54,12 +68,17 @@ def serve(
     registry: CollectorRegistry,
     health: HealthCheck | None = None,
     limits: ServerLimits | None = None,
+    guard: Guard | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> BoundedServer:
     """Serve `registry` on /metrics in a background thread; call .shutdown() to stop.
 
-    With `health`, /healthz answers 200 or 503 with its reason (the liveness probe)."""
-    answers, dropped = _Answers(registry, health), ServerMetrics(registry).dropped
-    server = BoundedServer(address, answers, limits or ServerLimits(), dropped, name="metrics")
+    /healthz answers 200, or with `health` 503 and its reason (the liveness probe); it
+    is never guarded. With `guard`, every other request passes it (authenticated metrics);
+    with `tls`, the port speaks HTTPS."""
+    answers, dropped = _Answers(registry, health, guard), ServerMetrics(registry).dropped
+    limits = limits or ServerLimits()
+    server = BoundedServer(address, answers, limits, dropped, tls, name="metrics")
     server.start()
     return server
 
@@ -68,16 +87,23 @@ def serve(
 class _Answers:
     registry: CollectorRegistry
     health: HealthCheck | None
+    guard: Guard | None = None
 
-    def __call__(self, request: Request) -> bytes:
-        method, headers = request.method, request.headers
+    def __call__(self, request: Request) -> bytes | Deferred:
+        method = request.method
         if method not in ("GET", "HEAD"):
             return response("405 Method Not Allowed", "text/plain", b"GET or HEAD\n", method)
-        if request.path == "/healthz" and self.health is not None:
-            problem = self.health()
+        if request.path == "/healthz" and (self.health is not None or self.guard is not None):
+            problem = self.health() if self.health is not None else None
             status = "503 Service Unavailable" if problem else "200 OK"
             text = f"{problem or 'ok'}\n".encode()
             return response(status, "text/plain; charset=utf-8", text, method)
+        if self.guard is not None:
+            return self.guard(request, lambda: self._metrics(request))
+        return self._metrics(request)
+
+    def _metrics(self, request: Request) -> bytes:
+        method, headers = request.method, request.headers
         encoder, content_type = choose_encoder(headers.get("accept", ""))
         body = encoder(self.registry)
         extra: tuple[tuple[str, str], ...] = ()
@@ -117,12 +143,49 @@ class KernelCollector(Collector):
         )
         for status, n in sorted(self._probe.death_totals().items()):
             deaths.add_metric([status], n)
+        top = GaugeMetricFamily(
+            "execwatch_kernel_cgroup_budget_top",
+            "Records the kernel withheld from the living cgroup that lost the most to its "
+            "ring-buffer budget (one series at most: the total is "
+            'execwatch_kernel_dropped_total{type="cgroup_budget"}).',
+            labels=["cgroup"],
+        )
+        shed = self._probe.shed_top()
+        if shed is not None:
+            top.add_metric([shed[0]["cgroup"]], shed[1])
         yield failures
         yield drops
         yield deaths
+        yield top
+        if isinstance(self._probe, EmulatorInventory):
+            yield from emulation_metrics(self._probe)
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
+
+
+def emulation_metrics(probe: EmulatorInventory) -> Iterator[Metric]:
+    emulators = GaugeMetricFamily(
+        "execwatch_node_binfmt_emulators",
+        "Enabled binfmt_misc entries that run another architecture's ELF binaries here "
+        "through an emulator (user-mode QEMU): such binaries start, slowly, instead of failing.",
+        labels=["emulated_arch", "flags"],
+    )
+    found: dict[tuple[str, str], int] = {}
+    for emu in probe.binfmt_emulators():
+        found[(emu.arch, emu.flags)] = found.get((emu.arch, emu.flags), 0) + 1
+    for labels, n in sorted(found.items()):
+        emulators.add_metric(list(labels), n)
+    execs = CounterMetricFamily(
+        "execwatch_kernel_emulated_execs",
+        "Successful execs handed to a binfmt_misc emulator, counted in the kernel (exact), "
+        "by emulated architecture.",
+        labels=["emulated_arch"],
+    )
+    for arch, n in sorted(probe.emulated_totals().items()):
+        execs.add_metric([arch], n)
+    yield emulators
+    yield execs
 
 
 class NodeMetrics:

@@ -29,15 +29,14 @@ from kubernetes import client
 
 from execwatch.cluster.kubeapi import RecordApi
 from execwatch.cluster.publisher import Publisher, PublisherConfig
-from execwatch.diagnosis import FileDiagnoser
-from execwatch.pipeline import NodePipeline
-from execwatch.probe import Probe
-from execwatch.probe.events import boot_to_epoch_offset
+from execwatch.nodestack import StackOptions
+from execwatch.pipeline import PipelineOptions
 from execwatch.record import Attribution, AttributionStatus, ExecFailure, Reason
 from tests.deploy.chart import REPO, Doc
 from tests.deploy.prometheus import Prometheus
 from tests.kube.cluster import KubeCluster, ensure_namespace
 from tests.kube.processes import ExecwatchProcess
+from tests.support.node import node_stack
 
 ARGO = REPO / "deploy" / "argo"
 HELLO_ARM64 = REPO / ".cache" / "foreign" / "arm64" / "root" / "usr" / "bin" / "hello"
@@ -302,21 +301,14 @@ def real_foreign_exec_failure() -> ExecFailure:
     """Exec an arm64 binary on this (non-arm64) host; the probe's diagnosed record of it."""
     if not HELLO_ARM64.exists():
         pytest.fail(f"{HELLO_ARM64} missing: run dev/fetch-foreign.sh", pytrace=False)
-    records: list[ExecFailure] = []
-    with (
-        Probe() as probe,
-        NodePipeline(
-            FileDiagnoser(), records.append, epoch_offset=boot_to_epoch_offset(), window=0.05
-        ) as pipeline,
-    ):
-        probe.open_ring_buffer(pipeline.on_record)
+    with node_stack(StackOptions(pipeline=PipelineOptions(window=0.05))) as running:
         err = _exec_in_child(str(HELLO_ARM64))
         assert err == 8, f"expected ENOEXEC from the arm64 binary, got errno {err}"
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            probe.poll(50)
-            pipeline.flush()
-            for r in records:
+            running.probe.poll(50)
+            running.pipeline.flush()
+            for r in running.records:
                 if r.event.path == str(HELLO_ARM64):
                     return r
     raise AssertionError("the probe never reported the failed exec")

@@ -8,7 +8,11 @@
  *
  * One difference shapes code rather than picking a branch: before 5.12 the verifier
  * refuses a stack access at a variable offset (01f810ace9ed, "bpf: Allow
- * variable-offset stack access"), so loops that index the stack are unrolled. */
+ * variable-offset stack access"), so loops that index the stack are unrolled.
+ * Another is the cgroup budget (ew_budget): a compare-and-exchange arrived in 5.12
+ * (5ffa25502b5a, "bpf: Add instructions for atomic_[cmp]xchg") and a tracing program may
+ * not take a bpf_spin_lock, so its arrival time is a plain load and store, and its shed
+ * count an add whose result is unused (BPF_XADD, as old as eBPF's maps). */
 #ifndef EXECWATCH_COMPAT_H
 #define EXECWATCH_COMPAT_H
 
@@ -90,5 +94,13 @@ static __always_inline struct kernfs_node *kernfs_parent(struct kernfs_node *kn)
 		return BPF_CORE_READ((struct kernfs_node___new *)kn, __parent);
 	return BPF_CORE_READ((struct kernfs_node___old *)kn, parent);
 }
+
+/* The emulation program (tp_btf/sched_process_exec, its struct linux_binprm argument) needs
+ * BTF-enabled raw tracepoints, 5.5, commit 9e15db66136a ("bpf: Implement accurate raw_tp
+ * context access via BTF"); that bprm->file is the last interpreter when the tracepoint
+ * fires (binfmt_misc's loop without recursion, bprm->interpreter) is 5.8, commit
+ * bc2bf338d54b ("exec: Remove recursion from search_binary_handler"). The loader checks
+ * the running kernel's BTF for both (probe.loader.emulation_support) and, without them,
+ * leaves the program unloaded: the rest of the probe runs as before. */
 
 #endif

@@ -116,6 +116,14 @@ struct {
 	__type(value, __u64);
 } stats SEC(".maps");
 
+/* Per cgroup: its budget of records (see ew_budget). Resized at load time. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u64);
+	__type(value, struct ew_budget);
+} budgets SEC(".maps");
+
 /* Per CPU: a path is assembled here; twice its size, so that a name read at any offset
  * below EW_DPATH_LEN fits (the verifier checks the bound, not the string). */
 struct {
@@ -184,6 +192,34 @@ static __always_inline __u64 wakeup_flag(__u64 now, __u64 cgroup_id)
 		return BPF_RB_FORCE_WAKEUP;
 	}
 	return BPF_RB_NO_WAKEUP;
+}
+
+/* Whether the cgroup's budget allows one more record now; if not, it is counted as shed.
+ * GCRA: a record is sent while its cgroup's theoretical arrival time is at most
+ * budget_burst_ns ahead of now, and moves it on by budget_interval_ns. */
+static __always_inline bool within_budget(__u64 cgroup_id, __u64 now)
+{
+	struct ew_budget *b, fresh = {};
+	__u64 tat;
+	__u32 idx;
+
+	if (!cfg.budget_interval_ns)
+		return true;
+	b = bpf_map_lookup_elem(&budgets, &cgroup_id);
+	if (!b) { /* first record of this cgroup (or its entry was evicted): a full bucket */
+		fresh.tat = now + cfg.budget_interval_ns;
+		bpf_map_update_elem(&budgets, &cgroup_id, &fresh, BPF_NOEXIST);
+		return true;
+	}
+	tat = b->tat > now ? b->tat : now;
+	if (tat - now > cfg.budget_burst_ns) {
+		__sync_fetch_and_add(&b->shed, 1);
+		idx = EW_STAT_CGROUP_BUDGET;
+		bump(&stats, &idx);
+		return false;
+	}
+	b->tat = tat + cfg.budget_interval_ns;
+	return true;
 }
 
 static __always_inline bool reported(int err)
@@ -540,6 +576,8 @@ static __noinline int on_failure(long ret, enum ew_syscall sc)
 	}
 	now = bpf_ktime_get_boot_ns();
 	count(cgroup_id, (int)-ret);
+	if (!within_budget(cgroup_id, now))
+		return 0;
 
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
@@ -765,6 +803,126 @@ int signal_deliver(struct signal_deliver_ctx *ctx)
 	if (ctx->sa_handler != 0 || sig <= 0 || sig >= 32 || !((1u << sig) & FATAL_SIGNALS))
 		return 0; /* handled, ignored or not fatal: SIG_DFL is 0 */
 	return on_fatal_signal(sig);
+}
+
+/* ---- Emulation: see ew_emulated in execwatch.h ----
+ * Attached only while the node's binfmt_misc table has a foreign ELF entry. A native exec
+ * costs a pointer compare: bprm->interp is bprm->filename until binfmt_script or
+ * binfmt_misc replaces it. */
+
+struct linux_binprm {
+	struct file *file; /* when the tracepoint fires: the last interpreter that was loaded */
+	const char *filename;
+	const char *interp;
+} __attribute__((preserve_access_index));
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, EW_EMULATORS);
+	__type(key, struct ew_file_id);
+	__type(value, struct ew_emulator);
+} emulators SEC(".maps");
+
+/* Per emulator (ew_emulator.index): emulated execs, exact. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, EW_EMULATORS);
+	__type(key, __u32);
+	__type(value, __u64);
+} emulated_totals SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct ew_emulated_key);
+	__type(value, struct ew_emulated_seen);
+} emulated_seen SEC(".maps");
+
+/* Whether this name's record went out in the current fold epoch (then its repeat is
+ * counted in emulated_seen); if not, the entry takes the epoch: a record is on its way.
+ * CPUs racing on one name can both send one, never lose a count. */
+static __always_inline bool emulated_fold(struct ew_emulated_key *key)
+{
+	struct ew_emulated_seen *seen, fresh = {};
+	__u32 epoch = (__u32)fold_clock.epoch;
+
+	if (!cfg.fold_window_ns)
+		return false;
+	seen = bpf_map_lookup_elem(&emulated_seen, key);
+	if (seen && seen->epoch == epoch) {
+		__sync_fetch_and_add(&seen->folded, 1);
+		return true;
+	}
+	if (seen) {
+		seen->epoch = epoch;
+		return false;
+	}
+	fresh.epoch = epoch; /* when the map is full, the name is sent every time */
+	bpf_map_update_elem(&emulated_seen, key, &fresh, BPF_NOEXIST);
+	return false;
+}
+
+/* The record's own fields. A call: its signature puts struct ew_emulated in the object's
+ * BTF, which the loader checks. */
+static __noinline void fill_emulated(struct ew_emulated *e, struct linux_binprm *bprm,
+				     struct ew_emulator *emu, struct ew_file_id *id)
+{
+	e->interp_dev = id->dev;
+	e->interp_ino = id->ino;
+	e->emulator = emu->index;
+	e->pad = 0;
+	__builtin_memcpy(e->arch, emu->arch, EW_ARCH_LEN);
+	if (bpf_probe_read_kernel_str(e->filename, sizeof(e->filename), BPF_CORE_READ(bprm, filename)) < 0)
+		e->filename[0] = 0;
+	if (bpf_probe_read_kernel_str(e->interp, sizeof(e->interp), BPF_CORE_READ(bprm, interp)) < 0)
+		e->interp[0] = 0;
+}
+
+static __noinline int on_emulated(struct linux_binprm *bprm, struct ew_emulator *emu,
+				  struct ew_file_id *id)
+{
+	struct task_struct *task = current_task();
+	struct ew_emulated_key key = {};
+	struct ew_emulated *e;
+	__u64 now;
+	__u32 idx = emu->index;
+	long n;
+
+	bump(&emulated_totals, &idx);
+	key.cgroup_id = current_cgroup_id(task);
+	caller_root(task, &key.mntns, &key.root_ino);
+	n = bpf_probe_read_kernel_str(key.filename, sizeof(key.filename), BPF_CORE_READ(bprm, filename));
+	if (n > 0 && n < EW_FOLD_NAME_LEN && emulated_fold(&key))
+		return 0;
+	now = bpf_ktime_get_boot_ns();
+	if (!within_budget(key.cgroup_id, now))
+		return 0;
+	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		idx = EW_STAT_RINGBUF_DROPS;
+		bump(&stats, &idx);
+		return 0;
+	}
+	fill_head(&e->head, EW_KIND_EMULATED, task, now, key.cgroup_id, key.mntns, key.root_ino);
+	fill_emulated(e, bprm, emu, id);
+	bpf_ringbuf_submit(e, wakeup_flag(now, key.cgroup_id));
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(emulated_exec, struct task_struct *p, int old_pid, struct linux_binprm *bprm)
+{
+	struct ew_file_id id;
+	struct ew_emulator *emu;
+	struct inode *inode;
+
+	if (bprm->interp == bprm->filename)
+		return 0; /* no binfmt_script or binfmt_misc: the native exec's whole cost */
+	inode = bprm->file->f_inode;
+	id.ino = inode->i_ino;
+	id.dev = inode->i_sb->s_dev;
+	emu = bpf_map_lookup_elem(&emulators, &id);
+	return emu ? on_emulated(bprm, emu, &id) : 0;
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

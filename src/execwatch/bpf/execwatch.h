@@ -33,6 +33,8 @@ struct ew_config {
 	__u64 death_window_ns;    /* an exit this soon after the task started is an early death */
 	__u64 fold_window_ns;     /* 0: folding off; else how often user space starts a new */
 				  /* fold epoch (see ew_fold_slot) */
+	__u64 budget_interval_ns; /* 0: no per-cgroup budget; else 1 s / records per second */
+	__u64 budget_burst_ns;    /* (burst - 1) * budget_interval_ns: see ew_budget */
 	__u64 fold_key[EW_FOLD_KEY_WORDS]; /* random at every load: the tag's NH key */
 };
 
@@ -40,6 +42,7 @@ struct ew_config {
 enum ew_kind {
 	EW_KIND_EXEC_FAILED = 1, /* struct ew_event */
 	EW_KIND_EARLY_DEATH = 2, /* struct ew_death */
+	EW_KIND_EMULATED = 3,    /* struct ew_emulated */
 };
 
 /* Who and where, first in every record. */
@@ -91,7 +94,22 @@ enum ew_stat {
 	EW_STAT_RINGBUF_DROPS = 0,  /* ring buffer full: event lost, counters still exact */
 	EW_STAT_COUNTER_FULL = 1,   /* counts map full: counted in the overflow key instead */
 	EW_STAT_DEATH_DROPS = 2,    /* deaths ring buffer full: early death lost, totals exact */
-	EW_STAT_MAX = 3,
+	EW_STAT_CGROUP_BUDGET = 3,  /* over its cgroup's budget: not sent, counts still exact */
+	EW_STAT_MAX = 4,
+};
+
+/* ---- Fairness: each cgroup's share of the events ring buffer ----
+ * A record about to be sent (no fold absorbed it) spends its cgroup's budget, a token
+ * bucket in its GCRA form: one record per budget_interval_ns, and a burst of
+ * budget_burst_ns / budget_interval_ns + 1 records back to back. Over it the record is
+ * not sent, only counted in `shed` and in EW_STAT_CGROUP_BUDGET (the failure itself is
+ * counted as always), so a cgroup storming unique failing names cannot fill the ring and
+ * crowd out another cgroup's one failure. One bucket per cgroup, shared by every CPU, in
+ * an LRU hash (budgets). Its arrival time is a plain load and store (compat.bpf.h):
+ * CPUs racing on one cgroup can let a few more through, never fewer. */
+struct ew_budget {
+	__u64 tat;            /* the theoretical arrival time: when the bucket is full again */
+	__u64 shed;           /* records over budget, since the entry was created (atomic add) */
 };
 
 /* ---- Folding: a PATH search's misses, counted in the kernel instead of sent ----
@@ -163,5 +181,50 @@ struct ew_death {
 };
 
 #define EW_EXE_PATH_OK 0x1
+
+/* ---- Emulation: a successful exec handed to a binfmt_misc interpreter ----
+ * User space fills `emulators` from the node's binfmt_misc table with the interpreter of
+ * every enabled foreign ELF entry, and attaches the sched_process_exec program only while
+ * there is one. An exec whose bprm->interp was changed (binfmt_script or binfmt_misc) and
+ * whose final file is such an interpreter is a record, folded like a PATH search's misses:
+ * one per (cgroup, mount namespace, root, name) and fold epoch, the repeats counted in
+ * emulated_seen; every one counted per emulator in emulated_totals (exact). */
+#define EW_ARCH_LEN 16
+#define EW_EMULATORS 256 /* binfmt.emulation.MAX_ENTRIES */
+
+struct ew_file_id {           /* emulators' key: the interpreter's inode */
+	__u64 dev;            /* s_dev, kernel encoding (major << 20 | minor) */
+	__u64 ino;
+};
+
+struct ew_emulator {          /* emulators' value */
+	__u32 index;          /* into emulated_totals and user space's table */
+	__u32 pad;
+	char arch[EW_ARCH_LEN]; /* the architecture its entry's magic selects */
+};
+
+struct ew_emulated_key {      /* emulated_seen's key: a name exec'd under emulation */
+	__u64 cgroup_id;
+	__u64 mntns;
+	__u64 root_ino;
+	char filename[EW_FOLD_NAME_LEN]; /* zero after its NUL; longer names are not folded */
+};
+
+struct ew_emulated_seen {
+	__u64 folded;         /* repeats counted here instead of sent: never reset (atomic add) */
+	__u32 epoch;          /* the fold epoch of the last record sent for the name */
+	__u32 pad;
+};
+
+struct ew_emulated {
+	struct ew_head head;  /* kind EW_KIND_EMULATED */
+	__u64 interp_dev;     /* the interpreter that ran, as in ew_file_id */
+	__u64 interp_ino;
+	__u32 emulator;       /* ew_emulator.index */
+	__u32 pad;
+	char arch[EW_ARCH_LEN];
+	char filename[EW_PATH_LEN]; /* bprm->filename: the binary, as the caller named it */
+	char interp[EW_PATH_LEN];   /* bprm->interp: the interpreter's path in its entry */
+};
 
 #endif

@@ -92,6 +92,18 @@ def decode_early_death(raw: bytes, epoch_offset: float) -> KernelEvent:
     )
 
 
+def decode_emulated(raw: bytes, epoch_offset: float) -> KernelEvent:
+    r = layout.EMULATED.unpack(raw)
+    return KernelEvent(
+        **_head(r, epoch_offset),
+        errno=0,
+        path=c_string(r.filename),
+        syscall="execve",
+        emulator=c_string(r.interp),
+        emulated_arch=c_string(r.arch),
+    )
+
+
 def leaf_first(raw: bytes) -> str:
     """The BPF program's "c/b/a/" (names from the dentry chain, leaf first) as "/a/b/c"."""
     names = c_string(raw).split("/")
@@ -109,6 +121,10 @@ _EXEC_FAILED_KEY = layout.EXEC_FAILED.picker(
 _EARLY_DEATH_KEY = layout.EARLY_DEATH.picker(
     "cgroup_id", "mntns", "root_ino", "exe_ino", "exe_dev", "exit_code", "signal"
 )
+
+_EMULATED_KEY = layout.EMULATED.picker("cgroup_id", "mntns", "root_ino", "filename")
+# An emulated exec's status in its repeat key: neither an errno nor a death's.
+EMULATED_STATUS = -512
 
 
 def exec_failed_key(raw: bytes) -> RepeatKey:
@@ -128,6 +144,13 @@ def early_death_key(raw: bytes) -> RepeatKey:
     return cgroup, mntns, root, how, dev.to_bytes(8, sys.byteorder), ino.to_bytes(8, sys.byteorder)
 
 
+def emulated_key(raw: bytes) -> RepeatKey:
+    """(cgroup, mntns, root, EMULATED_STATUS, filename, no detail): the kernel folds its
+    repeats by the same (probe.loader.Probe.take_folds)."""
+    cgroup, mntns, root, filename = _EMULATED_KEY.unpack_from(raw)
+    return cgroup, mntns, root, EMULATED_STATUS, filename.split(b"\0", 1)[0], b""
+
+
 @dataclass(frozen=True)
 class RecordKind:
     """One kind of ring-buffer record: its layout, decoder and repeat key."""
@@ -143,6 +166,7 @@ KINDS: Mapping[int, RecordKind] = MappingProxyType(
         for k in (
             RecordKind(layout.EXEC_FAILED, decode_exec_failed, exec_failed_key),
             RecordKind(layout.EARLY_DEATH, decode_early_death, early_death_key),
+            RecordKind(layout.EMULATED, decode_emulated, emulated_key),
         )
     }
 )

@@ -36,10 +36,12 @@ SYSCALLS = ("execve", "execveat")
 STAT_RINGBUF_DROPS = 0
 STAT_COUNTER_FULL = 1
 STAT_DEATH_DROPS = 2
+STAT_CGROUP_BUDGET = 3
 STAT_NAMES = {
     STAT_RINGBUF_DROPS: "ringbuf_full",
     STAT_COUNTER_FULL: "counter_map_full",
     STAT_DEATH_DROPS: "death_ringbuf_full",
+    STAT_CGROUP_BUDGET: "cgroup_budget",
 }
 TOTAL_EXIT = 64  # death_totals: a signal is its number, a loader exit TOTAL_EXIT + code
 DEATH_TOTALS = TOTAL_EXIT + 256
@@ -47,6 +49,9 @@ DEATH_LOADER_EXIT = 0
 DEATH_SIGNAL = 1
 KIND_EXEC_FAILED = 1  # enum ew_kind
 KIND_EARLY_DEATH = 2
+KIND_EMULATED = 3
+ARCH_LEN = 16
+EMULATORS = 256  # entries of the emulators map (binfmt.emulation.MAX_ENTRIES)
 
 
 class Config(ctypes.Structure):
@@ -56,6 +61,8 @@ class Config(ctypes.Structure):
         ("pad", ctypes.c_uint32),
         ("death_window_ns", ctypes.c_uint64),
         ("fold_window_ns", ctypes.c_uint64),
+        ("budget_interval_ns", ctypes.c_uint64),
+        ("budget_burst_ns", ctypes.c_uint64),
         ("fold_key", ctypes.c_uint64 * FOLD_KEY_WORDS),
     )
 
@@ -122,8 +129,60 @@ class Death(ctypes.Structure):
     )
 
 
+class Emulated(ctypes.Structure):
+    """A successful exec handed to a registered binfmt_misc emulator (EW_KIND_EMULATED)."""
+
+    _fields_ = (
+        ("head", Head),
+        ("interp_dev", ctypes.c_uint64),
+        ("interp_ino", ctypes.c_uint64),
+        ("emulator", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+        ("arch", ctypes.c_char * ARCH_LEN),
+        ("filename", ctypes.c_char * PATH_LEN),
+        ("interp", ctypes.c_char * PATH_LEN),
+    )
+
+
+class FileId(ctypes.Structure):
+    """The emulators map's key: an interpreter's device (kernel encoding) and inode."""
+
+    _fields_ = (("dev", ctypes.c_uint64), ("ino", ctypes.c_uint64))
+
+
+class EmulatorEntry(ctypes.Structure):
+    _fields_ = (
+        ("index", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+        ("arch", ctypes.c_char * ARCH_LEN),
+    )
+
+
+class EmulatedKey(ctypes.Structure):
+    _fields_ = (
+        ("cgroup_id", ctypes.c_uint64),
+        ("mntns", ctypes.c_uint64),
+        ("root_ino", ctypes.c_uint64),
+        ("filename", ctypes.c_char * FOLD_NAME_LEN),
+    )
+
+
+class EmulatedSeen(ctypes.Structure):
+    _fields_ = (("folded", ctypes.c_uint64), ("epoch", ctypes.c_uint32), ("pad", ctypes.c_uint32))
+
+
 class CountKey(ctypes.Structure):
     _fields_ = (("cgroup_id", ctypes.c_uint64), ("err", ctypes.c_int32), ("pad", ctypes.c_uint32))
+
+
+class BudgetKey(ctypes.Structure):
+    """The budgets map's key: a cgroup id (a plain __u64 in C, so not in DECLARED)."""
+
+    _fields_ = (("cgroup_id", ctypes.c_uint64),)
+
+
+class Budget(ctypes.Structure):
+    _fields_ = (("tat", ctypes.c_uint64), ("shed", ctypes.c_uint64))
 
 
 class FoldSlot(ctypes.Structure):
@@ -156,7 +215,13 @@ DECLARED: tuple[tuple[type[ctypes.Structure], str], ...] = (
     (Head, "ew_head"),
     (Event, "ew_event"),
     (Death, "ew_death"),
+    (Emulated, "ew_emulated"),
+    (FileId, "ew_file_id"),
+    (EmulatorEntry, "ew_emulator"),
+    (EmulatedKey, "ew_emulated_key"),
+    (EmulatedSeen, "ew_emulated_seen"),
     (CountKey, "ew_count_key"),
+    (Budget, "ew_budget"),
     (FoldSlot, "ew_fold_slot"),
     (FoldSet, "ew_fold_set"),
     (FoldName, "ew_fold_name"),
@@ -266,7 +331,8 @@ class Record:
 
 EXEC_FAILED = Record(KIND_EXEC_FAILED, "EW_KIND_EXEC_FAILED", Event)
 EARLY_DEATH = Record(KIND_EARLY_DEATH, "EW_KIND_EARLY_DEATH", Death)
-RECORDS = (EXEC_FAILED, EARLY_DEATH)
+EMULATED = Record(KIND_EMULATED, "EW_KIND_EMULATED", Emulated)
+RECORDS = (EXEC_FAILED, EARLY_DEATH, EMULATED)
 KIND = Struct("=I")  # every record's first field
 
 

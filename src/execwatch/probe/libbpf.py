@@ -40,6 +40,8 @@ def load_libbpf(name: str = "libbpf.so.1") -> ctypes.CDLL:
         "bpf_program__name": (c_char_p, [c_void_p]),
         "bpf_program__fd": (c_int, [c_void_p]),
         "bpf_program__attach": (c_void_p, [c_void_p]),
+        "bpf_program__set_autoload": (c_int, [c_void_p, ctypes.c_bool]),
+        "bpf_object__find_program_by_name": (c_void_p, [c_void_p, c_char_p]),
         "bpf_link__destroy": (c_int, [c_void_p]),
         "bpf_map__name": (c_char_p, [c_void_p]),
         "bpf_map__fd": (c_int, [c_void_p]),
@@ -67,6 +69,8 @@ def load_libbpf(name: str = "libbpf.so.1") -> ctypes.CDLL:
         "btf__name_by_offset": (c_char_p, [c_void_p, c_uint32]),
         "btf__resolve_size": (c_int64, [c_void_p, c_uint32]),
         "btf__resolve_type": (c_int, [c_void_p, c_uint32]),
+        "btf__load_vmlinux_btf": (c_void_p, []),
+        "btf__free": (None, [c_void_p]),
     }
     for fn, (restype, argtypes) in signatures.items():
         func = getattr(lib, fn)

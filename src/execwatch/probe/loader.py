@@ -10,13 +10,18 @@ import os
 import signal
 import struct
 import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import TypeVar
 
+from execwatch.binfmt import emulation, node_platform
+from execwatch.binfmt.emulation import Emulator
 from execwatch.probe import caps, layout
+from execwatch.probe.events import EMULATED_STATUS
+from execwatch.probe.fairness import Describe, ShedWatch, describe_cgroup
 from execwatch.probe.folds import FoldSlots
 from execwatch.probe.libbpf import LibbpfMissing, RingBufferCallback, load_libbpf
 
@@ -75,6 +80,16 @@ class ProbeOptions:
     death_ringbuf_bytes: int = 1 << 20
     fold_window_ms: float = 1000.0  # ENOENT repeats of one name are only counted until the
     # first take_folds() this long after the last new fold epoch (0: folding off)
+    # Each cgroup's share of the events ring buffer (bpf/execwatch.h, "Fairness"): records
+    # per second and back to back; 0: no budget. A crash loop fails a few times a second
+    # and folding sends a PATH search's repeats once per window: far below either.
+    budget_rate: float = 100.0
+    budget_burst: int = 500
+    budget_entries: int = 8192  # cgroups with a budget at once (an LRU: the oldest go)
+    # The binfmt_misc table whose foreign emulators the emulation program watches (None:
+    # never attached), re-read at most this often, from take_folds().
+    binfmt_table: Path | None = emulation.TABLE
+    binfmt_refresh_s: float = 10.0
 
 
 def default_object_path() -> Path:
@@ -126,6 +141,13 @@ class Probe:
         self._folds_lock = threading.Lock()  # take_folds and forget_counts: two threads
         self._folds: FoldSlots | None = None
         self.fold_key: list[int] = []  # the tags' NH key, random at each load
+        self.shed = ShedWatch(describe_cgroup)
+        self.emulation = EmulationState()
+
+    def describe_cgroups_with(self, describe: Describe) -> None:
+        """Name a crowding cgroup with `describe` (its pod, from attribution) instead of
+        only its cgroup path."""
+        self.shed = ShedWatch(describe)
 
     def __enter__(self) -> Probe:
         self.open()
@@ -148,7 +170,9 @@ class Probe:
         try:
             check_layout(ObjectBtf.of(self._lib, obj))
             self._configure()
+            self._choose_emulation()
             self._load_and_attach()
+            self.refresh_emulators()
         except BaseException:
             self.close()
             raise
@@ -161,6 +185,7 @@ class Probe:
         self._lib.bpf_map__set_max_entries(self._map("events"), self.options.ringbuf_bytes)
         self._lib.bpf_map__set_max_entries(self._map("counts"), self.options.count_entries)
         self._lib.bpf_map__set_max_entries(self._map("deaths"), self.options.death_ringbuf_bytes)
+        self._lib.bpf_map__set_max_entries(self._map("budgets"), self.options.budget_entries)
         sets = self._ncpus * layout.FOLD_SETS  # the program indexes by its CPU's number
         self._lib.bpf_map__set_max_entries(self._map("fold_slots"), sets)
         self._lib.bpf_map__set_max_entries(self._map("fold_names"), self._fold_entries())
@@ -174,6 +199,7 @@ class Probe:
             all_errnos=int(self.options.all_errnos),
             death_window_ns=int(self.options.death_window_ms * 1e6),
             fold_window_ns=int(self.options.fold_window_ms * 1e6),
+            **budget_config(self.options.budget_rate, self.options.budget_burst),
         )
         key = os.urandom(8 * layout.FOLD_KEY_WORDS)  # a tenant cannot know it
         self.fold_key = list(struct.unpack(f"{layout.FOLD_KEY_WORDS}Q", key))
@@ -186,6 +212,9 @@ class Probe:
             raise ProbeError(f"the kernel refused the BPF program: {describe_errno(-rc)}")
         prog = self._lib.bpf_object__next_program(self._obj, None)
         while prog:
+            if self._lib.bpf_program__name(prog).decode() == EMULATION_PROGRAM:
+                prog = self._lib.bpf_object__next_program(self._obj, prog)
+                continue  # attached while there are emulators: refresh_emulators()
             link = self._lib.bpf_program__attach(prog)
             if not link:
                 name = self._lib.bpf_program__name(prog).decode()
@@ -212,6 +241,111 @@ class Probe:
             write_clock,
             self.options.fold_window_ms / 1000,
         )
+
+    def _choose_emulation(self) -> None:
+        """Load the emulation program only where the kernel can run it (compat.bpf.h)."""
+        problem = emulation_support(self._lib)
+        self.emulation = EmulationState(supported=problem is None, unsupported=problem or "")
+        if problem is not None:
+            prog = self._lib.bpf_object__find_program_by_name(self._obj, EMULATION_PROGRAM.encode())
+            if not prog:
+                raise ProbeError(f"BPF object has no program {EMULATION_PROGRAM}: rebuild it")
+            self._lib.bpf_program__set_autoload(prog, False)
+            log.warning("emulated execs not watched", extra={"kv": {"reason": problem}})
+
+    def refresh_emulators(self, *, force: bool = True) -> None:
+        """Read the binfmt_misc table again (at most every binfmt_refresh_s unless forced)
+        and watch its foreign emulators: attached while there is one, detached otherwise."""
+        table_path, state = self.options.binfmt_table, self.emulation
+        now = time.monotonic()
+        if table_path is None or (
+            not force and now - state.read_at < self.options.binfmt_refresh_s
+        ):
+            return
+        table = emulation.read_table(table_path)
+        node_arch = node_platform().architecture
+        found = table.foreign(node_arch) if table is not None and table.enabled else ()
+        self.set_emulators(found)
+        self.emulation.read_at = now
+
+    def set_emulators(self, emulators: tuple[Emulator, ...]) -> None:
+        """Watch exactly these emulators (their interpreters, by inode): the program is
+        attached while there is one that the kernel can watch, else detached."""
+        state = self.emulation
+        fd = self._lib.bpf_map__fd(self._map("emulators")) if state.supported else -1
+        if fd >= 0:
+            for key in list(self._keys(fd, layout.FileId)):
+                self._lib.bpf_map_delete_elem(fd, ctypes.byref(key))
+        watched: list[Emulator] = []
+        for emu in emulators:
+            file_id = interpreter_id(emu.interpreter)
+            index = state.index(file_id, emu.arch) if file_id is not None else None
+            if file_id is None or index is None:
+                continue  # gone since its registration, or past the map's size
+            value = layout.EmulatorEntry(index=index, arch=emu.arch.encode()[: layout.ARCH_LEN - 1])
+            if fd >= 0:
+                self._lib.bpf_map_update_elem(fd, ctypes.byref(file_id), ctypes.byref(value), 0)
+            watched.append(emu)
+        state.emulators = tuple(watched)
+        if watched and state.supported and state.link is None:
+            state.link = self._attach(EMULATION_PROGRAM)
+        elif not watched and state.link is not None:
+            self._lib.bpf_link__destroy(state.link)
+            state.link = None
+
+    @property
+    def emulation_attached(self) -> bool:
+        return self.emulation.link is not None
+
+    def binfmt_emulators(self) -> tuple[Emulator, ...]:
+        """The foreign emulators of the last read of the table."""
+        return self.emulation.emulators
+
+    def _attach(self, name: str) -> int:
+        prog = self._lib.bpf_object__find_program_by_name(self._obj, name.encode())
+        link = self._lib.bpf_program__attach(prog) if prog else None
+        if not link:
+            raise ProbeError(f"cannot attach {name}: {describe_errno(ctypes.get_errno())}")
+        return int(link)
+
+    def emulated_totals(self) -> dict[str, int]:
+        """Emulated execs per emulated architecture since load (exact; per-CPU array)."""
+        if not self.emulation.supported:
+            return {}
+        fd = self._lib.bpf_map__fd(self._map("emulated_totals"))
+        totals: dict[str, int] = {}
+        for index, arch in enumerate(self.emulation.archs):
+            n = self._percpu_sum(fd, ctypes.c_uint32(index))
+            if n:
+                totals[arch] = totals.get(arch, 0) + n
+        return totals
+
+    def _take_emulated(
+        self, keep: Callable[[int], bool] | None = None
+    ) -> dict[layout.FoldedName, int]:
+        """Emulated repeats the kernel counted since the last call, per name; with `keep`,
+        the names of cgroups it rejects are forgotten (their last counts still returned)."""
+        if not self.emulation.supported:
+            return {}
+        fd, seen, read = (
+            self._lib.bpf_map__fd(self._map("emulated_seen")),
+            layout.EmulatedSeen(),
+            self.emulation.read,
+        )
+        out: dict[layout.FoldedName, int] = {}
+        for key in list(self._keys(fd, layout.EmulatedKey)):
+            if self._lib.bpf_map_lookup_elem(fd, ctypes.byref(key), ctypes.byref(seen)) != 0:
+                continue
+            raw = bytes(key)
+            name = bytes(key.filename).split(b"\0", 1)[0]
+            n = seen.folded - read.get(raw, 0)
+            if n:
+                out[(key.cgroup_id, key.mntns, key.root_ino, EMULATED_STATUS, name)] = n
+            read[raw] = seen.folded
+            if keep is not None and not keep(key.cgroup_id):
+                self._lib.bpf_map_delete_elem(fd, ctypes.byref(key))
+                del read[raw]
+        return out
 
     def _fold_entries(self) -> int:
         """Slots (and names) of every possible CPU's sets."""
@@ -327,20 +461,58 @@ class Probe:
     def forget_counts(self, keep: Callable[[int], bool]) -> int:
         """Delete the per-cgroup counts and fold totals of every cgroup `keep` rejects (the
         removed ones), so they never fill up with the dead; returns how many entries went.
-        A removed cgroup's last folds still come with the next take_folds()."""
+        A removed cgroup's last folds still come with the next take_folds(). The budgets
+        go too, after the sweep that names the cgroup that crowded the ring buffer most
+        since the last one (see probe.fairness)."""
         fd = self._lib.bpf_map__fd(self._map("counts"))
         doomed = [key for key in self._keys(fd, layout.CountKey) if not keep(key.cgroup_id)]
         for key in doomed:
             self._lib.bpf_map_delete_elem(fd, ctypes.byref(key))
+        self.shed.sweep(self.shed_by_cgroup())
+        budgets = self._budgets_fd()
+        for cgroup in [key for key, _ in self._budgets() if not keep(key.cgroup_id)]:
+            self._lib.bpf_map_delete_elem(budgets, ctypes.byref(cgroup))
         with self._folds_lock:
+            self._emulated_pending(self._take_emulated(keep))
             return len(doomed) + self._fold_slots().forget(keep)
+
+    def _emulated_pending(self, folded: dict[layout.FoldedName, int]) -> None:
+        for name, n in folded.items():
+            self.emulation.pending[name] = self.emulation.pending.get(name, 0) + n
+
+    def shed_by_cgroup(self) -> dict[int, int]:
+        """Records each cgroup had withheld for being over its budget, since its budget
+        entry was made (the total, exact, is stats()["cgroup_budget"])."""
+        return {key.cgroup_id: budget.shed for key, budget in self._budgets() if budget.shed}
+
+    def shed_top(self) -> tuple[Mapping[str, str], int] | None:
+        """The living cgroup that had the most records withheld, named, and how many."""
+        shed = self.shed_by_cgroup()
+        if not shed:
+            return None
+        top = max(shed, key=lambda cg: shed[cg])
+        return self.shed.name(top), shed[top]
+
+    def _budgets(self) -> Iterator[tuple[layout.BudgetKey, layout.Budget]]:
+        fd, budget = self._budgets_fd(), layout.Budget()
+        for key in self._keys(fd, layout.BudgetKey):
+            if self._lib.bpf_map_lookup_elem(fd, ctypes.byref(key), ctypes.byref(budget)) == 0:
+                yield key, layout.Budget.from_buffer_copy(budget)
+
+    def _budgets_fd(self) -> int:
+        return int(self._lib.bpf_map__fd(self._map("budgets")))
 
     def take_folds(self) -> dict[layout.FoldedName, int]:
         """Repeats the kernel counted instead of sending (see ew_fold_slot), per name, since
         the last call. Each came after a record of that name, sent in the same fold epoch:
         a call once the fold window has passed since the last new epoch starts the next."""
+        self.refresh_emulators(force=False)
         with self._folds_lock:
-            return self._fold_slots().take()
+            taken = self._fold_slots().take()
+            self._emulated_pending(self._take_emulated())
+            taken.update(self.emulation.pending)
+            self.emulation.pending.clear()
+            return taken
 
     def _fold_slots(self) -> FoldSlots:
         if self._folds is None:
@@ -359,7 +531,7 @@ class Probe:
         prev: K | None = None
         while (
             self._lib.bpf_map_get_next_key(
-                fd, ctypes.byref(prev) if prev else None, ctypes.byref(nxt)
+                fd, ctypes.byref(prev) if prev is not None else None, ctypes.byref(nxt)
             )
             == 0
         ):
@@ -377,13 +549,76 @@ class Probe:
         for link in self._links:
             self._lib.bpf_link__destroy(link)
         self._links.clear()
+        if self.emulation.link is not None:
+            self._lib.bpf_link__destroy(self.emulation.link)
+            self.emulation.link = None
         if self._obj:
             self._lib.bpf_object__close(self._obj)
             self._obj = None
 
 
+EMULATION_PROGRAM = "emulated_exec"
+
+
+@dataclass
+class EmulationState:
+    """The emulation program: whether this kernel runs it, its link while attached (only
+    while the binfmt_misc table has a foreign emulator), and what it watches."""
+
+    supported: bool = False
+    unsupported: str = ""  # why not, in one line
+    link: int | None = None
+    emulators: tuple[Emulator, ...] = ()  # watched now
+    # An interpreter's index in emulated_totals: one for each (inode, arch) since the load,
+    # never reused, so the totals stay exact and never go down when the table changes.
+    indexes: dict[tuple[int, int, str], int] = field(default_factory=dict)
+    archs: list[str] = field(default_factory=list)  # by index
+    read_at: float = float("-inf")
+    read: dict[bytes, int] = field(default_factory=dict)  # emulated_seen key -> folded read
+    pending: dict[layout.FoldedName, int] = field(default_factory=dict)  # taken, not handed
+
+    def index(self, file_id: layout.FileId, arch: str) -> int | None:
+        """The interpreter's index, a new one the first time; None once all are taken."""
+        key = (file_id.dev, file_id.ino, arch)
+        if key not in self.indexes:
+            if len(self.archs) >= layout.EMULATORS:
+                return None
+            self.indexes[key] = len(self.archs)
+            self.archs.append(arch)
+        return self.indexes[key]
+
+
+def interpreter_id(path: str) -> layout.FileId | None:
+    """The interpreter's inode as the kernel's emulators map keys it (s_dev encoding)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return layout.FileId(dev=os.major(st.st_dev) << 20 | os.minor(st.st_dev), ino=st.st_ino)
+
+
+def emulation_support(lib: ctypes.CDLL) -> str | None:
+    """Why this kernel cannot run the emulation program, or None (see compat.bpf.h)."""
+    btf = lib.btf__load_vmlinux_btf()
+    if not btf:
+        return "no kernel BTF"
+    try:
+        vmlinux = ObjectBtf(lib, btf)
+        if lib.btf__find_by_name_kind(btf, b"btf_trace_sched_process_exec", BTF_KIND_TYPEDEF) <= 0:
+            return "no BTF-enabled sched_process_exec tracepoint (Linux 5.5+)"
+        found = vmlinux.struct("linux_binprm")
+        names = {path for path, _, _ in found[1]} if found else set()
+        missing = {"interpreter", "interp", "filename", "file"} - names
+        if missing:
+            return f"struct linux_binprm lacks {', '.join(sorted(missing))} (Linux 5.8+)"
+        return None
+    finally:
+        lib.btf__free(btf)
+
+
 BTF_KIND_STRUCT = 4
 BTF_KIND_ENUM = 6
+BTF_KIND_TYPEDEF = 8
 
 
 class BtfType(ctypes.Structure):  # struct btf_type (linux/btf.h)
@@ -487,6 +722,17 @@ def check_layout(btf: ObjectBtf) -> None:
         raise ProbeError(
             f"BPF object and execwatch disagree on the layout ({mismatch}): rebuild it"
         )
+
+
+def budget_config(rate: float, burst: int) -> dict[str, int]:
+    """ew_config's budget fields: `rate` records a second per cgroup, `burst` back to
+    back (GCRA: see within_budget in the BPF program); rate 0 turns the budget off."""
+    if rate < 0 or burst < 1:
+        raise ValueError(f"a cgroup budget needs rate >= 0 and burst >= 1, not {rate}, {burst}")
+    if rate == 0:
+        return {"budget_interval_ns": 0, "budget_burst_ns": 0}
+    interval = max(1, round(1e9 / rate))
+    return {"budget_interval_ns": interval, "budget_burst_ns": (burst - 1) * interval}
 
 
 def death_label(index: int) -> str:

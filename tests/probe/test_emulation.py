@@ -1,0 +1,173 @@
+"""A foreign binary that does not fail: on a node whose binfmt_misc table runs arm64 ELF
+files through user-mode QEMU, its exec succeeds, and the probe reports it as Emulated.
+
+Each case registers Debian's qemu-aarch64-static in a table of its own (a user namespace:
+Linux 6.7+), runs Debian's arm64 busybox for real, and runs the real node stack (probe,
+pipeline, diagnosis, metrics) on this kernel, reading that table as the agent reads the
+node's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from execwatch.nodestack import StackOptions
+from execwatch.pipeline import PipelineOptions
+from execwatch.probe import layout
+from execwatch.probe.loader import ProbeOptions
+from execwatch.record import ExecFailure, Reason
+from tests.binfmt.emulation_env import BinfmtNamespace, aarch64_entry, qemu_aarch64
+from tests.support.node import Running, node_stack
+from tests.support.wait import wait_until
+
+WINDOW_S = 5.0  # long enough for every run of a case to fall in one window
+RUNS = 3
+
+
+@pytest.fixture
+def namespace() -> Iterator[BinfmtNamespace]:
+    ns = BinfmtNamespace.start()
+    try:
+        yield ns
+    finally:
+        ns.stop()
+
+
+@pytest.fixture(scope="module")
+def busybox_arm64(foreign_root: Path) -> Path:
+    return (foreign_root / "arm64" / "root" / "usr" / "bin" / "busybox").resolve()
+
+
+class Traced:
+    """The node stack, run as the agent runs it, on `table`, with the raw records sent."""
+
+    def __init__(self, running: Running, raw: list[bytes]) -> None:
+        self.running = running
+        self.raw = raw
+
+    @property
+    def records(self) -> list[ExecFailure]:
+        return self.running.records
+
+    def emulated_sent(self, path: Path) -> list[bytes]:
+        """The raw Emulated records the kernel sent for `path`."""
+        return [
+            r
+            for r in self.raw
+            if layout.KIND.unpack_from(r)[0] == layout.KIND_EMULATED
+            and layout.EMULATED.unpack(r).filename.split(b"\0")[0] == bytes(path)
+        ]
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        value = self.running.stack.registry.get_sample_value(name, labels)
+        return None if value is None else float(value)
+
+
+@contextmanager
+def traced(table: Path) -> Iterator[Traced]:
+    raw: list[bytes] = []
+
+    def tap(record: bytes, on_record: Callable[[bytes], None]) -> None:
+        raw.append(record)
+        on_record(record)
+
+    options = StackOptions(
+        probe=ProbeOptions(binfmt_table=table),
+        pipeline=PipelineOptions(window=WINDOW_S),
+        tap=tap,
+    )
+    with node_stack(options, loop="run") as running:
+        yield Traced(running, raw)
+
+
+def for_path(t: Traced, path: Path) -> ExecFailure:
+    def found() -> ExecFailure | None:
+        return next((r for r in t.records if r.event.path == str(path)), None)
+
+    def seen() -> str:
+        saw = [(r.event.path, str(r.diagnosis.reason)) for r in t.records]
+        return f"no record for {path}; saw {saw}"
+
+    record: ExecFailure = wait_until(found, 10.0, explain=seen)
+    return record
+
+
+def test_an_emulated_binary_is_one_emulated_record_per_window_counted_exactly(
+    namespace: BinfmtNamespace, busybox_arm64: Path, tmp_path: Path
+) -> None:
+    qemu = qemu_aarch64()
+    namespace.register(aarch64_entry("qemu-aarch64", qemu, "F"))
+    script = tmp_path / "script.sh"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    script.chmod(0o755)
+
+    with traced(namespace.table) as t:
+        assert t.running.probe.emulation_attached
+        runs = [namespace.run(busybox_arm64, "echo", "emulated") for _ in range(RUNS)]
+        native = namespace.run("/bin/true")
+        shebang = namespace.run(script)
+        record = for_path(t, busybox_arm64)
+        t.running.stop_loop()  # flushes the window: every count is in
+
+        assert [(r.returncode, r.stdout) for r in runs] == [(0, "emulated\n")] * RUNS
+        assert (native.returncode, shebang.returncode) == (0, 0)
+        assert record.diagnosis.reason is Reason.EMULATED
+        assert record.diagnosis.binary_arch == "arm64"
+        assert record.diagnosis.interpreter == str(qemu)
+        assert record.event.status == "EMULATED"
+        assert len(t.emulated_sent(busybox_arm64)) == 1, "one record per binary and window"
+        emulated = [r for r in t.records if r.diagnosis.reason is Reason.EMULATED]
+        assert {r.event.path for r in emulated} == {str(busybox_arm64)}, "native and #! are not"
+        assert sum(r.count for r in emulated) == RUNS
+        assert t.metric("execwatch_events_total", errno="EMULATED", reason="Emulated") == RUNS
+        assert t.metric("execwatch_kernel_emulated_execs_total", emulated_arch="arm64") == RUNS
+        assert t.metric("execwatch_node_binfmt_emulators", emulated_arch="arm64", flags="F") == 1
+
+
+def test_without_a_foreign_entry_the_program_is_not_attached_and_the_binary_is_foreign(
+    namespace: BinfmtNamespace, busybox_arm64: Path
+) -> None:
+    with traced(namespace.table) as t:
+        probe = t.running.probe
+        assert probe.emulation.supported, probe.emulation.unsupported
+        assert not probe.emulation_attached and probe.emulation.link is None
+        assert probe.binfmt_emulators() == ()
+
+        ran = namespace.run(busybox_arm64, "true")
+        record = for_path(t, busybox_arm64)
+
+        assert ran.returncode != 0 and "Exec format error" in ran.stderr
+        assert record.diagnosis.reason is Reason.FOREIGN_ARCHITECTURE
+        assert t.metric("execwatch_node_binfmt_emulators", emulated_arch="arm64", flags="F") is None
+
+
+def test_the_program_follows_the_table_attached_then_detached(
+    namespace: BinfmtNamespace, busybox_arm64: Path
+) -> None:
+    with traced(namespace.table) as t:
+        probe = t.running.probe
+        namespace.register(aarch64_entry("qemu-aarch64", qemu_aarch64(), ""))
+        probe.refresh_emulators()
+        assert probe.emulation_attached
+        assert [e.arch for e in probe.binfmt_emulators()] == ["arm64"]
+
+        namespace.write("qemu-aarch64", "-1")
+        probe.refresh_emulators()
+        assert not probe.emulation_attached
+
+        assert namespace.run(busybox_arm64, "true").returncode != 0
+        record = for_path(t, busybox_arm64)
+        assert record.diagnosis.reason is Reason.FOREIGN_ARCHITECTURE
+
+
+def test_a_native_entry_is_not_emulation(namespace: BinfmtNamespace) -> None:
+    amd64_magic = r"\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\x3e\x00"
+    mask = r"\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff"
+    namespace.register(f":native:M::{amd64_magic}:{mask}:{qemu_aarch64()}:")
+    with traced(namespace.table) as t:
+        assert t.running.probe.emulation.read_at > 0, "the table was read"
+        assert not t.running.probe.emulation_attached
+        assert t.running.probe.binfmt_emulators() == ()
