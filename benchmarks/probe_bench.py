@@ -31,6 +31,17 @@
    count); and the kernel time per miss from ten short rounds of each case, kept when no
    other process failed an exec meanwhile, every successful exec taken off at its cost
    in the storm without a search.
+6. The per-cgroup budget (--phases budget): exit_execve's kernel time per failing exec
+   (ENOEXEC: each one reaches the budget) in --budget-rounds rounds of --budget-execs,
+   of two variants attached together, in both orders: the object before the budget
+   (--old-object, built from git), the budget off, on but never reached (each failure
+   pays the bucket check and sends its record), and the default budget, which such a
+   storm goes over (the shed path: no record).
+7. Silent emulation (--phases emulation): the kernel time per successful native exec of
+   the sched_process_exec program that reports emulated execs, attached as on a node with
+   a foreign binfmt_misc emulator, next to a return-only program on the same hook, in both
+   attach orders (--emulation-execs in ten rounds each); then its runs once detached, as
+   on a node without one (0: it is not attached).
 
 The machine is shared by several engineers: figures are noisy, compare within one run.
 """
@@ -44,11 +55,12 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -56,12 +68,12 @@ from typing import Any
 from benchmarks.common import build_c, require_root, rss_mb, save, sysctl
 from execwatch.attribution import Attributor
 from execwatch.attribution.mounts import cgroup_mounts
-from execwatch.diagnosis import FileDiagnoser
+from execwatch.binfmt.emulation import Emulator
+from execwatch.nodestack import NodeStack, StackOptions
 from execwatch.output import Printer
-from execwatch.pipeline import NodePipeline
+from execwatch.pipeline import KernelFolds
 from execwatch.probe import Probe, layout
-from execwatch.probe.events import boot_to_epoch_offset
-from execwatch.probe.libbpf import load_libbpf
+from execwatch.probe.libbpf import RingBufferCallback, load_libbpf
 from execwatch.probe.loader import ProbeOptions
 from execwatch.record import Reason
 
@@ -95,10 +107,11 @@ def attach_in_order(stack: ExitStack, tmp: Path, order: str) -> tuple[Probe, int
 
 
 @contextmanager
-def return_only_program(tmp: Path) -> Iterator[int]:
-    """Load and attach benchmarks/return_only.bpf.c through libbpf; yield its prog id."""
-    obj_path = tmp / "return_only.bpf.o"
-    source = HERE / "return_only.bpf.c"
+def return_only_program(tmp: Path, source: Path | None = None) -> Iterator[int]:
+    """Load and attach benchmarks/return_only.bpf.c (or `source`) through libbpf; yield
+    its prog id."""
+    source = source or HERE / "return_only.bpf.c"
+    obj_path = tmp / f"{source.name.removesuffix('.c')}.o"
     include = f"-I/usr/include/{multiarch()}"
     subprocess.run(
         ["clang", "-O2", "-target", "bpf", include, "-c", source, "-o", obj_path], check=True
@@ -213,11 +226,11 @@ def run_in(cgroup: Path, argv: list[str], env: dict[str, str] | None = None) -> 
 
 
 class Consumer:
-    """The agent's node pipeline, polled on a thread like `execwatch trace` does."""
+    """The agent's node stack, run on a thread like `execwatch trace` runs it."""
 
-    def __init__(self, probe: Probe, attributor: Attributor | None, watch_cgroup: int = 0) -> None:
-        self.probe = probe
-        self.sink = open(os.devnull, "w")  # noqa: SIM115 - closed in stop()
+    probe: Probe
+
+    def __init__(self, watch_cgroup: int = 0) -> None:
         self.watch_cgroup = watch_cgroup  # records sent and repeats folded for it, counted
         self.records = 0  # every record, the host's other processes' too
         self.watched_records = 0
@@ -232,20 +245,42 @@ class Consumer:
         self.deaths_aggregated = 0
         self.death_reasons: dict[str, int] = {}
         self.not_found_reasons: dict[str, int] = {}
-        self.pipeline = NodePipeline(
-            FileDiagnoser.for_host(attributor),
-            Printer(self.sink, as_json=True),
-            epoch_offset=boot_to_epoch_offset(),
-            attributor=attributor,
-            observer=self,
-            folds=self,
-        )
-        probe.open_ring_buffer(self.on_record if watch_cgroup else self.pipeline.on_record)
+        self._folds: KernelFolds | None = None
         self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self.pipeline.run, args=(probe, self._stop), daemon=True
+
+    @classmethod
+    @contextmanager
+    def open(
+        cls,
+        attributor: Attributor | None,
+        probe: ProbeOptions | None = None,
+        *,
+        watch_cgroup: int = 0,
+        kernel_folds: bool = True,
+    ) -> Iterator[Consumer]:
+        """The stack (its pipeline's window, 1 s, is the kernel's fold window too) into
+        JSON lines on /dev/null; on exit the consume loop ends with its last flush."""
+        consumer = cls(watch_cgroup)
+        options = StackOptions(
+            probe=probe or ProbeOptions(),
+            kernel_folds=kernel_folds,
+            attributor=attributor,
+            observer=consumer,
+            folds=consumer.watch_folds,
+            tap=consumer.on_record if watch_cgroup else None,
         )
-        self._thread.start()
+        with (
+            open(os.devnull, "w") as sink,
+            NodeStack.open(options, Printer(sink, as_json=True)) as stack,
+        ):
+            consumer.probe = stack.probe
+            thread = threading.Thread(target=stack.run, args=(consumer._stop,), daemon=True)
+            thread.start()
+            try:
+                yield consumer
+            finally:
+                consumer._stop.set()
+                thread.join()
 
     def delivered(
         self, err: int | str, reason: Reason, *, aggregated: bool, count: int = 1
@@ -261,17 +296,22 @@ class Consumer:
             self.deaths_aggregated += count if aggregated else 0
             self.death_reasons[str(reason)] = self.death_reasons.get(str(reason), 0) + count
 
-    def on_record(self, raw: bytes) -> None:
+    def on_record(self, raw: bytes, on_record: Callable[[bytes], None]) -> None:
         self.records += 1
         kind, cgroup = HEAD_KIND_CGROUP.unpack_from(raw)
         if kind == layout.KIND_EXEC_FAILED:
             self.watched_records += cgroup == self.watch_cgroup
         else:
             self.watched_deaths += cgroup == self.watch_cgroup
-        self.pipeline.on_record(raw)
+        on_record(raw)
+
+    def watch_folds(self, probe: Probe) -> Consumer:
+        self._folds = probe
+        return self
 
     def take_folds(self) -> dict[layout.FoldedName, int]:
-        folds = self.probe.take_folds()
+        assert self._folds is not None
+        folds = self._folds.take_folds()
         self.watched_folds += sum(n for name, n in folds.items() if name[0] == self.watch_cgroup)
         return folds
 
@@ -283,11 +323,6 @@ class Consumer:
 
     def drain(self) -> None:
         time.sleep(1.5)  # past the pipeline's next flush (1 s), which takes the kernel's folds
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.sink.close()
 
 
 def per_exec(before: tuple[int, int], after: tuple[int, int]) -> dict[str, float]:
@@ -523,13 +558,10 @@ def path_search(gen: Path, cgroup: Path, args: argparse.Namespace) -> dict[str, 
     cgroups would be noise in a figure of about a microsecond."""
     dirs = search_dirs(gen.parent)
     result: dict[str, object] = {}
-    for label, window_ms in (("fold_off", 0.0), ("fold_on", 1000.0)):
-        with (
-            return_only_program(gen.parent) as baseline,
-            Probe(ProbeOptions(fold_window_ms=window_ms)) as probe,
-        ):
+    for label, folds in (("fold_off", False), ("fold_on", True)):
+        with return_only_program(gen.parent) as baseline:
             before = prog_stats(baseline)
-            storm = search_storm(probe, gen, cgroup, dirs, args)
+            storm = search_storm(folds, gen, cgroup, dirs, args)
             # The empty program's cost per run in the same storm: what cold caches cost
             storm["return_only"] = per_exec(before, prog_stats(baseline))
             result[label] = storm
@@ -609,19 +641,19 @@ def per_miss_ns(misses: dict[str, Any], success_ns: float) -> float | None:
 
 
 def search_storm(
-    probe: Probe, gen: Path, cgroup: Path, dirs: list[Path], args: argparse.Namespace
+    kernel_folds: bool, gen: Path, cgroup: Path, dirs: list[Path], args: argparse.Namespace
 ) -> dict[str, Any]:
     """In one probe and pipeline: the agent idle for as long as a storm lasts, the search
     storm, then the same fork/exec/exit storm without a search (the program by its path):
     what the agent spends idle, and anyway while the machine forks that hard. Then the
     kernel's cost in short rounds of each, kept when no other exec ran meanwhile."""
     cg_id = os.stat(cgroup).st_ino
-    consumer = Consumer(probe, None, watch_cgroup=cg_id)
     rate, secs = str(args.search_rate), str(args.search_seconds)
     program = str(dirs[-1] / SEARCH_NAME)
     missing = str(dirs[0] / SEARCH_NAME)
     env = {"PATH": ":".join(map(str, dirs))}
-    try:
+    with Consumer.open(None, watch_cgroup=cg_id, kernel_folds=kernel_folds) as consumer:
+        probe = consumer.probe
         # One process missing one name over and over: the same path, warm caches.
         warm = agent_phase(consumer, cgroup, [str(gen), "storm", "10000", "3", missing])
         idle = agent_phase(consumer, cgroup, [str(gen), "run", "0", secs, program])
@@ -641,8 +673,7 @@ def search_storm(
             probe, cgroup, [str(gen), "search", rate, short, SEARCH_NAME], SEARCH_MISSES, env
         )
         k_runs = kernel_rounds(probe, cgroup, [str(gen), "run", rate, short, program], 0, None)
-    finally:
-        consumer.stop()  # its last flush takes the kernel's last folds
+    # (its consume loop's last flush took the kernel's last folds)
     searches = search["n"]
     misses = SEARCH_MISSES * searches
     per_miss = 1e6 / misses if misses else 0.0
@@ -696,7 +727,201 @@ def search_storm(
     }
 
 
-PHASES = ("kernel", "storm", "deaths", "search")
+BUDGET_VARIANTS = {  # ProbeOptions' budget fields of each variant of the new object
+    "budget_off": {"budget_rate": 0.0},
+    "budget_never_reached": {"budget_rate": 1e9, "budget_burst": 10**6},
+    "budget_default_shedding": {},
+}
+
+
+@contextmanager
+def old_object(path: Path) -> Iterator[int]:
+    """An object from before the budget, loaded as its loader did (the wakeup interval and
+    fold window set in .rodata, a 4 MiB ring drained on a thread); its exit_execve's fd."""
+    lib = load_libbpf()
+    obj = lib.bpf_object__open_file(str(path).encode(), None)
+    if not obj:
+        raise SystemExit(f"cannot open {path}")
+    links: list[int] = []
+    ring, stop, thread = None, threading.Event(), None
+    try:
+        prog_fd = load_old_object(lib, obj, links)
+        events = lib.bpf_object__find_map_by_name(obj, b"events")
+        ring = lib.ring_buffer__new(lib.bpf_map__fd(events), DISCARD, None, None)
+        thread = threading.Thread(target=poll_until, args=(lib, ring, stop), daemon=True)
+        thread.start()
+        yield prog_fd
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join()
+        if ring:
+            lib.ring_buffer__free(ring)
+        for link in links:
+            lib.bpf_link__destroy(link)
+        lib.bpf_object__close(obj)
+
+
+def load_old_object(lib: ctypes.CDLL, obj: int, links: list[int]) -> int:
+    events = lib.bpf_object__find_map_by_name(obj, b"events")
+    lib.bpf_map__set_max_entries(events, ProbeOptions().ringbuf_bytes)
+    rodata = next(m for m in maps(lib, obj) if lib.bpf_map__name(m).endswith(b".rodata"))
+    size = ctypes.c_size_t()
+    initial = lib.bpf_map__initial_value(rodata, ctypes.byref(size))
+    config = bytearray(ctypes.string_at(initial, size.value))
+    for name, value in (("wakeup_interval_ns", 10**7), ("fold_window_ns", 10**9)):
+        offset = getattr(layout.Config, name).offset  # the same before the budget fields
+        config[offset : offset + 8] = value.to_bytes(8, "little")
+    buf = ctypes.create_string_buffer(bytes(config), len(config))
+    lib.bpf_map__set_initial_value(rodata, buf, len(config))
+    if lib.bpf_object__load(obj) < 0:
+        raise SystemExit("the kernel refused the old object")
+    fds = {}
+    prog = lib.bpf_object__next_program(obj, None)
+    while prog:
+        link = lib.bpf_program__attach(prog)
+        if not link:
+            raise SystemExit("cannot attach the old object")
+        links.append(link)
+        fds[lib.bpf_program__name(prog).decode()] = lib.bpf_program__fd(prog)
+        prog = lib.bpf_object__next_program(obj, prog)
+    return int(fds["exit_execve"])
+
+
+def maps(lib: ctypes.CDLL, obj: int) -> Iterator[int]:
+    m = lib.bpf_object__next_map(obj, None)
+    while m:
+        yield m
+        m = lib.bpf_object__next_map(obj, m)
+
+
+def poll_until(lib: ctypes.CDLL, ring: int, stop: threading.Event) -> None:
+    while not stop.is_set() and lib.ring_buffer__poll(ring, 50) >= 0:
+        pass
+
+
+DISCARD = RingBufferCallback(lambda _ctx, _data, _size: 0)
+
+
+@contextmanager
+def budget_variant(name: str, old: Path | None) -> Iterator[int]:
+    """The variant loaded and its ring drained; its exit_execve's fd."""
+    if name == "old_object":
+        assert old is not None
+        with old_object(old) as fd:
+            yield fd
+        return
+    with Probe(ProbeOptions(**BUDGET_VARIANTS[name])) as probe, drained(probe):  # type: ignore[arg-type]
+        yield probe.program_fds()["exit_execve"]
+
+
+BUDGET_PAIRS = (
+    ("old_object", "budget_never_reached"),
+    ("budget_off", "budget_never_reached"),
+    ("old_object", "budget_default_shedding"),
+)
+
+
+def budget_cost(gen: Path, cgroup: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Pairs of variants attached together, so both run on every failing exec under the
+    same load; each pair in both attach orders (the first program pays for cold lines),
+    added up. Per pair: each one's ns per failing exec and the difference, per round."""
+    pairs = [p for p in BUDGET_PAIRS if args.old_object or "old_object" not in p]
+    argv = [str(gen), "fail", str(FOREIGN), str(args.budget_execs)]
+    result: dict[str, Any] = {"failing_execs_per_round": args.budget_execs}
+    for first, second in pairs:
+        rounds = [
+            budget_round((first, second), cgroup, argv, args) for _ in range(args.budget_rounds)
+        ]
+        diffs = [r[second] - r[first] for r in rounds]
+        result[f"{second}_vs_{first}"] = {
+            "ns_per_failing_exec_median": {
+                v: round(statistics.median(r[v] for r in rounds), 1) for v in (first, second)
+            },
+            "difference_ns_median": round(statistics.median(diffs), 1),
+            "difference_ns_rounds": [round(d, 1) for d in diffs],
+        }
+    return result
+
+
+def budget_round(
+    pair: tuple[str, str], cgroup: Path, argv: list[str], args: argparse.Namespace
+) -> dict[str, float]:
+    """Each variant's ns per failing exec over one run of argv in each attach order."""
+    totals = {v: [0, 0] for v in pair}
+    for order in (pair, pair[::-1]):
+        with ExitStack() as stack:
+            fds = {v: stack.enter_context(budget_variant(v, args.old_object)) for v in order}
+            before = {v: fd_stats(fd) for v, fd in fds.items()}
+            run_in(cgroup, argv)
+            for v, fd in fds.items():
+                ns, runs = fd_stats(fd)
+                totals[v][0] += ns - before[v][0]
+                totals[v][1] += runs - before[v][1]
+    return {v: ns / runs if runs else 0.0 for v, (ns, runs) in totals.items()}
+
+
+# The baseline of the emulation phase: a program that only returns, on the emulation
+# program's own hook.
+RETURN_ONLY_EXEC = """#include <linux/types.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+SEC("tp_btf/sched_process_exec")
+int return_only_exec(void *ctx)
+{
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+"""
+QEMU_AARCH64 = HERE.parent / ".cache/emulators/qemu-aarch64-static"
+
+
+def emulation_cost(gen: Path, cgroup: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The emulation program's kernel time per successful native exec, attached (a foreign
+    emulator registered) next to a return-only program on sched_process_exec, in both
+    attach orders; then detached (no foreign emulator), where it must not run at all."""
+    if not QEMU_AARCH64.exists():
+        raise SystemExit(f"{QEMU_AARCH64} is missing: run dev/fetch-emulators.sh")
+    emulator = Emulator("qemu-aarch64", "arm64", str(QEMU_AARCH64), "F")
+    execs = [str(gen), "success", str(args.emulation_execs // 10)]
+    by_order: dict[str, Any] = {}
+    detached: list[dict[str, Any]] = []
+    for order in ORDERS:
+        with ExitStack() as stack:
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            source = tmp / "return_only_exec.bpf.c"
+            source.write_text(RETURN_ONLY_EXEC)
+            if order == "return_only_first":
+                baseline = stack.enter_context(return_only_program(tmp, source))
+            probe = stack.enter_context(Probe(ProbeOptions(binfmt_table=None)))
+            stack.enter_context(drained(probe))
+            probe.set_emulators((emulator,))
+            if order == "execwatch_first":
+                baseline = stack.enter_context(return_only_program(tmp, source))
+            progs = {
+                "emulated_exec": fdinfo_prog_id(probe.program_fds()["emulated_exec"]),
+                "return_only": baseline,
+            }
+            rounds = [measure(probe, progs, cgroup, execs) for _ in range(10)]
+            by_order[order] = {name: add_up([r[name] for r in rounds]) for name in progs}
+            probe.set_emulators(())
+            detached.append(measure(probe, progs, cgroup, execs)["emulated_exec"])
+    attached = {
+        n: add_up([by_order[o][n] for o in ORDERS]) for n in ("emulated_exec", "return_only")
+    }
+    ours, base = attached["emulated_exec"]["ns_per_run"], attached["return_only"]["ns_per_run"]
+    return {
+        "attached": attached,
+        "added_ns_per_successful_exec": ours,
+        "added_ns_over_return_only": round(ours - base, 1),
+        "detached_runs": sum(d["runs"] for d in detached),
+        "by_attach_order": by_order,
+    }
+
+
+PHASES = ("kernel", "storm", "deaths", "search", "budget", "emulation")
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
@@ -709,6 +934,14 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--death-seconds", type=float, default=10)
     parser.add_argument("--search-rate", type=int, default=1000)
     parser.add_argument("--search-seconds", type=float, default=10)
+    parser.add_argument("--budget-execs", type=int, default=30000)
+    parser.add_argument("--budget-rounds", type=int, default=5)
+    parser.add_argument("--emulation-execs", type=int, default=30000)
+    parser.add_argument(
+        "--old-object",
+        type=Path,
+        help="a BPF object from before the cgroup budget, for the budget phase",
+    )
     parser.add_argument(
         "--phases",
         default=",".join(PHASES),
@@ -731,20 +964,26 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         if "kernel" in phases:
             result["kernel_cost"] = kernel_cost(gen, cgroup, args)
         if phases & {"storm", "deaths"}:
-            with Attributor() as attributor, Probe(ProbeOptions()) as probe:
-                consumer = Consumer(probe, attributor, watch_cgroup=os.stat(cgroup).st_ino)
-                try:
-                    if "storm" in phases:
-                        result["storm"] = storm(probe, consumer, gen, cgroup, args)
-                    if "deaths" in phases:
-                        result["early_death_storm"] = death_storm(
-                            probe, consumer, gen, cgroup, args
-                        )
-                finally:
-                    consumer.stop()
-                result["diagnosis_of_storm_events"] = consumer.reasons
+            # No budget: the storm measures the pipeline's cost per delivered record.
+            with (
+                Attributor() as attributor,
+                Consumer.open(
+                    attributor, ProbeOptions(budget_rate=0), watch_cgroup=os.stat(cgroup).st_ino
+                ) as consumer,
+            ):
+                if "storm" in phases:
+                    result["storm"] = storm(consumer.probe, consumer, gen, cgroup, args)
+                if "deaths" in phases:
+                    result["early_death_storm"] = death_storm(
+                        consumer.probe, consumer, gen, cgroup, args
+                    )
+            result["diagnosis_of_storm_events"] = consumer.reasons
         if "search" in phases:
             result["path_search"] = path_search(gen, cgroup, args)
+        if "budget" in phases:
+            result["budget"] = budget_cost(gen, cgroup, args)
+        if "emulation" in phases:
+            result["emulation"] = emulation_cost(gen, cgroup, args)
     result["load_average_at_end"] = os.getloadavg()
     print(json.dumps(result, indent=2))
     name = "probe" if phases == set(PHASES) else "probe-" + "-".join(sorted(phases))

@@ -25,7 +25,6 @@ BAD_VALUES = [
     ("agent", "--spool-size", ["0", "-1"]),
     ("agent", "--spool-bytes", ["100", "8589934592"]),
     ("agent", "--aggregation-window", ["-1", "inf"]),
-    ("agent", "--window", ["-0.5"]),
     ("agent", "--metrics-address", ["9090"]),
     ("handler", "--workers", ["0", "257"]),
     ("handler", "--max-series", ["0"]),
@@ -107,6 +106,21 @@ def test_the_handler_without_credentials_says_so_in_one_line(
     assert out.returncode == 2
     assert len(out.stderr.splitlines()) == 1
     assert out.stderr.startswith("execwatch: no API server credentials: ")
+
+
+@pytest.mark.parametrize("argv", [["--window", "1"], ["--window=0.5"], ["--window"]])
+def test_the_agent_has_one_window_and_the_old_flag_names_it(argv: list[str]) -> None:
+    """The node's folding follows --aggregation-window: a second window flag would be
+    read with a meaning the operator did not mean."""
+    out = subprocess.run(
+        [sys.executable, "-m", "execwatch.cli", "agent", "--node", "worker-1", *argv],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == [
+        "execwatch agent: error: --window is gone: use --aggregation-window"
+        " (see execwatch agent --help)"
+    ]
 
 
 @pytest.mark.parametrize(("command", "option"), [("scan", "--platform"), ("audit", "--arch")])

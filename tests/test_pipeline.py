@@ -12,6 +12,7 @@ import pytest
 from execwatch.pipeline import Heartbeat, NodePipeline
 from execwatch.probe import layout
 from execwatch.record import Attribution, Diagnosis, ExecFailure, KernelEvent, Reason
+from tests.support.pipeline import make_pipeline
 
 
 def raw_event(path: bytes, *, cgroup: int = 7, err: int = 8, stale: bytes = b"") -> bytes:
@@ -51,7 +52,7 @@ def pipeline(
     pipelines: list[NodePipeline],
 ) -> Callable[..., NodePipeline]:
     def make(diagnoser: object, sink: list[ExecFailure], **kw: object) -> NodePipeline:
-        p = NodePipeline(diagnoser, sink.append, epoch_offset=0.0, **kw)  # type: ignore[arg-type]
+        p = make_pipeline(diagnoser, sink.append, **kw)
         pipelines.append(p)
         return p
 

@@ -73,6 +73,26 @@ class Count:
         return value
 
 
+class Renamed(argparse.Action):
+    """An option that is gone: naming it is a usage error that names its successor, never
+    a value quietly read with another meaning."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, successor: str, **_: object):
+        super().__init__(
+            option_strings, dest, nargs="?", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+        )
+        self.successor = successor
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        parser.error(f"{option_string} is gone: use {self.successor}")
+
+
 def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 

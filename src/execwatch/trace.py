@@ -13,17 +13,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-from prometheus_client import CollectorRegistry
-
 from execwatch import cliargs
 from execwatch.attribution import Attributor
-from execwatch.diagnosis import FileDiagnoser
-from execwatch.diagnosis.budget import SlowMounts
-from execwatch.metrics import NodeMetrics, serve
+from execwatch.metrics import serve
+from execwatch.nodestack import NodeStack, StackOptions
 from execwatch.output import Printer
-from execwatch.pipeline import DIAGNOSIS_BUDGET_S, CountsPruner, NodePipeline
-from execwatch.probe import Probe, ProbeError
-from execwatch.probe.events import boot_to_epoch_offset
+from execwatch.pipeline import DIAGNOSIS_BUDGET_S, Budget, PipelineOptions
+from execwatch.probe import ProbeError
 from execwatch.probe.loader import ProbeOptions
 
 log = logging.getLogger(__name__)
@@ -109,14 +105,8 @@ def stop_on_signals() -> Iterator[threading.Event]:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        options = ProbeOptions(
-            ringbuf_bytes=args.ringbuf_mb << 20,
-            all_errnos=args.all_errnos,
-            death_window_ms=args.death_window * 1000,
-            fold_window_ms=args.window * 1000,
-        )
-        with Probe(options) as probe, stop_on_signals() as stop, attribution(args) as attributor:
-            return trace_loop(probe, args, stop, attributor)
+        with stop_on_signals() as stop:
+            return trace_loop(args, stop)
     except BrokenPipeError:  # `execwatch trace | head`: the reader is done, so are we
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
@@ -125,53 +115,40 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
-@contextmanager
-def attribution(args: argparse.Namespace) -> Iterator[Attributor | None]:
-    if args.no_attribution:
-        yield None
-        return
-    with Attributor() as attributor:
-        yield attributor
-
-
-def trace_loop(
-    probe: Probe,
-    args: argparse.Namespace,
-    stop: threading.Event,
-    attributor: Attributor | None,
-) -> int:
-    registry = CollectorRegistry()
-    metrics = NodeMetrics(registry, probe)
-    # A call held by the kernel for a quarter of the budget makes its mount suspect: a
-    # larger budget (a slow or emulated machine) lets slow file systems be slow.
-    slow = SlowMounts(suspect_after=max(0.25, args.diagnosis_budget / 4))
-    pipeline = NodePipeline(
-        FileDiagnoser.for_host(attributor, slow),
-        Printer(sys.stdout, as_json=args.json),
-        epoch_offset=boot_to_epoch_offset(),
-        attributor=attributor,
-        observer=metrics,
-        show_not_found=args.show_not_found,
-        show_crashes=args.show_crashes,
-        window=args.window,
-        slow=slow,
-        budget=args.diagnosis_budget,
-        folds=probe,
+def stack_options(args: argparse.Namespace) -> StackOptions:
+    return StackOptions(
+        probe=ProbeOptions(
+            ringbuf_bytes=args.ringbuf_mb << 20,
+            all_errnos=args.all_errnos,
+            death_window_ms=args.death_window * 1000,
+        ),
+        pipeline=PipelineOptions(
+            window=args.window,
+            show_not_found=args.show_not_found,
+            show_crashes=args.show_crashes,
+            budget=Budget(seconds=args.diagnosis_budget),
+        ),
+        make_attributor=None if args.no_attribution else Attributor,
+        # A call held by the kernel for a quarter of the budget makes its mount suspect: a
+        # larger budget (a slow or emulated machine) lets slow file systems be slow.
+        suspect_after=max(0.25, args.diagnosis_budget / 4),
     )
-    address: tuple[str, int] | None = args.metrics_address
-    where = f"{address[0]}:{address[1]}" if address else "off"
-    try:
-        server = serve(address, registry, pipeline.heartbeat.problem) if address else None
-    except OSError as exc:
-        raise ValueError(f"--metrics-address {where}: {exc.strerror or exc}") from exc
-    probe.open_ring_buffer(pipeline.on_record)
-    log.info("tracing failed execs", extra={"kv": {"metrics": where}})
-    deadline = time.monotonic() + args.duration if args.duration else None
-    alive = attributor.cgroup_alive if attributor else lambda _cgroup_id: True
-    try:
-        with CountsPruner(probe, alive):
-            pipeline.run(probe, stop, deadline)
-    finally:
-        if server:
-            server.shutdown()
+
+
+def trace_loop(args: argparse.Namespace, stop: threading.Event) -> int:
+    printer = Printer(sys.stdout, as_json=args.json)
+    with NodeStack.open(stack_options(args), printer) as stack:
+        address: tuple[str, int] | None = args.metrics_address
+        where = f"{address[0]}:{address[1]}" if address else "off"
+        try:
+            server = serve(address, stack.registry, stack.heartbeat.problem) if address else None
+        except OSError as exc:
+            raise ValueError(f"--metrics-address {where}: {exc.strerror or exc}") from exc
+        log.info("tracing failed execs", extra={"kv": {"metrics": where}})
+        deadline = time.monotonic() + args.duration if args.duration else None
+        try:
+            stack.run(stop, deadline)
+        finally:
+            if server:
+                server.shutdown()
     return 0

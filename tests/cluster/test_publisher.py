@@ -194,6 +194,23 @@ def test_an_outage_is_spooled_within_the_bound_and_the_excess_counted(
     assert sample(p.metrics, "execwatch_publisher_api_errors_total", code="503") >= 1
 
 
+def test_only_an_already_exists_conflict_means_the_record_was_made(
+    sink: MemorySink, make_publisher: Any
+) -> None:
+    """A 409 for another reason created nothing (the fleet's quota races showed one): the
+    record is retried, not counted as published and dropped."""
+    sink.fail_with = 409
+    sink.fail_message = "Precondition failed"  # a ConflictError, reason Injected
+    p = make_publisher(sink)
+    p.submit(exec_failure(pod_name="web-0", namespace="shop", count=3))
+    wait_until(lambda: sink.attempts >= 2, timeout=5)
+    assert sample(p.metrics, "execwatch_publisher_published_total") == 0
+    sink.fail_with = None
+    wait_until(lambda: p.spooled() == 0, timeout=5)
+    assert sink.counts() == 3
+    assert sample(p.metrics, "execwatch_publisher_published_failures_total") == 3
+
+
 def test_a_retry_after_a_lost_answer_does_not_make_a_second_record(
     sink: MemorySink, make_publisher: Any
 ) -> None:

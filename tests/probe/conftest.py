@@ -5,47 +5,48 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from execwatch.attribution import Attributor
 from execwatch.attribution.mounts import cgroup_mounts
-from execwatch.diagnosis import FileDiagnoser
-from execwatch.pipeline import NodePipeline
-from execwatch.probe import Probe
-from execwatch.probe.events import boot_to_epoch_offset
+from execwatch.nodestack import StackOptions
+from execwatch.pipeline import PipelineOptions
 from execwatch.record import ExecFailure
+from tests.support.node import Running, node_stack
+from tests.support.wait import wait_until
 
 
 class Tracer:
-    """Runs the node pipeline on the real probe and collects what it emits."""
+    """The node stack on the real probe, polled by the test, and what it emitted."""
 
-    def __init__(self, probe: Probe, attributor: Attributor | None = None) -> None:
-        self.probe = probe
-        self.records: list[ExecFailure] = []
-        self.pipeline = NodePipeline(
-            FileDiagnoser.for_host(attributor),
-            self.records.append,
-            attributor=attributor,
-            epoch_offset=boot_to_epoch_offset(),
-            show_not_found=True,
-            window=0.05,
+    def __init__(self, running: Running) -> None:
+        self.probe = running.probe
+        self.pipeline = running.pipeline
+        self.records = running.records
+
+    @classmethod
+    @contextmanager
+    def open(cls, attributor: Attributor | None = None) -> Iterator[Tracer]:
+        options = StackOptions(
+            pipeline=PipelineOptions(window=0.05, show_not_found=True), attributor=attributor
         )
-        probe.open_ring_buffer(self.pipeline.on_record)
-
-    def close(self) -> None:
-        self.pipeline.close()
+        with node_stack(options) as running:
+            yield cls(running)
 
     def wait_for(self, match: Callable[[ExecFailure], bool], timeout: float = 5.0) -> ExecFailure:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def found() -> ExecFailure | None:
             self.probe.poll(50)
-            for record in self.records:
-                if match(record):
-                    return record
-        seen = [(r.event.path, r.event.errno, str(r.diagnosis.reason)) for r in self.records]
-        raise AssertionError(f"no matching failed exec within {timeout}s; saw {seen[-20:]}")
+            return next((r for r in self.records if match(r)), None)
+
+        def seen() -> str:
+            seen = [(r.event.path, r.event.errno, str(r.diagnosis.reason)) for r in self.records]
+            return f"no matching failed exec; saw {seen[-20:]}"
+
+        record: ExecFailure = wait_until(found, timeout, step=0, explain=seen)
+        return record
 
     def for_path(self, path: str | Path, timeout: float = 5.0) -> ExecFailure:
         return self.wait_for(lambda r: r.event.path == str(path), timeout)
@@ -53,10 +54,8 @@ class Tracer:
 
 @pytest.fixture
 def tracer() -> Iterator[Tracer]:
-    with Probe() as probe:
-        tracer = Tracer(probe)
+    with Tracer.open() as tracer:
         yield tracer
-        tracer.close()
 
 
 class Children:

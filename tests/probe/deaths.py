@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import shutil
 import signal
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from execwatch.attribution import Attributor
-from execwatch.diagnosis import FileDiagnoser
-from execwatch.pipeline import NodePipeline
-from execwatch.probe import Probe
-from execwatch.probe.events import boot_to_epoch_offset, decode_record
+from execwatch.nodestack import StackOptions
+from execwatch.pipeline import PipelineOptions
+from execwatch.probe.events import decode_record
+from execwatch.probe.loader import ProbeOptions
 from execwatch.record import QUIET_REASONS, ExecFailure, KernelEvent, Reason
 from tests.attribution.runc_env import FOREIGN_BUSYBOX, HOST_BUSYBOX
 from tests.probe.roots import (
@@ -33,6 +33,8 @@ from tests.probe.roots import (
     needed_libraries,
     newer_package,
 )
+from tests.support.node import Running, node_stack
+from tests.support.wait import wait_until
 
 KEEPALIVE = ["/busybox", "sleep", "300"]  # static: runs in every case's root
 MARKER = "/foreign"  # an arm64 busybox: ENOEXEC, reported as ForeignArchitecture
@@ -223,64 +225,70 @@ class Observed:
 
 
 class DeathTracer:
-    """The node pipeline on the real probe, polled all the time as the agent polls it, and
+    """The node stack on the real probe, polled all the time as the agent polls it, and
     what the kernel sent and what came out."""
 
     def __init__(
-        self, probe: Probe, *, show_crashes: bool, attributor: Attributor | None = None
+        self, running: Running, observed: Observed, kernel_events: list[KernelEvent]
     ) -> None:
-        self.probe = probe
-        self.records: list[ExecFailure] = []
-        self.observed = Observed()
-        self.pipeline = NodePipeline(
-            FileDiagnoser.for_host(attributor),
-            self.records.append,
+        self.probe = running.probe
+        self.pipeline = running.pipeline
+        self.records = running.records
+        self.observed = observed
+        self.kernel_events = kernel_events  # whose record the kernel sent at all
+
+    @classmethod
+    @contextmanager
+    def open(
+        cls,
+        *,
+        show_crashes: bool,
+        attributor: Attributor | None = None,
+        death_window_s: float | None = None,
+    ) -> Iterator[DeathTracer]:
+        observed = Observed()
+        kernel_events: list[KernelEvent] = []
+
+        def tap(raw: bytes, on_record: Callable[[bytes], None]) -> None:
+            kernel_events.append(decode_record(raw, 0))
+            on_record(raw)
+
+        probe = ProbeOptions()
+        if death_window_s is not None:
+            probe = ProbeOptions(death_window_ms=death_window_s * 1000)
+        options = StackOptions(
+            probe=probe,
+            pipeline=PipelineOptions(window=0.05, show_crashes=show_crashes),
             attributor=attributor,
-            epoch_offset=boot_to_epoch_offset(),
-            observer=self.observed,
-            show_crashes=show_crashes,
-            window=0.05,
+            observer=observed,
+            tap=tap,
         )
-        self.kernel_events: list[KernelEvent] = []  # whose record the kernel sent at all
-        probe.open_ring_buffer(self._on_record)
-        self._stop = threading.Event()
-        self._poller = threading.Thread(target=self._poll, name="death-tracer", daemon=True)
-        self._poller.start()
+        with node_stack(options, loop="poll") as running:
+            yield cls(running, observed, kernel_events)
 
     @property
     def kernel_pids(self) -> list[int]:
         return [event.tgid for event in self.kernel_events]
-
-    def _poll(self) -> None:
-        while not self._stop.is_set():
-            self.probe.poll(50)
-
-    def _on_record(self, raw: bytes) -> None:
-        self.kernel_events.append(decode_record(raw, 0))
-        self.pipeline.on_record(raw)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._poller.join(timeout=5)
-        self.pipeline.close()
 
     def settle(self, seconds: float = 0.5) -> None:
         time.sleep(seconds)
         self.pipeline.drain(5.0)
 
     def wait_for(self, match: Callable[[ExecFailure], bool], timeout: float = 5.0) -> ExecFailure:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def found() -> ExecFailure | None:
             self.settle(0.1)
-            for record in self.records:
-                if match(record):
-                    return record
-        seen = [
-            (r.event.path, r.event.status, str(r.diagnosis.reason), r.attribution.container_id)
-            for r in self.records
-            if r.event.errno == 0
-        ]
-        raise AssertionError(f"no matching early death within {timeout}s; saw {seen[-20:]}")
+            return next((r for r in self.records if match(r)), None)
+
+        def seen() -> str:
+            seen = [
+                (r.event.path, r.event.status, str(r.diagnosis.reason), r.attribution.container_id)
+                for r in self.records
+                if r.event.errno == 0
+            ]
+            return f"no matching early death; saw {seen[-20:]}"
+
+        record: ExecFailure = wait_until(found, timeout, step=0, explain=seen)
+        return record
 
     def for_pid(self, pid: int, timeout: float = 5.0) -> ExecFailure:
         return self.wait_for(lambda r: r.event.tgid == pid, timeout)

@@ -125,14 +125,12 @@ class Tracers:
 
 
 def tracers(attributor: Attributor) -> Iterator[Tracers]:
-    with attributor, Probe() as quiet_probe, Probe() as crash_probe:
-        quiet = DeathTracer(quiet_probe, show_crashes=False, attributor=attributor)
-        crashes = DeathTracer(crash_probe, show_crashes=True, attributor=attributor)
-        try:
-            yield Tracers(quiet, crashes, attributor)
-        finally:
-            quiet.close()
-            crashes.close()
+    with (
+        attributor,
+        DeathTracer.open(show_crashes=False, attributor=attributor) as quiet,
+        DeathTracer.open(show_crashes=True, attributor=attributor) as crashes,
+    ):
+        yield Tracers(quiet, crashes, attributor)
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import pytest
 
 from execwatch.attribution import Attributor
 from execwatch.attribution.cri.client import CriContainers
-from execwatch.probe import Probe
 from execwatch.record import AttributionStatus, ExecFailure, Reason
 from tests.attribution.containerd_env import Containerd
 from tests.attribution.runc_env import FOREIGN_ARCH, FOREIGN_IN_ROOTFS
@@ -26,11 +25,9 @@ def in_pod(uid: str) -> Callable[[ExecFailure], bool]:
 def pod_tracer(containerd: Containerd) -> Iterator[Tracer]:
     with (
         Attributor(containers=CriContainers(sockets=[containerd.socket])) as attributor,
-        Probe() as probe,
+        Tracer.open(attributor) as tracer,
     ):
-        tracer = Tracer(probe, attributor)
         yield tracer
-        tracer.close()
 
 
 def test_foreign_entrypoint_of_a_dying_container(
@@ -75,16 +72,14 @@ def test_dying_container_of_a_runtime_whose_mounts_we_cannot_see(
     assert os.stat(apart).st_ino != os.stat("/proc/self/ns/mnt").st_ino
     with (
         Attributor(containers=CriContainers(sockets=[containerd_apart.socket])) as attributor,
-        Probe() as probe,
+        Tracer.open(attributor) as tracer,
     ):
-        tracer = Tracer(probe, attributor)
         pod = containerd_apart.run_pod("api-0", namespace="shop", labels={})
         try:
             containerd_apart.create_container(pod, "api", [FOREIGN_IN_ROOTFS, "serve"])
             record = tracer.wait_for(in_pod(pod.uid), timeout=15)
         finally:
             containerd_apart.remove_pod(pod)
-            tracer.close()
 
     assert record.diagnosis.reason is Reason.FOREIGN_ARCHITECTURE, record.diagnosis
     assert record.diagnosis.binary_arch == FOREIGN_ARCH

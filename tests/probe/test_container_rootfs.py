@@ -14,7 +14,9 @@ import signal
 import tracemalloc
 from pathlib import Path
 
-from execwatch.diagnosis.container_rootfs import MAX_CANDIDATES, ContainerRootfs
+from execwatch.diagnosis.container_rootfs import MAX_CANDIDATES, Candidate, ContainerRootfs
+from execwatch.diagnosis.roots import RootLocator
+from execwatch.record import KernelEvent
 
 CID = "4f" * 32
 
@@ -40,7 +42,7 @@ def test_an_unreachable_init_leaves_the_parents_mount_table(tmp_path: Path) -> N
     task(tmp_path, "4242", line("/var/lib/other") + line(rootfs))
     task(tmp_path, "self", line("/"))
 
-    found = list(ContainerRootfs(tmp_path).candidates(CID, parent=4242))
+    found = [c.path for c in ContainerRootfs(tmp_path).candidates(CID, parent=4242)]
 
     assert found == [tmp_path / "4242" / "root" / rootfs.lstrip("/")]
 
@@ -49,7 +51,7 @@ def test_init_first_then_the_parent_then_ourselves(tmp_path: Path) -> None:
     for pid in ("1", "77", "self"):
         task(tmp_path, pid, line(f"/{pid}/{CID}/rootfs"))
 
-    found = list(ContainerRootfs(tmp_path).candidates(CID, parent=77))
+    found = [c.path for c in ContainerRootfs(tmp_path).candidates(CID, parent=77)]
 
     assert found == [tmp_path / pid / "root" / pid / CID / "rootfs" for pid in ("1", "77", "self")]
 
@@ -70,7 +72,7 @@ def test_a_tenant_filled_mount_table_is_read_within_bounds(tmp_path: Path) -> No
 
     tracemalloc.start()
     try:
-        found = list(ContainerRootfs(tmp_path).candidates(CID, parent=666))
+        found = [c.path for c in ContainerRootfs(tmp_path).candidates(CID, parent=666)]
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -107,7 +109,7 @@ def test_random_mount_tables_and_configs_never_raise_nor_grow(tmp_path: Path) ->
         (config / "config.json").write_bytes(blob[: rng.randrange(len(blob) + 1)])
         tracemalloc.start()
         try:
-            found = list(rootfs.candidates(CID, parent=99))
+            found = [c.path for c in rootfs.candidates(CID, parent=99)]
             peak = max(peak, tracemalloc.get_traced_memory()[1])
         finally:
             tracemalloc.stop()
@@ -138,4 +140,23 @@ def test_a_parents_crio_config_is_read_inside_its_root_and_never_blocks(tmp_path
 
     (config / "config.json").unlink()
     (config / "config.json").write_text(json.dumps({"root": {"path": "/ctr/rootfs"}}))
-    assert list(rootfs.candidates(CID, parent=99)) == [view / "root" / "ctr/rootfs"]
+    assert [c.path for c in rootfs.candidates(CID, parent=99)] == [view / "root" / "ctr/rootfs"]
+
+
+def test_a_symlink_in_a_views_root_never_leads_to_the_nodes_files(tmp_path: Path) -> None:
+    """A mount path is opened inside the view's root (RESOLVE_IN_ROOT): a symlink a tenant
+    put on the way to "/etc" resolves to the view's /etc, never the node's, even when the
+    node's is the very inode the locator is looking for."""
+    view_root = tmp_path / "7" / "root"
+    view_root.mkdir(parents=True)
+    (view_root / "ctr").symlink_to("/etc")
+    host = os.stat("/etc")
+    event = KernelEvent(
+        time=0.0, errno=8, pid=1 << 22, tgid=1 << 22, ppid=0, uid=0, comm="t",
+        parent_comm="p", path="/x", cgroup_id=0, mntns=0, syscall="execve",
+        root_ino=host.st_ino, root_dev=host.st_dev,
+    )  # fmt: skip
+    locator = RootLocator(tmp_path, extra=[lambda _: [Candidate(view_root, "/ctr")]])
+    assert locator.open(event) is None
+    (view_root / "etc").mkdir()  # the view's own /etc: found, and refused (another inode)
+    assert locator.open(event) is None

@@ -15,7 +15,7 @@ import pytest
 from execwatch.binfmt.isa import BASELINE, V2, V3, V4
 from execwatch.diagnosis.startup import explain
 from execwatch.record import Reason
-from execwatch.scan.fs import DirectoryFS
+from execwatch.runnable.directory import DirectoryFS
 from tests.binfmt.cbuild import build_level_programs, compile_c
 from tests.probe.roots import copy_into, glibc_root
 

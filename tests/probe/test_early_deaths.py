@@ -17,8 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from execwatch.probe import Probe
-from execwatch.probe.loader import ProbeOptions
 from execwatch.record import Reason
 from tests.probe.deaths import BY_NAME, EXITER, DeathTracer
 from tests.probe.roots import Keepers, build_musl, gcompat_root, keepers
@@ -30,18 +28,14 @@ WINDOW_S = 1.0
 
 @pytest.fixture
 def tracer() -> Iterator[DeathTracer]:
-    with Probe(ProbeOptions(death_window_ms=WINDOW_S * 1000)) as probe:
-        tracer = DeathTracer(probe, show_crashes=False)
+    with DeathTracer.open(show_crashes=False, death_window_s=WINDOW_S) as tracer:
         yield tracer
-        tracer.close()
 
 
 @pytest.fixture
 def crash_tracer() -> Iterator[DeathTracer]:
-    with Probe(ProbeOptions(death_window_ms=WINDOW_S * 1000)) as probe:
-        tracer = DeathTracer(probe, show_crashes=True)
+    with DeathTracer.open(show_crashes=True, death_window_s=WINDOW_S) as tracer:
         yield tracer
-        tracer.close()
 
 
 def test_debian_binary_without_one_of_its_libraries(

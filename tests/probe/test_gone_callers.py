@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 
 from execwatch.diagnosis import FileDiagnoser
-from execwatch.pipeline import NodePipeline
-from execwatch.probe import Probe
-from execwatch.probe.events import boot_to_epoch_offset
+from execwatch.nodestack import StackOptions
+from execwatch.pipeline import PipelineOptions
 from execwatch.record import Diagnosis, ExecFailure, KernelEvent, Reason
+from tests.support.node import Running, node_stack
+from tests.support.wait import wait_until
 
 GLIBC_LOADER = {"x86_64": "/lib64/ld-linux-x86-64.so.2", "aarch64": "/lib/ld-linux-aarch64.so.1"}
 MUSL_LOADER = Path(f"/lib/ld-musl-{platform.machine()}.so.1")
@@ -45,30 +46,27 @@ class GoneFirst:
 
 
 class Records:
-    def __init__(self, probe: Probe) -> None:
-        self.probe = probe
-        self.seen: list[ExecFailure] = []
-        self.pipeline = NodePipeline(
-            GoneFirst(), self.seen.append, epoch_offset=boot_to_epoch_offset(), window=0.05
-        )
-        probe.open_ring_buffer(self.pipeline.on_record)
+    def __init__(self, running: Running) -> None:
+        self.probe = running.probe
+        self.seen = running.records
 
     def of(self, path: str, timeout: float = 10.0) -> ExecFailure:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def found() -> ExecFailure | None:
             self.probe.poll(50)
-            for record in self.seen:
-                if record.event.path == path:
-                    return record
-        raise AssertionError(f"no record of {path}; saw {[r.event.path for r in self.seen]}")
+            return next((r for r in self.seen if r.event.path == path), None)
+
+        def seen() -> str:
+            return f"no record of {path}; saw {[r.event.path for r in self.seen]}"
+
+        record: ExecFailure = wait_until(found, timeout, step=0, explain=seen)
+        return record
 
 
 @pytest.fixture
 def records() -> Iterator[Records]:
-    with Probe() as probe:
-        r = Records(probe)
-        yield r
-        r.pipeline.close()
+    options = StackOptions(pipeline=PipelineOptions(window=0.05), diagnoser=GoneFirst())
+    with node_stack(options) as running:
+        yield Records(running)
 
 
 def exit_after_exec(call: Callable[..., int], *args: object) -> int:

@@ -12,21 +12,20 @@ import os
 import shutil
 import struct
 import subprocess
-import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from execwatch.diagnosis import FileDiagnoser
-from execwatch.pipeline import NodePipeline, aggregation_key
+from execwatch.nodestack import StackOptions
+from execwatch.pipeline import PipelineOptions, aggregation_key
 from execwatch.probe import Probe, layout
-from execwatch.probe.events import boot_to_epoch_offset
 from execwatch.probe.loader import ProbeOptions
 from execwatch.record import ExecFailure, Reason
 from tests.probe.roots import GLIBC_LOADER
+from tests.support.node import Running, node_stack
 
 SEARCHES = 400
 WINDOW_S = 0.2
@@ -47,43 +46,34 @@ class KernelFoldsSeen:
 
 
 class Traced:
-    """The node pipeline on the real probe, run as `execwatch trace` runs it."""
+    """The node stack on the real probe, run as `execwatch trace` runs it, and what the
+    kernel sent and folded."""
 
-    def __init__(self, probe: Probe) -> None:
-        self.records: list[ExecFailure] = []
-        self.raw: list[bytes] = []
-        self.folds = KernelFoldsSeen(probe)
-        self.pipeline = NodePipeline(
-            FileDiagnoser.for_host(None),
-            self.records.append,
-            epoch_offset=boot_to_epoch_offset(),
-            show_not_found=True,
-            window=WINDOW_S,
-            folds=self.folds,
-        )
-        probe.open_ring_buffer(self._record)
-        self._stop = threading.Event()
-        self._loop = threading.Thread(target=self.pipeline.run, args=(probe, self._stop))
-        self._loop.start()
-
-    def _record(self, raw: bytes) -> None:
-        self.raw.append(raw)
-        self.pipeline.on_record(raw)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._loop.join(timeout=30)
-        assert not self._loop.is_alive()
+    def __init__(self, running: Running, raw: list[bytes], folds: KernelFoldsSeen) -> None:
+        self.records = running.records
+        self.raw = raw
+        self.folds = folds
+        self.stop = running.stop_loop
 
 
 @pytest.fixture
 def traced() -> Iterator[Traced]:
-    with Probe(ProbeOptions(fold_window_ms=WINDOW_S * 1000)) as probe:
-        t = Traced(probe)
-        try:
-            yield t
-        finally:
-            t.stop()
+    raw: list[bytes] = []
+    seen: list[KernelFoldsSeen] = []
+
+    def tap(record: bytes, on_record: Callable[[bytes], None]) -> None:
+        raw.append(record)
+        on_record(record)
+
+    def folds(probe: Probe) -> KernelFoldsSeen:
+        seen.append(KernelFoldsSeen(probe))
+        return seen[0]
+
+    options = StackOptions(
+        pipeline=PipelineOptions(window=WINDOW_S, show_not_found=True), folds=folds, tap=tap
+    )
+    with node_stack(options, loop="run") as running:
+        yield Traced(running, raw, seen[0])
 
 
 def without_its_loader(dest: Path) -> Path:

@@ -17,19 +17,19 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry
 
-from execwatch.diagnosis import FileDiagnoser
-from execwatch.diagnosis.budget import SlowMounts
-from execwatch.metrics import NodeMetrics, serve
-from execwatch.pipeline import Heartbeat, NodePipeline
-from execwatch.probe import Probe
-from execwatch.probe.events import boot_to_epoch_offset
+from execwatch.httpserver import BoundedServer
+from execwatch.metrics import serve
+from execwatch.nodestack import StackOptions
+from execwatch.pipeline import Budget, Heartbeat, PipelineOptions
 from execwatch.record import ExecFailure, Reason
 from tests.probe.conftest import Children
+from tests.support.node import node_stack
+from tests.support.wait import wait_until
 
 HUNG_FUSE = Path(__file__).with_name("hung_fuse.py")
 BUDGET = 2.0
@@ -64,30 +64,33 @@ def hung_mount(tmp_path: Path, hello_arm64: Path) -> Iterator[Path]:
 
 
 class Agent:
-    """The pipeline on the real probe, run by its own consume loop like the agent's,
+    """The node stack on the real probe, run by its own consume loop like the agent's,
     with /healthz served over HTTP on loopback."""
 
-    def __init__(self, probe: Probe) -> None:
+    server: BoundedServer
+
+    def __init__(self) -> None:
         self.records: list[tuple[float, ExecFailure]] = []
         self.sink_blocked = threading.Event()
         self._unblock = threading.Event()
-        slow = SlowMounts()
-        registry = CollectorRegistry()
-        self.pipeline = NodePipeline(
-            FileDiagnoser(slow=slow),
-            self._sink,
-            epoch_offset=boot_to_epoch_offset(),
-            observer=NodeMetrics(registry, probe),
-            window=0.05,
-            budget=BUDGET,
-            slow=slow,
+
+    @classmethod
+    @contextmanager
+    def open(cls) -> Iterator[Agent]:
+        agent = cls()
+        options = StackOptions(
+            pipeline=PipelineOptions(window=0.05, budget=Budget(seconds=BUDGET)),
             heartbeat=Heartbeat(stall_after=1.0),
         )
-        self.server = serve(("127.0.0.1", 0), registry, self.pipeline.heartbeat.problem)
-        probe.open_ring_buffer(self.pipeline.on_record)
-        self._stop = threading.Event()
-        self._loop = threading.Thread(target=self.pipeline.run, args=(probe, self._stop))
-        self._loop.start()
+        with node_stack(options, agent._sink, loop="run") as running:
+            agent.server = serve(
+                ("127.0.0.1", 0), running.stack.registry, running.stack.heartbeat.problem
+            )
+            try:
+                yield agent
+            finally:
+                agent._unblock.set()
+                agent.server.shutdown()
 
     def _sink(self, failure: ExecFailure) -> None:
         self.records.append((time.monotonic(), failure))
@@ -109,29 +112,21 @@ class Agent:
         return "\n".join(line for line in text.splitlines() if line.startswith(name))
 
     def wait(self, path: Path, timeout: float = 10.0) -> tuple[float, ExecFailure]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for at, record in list(self.records):
-                if record.event.path == str(path):
-                    return at, record
-            time.sleep(0.005)
-        raise AssertionError(f"no record of {path} within {timeout} s")
+        def found() -> tuple[float, ExecFailure] | None:
+            return next(
+                ((at, r) for at, r in list(self.records) if r.event.path == str(path)), None
+            )
 
-    def stop(self) -> None:
-        self._unblock.set()
-        self._stop.set()
-        self._loop.join(timeout=30)
-        self.server.shutdown()
+        seen: tuple[float, ExecFailure] = wait_until(
+            found, timeout, step=0.005, explain=lambda: f"no record of {path}"
+        )
+        return seen
 
 
 @pytest.fixture
 def agent() -> Iterator[Agent]:
-    with Probe() as probe:
-        running = Agent(probe)
-        try:
-            yield running
-        finally:
-            running.stop()
+    with Agent.open() as running:
+        yield running
 
 
 def latency(agent: Agent, children: Children, binary: Path) -> float:

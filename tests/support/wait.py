@@ -9,14 +9,20 @@ from typing import Any
 import pytest
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, step: float = 0.05) -> Any:
+def wait_until(
+    predicate: Callable[[], Any],
+    timeout: float = 15.0,
+    step: float = 0.05,
+    explain: Callable[[], str] | None = None,
+) -> Any:
     """Poll until `predicate()` is truthy and return its value; fail the test with a clear
-    message if it is not within `timeout` seconds."""
+    message if it is not within `timeout` seconds (`explain()`: what was seen instead)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout}s: {predicate}")
+            seen = f"; {explain()}" if explain is not None else ""
+            pytest.fail(f"condition not met within {timeout}s: {predicate}{seen}")
         time.sleep(step)

@@ -1,4 +1,4 @@
-"""The node agent's loop: probe -> node pipeline (diagnosis, attribution, folding) ->
+"""The node agent's loop: the node stack (probe, diagnosis, attribution, folding) into the
 publisher. Kept apart from the CLI so the end-to-end test runs exactly this code."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from execwatch.pipeline import Heartbeat
 
 log = logging.getLogger(__name__)
+NODE_WINDOW_S = 1.0  # a window of the consume loop: a flush, and a kernel fold epoch
 
 
 def pod_cache(node: str, api: Any) -> Any:
@@ -25,12 +26,8 @@ def pod_cache(node: str, api: Any) -> Any:
     Needs deploy/base/optional/agent-pod-reader.yaml: it fills pod and container names
     when the container runtime cannot (containers it does not know, already gone)."""
     from execwatch.attribution.kube import KubernetesPodCache
-    from execwatch.cluster.kubeapi import PodApi
 
-    pods = PodApi(api)
-    return KubernetesPodCache(
-        node, core_api=pods, apps_api=pods, batch_api=pods, watch_stream=pods.watch_stream
-    )
+    return KubernetesPodCache(node, api=api)
 
 
 def run(
@@ -39,43 +36,32 @@ def run(
     stop: threading.Event,
     *,
     registry: CollectorRegistry,
-    window: float = 1.0,
     ready: threading.Event | None = None,
     heartbeat: Heartbeat | None = None,
 ) -> float:
     """Trace failed execs and publish them until `stop`; needs root and BPF.
 
+    One repeat window to choose, the publisher's `aggregation_window`. The node folds
+    repeats over a fixed NODE_WINDOW_S first (the kernel too), so the publisher sees a
+    storm as one submit a second, and the first occurrence at once.
+
     Returns the CLOCK_BOOTTIME before which every event of the probe was consumed and
     submitted: what this agent hands over to the next one on the node."""
-    from execwatch.diagnosis import FileDiagnoser
-    from execwatch.diagnosis.budget import SlowMounts
-    from execwatch.metrics import NodeMetrics
-    from execwatch.pipeline import CountsPruner, NodePipeline
-    from execwatch.probe import Probe
-    from execwatch.probe.events import boot_to_epoch_offset
-    from execwatch.probe.loader import ProbeOptions
+    from execwatch.nodestack import NodeStack, StackOptions
+    from execwatch.pipeline import PipelineOptions
 
-    with Probe(ProbeOptions(fold_window_ms=window * 1000)) as probe:
-        node_metrics = NodeMetrics(registry, probe)
-        slow = SlowMounts()
-        pipeline = NodePipeline(
-            FileDiagnoser.for_host(attributor, slow),
-            publisher.submit,
-            epoch_offset=boot_to_epoch_offset(),
-            attributor=attributor,
-            observer=node_metrics,
-            window=window,
-            slow=slow,
-            heartbeat=heartbeat,
-            folds=probe,
-        )
-        probe.open_ring_buffer(pipeline.on_record)
+    options = StackOptions(
+        pipeline=PipelineOptions(window=NODE_WINDOW_S),
+        attributor=attributor,
+        heartbeat=heartbeat,
+        registry=registry,
+    )
+    with NodeStack.open(options, publisher.submit) as stack:
         log.info("agent tracing", extra={"kv": {"node": publisher.config.node}})
         if ready is not None:
             ready.set()
-        source = _PollClock(probe)
-        with CountsPruner(probe, attributor.cgroup_alive):
-            pipeline.run(source, stop)
+        source = _PollClock(stack.probe)
+        stack.run(stop, source=source)
         return source.consumed_until
 
 

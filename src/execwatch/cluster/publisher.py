@@ -45,7 +45,7 @@ from typing import Any, Protocol
 
 from execwatch.cluster import crd, errors
 from execwatch.cluster.metrics import PublisherMetrics
-from execwatch.cluster.spool import MAX_COUNT, Loaded, Spool, StoredRecord
+from execwatch.cluster.spool import MAX_COUNT, Handover, Loaded, Spool, StoredRecord
 from execwatch.record import AttributionStatus, ExecFailure
 from execwatch.text import safe_text
 
@@ -209,28 +209,18 @@ class Publisher:
         self._server_retry_at = 0.0
         self._next_flush = 0.0
         self._next_adopt = 0.0
-        self._standby: list[ExecFailure] | None = None  # None: this agent publishes
-        self._handed_over_until = 0.0  # epoch: failures up to then were the previous agent's
+        self._handover = Handover(
+            self.spool, self._accept, self.metrics, self.config.standby_buffer
+        )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     # -- producer side ---------------------------------------------------------------
 
     def submit(self, failure: ExecFailure) -> None:
-        """Take one failure (or a pre-folded run of them); never blocks on I/O."""
-        with self._lock:
-            if self._standby is not None:
-                if len(self._standby) < self.config.standby_buffer:
-                    self._standby.append(failure)
-                else:
-                    self.metrics.dropped.labels("standby_full").inc(max(1, failure.count))
-                return
-        if failure.event.time and failure.event.time <= self._handed_over_until:
-            # Seen by this probe, but consumed by the agent before (its folded repeats
-            # may reach us only now, after the handover).
-            self.metrics.handed_over.inc(max(1, failure.count))
-            return
-        self._accept(failure)
+        """Take one failure (or a pre-folded run of them); never blocks on I/O. While
+        another agent publishes on the node it is held (`spool.Handover`)."""
+        self._handover.submit(failure)
 
     def _accept(self, failure: ExecFailure) -> None:
         now, wall = self.clock(), failure.event.time or self.wall()
@@ -294,41 +284,9 @@ class Publisher:
         is gone), then start the worker."""
         if self.spool is not None:
             self._replay(self.spool)
-        if self.spool is None or self.spool.try_activate():
-            self.metrics.active.set(1)
-        else:
-            self._standby = []
-            log.info("another agent publishes on this node: standing by")
-            threading.Thread(
-                target=self._await_turn,
-                args=(self.spool,),
-                name="execwatch-standby",
-                daemon=True,
-            ).start()
+        self._handover.start()
         self._thread = threading.Thread(target=self._run, name="execwatch-publisher", daemon=True)
         self._thread.start()
-
-    def _await_turn(self, spool: Spool) -> None:
-        while not self._stop.wait(0.2):
-            if spool.try_activate():
-                self._activate(spool.take_handover())
-                return
-
-    def _activate(self, handed_over_at: float | None) -> None:
-        """Publish what was seen while standing by, except what the agent before had
-        consumed (kernel times up to `handed_over_at`, CLOCK_BOOTTIME)."""
-        if handed_over_at is not None:
-            offset = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
-            self._handed_over_until = handed_over_at + offset
-        with self._lock:
-            seen, self._standby = self._standby or [], None
-        self.metrics.active.set(1)
-        for failure in seen:
-            self.submit(failure)
-        log.info(
-            "publishing for this node",
-            extra={"kv": {"buffered": len(seen), "handover": handed_over_at}},
-        )
 
     def stop(self, flush_timeout: float = 5.0, handover_at: float | None = None) -> None:
         """Try for `flush_timeout` to send what is held, then stop; what is left stays in
@@ -348,17 +306,14 @@ class Publisher:
         while self.spooled() and self.clock() < deadline and self._thread is not None:
             time.sleep(0.05)
         self._stop.set()
+        self._handover.stop()  # what it held, the active agent saw
         with self._lock:
-            left, self._standby = self._standby, None
             self._lock.notify()
-        if left:  # never published: the active agent saw all of it
-            self.metrics.handed_over.inc(sum(max(1, f.count) for f in left))
         if self._thread is not None:
             self._thread.join(timeout=15)
         if self.spool is not None:
             self._flush()
-            if handover_at is not None:
-                self.spool.hand_over(handover_at)
+            self._handover.hand_over(handover_at)
             self.spool.close()
 
     def spooled(self) -> int:
@@ -513,7 +468,10 @@ class Publisher:
         entry.attempts += 1
         try:
             self.sink.create(entry.body)
-        except errors.ConflictError:
+        except errors.ConflictError as err:
+            if err.reason != "AlreadyExists":  # no other 409 says the record was made
+                self._failed(entry, errors.RetryableError(409, err.reason, err.message))
+                return
             self._done(entry, published=True)
         except errors.ApiError as err:
             self._failed(entry, err)

@@ -21,7 +21,8 @@ only what it saw after that: a node is never unwatched, and a failure is not pub
 by both. Records are idempotent by their fixed names, so a replay never makes a second one
 (a create that did reach the server answers 409).
 
-All I/O happens on the publisher's worker thread, never on the probe's hot path.
+`Handover` runs that protocol for the publisher. All I/O happens on the publisher's worker
+thread, never on the probe's hot path.
 """
 
 from __future__ import annotations
@@ -34,10 +35,16 @@ import logging
 import os
 import re
 import sqlite3
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from execwatch.cluster.metrics import PublisherMetrics
+    from execwatch.record import ExecFailure
 
 log = logging.getLogger(__name__)
 
@@ -351,3 +358,92 @@ class Spool:
         self._db.close()
         self._active.release()
         self._lock.release()
+
+
+class Handover:
+    """Which agent of the node publishes, and the hand-over between two of them (see the
+    module docstring). Without a spool this agent is alone: it publishes at once.
+
+    While another agent holds the node's active lock this one stands by, buffering up to
+    `capacity` failures (beyond: dropped, counted `standby_full`). Once it holds the lock it
+    publishes the buffer and everything after, except what the agent before had consumed:
+    failures up to its hand-over stamp count as `handed_over`, never published twice."""
+
+    def __init__(
+        self,
+        spool: Spool | None,
+        publish: Callable[[ExecFailure], None],
+        metrics: PublisherMetrics,
+        capacity: int,
+    ) -> None:
+        self._spool = spool
+        self._publish = publish
+        self._metrics = metrics
+        self._capacity = capacity
+        self._lock = threading.Lock()
+        self._standby: list[ExecFailure] | None = None  # None: this agent publishes
+        self._handed_over_until = 0.0  # epoch: failures up to then were the previous agent's
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        """Publish now if the node's active lock is free, else stand by until it is."""
+        if self._spool is None or self._spool.try_activate():
+            self._metrics.active.set(1)
+            return
+        self._standby = []
+        log.info("another agent publishes on this node: standing by")
+        threading.Thread(
+            target=self._await_turn, args=(self._spool,), name="execwatch-standby", daemon=True
+        ).start()
+
+    def submit(self, failure: ExecFailure) -> None:
+        """Publish `failure`, hold it while standing by, or count it as the previous
+        agent's."""
+        with self._lock:
+            if self._standby is not None:
+                if len(self._standby) < self._capacity:
+                    self._standby.append(failure)
+                else:
+                    self._metrics.dropped.labels("standby_full").inc(max(1, failure.count))
+                return
+        if failure.event.time and failure.event.time <= self._handed_over_until:
+            # Seen by this probe, but consumed by the agent before (its folded repeats
+            # may reach us only now, after the handover).
+            self._metrics.handed_over.inc(max(1, failure.count))
+            return
+        self._publish(failure)
+
+    def stop(self) -> None:
+        """Stop standing by: what was held was the active agent's to publish."""
+        self._stop.set()
+        with self._lock:
+            left, self._standby = self._standby, None
+        if left:
+            self._metrics.handed_over.inc(sum(max(1, f.count) for f in left))
+
+    def hand_over(self, boottime: float | None) -> None:
+        """Tell the next agent that every event up to `boottime` was this one's."""
+        if self._spool is not None and boottime is not None:
+            self._spool.hand_over(boottime)
+
+    def _await_turn(self, spool: Spool) -> None:
+        while not self._stop.wait(0.2):
+            if spool.try_activate():
+                self._activate(spool.take_handover())
+                return
+
+    def _activate(self, handed_over_at: float | None) -> None:
+        """Publish what was seen while standing by, except what the agent before had
+        consumed (kernel times up to `handed_over_at`, CLOCK_BOOTTIME)."""
+        if handed_over_at is not None:
+            offset = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+            self._handed_over_until = handed_over_at + offset
+        with self._lock:
+            seen, self._standby = self._standby or [], None
+        self._metrics.active.set(1)
+        for failure in seen:
+            self.submit(failure)
+        log.info(
+            "publishing for this node",
+            extra={"kv": {"buffered": len(seen), "handover": handed_over_at}},
+        )
