@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.cluster_bench [--failures 120] [--records 1000]
         [--crash-seconds 130] [--crash-window 60] [--skip latency,throughput,crash]
+        [--old-src DIR] [--skip ...,agent]
 
 Three measurements, each with the real processes and their own ServiceAccount tokens:
 
@@ -13,11 +14,17 @@ Three measurements, each with the real processes and their own ServiceAccount to
   minus the failure's kernel timestamp (the Event's eventTime is the record's firstSeen,
   taken from the BPF event). Also the agent's RSS once it has settled. Needs root.
 - throughput: `--records` records (50 pods, every record a new Event series: the worst
-  case) are created first; then `benchmarks/raw_handler.py` (a raw http.client doing
-  the handler's calls per record with `--workers` threads) drains them; then the same
-  again for an `execwatch handler --workers N` process, timed from the moment it holds
-  the Lease. Alternated `--rounds` times in one run; medians and their ratio, the
-  API requests each made, client CPU seconds, the handler's peak RSS.
+  case) are created first; then `benchmarks/raw_handler.py` (raw requests doing the
+  handler's calls per record with `--workers` threads) drains them, once on http.client
+  and once on httpx2 (the handler's transport); then the same again for an `execwatch
+  handler --workers N` process, timed from the moment it holds the Lease, and, with
+  `--old-src DIR`, for the handler of another checkout's `src` (PYTHONPATH=DIR).
+  Alternated `--rounds` times in one run; medians and their ratios (`handler_over_raw`:
+  over raw httpx2), the API requests each made, client CPU seconds, peak RSS.
+- agent: the agent's API path alone, in a fresh process: `cluster.agent` imported, the
+  node-scoped pod watch synced and `--records` records published through its
+  lightkube client; its peak RSS (VmHWM). No probe, so no root (latency has the real
+  agent's RSS).
 - crash: 3 containers keep failing 10 times a second for `--crash-seconds` through the
   agent's publisher (aggregation window `--crash-window`) while the handler runs. The
   API writes are counted by the API server itself (apiserver_request_total), by verb
@@ -335,7 +342,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def bench_raw(kube: KubeCluster, records: int, workers: int) -> dict[str, Any]:
+def bench_raw(
+    kube: KubeCluster, records: int, workers: int, transport: str = "httpx2"
+) -> dict[str, Any]:
     admin = kube.client()
     with fresh_namespace(admin) as ns:
         make_records(kube, admin, ns, records, "raw")
@@ -352,6 +361,8 @@ def bench_raw(kube: KubeCluster, records: int, workers: int) -> dict[str, Any]:
                 crd.DEFAULT_NAMESPACE,
                 "--workers",
                 str(workers),
+                "--transport",
+                transport,
             ],
             check=True,
             capture_output=True,
@@ -362,13 +373,19 @@ def bench_raw(kube: KubeCluster, records: int, workers: int) -> dict[str, Any]:
     return result
 
 
-def bench_handler(kube: KubeCluster, work: Path, records: int, workers: int) -> dict[str, Any]:
+def bench_handler(
+    kube: KubeCluster, work: Path, records: int, workers: int, src: str | None = None
+) -> dict[str, Any]:
+    """`execwatch handler` draining the records; `src`: the package from there instead."""
     admin = kube.client()
     handler_cfg = kube.kubeconfig(kube.service_account_token(*HANDLER_SA), work / "handler.kcfg")
     with fresh_namespace(admin) as ns:
         make_records(kube, admin, ns, records, "handler")
         args = [*handler_args(handler_cfg), "--workers", str(workers)]
-        handler = start_execwatch(args, work / "handler-throughput.log")
+        env = {**os.environ, "PYTHONPATH": src} if src else None
+        handler = ExecwatchProcess(
+            ["--log-level", "warning", *args], work / "handler-throughput.log", env=env
+        )
         peak = 0.0
         try:
             wait_for(lambda: lease_holder(admin), 30, "handler lease")
@@ -402,24 +419,82 @@ def bench_handler(kube: KubeCluster, work: Path, records: int, workers: int) -> 
 
 
 def bench_throughput(
-    kube: KubeCluster, work: Path, records: int, workers: int, rounds: int
+    kube: KubeCluster, work: Path, records: int, workers: int, rounds: int, old_src: str | None
 ) -> dict[str, Any]:
-    """The raw client and the handler, alternately, on the same kind of backlog."""
-    raws, handlers = [], []
+    """Raw requests and the handler(s), alternately, on the same kind of backlog."""
+    runs: dict[str, list[dict[str, Any]]] = {"raw_httpclient": [], "raw": [], "handler": []}
+    if old_src:
+        runs["handler_old"] = []
     for _ in range(rounds):
-        raws.append(bench_raw(kube, records, workers))
-        print("raw", json.dumps(raws[-1]), flush=True)
-        handlers.append(bench_handler(kube, work, records, workers))
-        print("handler", json.dumps(handlers[-1]), flush=True)
-    raw_rate = statistics.median(r["records_per_s"] for r in raws)
-    handler_rate = statistics.median(h["records_per_s"] for h in handlers)
+        for name in runs:
+            if name.startswith("raw"):
+                transport = "http.client" if name == "raw_httpclient" else "httpx2"
+                result = bench_raw(kube, records, workers, transport)
+            else:
+                src = old_src if name == "handler_old" else None
+                result = bench_handler(kube, work, records, workers, src)
+            runs[name].append(result)
+            print(name, json.dumps(result), flush=True)
+    rate = {n: statistics.median(r["records_per_s"] for r in rs) for n, rs in runs.items()}
+    out: dict[str, Any] = {"workers": workers, **runs}
+    out.update({f"{n}_records_per_s": v for n, v in rate.items()})
+    out["handler_over_raw"] = round(rate["handler"] / rate["raw"], 3)
+    out["handler_over_raw_httpclient"] = round(rate["handler"] / rate["raw_httpclient"], 3)
+    if old_src:
+        out["handler_over_handler_old"] = round(rate["handler"] / rate["handler_old"], 3)
+    return out
+
+
+AGENT_CHILD = """
+import sys, time
+from execwatch.cluster import agent, crd, kubeapi
+from execwatch.cluster.publisher import Publisher, PublisherConfig
+from tests.cluster.records import exec_failure
+
+url, ca, token, node, ns, pod, uid, records = sys.argv[1:]
+api = kubeapi.client_for(url, ca, token)
+cache = agent.pod_cache(node, api)
+cache.start()
+assert cache.synced.wait(30), "pod watch not synced"
+publisher = Publisher(
+    PublisherConfig(node=node, aggregation_window=0.1, rate=1000, burst=1000),
+    kubeapi.RecordApi(api, crd.DEFAULT_NAMESPACE),
+)
+publisher.start()
+target = {"metadata": {"name": pod, "namespace": ns, "uid": uid}, "spec": {"nodeName": node}}
+for i in range(int(records)):
+    publisher.submit(exec_failure(pod=target, path=f"/usr/bin/agent-{i}"))
+deadline = time.monotonic() + 120
+while publisher.spooled() and time.monotonic() < deadline:
+    time.sleep(0.1)
+publisher.stop(flush_timeout=30)
+cache.close()
+status = open("/proc/self/status").read().split("\\n")
+print([line for line in status if line.startswith("VmHWM")][0].split()[1])
+"""
+
+
+def bench_agent(kube: KubeCluster, records: int) -> dict[str, Any]:
+    """The agent's API path (pod watch + publisher) in its own process: peak RSS."""
+    admin = kube.client()
+    with fresh_namespace(admin) as ns:
+        pod = make_pod(admin, ns, "app-5f6d7c8b9-agent")
+        token = kube.node_token(*AGENT_SA, NODE)
+        argv = [kube.url, str(kube.ca), token, NODE, ns, pod.metadata.name, pod.metadata.uid]
+        out = subprocess.run(
+            [sys.executable, "-c", AGENT_CHILD, *argv, str(records)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        created = records_left(admin)
+        client.CustomObjectsApi(admin).delete_collection_namespaced_custom_object(
+            crd.GROUP, crd.VERSION, crd.DEFAULT_NAMESPACE, crd.PLURAL
+        )
     return {
-        "workers": workers,
-        "raw": raws,
-        "handler": handlers,
-        "raw_records_per_s": raw_rate,
-        "handler_records_per_s": handler_rate,
-        "handler_over_raw": round(handler_rate / raw_rate, 3),
+        "records": records,
+        "records_created": created,
+        "agent_api_peak_rss_mb": round(int(out.stdout.split()[-1]) / 1024, 1),
     }
 
 
@@ -492,6 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--crash-seconds", type=float, default=130.0)
     parser.add_argument("--crash-window", type=float, default=60.0)
     parser.add_argument("--skip", default="", help="comma-separated: latency,throughput,crash")
+    parser.add_argument("--old-src", help="also time the handler of this `src` (PYTHONPATH)")
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     results: dict[str, Any] = {}
@@ -501,10 +577,13 @@ def main(argv: list[str] | None = None) -> int:
             kube.apply(load_manifests())
             kube.apply(load_manifests(MANIFESTS / "optional"))
             benches: tuple[tuple[str, Callable[[], dict[str, Any]]], ...] = (
+                ("agent", lambda: bench_agent(kube, min(args.records, 200))),
                 ("latency", lambda: bench_latency(kube, work, args.failures)),
                 (
                     "throughput",
-                    lambda: bench_throughput(kube, work, args.records, args.workers, args.rounds),
+                    lambda: bench_throughput(
+                        kube, work, args.records, args.workers, args.rounds, args.old_src
+                    ),
                 ),
                 (
                     "crash",

@@ -1,12 +1,14 @@
 """The baseline for the handler's throughput: a raw client doing the same calls per record.
 
     python -m benchmarks.raw_handler URL CA TOKEN NAMESPACE [--workers 16]
+        [--transport http.client|httpx2]
 
 Lists the ExecFailure records in NAMESPACE (paged), then with WORKERS threads, each on
 its own keep-alive `http.client` connection, does per record exactly what the handler
 does on its worst-case path: GET the pod (quorum read), POST a new Warning Event, PATCH
 the pod's label when this run has not labelled it yet, DELETE the record with a UID
 precondition. No validation, no metrics, no retries: the fastest honest client.
+`--transport httpx2`: the same requests on one httpx2 pool (the handler's transport).
 Prints one JSON line: records, seconds, records_per_s, cpu_s.
 """
 
@@ -50,6 +52,34 @@ class Conn:
         return json.loads(payload)
 
 
+class HttpxConn(Conn):
+    """`Conn` on a shared httpx2 pool (the handler's own transport, without the handler)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def call(
+        self, method: str, path: str, body: Any = None, ctype: str = "application/json"
+    ) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": ctype} if data is not None else {}
+        resp = self.client.request(method, path, content=data, headers=headers)
+        if resp.status_code >= 300:
+            raise RuntimeError(f"{method} {path}: {resp.status_code} {resp.content[:200]!r}")
+        return json.loads(resp.content)
+
+
+def httpx_pool(args: argparse.Namespace) -> Any:
+    import httpx2
+
+    return httpx2.Client(
+        base_url=args.url,
+        verify=ssl.create_default_context(cafile=args.ca),
+        headers={"Authorization": f"Bearer {args.token}", "Accept": "application/json"},
+        limits=httpx2.Limits(max_connections=args.workers, max_keepalive_connections=args.workers),
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("url")
@@ -57,14 +87,16 @@ def main() -> None:
     ap.add_argument("token")
     ap.add_argument("namespace")
     ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--transport", choices=["http.client", "httpx2"], default="http.client")
     args = ap.parse_args()
+    shared = httpx_pool(args) if args.transport == "httpx2" else None
     local = threading.local()
     labelled: set[tuple[str, str]] = set()
     lock = threading.Lock()
 
     def conn() -> Conn:
         if not hasattr(local, "c"):
-            local.c = Conn(args.url, args.ca, args.token)
+            local.c = HttpxConn(shared) if shared else Conn(args.url, args.ca, args.token)
         c: Conn = local.c
         return c
 
@@ -115,7 +147,7 @@ def main() -> None:
 
     cpu0, t0 = time.process_time(), time.monotonic()
     items: list[dict[str, Any]] = []
-    lister, token = Conn(args.url, args.ca, args.token), ""
+    lister, token = conn(), ""
     while True:
         page = lister.call(
             "GET",

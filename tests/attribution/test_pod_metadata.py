@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
+from lightkube.resources.apps_v1 import ReplicaSet
+from lightkube.resources.core_v1 import Pod
 
 from execwatch.attribution.kube import KubernetesPodCache
 from execwatch.attribution.metadata import (
@@ -100,55 +101,69 @@ def test_proc_cgroup_lines_give_the_unified_and_v1_paths() -> None:
     assert parse_proc_cgroup("0::/system.slice/x.service\n").v1 == {}
 
 
-def ref(kind: str, name: str, controller: bool = True) -> SimpleNamespace:
-    return SimpleNamespace(kind=kind, name=name, controller=controller)
+def ref(kind: str, name: str, controller: bool = True) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": kind, "name": name, "uid": name, "controller": controller}
 
 
 def k8s_pod(
     uid: str,
     name: str,
-    owner: SimpleNamespace | None = None,
+    owner: dict[str, Any] | None = None,
     labels: dict[str, str] | None = None,
     **statuses: list[tuple[str, str, str]],
-) -> SimpleNamespace:
-    def cs(items: list[tuple[str, str, str]]) -> list[SimpleNamespace]:
-        return [SimpleNamespace(name=n, container_id=c, image=i) for n, c, i in items]
+) -> Pod:
+    """A lightkube Pod, as the API client hands it over."""
 
-    return SimpleNamespace(
-        metadata=SimpleNamespace(
-            uid=uid,
-            name=name,
-            namespace="shop",
-            labels=labels or {},
-            owner_references=[owner] if owner else None,
-        ),
-        status=SimpleNamespace(
-            container_statuses=cs(statuses.get("regular", [])),
-            init_container_statuses=cs(statuses.get("init", [])),
-            ephemeral_container_statuses=cs(statuses.get("ephemeral", [])),
+    def cs(items: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
+        return [
+            {"name": n, "containerID": c, "image": i, "imageID": "", "ready": True,
+             "restartCount": 0}
+            for n, c, i in items
+        ]  # fmt: skip
+
+    pod = cast(
+        Pod,
+        Pod.from_dict(
+            {
+                "metadata": {
+                    "uid": uid,
+                    "name": name,
+                    "namespace": "shop",
+                    "labels": labels or {},
+                    "ownerReferences": [owner] if owner else [],
+                },
+                "status": {
+                    "containerStatuses": cs(statuses.get("regular", [])),
+                    "initContainerStatuses": cs(statuses.get("init", [])),
+                    "ephemeralContainerStatuses": cs(statuses.get("ephemeral", [])),
+                },
+            }
         ),
     )
+    return pod
 
 
-class FakeOwners:
-    def __init__(self, owners: dict[str, SimpleNamespace | None]) -> None:
-        self.owners, self.calls = owners, 0
+class FakeApi:
+    """The calls of lightkube's Client the cache makes: get of owners, list + watch of pods."""
 
-    def read(self, name: str, namespace: str) -> SimpleNamespace:
+    def __init__(self, owners: dict[str, dict[str, Any] | None] | None = None) -> None:
+        self.owners, self.calls = owners or {}, 0
+
+    def get(self, resource: type[Any], name: str, namespace: str) -> Any:
         self.calls += 1
         parent = self.owners[name]
-        return SimpleNamespace(
-            metadata=SimpleNamespace(owner_references=[parent] if parent else [])
+        meta = {"name": name, "namespace": namespace, "ownerReferences": [parent] if parent else []}
+        spec: dict[str, Any] = (
+            {"selector": {}, "template": {}} if resource is ReplicaSet else {"template": {}}
         )
-
-    read_namespaced_replica_set = read
-    read_namespaced_job = read
+        return resource.from_dict({"metadata": meta, "spec": spec})
 
 
 def test_the_pod_cache_knows_container_roles_owners_and_remembers_deleted_pods() -> None:
-    apps = FakeOwners({"web-7d4b9c8f5": ref("Deployment", "web")})
-    batch = FakeOwners({"report-28930110": ref("CronJob", "report")})
-    cache = KubernetesPodCache("node-1", core_api=object(), apps_api=apps, batch_api=batch)
+    api = FakeApi(
+        {"web-7d4b9c8f5": ref("Deployment", "web"), "report-28930110": ref("CronJob", "report")}
+    )
+    cache = KubernetesPodCache("node-1", api=api)
     web = k8s_pod(
         "u1",
         "web-7d4b9c8f5-x2x9q",
@@ -172,17 +187,17 @@ def test_the_pod_cache_knows_container_roles_owners_and_remembers_deleted_pods()
     assert got.containers["a" * 64].image == "shop/web:3"
     job_meta = cache.pod("u2")
     assert job_meta is not None and job_meta.workload == Workload("CronJob", "report")
-    assert apps.calls == 1  # the ReplicaSet's owner was read once, then cached
+    assert api.calls == 2  # each owner (ReplicaSet, Job) read once, then cached
 
     cache.apply("DELETED", web)
     gone = cache.pod("u1")
     assert gone is not None and gone.deleted and gone.name == "web-7d4b9c8f5-x2x9q"
-    cache.apply("BOOKMARK", SimpleNamespace(metadata=SimpleNamespace(uid="u3")))
+    cache.apply("BOOKMARK", k8s_pod("u3", "bookmark"))
     assert cache.pod("u3") is None
 
 
 def test_tombstones_are_bounded() -> None:
-    cache = KubernetesPodCache("node-1", core_api=object(), tombstones=10)
+    cache = KubernetesPodCache("node-1", api=FakeApi(), tombstones=10)
     for i in range(100):
         pod = k8s_pod(f"u{i}", f"p{i}")
         cache.apply("ADDED", pod)
@@ -193,30 +208,34 @@ def test_tombstones_are_bounded() -> None:
 
 
 def test_the_cache_lists_then_watches_this_nodes_pods_only() -> None:
-    selectors: list[str] = []
+    selectors: list[dict[str, str]] = []
     listed = k8s_pod("u1", "a")
     added = k8s_pod("u2", "b")
     done, release = threading.Event(), threading.Event()
 
-    class Core:
-        def list_pod_for_all_namespaces(self, field_selector: str, **_: Any) -> SimpleNamespace:
-            selectors.append(field_selector)
-            return SimpleNamespace(items=[listed], metadata=SimpleNamespace(resource_version="7"))
+    class Listing(list[Pod]):
+        resourceVersion = "7"
 
-    def stream(func: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
-        assert kwargs["resource_version"] == "7"
-        selectors.append(kwargs["field_selector"])
-        yield {"type": "ADDED", "object": added}
-        yield {"type": "DELETED", "object": listed}
-        done.set()
-        release.wait(5)
+    class Api(FakeApi):
+        def list(self, resource: type[Any], namespace: str, fields: dict[str, str]) -> Listing:
+            assert resource is Pod and namespace == "*"
+            selectors.append(fields)
+            return Listing([listed])
 
-    cache = KubernetesPodCache("node-7", core_api=Core(), watch_stream=stream, retry_delay=0.01)
+        def watch(self, resource: type[Any], **kwargs: Any) -> Iterator[tuple[str, Pod]]:
+            assert kwargs["resource_version"] == "7"
+            selectors.append(kwargs["fields"])
+            yield "ADDED", added
+            yield "DELETED", listed
+            done.set()
+            release.wait(5)
+
+    cache = KubernetesPodCache("node-7", api=Api(), retry_delay=0.01)
     cache.start()
     try:
         assert done.wait(5)
         assert cache.synced.is_set()
-        assert selectors == ["spec.nodeName=node-7", "spec.nodeName=node-7"]
+        assert selectors == [{"spec.nodeName": "node-7"}] * 2
         b, a = cache.pod("u2"), cache.pod("u1")
         assert b is not None and not b.deleted
         assert a is not None and a.deleted

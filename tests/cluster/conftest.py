@@ -17,10 +17,26 @@ from execwatch.cluster import crd
 from execwatch.cluster.handler import LABEL, Handler, HandlerConfig
 from execwatch.cluster.metrics import HandlerMetrics
 from tests.kube.cluster import KubeCluster
-from tests.kube.fixtures import AGENT_NODE, admin, agent_api, agent_lightkube, handler_api, kube
+from tests.kube.fixtures import (
+    AGENT_NODE,
+    admin,
+    agent_api,
+    agent_lightkube,
+    handler_api,
+    handler_kube,
+    kube,
+)
 from tests.support.wait import wait_until
 
-__all__ = ["admin", "agent_api", "agent_lightkube", "handler_api", "kube", "wait_until"]
+__all__ = [
+    "admin",
+    "agent_api",
+    "agent_lightkube",
+    "handler_api",
+    "handler_kube",
+    "kube",
+    "wait_until",
+]
 
 NODE = AGENT_NODE
 
@@ -154,7 +170,7 @@ def make_pod(admin: client.ApiClient, namespace: str) -> PodFactory:
 
 
 @pytest.fixture
-def start_handler(handler_api: client.ApiClient) -> Iterator[Callable[..., Handler]]:
+def start_handler(handler_kube: Any) -> Iterator[Callable[..., Handler]]:
     """Start in-process handler replicas as the handler ServiceAccount; stop them after."""
     started: list[Handler] = []
 
@@ -168,7 +184,7 @@ def start_handler(handler_api: client.ApiClient) -> Iterator[Callable[..., Handl
         }
         settings.update(overrides)
         metrics = HandlerMetrics(max_series=settings.pop("max_series", 5000))
-        h = Handler(HandlerConfig(identity=identity, **settings), handler_api, metrics)
+        h = Handler(HandlerConfig(identity=identity, **settings), handler_kube, metrics)
         h.start()
         started.append(h)
         return h

@@ -7,6 +7,8 @@ import hashlib
 import time
 from typing import Any
 
+from execwatch.cluster import errors
+from execwatch.cluster.kubeapi import RecordApi
 from execwatch.record import (
     Attribution,
     AttributionStatus,
@@ -78,3 +80,20 @@ def exec_failure(
         detail="ELF for arm64 (EM_AARCH64)" if binary_arch else "",
     )
     return ExecFailure(event=event, diagnosis=diagnosis, attribution=attribution, count=count)
+
+
+class CountingRecords(RecordApi):
+    """The agent's sink, counting the creates the ResourceQuota admission refused with 409
+    because it lost a race for the quota object (the publisher retries them: nothing was
+    created; they were taken for "already exists", and lost, before)."""
+
+    def __init__(self, api: Any, namespace: str) -> None:
+        super().__init__(api, namespace)
+        self.conflicts = 0
+
+    def create(self, body: dict[str, Any]) -> None:
+        try:
+            super().create(body)
+        except errors.RetryableError as err:
+            self.conflicts += err.status == 409
+            raise

@@ -1,11 +1,15 @@
-"""The API error taxonomy: what each answer (or its absence) means for the caller."""
+"""The API error taxonomy: what each answer (or its absence) means for the caller, whichever
+client raised it (httpx2 and lightkube for execwatch, the official client for placement)."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
+import httpx2
 import pytest
 from kubernetes.client.exceptions import ApiException
+from lightkube import ApiError as LightkubeApiError
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
 from execwatch.cluster import errors
@@ -61,6 +65,19 @@ def test_a_quota_refusal_is_retryable_other_403s_are_not() -> None:
     assert isinstance(errors.classify(api_exception(403, "cannot patch")), errors.PermanentError)
 
 
+def test_the_quota_admissions_lost_race_is_retryable_other_409s_are_conflicts() -> None:
+    lost_race = errors.from_status(
+        409,
+        "Conflict",
+        'Operation cannot be fulfilled on resourcequotas "execwatch-records": the object '
+        "has been modified; please apply your changes to the latest version and try again",
+    )
+    assert isinstance(lost_race, errors.RetryableError) and not lost_race.may_have_acted
+    precondition = errors.from_status(409, "Conflict", "Precondition failed: UID in precondition")
+    assert isinstance(precondition, errors.ConflictError)
+    assert isinstance(errors.from_status(409, "AlreadyExists", "x exists"), errors.ConflictError)
+
+
 @pytest.mark.parametrize(
     "exc",
     [
@@ -105,3 +122,41 @@ def test_a_non_status_body_still_classifies() -> None:
     exc.body = b"<html>proxy</html>"
     err = errors.classify(exc)
     assert isinstance(err, errors.RetryableError) and err.reason == "Bad Gateway"
+
+
+def httpx_answer(status: int, body: bytes, headers: dict[str, str] | None = None) -> Any:
+    request = httpx2.Request("DELETE", "https://api.test/apis/x")
+    return httpx2.Response(status, content=body, headers=headers, request=request)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        httpx2.ConnectError("connection refused"),
+        httpx2.ReadTimeout("timed out"),
+        httpx2.RemoteProtocolError("server disconnected without sending a response"),
+        httpx2.ReadError("reset by peer"),
+    ],
+)
+def test_no_answer_on_the_httpx2_transport_is_retryable_and_may_have_acted(
+    exc: Exception,
+) -> None:
+    err = errors.classify(exc)
+    assert isinstance(err, errors.RetryableError) and err.status == 0 and err.may_have_acted
+
+
+def test_lightkube_errors_classify_by_their_status_body() -> None:
+    body = json.dumps({"kind": "Status", "reason": "NotFound", "message": "gone"}).encode()
+    answer = httpx_answer(404, body)
+    with pytest.raises(errors.NotFoundError) as err, errors.translate():
+        raise LightkubeApiError(request=answer.request, response=answer)
+    assert (err.value.status, err.value.reason, err.value.message) == (404, "NotFound", "gone")
+
+
+def test_an_apf_429_without_a_status_body_is_retryable_after_its_header() -> None:
+    answer = httpx_answer(429, b"Too many requests, please try again later.\n",
+                          {"Retry-After": "3", "Content-Type": "text/plain"})  # fmt: skip
+    exc = httpx2.HTTPStatusError("429", request=answer.request, response=answer)
+    err = errors.classify(exc)
+    assert isinstance(err, errors.RetryableError) and err.retry_after == 3.0
+    assert err.reason == "Too Many Requests" and err.message.startswith("Too many requests")

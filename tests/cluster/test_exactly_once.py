@@ -47,10 +47,9 @@ def proxy(kube: KubeCluster) -> Iterator[FaultProxy]:
     p.stop()
 
 
-def via(kube: KubeCluster, proxy: FaultProxy, token: str) -> client.ApiClient:
-    cfg = kube.config(token)
-    cfg.host = proxy.url
-    return client.ApiClient(cfg)
+def via(kube: KubeCluster, proxy: FaultProxy, token: str) -> Any:
+    """The handler's configuration, through the fault proxy."""
+    return kube.lightkube_config(token, server=proxy.url)
 
 
 def sum_samples(handlers: list[Handler], name: str, **labels: str) -> float:
@@ -304,16 +303,15 @@ def test_a_date_the_schema_allows_but_nothing_can_use_is_counted_invalid_once(
 
 
 def test_rest_never_retries_on_its_own(kube: KubeCluster, proxy: FaultProxy) -> None:
-    """A DELETE whose reply is lost surfaces as 'no answer' (urllib3 would otherwise
-    re-send it and report the 404 of its own earlier success)."""
+    """A request whose reply is lost surfaces as 'no answer' (a client that re-sent it
+    would report, for a DELETE, the 404 of its own earlier success)."""
     from execwatch.cluster import errors
 
     proxy.rate = 1.0
     proxy.kinds = ("drop_reply",)
-    with via(kube, proxy, kube.service_account_token(*HANDLER_SA)) as api:
-        rest = Rest(api)
-        with pytest.raises(errors.RetryableError) as err:
-            rest.call("GET", "/api/v1/namespaces/execwatch")
+    rest = Rest(via(kube, proxy, kube.service_account_token(*HANDLER_SA)))
+    with rest, pytest.raises(errors.RetryableError) as err:
+        rest.call("GET", "/api/v1/namespaces/execwatch")
     assert err.value.status == 0 and err.value.may_have_acted
     assert proxy.requests == 1
 

@@ -7,6 +7,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from execwatch.record import AttributionStatus, ExecFailure, Reason
 from tests.cluster.conftest import NODE, PodFactory, label_of, list_records
 from tests.cluster.records import exec_failure
 from tests.kube.cluster import KubeCluster
+from tests.kube.fixtures import HANDLER_SA
 from tests.support.wait import wait_until
 
 StartHandler = Callable[..., Handler]
@@ -432,20 +434,17 @@ def test_records_naming_namespaces_the_handler_cannot_see_are_invalid(
             "spec": {"nodeName": NODE, "containers": [{"name": "app", "image": "app:1"}]},
         },
     )
-    with kube.client(kube.service_account_token(crd.DEFAULT_NAMESPACE, sa)) as api:
-        handler = Handler(
-            HandlerConfig(
-                identity="scoped", lease_duration=4.0, renew_deadline=3.0, retry_period=0.5
-            ),
-            api,
-        )
-        handler.start()
-        try:
-            publish(agent_api, exec_failure(pod=hidden_pod))
-            publish(agent_api, exec_failure(pod=admin.sanitize_for_serialization(seen_pod)))
-            wait_until(drained(admin, handler))
-        finally:
-            handler.stop()
+    handler = Handler(
+        HandlerConfig(identity="scoped", lease_duration=4.0, renew_deadline=3.0, retry_period=0.5),
+        kube.lightkube_config(kube.service_account_token(crd.DEFAULT_NAMESPACE, sa)),
+    )
+    handler.start()
+    try:
+        publish(agent_api, exec_failure(pod=hidden_pod))
+        publish(agent_api, exec_failure(pod=admin.sanitize_for_serialization(seen_pod)))
+        wait_until(drained(admin, handler))
+    finally:
+        handler.stop()
     assert sample(handler, "execwatch_handler_invalid_records_total", type="pod_forbidden") == 1
     assert failures_total(handler, namespace=visible) == 1
     assert events_of(admin, namespace) == [] and len(events_of(admin, visible)) == 1
@@ -465,3 +464,30 @@ def test_a_backlog_found_at_start_is_listed_in_pages_and_all_handled(
     wait_until(drained(admin, handler))
     assert failures_total(handler, namespace=namespace) == 7
     assert len(events_of(admin, namespace)) == 7
+
+
+def test_a_rotated_token_file_is_read_again_without_a_restart(
+    kube: KubeCluster, tmp_path: Path
+) -> None:
+    """In-cluster, the kubelet rewrites the ServiceAccount token file: the handler's client
+    answers a 401 by reading the file again and sending the request once more."""
+    from lightkube import KubeConfig
+
+    from execwatch.cluster import errors
+    from execwatch.cluster.rest import Rest
+
+    token_file = tmp_path / "token"
+    token_file.write_text("not-a-token")
+    doc = {
+        "clusters": [{"name": "c", "cluster": {"server": kube.url,
+                                               "certificate-authority": str(kube.ca)}}],
+        "users": [{"name": "u", "user": {"tokenFile": str(token_file)}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }  # fmt: skip
+    with Rest(KubeConfig.from_dict(doc)) as rest:
+        with pytest.raises(errors.RetryableError) as err:
+            rest.call("GET", "/api")
+        assert err.value.status == 401
+        token_file.write_text(kube.service_account_token(*HANDLER_SA))
+        assert rest.call("GET", "/api")["kind"] == "APIVersions"

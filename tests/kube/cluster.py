@@ -297,6 +297,12 @@ class KubeCluster:
     def client(self, token: str = ADMIN_TOKEN) -> client.ApiClient:
         return client.ApiClient(self.config(token))
 
+    def lightkube_config(self, token: str, server: str | None = None) -> Any:
+        """lightkube's KubeConfig for `token`: what the handler takes (`cluster.rest`)."""
+        from execwatch.cluster import kubeapi
+
+        return kubeapi.config_for(server or self.url, str(self.ca), token)
+
     def lightkube(self, token: str, timeout: float = 10.0) -> Any:
         """A lightkube Client for `token`: the agent's own API client (cluster.kubeapi)."""
         from execwatch.cluster import kubeapi

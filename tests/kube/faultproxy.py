@@ -34,8 +34,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-KINDS = (  # the default mix; refuse_429_apf is chosen by the tests that want it
+KINDS = (  # the default mix
     "refuse_429",
+    "refuse_429_apf",
     "refuse_500",
     "refuse_503",
     "delay",

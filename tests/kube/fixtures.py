@@ -59,6 +59,13 @@ def handler_api(kube: KubeCluster) -> Iterator[client.ApiClient]:
 
 
 @pytest.fixture
+def handler_kube(kube: KubeCluster) -> Any:
+    """The handler's own configuration (lightkube's KubeConfig, `cluster.rest`) for the
+    handler's ServiceAccount, as `handler_api`."""
+    return kube.lightkube_config(kube.service_account_token(*HANDLER_SA))
+
+
+@pytest.fixture
 def agent_lightkube(kube: KubeCluster) -> Iterator[Any]:
     """The agent's own client (lightkube, `cluster.kubeapi`) with the token of an agent pod
     on AGENT_NODE, as `agent_api`."""

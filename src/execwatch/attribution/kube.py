@@ -4,6 +4,9 @@ The API knows what CRI does not: init and ephemeral containers by role, and owne
 ReplicaSet and Job owners are followed one step up (to the Deployment or CronJob) in
 the watch thread, never on the event path. Deleted pods stay as tombstones for a
 while, so a failure seen just before a pod's deletion still gets its names.
+
+The API is lightkube's `Client` (`cluster.kubeapi.client`), and the objects its models
+(camelCase attributes: `metadata.ownerReferences`, `status.containerStatuses`).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 from execwatch.attribution.metadata import (
@@ -24,28 +27,29 @@ from execwatch.attribution.metadata import (
 
 log = logging.getLogger(__name__)
 
-WatchStream = Callable[..., Iterator[dict[str, Any]]]
+STATUSES = (
+    ("containerStatuses", ContainerRole.REGULAR),
+    ("initContainerStatuses", ContainerRole.INIT),
+    ("ephemeralContainerStatuses", ContainerRole.EPHEMERAL),
+)
 
 
 class KubernetesPodCache:
-    """Thread-safe; ``pod()`` answers from memory. Pass API objects to test or to share."""
+    """Thread-safe; ``pod()`` answers from memory. `api`: a lightkube Client (default:
+    in-cluster, else the kubeconfig)."""
 
     def __init__(
         self,
         node_name: str,
         *,
-        core_api: Any = None,
-        apps_api: Any = None,
-        batch_api: Any = None,
-        watch_stream: WatchStream | None = None,
+        api: Any = None,
         tombstones: int = 4096,
         owner_cache: int = 4096,
         watch_timeout: int = 300,
         retry_delay: float = 5.0,
     ) -> None:
         self.node_name = node_name
-        self._core, self._apps, self._batch = core_api, apps_api, batch_api
-        self._watch_stream = watch_stream
+        self._api = api
         self._tombstone_capacity = tombstones
         self._owner_capacity = owner_cache
         self._watch_timeout = watch_timeout
@@ -59,8 +63,10 @@ class KubernetesPodCache:
         self.synced = threading.Event()
 
     def start(self) -> None:
-        if self._core is None:
-            self._connect()
+        if self._api is None:
+            from execwatch.cluster import kubeapi
+
+            self._api = kubeapi.client()
         self._thread = threading.Thread(target=self._run, name="pod-cache", daemon=True)
         self._thread.start()
 
@@ -74,36 +80,25 @@ class KubernetesPodCache:
         with self._lock:
             return self._pods.get(uid) or self._tombstones.get(uid)
 
-    def _connect(self) -> None:
-        from kubernetes import client, config, watch
-
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
-        self._core = client.CoreV1Api()
-        self._apps = client.AppsV1Api()
-        self._batch = client.BatchV1Api()
-        self._watch_stream = watch.Watch().stream
-
     def _run(self) -> None:
-        selector = f"spec.nodeName={self.node_name}"
+        from lightkube.resources.core_v1 import Pod
+
+        fields = {"spec.nodeName": self.node_name}
         while not self._stop.is_set():
             try:
-                listing = self._core.list_pod_for_all_namespaces(field_selector=selector)
-                self.replace(listing.items)
+                listing = self._api.list(Pod, namespace="*", fields=fields)
+                self.replace(list(listing))
                 self.synced.set()
-                version = listing.metadata.resource_version
-                assert self._watch_stream is not None
-                for event in self._watch_stream(
-                    self._core.list_pod_for_all_namespaces,
-                    field_selector=selector,
-                    resource_version=version,
-                    timeout_seconds=self._watch_timeout,
+                for kind, pod in self._api.watch(
+                    Pod,
+                    namespace="*",
+                    fields=fields,
+                    resource_version=listing.resourceVersion,
+                    server_timeout=self._watch_timeout,
                 ):
                     if self._stop.is_set():
                         return
-                    self.apply(str(event.get("type")), event.get("object"))
+                    self.apply(str(kind), pod)
             except Exception as exc:
                 if self._stop.is_set():
                     return
@@ -159,16 +154,12 @@ class KubernetesPodCache:
         namespace = getattr(md, "namespace", None)
         containers: dict[str, ContainerMeta] = {}
         status = getattr(pod, "status", None)
-        for attr, role in (
-            ("container_statuses", ContainerRole.REGULAR),
-            ("init_container_statuses", ContainerRole.INIT),
-            ("ephemeral_container_statuses", ContainerRole.EPHEMERAL),
-        ):
+        for attr, role in STATUSES:
             for cs in getattr(status, attr, None) or []:
-                cid = _strip_scheme(getattr(cs, "container_id", None))
+                cid = _strip_scheme(getattr(cs, "containerID", None))
                 if cid:
                     containers[cid] = ContainerMeta(cid, cs.name, getattr(cs, "image", None), role)
-        owner = _controller(getattr(md, "owner_references", None))
+        owner = _controller(getattr(md, "ownerReferences", None))
         workload = None
         if owner is not None:
             parents = self._parents(namespace, owner)
@@ -193,19 +184,17 @@ class KubernetesPodCache:
         with self._lock:
             if key in self._owners:
                 return {owner: self._owners[key]}
-        api, read = (
-            (self._apps, "read_namespaced_replica_set")
-            if kind == "ReplicaSet"
-            else (self._batch, "read_namespaced_job")
-        )
-        if api is None:
-            return None
+        from lightkube.resources.apps_v1 import ReplicaSet
+        from lightkube.resources.batch_v1 import Job
+
         try:
-            obj = getattr(api, read)(name, namespace)
+            obj = self._api.get(
+                ReplicaSet if kind == "ReplicaSet" else Job, name, namespace=namespace
+            )
         except Exception as exc:
             log.debug("owner lookup failed", extra={"kind": kind, "name": name, "error": str(exc)})
             return None
-        parent = _controller(getattr(obj.metadata, "owner_references", None))
+        parent = _controller(getattr(obj.metadata, "ownerReferences", None))
         workload = Workload(*parent) if parent else None
         with self._lock:
             self._owners[key] = workload

@@ -1,10 +1,13 @@
 """The Kubernetes API's error taxonomy, in one place (as kopf's `errors.py`).
 
-Every API call of the agent and the handler goes through `translate()` (or `classify`),
+Every API call of the agent, the handler and the audit goes through `translate()` (or
+`classify`), whatever raised it (httpx2, lightkube, the official client placement uses),
 so each failure is one of five kinds and the callers decide by kind, never by status:
 
 - `RetryableError`: no answer (status 0: timeouts, resets), 429, 5xx, 401, a 403 from a
-  ResourceQuota. Retry later, after `retry_after` if the server gave one.
+  ResourceQuota, and the 409 the quota admission answers when it lost a race for the
+  ResourceQuota object ("Operation cannot be fulfilled on resourcequotas": nothing was
+  created). Retry later, after `retry_after` if the server gave one.
 - `PermanentError`: 400, 403, 405, 413, 415, 422 and any other 4xx. The request itself is
   refused and will be again: never retry it.
 - `ConflictError`: 409 (AlreadyExists, or a precondition / resourceVersion mismatch).
@@ -85,15 +88,21 @@ def from_status(
     kind: type[ApiError]
     if status == 404:
         kind = NotFoundError
-    elif status == 409:
+    elif status == 409 and not _quota_conflict(message):
         kind = ConflictError
     elif status == 410:
         kind = ExpiredError
-    elif status in (0, 401, 408, 429) or status >= 500 or _quota(status, message):
+    elif status in (0, 401, 408, 409, 429) or status >= 500 or _quota(status, message):
         kind = RetryableError
     else:
         kind = PermanentError
     return kind(status, reason, message, retry_after)
+
+
+def _quota_conflict(message: str) -> bool:
+    """The quota admission lost a race for the ResourceQuota object (the quota controller
+    or another create updated it first): nothing was created, and a retry succeeds."""
+    return message.startswith("Operation cannot be fulfilled on resourcequotas")
 
 
 def _quota(status: int, message: str) -> bool:
@@ -138,19 +147,38 @@ def classify(exc: BaseException) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
     status = getattr(exc, "status", None)
-    if isinstance(status, int) and status > 0:  # kubernetes.client.ApiException
+    if isinstance(status, int) and status > 0:  # kubernetes.client.ApiException (placement)
         reason, message = status_message(getattr(exc, "body", None))
         headers = getattr(exc, "headers", None) or {}
         return from_status(status, reason or str(getattr(exc, "reason", "")), message, headers)
-    if isinstance(exc, _NO_ANSWER) or _is_urllib3_error(exc):
+    answer: Any = getattr(exc, "response", None)  # lightkube.ApiError, httpx2.HTTPStatusError
+    if isinstance(getattr(answer, "status_code", None), int) and answer.status_code > 0:
+        return _answered(answer)
+    if isinstance(exc, _NO_ANSWER) or _is_transport_error(exc):
         return RetryableError(0, type(exc).__name__, str(exc)[:256])
     raise exc
 
 
-def _is_urllib3_error(exc: BaseException) -> bool:
+def _answered(answer: Any) -> ApiError:
+    """An httpx2 response with an error status: a Status body, or a bare text (429)."""
+    try:
+        body = answer.content
+    except Exception:  # a streamed answer that was not read
+        body = b""
+    reason, message = status_message(body)
+    text = message or body[:1024].decode("utf-8", "replace")
+    return from_status(answer.status_code, reason or answer.reason_phrase, text, answer.headers)
+
+
+def _is_transport_error(exc: BaseException) -> bool:
+    """No answer, as httpx2 (lightkube, `rest`) or urllib3 (placement's client) says it."""
+    import httpx2
+
+    if isinstance(exc, httpx2.TransportError):
+        return True
     try:
         from urllib3.exceptions import HTTPError
-    except ImportError:  # pragma: no cover - the client depends on urllib3
+    except ImportError:  # pragma: no cover - only the official client brings urllib3
         return False
     return isinstance(exc, HTTPError)
 

@@ -19,7 +19,9 @@ For each record, in this order:
 Exactly once: only one delete of a record can remove it. A delete whose answer is lost
 (no answer, 500, 504) may have removed it: the record is remembered as "unsure" and
 resolved by whatever comes first, the watch's DELETED event, the retried delete's 404,
-or a list by name when leadership ends; the one that resolves it counts it. A crash
+or, when leadership ends, a delete sent again before any other replica can lead (a list
+could not tell: the lost delete may still be on its way). The one that resolves it counts
+it. A crash
 between 3 and 5 leaves the record; the next leader redoes 3 (a no-op), 4 (a no-op), 5.
 A record that keeps failing for a reason that is not the API's (a bug, a value the
 schema allows but nothing can use) is counted as invalid after `max_attempts`.
@@ -27,11 +29,13 @@ schema allows but nothing can use) is counted as invalid after `max_attempts`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +50,9 @@ from execwatch.cluster.workqueue import WorkQueue
 from execwatch.record import Reason
 
 log = logging.getLogger(__name__)
+
+MIN_DELETE_BUDGET = 0.05  # seconds: below this a delete would only time out
+RESOLVE_PAUSE = 0.05  # seconds between deletes of one unsure record at failover
 
 __all__ = ["LABEL", "Handler", "HandlerConfig", "Retry", "workload_of"]
 
@@ -79,10 +86,11 @@ class Retry(Exception):
 
 @dataclass
 class _Unsure:
-    """A record whose delete got no definite answer, and how to count it once gone."""
+    """A record some delete of which may have removed it, and how to count it once."""
 
-    uid: str
     count: Callable[[], None]
+    sent: int = 0  # deletes of it not answered yet
+    maybe_done: bool = False  # one of them got no definite answer
 
 
 @dataclass
@@ -90,15 +98,16 @@ class Handler:
     """One handler replica: elector + (while leading) watcher and worker threads."""
 
     config: HandlerConfig
-    api_client: Any
+    kube: Any  # lightkube's KubeConfig: server, CA and credentials (`rest.load_config`)
     metrics: HandlerMetrics = field(default_factory=HandlerMetrics)
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
 
     def __post_init__(self) -> None:
         cfg = self.config
-        _size_pool(self.api_client, cfg.workers + 4)
-        self.rest = Rest(self.api_client, timeout=cfg.request_timeout)
+        # One pooled connection per worker, the watch and the Lease: a smaller pool throws
+        # connections away and pays a TLS handshake per request.
+        self.rest = Rest(self.kube, timeout=cfg.request_timeout, pool=cfg.workers + 4)
         self.queue = WorkQueue(clock=self.clock)
         self.pods = PodReader(self.rest)
         self.events = EventWriter(self.rest, cfg.identity, clock=self.wall)
@@ -128,7 +137,7 @@ class Handler:
                 retry_period=cfg.retry_period,
                 request_timeout=min(cfg.request_timeout, cfg.retry_period * 2),
             ),
-            self.api_client,
+            self.rest,
             on_change=self._on_leader_change,
             clock=self.clock,
         )
@@ -137,7 +146,8 @@ class Handler:
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._recent: OrderedDict[str, str] = OrderedDict()  # record name -> uid, handled
-        self._unsure: dict[str, _Unsure] = {}
+        # (record name, uid) -> how to count it once its removal is known
+        self._unsure: dict[tuple[str, str], _Unsure] = {}
         self._term_threads: list[threading.Thread] = []
         self._busy = 0
         self.handled = 0
@@ -188,7 +198,7 @@ class Handler:
             # Before the Lease is released or can expire: let the in-flight calls end,
             # then settle the deletes whose answers were lost.
             for t in self._term_threads:
-                t.join(timeout=max(0.0, self.elector.sole_time_left()))
+                t.join(timeout=max(0.0, self.elector.sole_time_left() - self._reserve()))
             self.queue.clear()
             self._resolve_unsure()
 
@@ -255,6 +265,7 @@ class Handler:
             kind = bad.kind
             self._finish(name, uid, lambda: self._invalid(kind, None))
             return
+        self._settle_replaced(rec.name, rec.uid)
         with self._lock:
             seen_uid = self._recent.get(rec.name, "")
         if seen_uid == rec.uid:
@@ -347,7 +358,7 @@ class Handler:
     def _mark_removed(self, name: str, uid: str) -> None:
         """Called with the lock held, by whoever is about to count a record: later
         sightings of this name/uid are stale, another uid is an agent's re-creation."""
-        self._unsure.pop(name, None)
+        self._unsure.pop((name, uid), None)
         self._recent[name] = uid
         while len(self._recent) > 8192:
             self._recent.popitem(last=False)
@@ -420,75 +431,99 @@ class Handler:
         the watch's DELETED for this delete may arrive before the delete's own answer, or
         instead of it when that answer is lost; `_settle` then counts it."""
         self._fence()
+        timeout = self._delete_budget()
+        if timeout is None:
+            raise Retry("the Lease window left is too short for a delete")
         with self._lock:
             if self._recent.get(name) == uid:
                 return  # counted already: a stale retry
-            self._unsure[name] = _Unsure(uid, outcome)
+            unsure = self._unsure.setdefault((name, uid), _Unsure(outcome))
+            unsure.sent += 1
         try:
-            self.rest.call(
-                "DELETE",
-                records_path(self.config.namespace, name),
-                body={"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}},
-            )
-        except (errors.NotFoundError, errors.ConflictError):
-            # Gone (404), or a new record now has the name (409): removed by our own
-            # earlier delete whose answer was lost, or by the other replica (not counted).
-            self._settle(name, uid)
-            return
+            self._delete(name, uid, timeout)
         except errors.ApiError as err:
             self.metrics.api_errors.labels("delete", errors.code(err)).inc()
-            if not err.may_have_acted:  # a definite "not done"
-                with self._lock:
-                    if (unsure := self._unsure.get(name)) is not None and unsure.uid == uid:
-                        del self._unsure[name]
+            with self._lock:
+                unsure.sent -= 1
+                unsure.maybe_done |= err.may_have_acted
+                if not (unsure.sent or unsure.maybe_done):  # every delete a definite "no"
+                    self._unsure.pop((name, uid), None)
             raise Retry(f"delete: {err}", err) from None
         self._settle(name, uid)
+
+    def _delete(self, name: str, uid: str, timeout: float) -> None:
+        """Delete the record with a UID precondition. Returns when it is gone: removed now,
+        or already (404), or replaced by a new record of that name (409). Only the replica
+        in its sole-actor window deletes records, so "gone" means our own delete did it,
+        this one or an earlier one whose answer was lost."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}}
+        with contextlib.suppress(errors.NotFoundError, errors.ConflictError):
+            self.rest.call(
+                "DELETE", records_path(self.config.namespace, name), body=body, timeout=timeout
+            )
+
+    def _reserve(self) -> float:
+        """The end of the sole-actor window kept for settling lost delete answers
+        (`_resolve_unsure`): every delete of the working loop ends before it."""
+        return self.config.lease_duration - self.config.renew_deadline
+
+    def _delete_budget(self) -> float | None:
+        """A delete's timeout: never past the start of the reserve (None: no time left)."""
+        left = self.elector.sole_time_left() - self._reserve()
+        return min(self.config.request_timeout, left) if left >= MIN_DELETE_BUDGET else None
 
     def _settle(self, name: str, uid: str) -> None:
         """The record `name`/`uid` is gone: count it if our delete may have removed it."""
         with self._lock:
-            unsure = self._unsure.get(name)
-            if unsure is None or unsure.uid != uid:
+            unsure = self._unsure.get((name, uid))
+            if unsure is None:
                 return
             self._mark_removed(name, uid)
         unsure.count()
+
+    def _settle_replaced(self, name: str, uid: str) -> None:
+        """A record `name` with a new `uid` exists: an unsure one of that name is gone (the
+        queue keeps only the newest object of a name, so its retry would never come)."""
+        with self._lock:
+            replaced = [u for n, u in self._unsure if n == name and u != uid]
+        for old in replaced:
+            self._settle(name, old)
 
     def _deleted(self, name: str, uid: str) -> None:
         self._settle(name, uid)
 
     def _resolve_unsure(self) -> None:
-        """List each unsure record by name: gone means our delete removed it. Only while
-        no other replica can have taken the Lease; after that, it is reported unresolved."""
+        """Delete each unsure record again, all at once, while no other replica can have
+        taken the Lease: gone or removed now, it was ours to count. A list by name would
+        not do: a lost delete can still be on its way, and remove the record after the
+        list saw it. What the window does not settle is reported unresolved."""
         while self.elector.sole_actor():
             with self._lock:
-                pending = dict(self._unsure)
+                pending = list(self._unsure)
             if not pending:
                 return
-            for name, unsure in pending.items():
-                try:
-                    uids = self.watcher.uids_named(name)
-                except errors.ApiError:
-                    continue  # try again while the window lasts
-                if unsure.uid in uids:
-                    with self._lock:
-                        self._unsure.pop(name, None)  # still there: whoever leads handles it
-                else:
-                    self._settle(name, unsure.uid)
-            time.sleep(0.05)
+            with ThreadPoolExecutor(
+                min(len(pending), self.config.workers), thread_name_prefix="execwatch-resolve"
+            ) as pool:
+                for name, uid in pending:
+                    pool.submit(self._resolve_one, name, uid)
         with self._lock:
-            left = len(self._unsure)
+            left = sorted(name for name, _ in self._unsure)
             self._unsure.clear()
         if left:
-            self.metrics.records.labels("unresolved").inc(left)
-            log.error("records left unresolved at failover", extra={"kv": {"count": left}})
+            self.metrics.records.labels("unresolved").inc(len(left))
+            log.error(
+                "records left unresolved at failover",
+                extra={"kv": {"count": len(left), "records": left[:16]}},
+            )
 
-
-def _size_pool(api_client: Any, size: int) -> None:
-    """One pooled connection per worker: a pool smaller than the workers throws
-    connections away and pays a TLS handshake per request."""
-    from kubernetes.client import rest
-
-    cfg = api_client.configuration
-    if (cfg.connection_pool_maxsize or 0) < size:
-        cfg.connection_pool_maxsize = size
-        api_client.rest_client = rest.RESTClientObject(cfg)
+    def _resolve_one(self, name: str, uid: str) -> None:
+        while (left := self.elector.sole_time_left()) > 0:
+            try:
+                self._delete(name, uid, min(self.config.request_timeout, left))
+            except errors.ApiError as err:
+                self.metrics.api_errors.labels("delete", errors.code(err)).inc()
+                time.sleep(min(RESOLVE_PAUSE, max(0.0, left)))
+                continue
+            self._settle(name, uid)
+            return

@@ -2,12 +2,14 @@
 
 Why not `kubernetes.leaderelection` from the official client: its LeaseLock builds its
 own `CoordinationV1Api()` from the process-wide default configuration (so it cannot run
-with an explicit ServiceAccount's ApiClient next to another identity), its loop has no
+with an explicit ServiceAccount's credentials next to another identity), its loop has no
 stop and never releases the Lease (a clean shutdown then costs a full lease duration of
 no leader), and it reports leadership through a callback thread only. This is the same
 algorithm (optimistic concurrency on the Lease's resourceVersion, acquire only after the
 holder's record has not changed for a whole lease duration as measured on our own
-monotonic clock) in under 200 lines, with `is_leader()` usable as a fence before each write.
+monotonic clock) in under 200 lines, with `is_leader()` usable as a fence before each
+write. Its requests go through the handler's `rest.Rest` (plain JSON, one attempt each:
+a round that fails is retried by the loop, never inside a request).
 
 Safety margin: a leader stops acting `renew_deadline` after its last successful renew;
 another replica can take over only `lease_duration` after it last saw a change. With
@@ -27,6 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from execwatch.cluster import errors
+from execwatch.cluster.rest import Rest, path
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +49,15 @@ class LeaseConfig:
             raise ValueError("need retry_period < renew_deadline < lease_duration")
 
 
-def _now() -> datetime:
-    """Now, never on a whole second: the client serialises datetimes with isoformat(),
-    which drops the fraction when it is zero, and the API server's MicroTime then
-    refuses the value."""
-    now = datetime.now(tz=UTC)
-    return now if now.microsecond else now.replace(microsecond=1)
+def _now() -> str:
+    """Now as a MicroTime (microseconds always written: the API server refuses a
+    MicroTime without them)."""
+    return datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _path(namespace: str, name: str = "") -> str:
+    segments = ("apis", "coordination.k8s.io", "v1", "namespaces", namespace, "leases")
+    return path(*segments, name) if name else path(*segments)
 
 
 @dataclass
@@ -59,16 +65,14 @@ class LeaseElector:
     """Campaigns for a Lease until stopped; `leading` is set while we hold it."""
 
     config: LeaseConfig
-    api_client: Any
+    rest: Rest  # placement still hands an official-client ApiClient: wrapped in a Rest
     on_change: Callable[[bool], None] = lambda leading: None
     clock: Callable[[], float] = time.monotonic
     leading: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
-        from kubernetes import client
-
-        self._client = client
-        self._api = client.CoordinationV1Api(self.api_client)
+        if not isinstance(self.rest, Rest):
+            self.rest = Rest(self.rest, timeout=self.config.request_timeout, pool=2)
         self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
         self._observed_at = 0.0
         self._renewed_at = 0.0
@@ -118,65 +122,69 @@ class LeaseElector:
         self.leading.clear()
         self.on_change(False)
 
+    def _read(self) -> dict[str, Any]:
+        cfg = self.config
+        return self.rest.call("GET", _path(cfg.namespace, cfg.name), timeout=cfg.request_timeout)
+
+    def _replace(self, lease: dict[str, Any]) -> dict[str, Any]:
+        cfg = self.config
+        return self.rest.call(
+            "PUT", _path(cfg.namespace, cfg.name), body=lease, timeout=cfg.request_timeout
+        )
+
     def _try_acquire_or_renew(self) -> bool:
-        cfg, c = self.config, self._client
+        cfg = self.config
         try:
-            with errors.translate():
-                lease = self._api.read_namespaced_lease(
-                    cfg.name, cfg.namespace, _request_timeout=cfg.request_timeout
-                )
+            lease = self._read()
         except errors.NotFoundError:
-            body = c.V1Lease(
-                metadata=c.V1ObjectMeta(name=cfg.name, namespace=cfg.namespace),
-                spec=c.V1LeaseSpec(
-                    holder_identity=cfg.identity,
-                    lease_duration_seconds=max(1, round(cfg.lease_duration)),
-                    acquire_time=_now(),
-                    renew_time=_now(),
-                    lease_transitions=0,
-                ),
-            )
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": cfg.name, "namespace": cfg.namespace},
+                "spec": {
+                    "holderIdentity": cfg.identity,
+                    "leaseDurationSeconds": max(1, round(cfg.lease_duration)),
+                    "acquireTime": _now(),
+                    "renewTime": _now(),
+                    "leaseTransitions": 0,
+                },
+            }
             return self._write(
-                lambda: self._api.create_namespaced_lease(
-                    cfg.namespace, body, _request_timeout=cfg.request_timeout
+                lambda: self.rest.call(
+                    "POST", _path(cfg.namespace), body=body, timeout=cfg.request_timeout
                 )
             )
         except errors.ApiError as err:  # refused, no answer, timeout
             log.info("cannot read lease", extra={"kv": errors.as_dict(err)})
             return False
 
-        spec = lease.spec or c.V1LeaseSpec()
-        holder = spec.holder_identity or ""
-        record = (holder, str(spec.renew_time))
+        spec: dict[str, Any] = lease.get("spec") or {}
+        holder = str(spec.get("holderIdentity") or "")
+        record = (holder, str(spec.get("renewTime")))
         now = self.clock()
         if record != self._observed:
             self._observed, self._observed_at = record, now
-        duration = float(spec.lease_duration_seconds or cfg.lease_duration)
+        duration = float(spec.get("leaseDurationSeconds") or cfg.lease_duration)
         if holder and holder != cfg.identity and now - self._observed_at < duration:
             return False  # someone else holds a live lease
         if holder != cfg.identity:
-            spec.acquire_time = _now()
-            spec.lease_transitions = (spec.lease_transitions or 0) + 1
-        spec.holder_identity = cfg.identity
-        spec.lease_duration_seconds = max(1, round(cfg.lease_duration))
-        spec.renew_time = _now()
-        lease.spec = spec
-        return self._write(
-            lambda: self._api.replace_namespaced_lease(
-                cfg.name, cfg.namespace, lease, _request_timeout=cfg.request_timeout
-            )
-        )
+            spec["acquireTime"] = _now()
+            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+        spec["holderIdentity"] = cfg.identity
+        spec["leaseDurationSeconds"] = max(1, round(cfg.lease_duration))
+        spec["renewTime"] = _now()
+        lease["spec"] = spec
+        return self._write(lambda: self._replace(lease))
 
-    def _write(self, call: Callable[[], Any]) -> bool:
+    def _write(self, call: Callable[[], dict[str, Any]]) -> bool:
         """Create/replace the Lease; a 409 means another replica got there first."""
         try:
-            with errors.translate():
-                written = call()
+            written = call()
         except errors.ApiError as err:
             log.info("lease write failed", extra={"kv": errors.as_dict(err)})
             return False
-        spec = written.spec
-        self._observed = (spec.holder_identity or "", str(spec.renew_time))
+        spec = written.get("spec") or {}
+        self._observed = (str(spec.get("holderIdentity") or ""), str(spec.get("renewTime")))
         self._observed_at = self.clock()
         return True
 
@@ -184,18 +192,15 @@ class LeaseElector:
         """Hand the Lease back so the other replica takes over at its next retry."""
         cfg = self.config
         try:
-            lease = self._api.read_namespaced_lease(
-                cfg.name, cfg.namespace, _request_timeout=cfg.request_timeout
-            )
-            if lease.spec is None or lease.spec.holder_identity != cfg.identity:
+            lease = self._read()
+            spec = lease.get("spec") or {}
+            if spec.get("holderIdentity") != cfg.identity:
                 return
             self._renewed_at = float("-inf")  # from now on another replica may lead
-            lease.spec.holder_identity = None
-            lease.spec.lease_duration_seconds = 1
-            lease.spec.renew_time = _now()
-            self._api.replace_namespaced_lease(
-                cfg.name, cfg.namespace, lease, _request_timeout=cfg.request_timeout
-            )
+            spec["holderIdentity"] = None
+            spec["leaseDurationSeconds"] = 1
+            spec["renewTime"] = _now()
+            self._replace(lease)
             log.info("released lease", extra={"kv": {"identity": cfg.identity}})
         except Exception as exc:
             log.info("could not release lease", extra={"kv": {"error": type(exc).__name__}})

@@ -1,30 +1,34 @@
-"""JSON requests on the official client's connection pool and credentials, minus its cost.
+"""JSON requests on lightkube's configuration, credentials and httpx2 transport.
 
-The handler's hot path is four small requests per record. Through the generated client
-each one costs ~0.6 ms of client CPU in parameter validation, model sanitising and
-header building (measured: benchmarks/cluster_bench.py, `raw` against `handler`); the
-same request on the client's own urllib3 pool costs a fraction of that. So the hot path
-uses this: the same TLS settings, CA, client certificate, proxy and bearer token
-(re-read through the client's refresh hook, so in-cluster token rotation still works),
-and every failure classified by `errors`.
+The handler's hot path is four small requests per record, and its answers are read as
+plain JSON: building lightkube's (or the official client's) models for each one costs
+client CPU the handler does not need (benchmarks/cluster_bench.py, `raw` against
+`handler`). So the handler sends them through this: lightkube's kubeconfig / in-cluster
+configuration, CA, client certificate and bearer token (the ServiceAccount token file
+is re-read when the server answers 401, so in-cluster token rotation works), on one
+httpx2 connection pool, and every failure classified by `errors`.
 
-urllib3's own retries are off (`retries=False`): a DELETE whose answer was lost must
-surface as "no answer" to the caller, which decides what it means, instead of being
-re-sent silently and coming back 404.
+httpx2 sends each request once: a DELETE whose answer was lost surfaces as "no answer"
+to the caller, which decides what it means, instead of being re-sent silently and
+coming back 404. (The 401 re-send of the token-file auth is safe: the server did not act.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping
+import logging
+import socket
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
 from execwatch.cluster import errors
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
+ERROR_BODY = 64 * 1024  # bytes of an error answer read for its Status
 
 
 def path(*segments: str) -> str:
@@ -32,58 +36,80 @@ def path(*segments: str) -> str:
     return "/" + "/".join(quote(s, safe="") for s in segments)
 
 
+def load_config(kubeconfig: str | None = None) -> Any:
+    """lightkube's KubeConfig: the given file, else in-cluster, else $KUBECONFIG or
+    ~/.kube/config."""
+    from lightkube import KubeConfig
+
+    return KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
+
+
 @dataclass
 class Rest:
-    """Requests with JSON bodies and answers; `api_client` is a kubernetes.client.ApiClient."""
+    """Requests with JSON bodies and answers on `kube` (a lightkube KubeConfig, at its
+    `context`, default the current one), with `pool` connections kept open (one per
+    concurrent caller: fewer pay a TLS handshake per request). More callers get more
+    connections, never a wait for one."""
 
-    api_client: Any
+    kube: Any
     timeout: float = 10.0
+    pool: int = 10
+    context: str | None = None
 
     def __post_init__(self) -> None:
-        cfg = self.api_client.configuration
-        self._config = cfg
-        self._base = str(cfg.host).rstrip("/")
-        self._pool = self.api_client.rest_client.pool_manager
-        self._static = {**self.api_client.default_headers, "Accept": JSON}
+        import httpx2
+        from lightkube.config.client_adapter import ConnectionParams
 
-    def _headers(self, content_type: str | None) -> dict[str, str]:
-        headers = dict(self._static)
-        auth = self._config.auth_settings().get("BearerToken")
-        if auth and auth.get("value"):
-            headers["Authorization"] = auth["value"]
-        if content_type:
-            headers["Content-Type"] = content_type
-        return headers
+        kube = _from_api_client(self.kube) if hasattr(self.kube, "configuration") else self.kube
+        params = ConnectionParams(timeout=httpx2.Timeout(self.timeout)).httpx_params(
+            kube.get(self.context)
+        )
+        limits = httpx2.Limits(max_connections=None, max_keepalive_connections=self.pool)
+        self._http = httpx2.Client(**params, limits=limits)
+        self._timeout = httpx2.Timeout
+        logging.getLogger("httpx2").setLevel(logging.WARNING)  # not a line per request
 
-    def _send(
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Rest:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _request(
         self,
         method: str,
         url_path: str,
         query: Mapping[str, str | int] | None,
         body: Any,
-        content_type: str | None,
+        content_type: str,
         timeout: Any,
-        preload: bool,
     ) -> Any:
-        url = self._base + url_path + ("?" + urlencode(query) if query else "")
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        headers = {"Accept": JSON}
+        if data is not None:
+            headers["Content-Type"] = content_type
+        return self._http.build_request(
+            method, url_path, params=dict(query or {}), content=data, headers=headers,
+            timeout=timeout,
+        )  # fmt: skip
+
+    def _send(self, request: Any, stream: bool) -> Any:
+        with errors.translate():
+            resp = self._http.send(request, stream=stream)
+        if 200 <= resp.status_code < 300:
+            return resp
         try:
-            resp = self._pool.request(
-                method,
-                url,
-                body=data,
-                headers=self._headers(content_type if data is not None else None),
-                timeout=timeout,
-                preload_content=preload,
-                retries=False,
-            )
-        except Exception as exc:
-            raise errors.classify(exc) from exc
-        if not 200 <= resp.status < 300:
-            raw = resp.data if preload else resp.read(64 * 1024)
-            reason, message = errors.status_message(raw)
-            raise errors.from_status(resp.status, reason or str(resp.reason), message, resp.headers)
-        return resp
+            with errors.translate():
+                raw = _head(resp) if stream else resp.content
+        finally:
+            resp.close()
+        reason, message = errors.status_message(raw)
+        raise errors.from_status(
+            resp.status_code, reason or resp.reason_phrase, message, resp.headers
+        )
 
     def call(
         self,
@@ -96,20 +122,78 @@ class Rest:
         timeout: float | None = None,
     ) -> dict[str, Any]:
         """One request; the decoded JSON answer, or an `errors.ApiError`."""
-        resp = self._send(
-            method, url_path, query, body, content_type, timeout or self.timeout, preload=True
-        )
+        t = self._timeout(timeout or self.timeout)
+        resp = self._send(self._request(method, url_path, query, body, content_type, t), False)
         try:
-            answer = json.loads(resp.data) if resp.data else {}
+            answer = json.loads(resp.content) if resp.content else {}
         except ValueError as exc:
-            raise errors.RetryableError(resp.status, "BadJSON", str(exc)[:200]) from exc
+            raise errors.RetryableError(resp.status_code, "BadJSON", str(exc)[:200]) from exc
         return answer if isinstance(answer, dict) else {}
 
     def stream(
         self, url_path: str, query: Mapping[str, str | int], timeout: tuple[float, float]
-    ) -> Any:
-        """A GET whose body is read as it comes (a watch): the urllib3 response."""
-        import urllib3
+    ) -> Stream:
+        """A GET whose body is read as it comes (a watch)."""
+        t = self._timeout(timeout[1], connect=timeout[0])
+        return Stream(self._send(self._request("GET", url_path, query, None, JSON, t), True))
 
-        t = urllib3.Timeout(connect=timeout[0], read=timeout[1])
-        return self._send("GET", url_path, query, None, None, t, preload=False)
+
+def _from_api_client(api_client: Any) -> Any:
+    """The server, CA, client certificate and bearer token of an official-client ApiClient
+    as a KubeConfig: placement's callers still hand one (its tests' admin client)."""
+    from lightkube import KubeConfig
+
+    cfg = api_client.configuration
+    cluster: dict[str, Any] = {"server": str(cfg.host)}
+    if cfg.ssl_ca_cert:
+        cluster["certificate-authority"] = cfg.ssl_ca_cert
+    cluster["insecure-skip-tls-verify"] = not cfg.verify_ssl
+    user: dict[str, Any] = {}
+    bearer = (cfg.auth_settings().get("BearerToken") or {}).get("value")
+    if bearer:
+        user["token"] = str(bearer).removeprefix("Bearer ")
+    if cfg.cert_file:
+        user["client-certificate"], user["client-key"] = cfg.cert_file, cfg.key_file
+    return KubeConfig.from_dict(
+        {
+            "clusters": [{"name": "c", "cluster": cluster}],
+            "users": [{"name": "u", "user": user}],
+            "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+            "current-context": "x",
+        }
+    )
+
+
+def _head(resp: Any) -> bytes:
+    out = b""
+    for chunk in resp.iter_bytes():
+        out += chunk
+        if len(out) >= ERROR_BODY:
+            break
+    return out[:ERROR_BODY]
+
+
+@dataclass
+class Stream:
+    """A streamed answer: its body in chunks, failures as `errors` kinds."""
+
+    response: Any
+
+    def stream(self, size: int, decode_content: bool = True) -> Iterator[bytes]:
+        """Each chunk as it arrives (at most `size` bytes: a watch event must not wait for
+        the next ones to fill a buffer)."""
+        with errors.translate():
+            for chunk in self.response.iter_bytes():
+                for start in range(0, len(chunk), size):
+                    yield chunk[start : start + size]
+
+    def release_conn(self) -> None:
+        self.response.close()
+
+    def shutdown(self) -> None:
+        """End a read blocked in another thread (a watch whose term is over)."""
+        net = self.response.extensions.get("network_stream")
+        sock = net.get_extra_info("socket") if net is not None else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)

@@ -75,13 +75,6 @@ class Watcher:
         )
         return {**selector, **extra}
 
-    def uids_named(self, name: str) -> list[str]:
-        """UIDs of the object called `name` now (a quorum list; the handler has no get)."""
-        result = self.rest.call(
-            "GET", self._path, query=self._query(fieldSelector=f"metadata.name={name}")
-        )
-        return [str((o.get("metadata") or {}).get("uid")) for o in result.get("items") or []]
-
     def _list(self) -> str:
         """Queue every record that exists now, in pages; return the snapshot's
         resourceVersion (the same on every page) to watch from."""
