@@ -20,6 +20,14 @@ OUT = REPO / "deploy" / "grafana" / "execwatch.json"
 DS = {"type": "prometheus", "uid": "${datasource}"}
 NS = 'namespace=~"$namespace"'
 FAIL = f"execwatch_exec_failures_total{{{NS}}}"
+
+
+def in_range(counter: str) -> str:
+    """What `counter` grew by in the dashboard's range, counting the series born in it: the
+    handler's counters start at their first failure's count, which increase() never sees."""
+    return f"(increase({counter}[$__range]) or ({counter} unless {counter} offset $__range))"
+
+
 RI = "$__rate_interval"
 
 
@@ -128,7 +136,7 @@ def dashboard() -> dict[str, Any]:
         stat(
             "Failed execs (range)",
             "Failed execs in pods over the dashboard range.",
-            f"sum(increase({FAIL}[$__range])) or vector(0)",
+            f"sum({in_range(FAIL)}) or vector(0)",
             red_above=1,
         ),
         w=4,
@@ -138,7 +146,7 @@ def dashboard() -> dict[str, Any]:
         stat(
             "Workloads affected (range)",
             "Workloads with at least one failed exec.",
-            f"count(sum by (namespace, workload) (increase({FAIL}[$__range])) > 0) or vector(0)",
+            f"count(sum by (namespace, workload) {in_range(FAIL)} > 0) or vector(0)",
             red_above=1,
         ),
         w=4,
@@ -148,7 +156,7 @@ def dashboard() -> dict[str, Any]:
         stat(
             "Unattributed (range)",
             "Failed execs no pod explains (host or unknown).",
-            "sum(increase(execwatch_handler_unattributed_total[$__range])) or vector(0)",
+            f"sum({in_range('execwatch_handler_unattributed_total')}) or vector(0)",
         ),
         w=4,
         h=4,
@@ -224,7 +232,7 @@ def dashboard() -> dict[str, Any]:
         "targets": [
             target(
                 "topk(15, sum by (namespace, workload, container, reason, binary_arch, node_arch)"
-                f" (increase({FAIL}[$__range])) > 0)",
+                f" {in_range(FAIL)} > 0)",
                 instant=True,
             )
         ],

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
+from execwatch.binfmt.emulation import Emulator
 from execwatch.cluster.metrics import HandlerMetrics, PublisherMetrics
 from execwatch.metrics import NodeMetrics
 from tests.deploy.chart import REPO, find, render
@@ -43,6 +44,15 @@ class _Probe:
 
     def stats(self) -> dict[str, int]:
         return {"ringbuf_full": 0, "counter_map_full": 0, "death_ringbuf_full": 0}
+
+    def shed_top(self) -> None:
+        return None
+
+    def binfmt_emulators(self) -> tuple[Emulator, ...]:
+        return (Emulator("qemu-aarch64", "arm64", "/usr/bin/qemu-aarch64-static", "F"),)
+
+    def emulated_totals(self) -> dict[str, int]:
+        return {"arm64": 1}
 
 
 def exported_names() -> set[str]:
