@@ -10,6 +10,7 @@ Sources -> generated:
   deploy/prometheus/execwatch-rules.yaml  -> charts/execwatch/files/execwatch-rules.yaml
   dev/gen_dashboard.py                    -> deploy/grafana/execwatch.json
   deploy/grafana/execwatch.json           -> charts/execwatch/files/execwatch.json
+  deploy/seccomp/execwatch-agent.json     -> charts/execwatch/files/seccomp-agent.json
   charts/execwatch (helm template)        -> deploy/kustomize/*.yaml + components
 
 deploy/base belongs to the cluster pipeline (its tests apply it); the chart templates the
@@ -38,6 +39,7 @@ BASE = REPO / "deploy" / "base"
 KUSTOMIZE = REPO / "deploy" / "kustomize"
 RULES = REPO / "deploy" / "prometheus" / "execwatch-rules.yaml"
 DASHBOARD = REPO / "deploy" / "grafana" / "execwatch.json"
+SECCOMP = REPO / "deploy" / "seccomp" / "execwatch-agent.json"
 NAMESPACE = "execwatch"
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion); helm template
 # would otherwise assume v1.20.
@@ -57,6 +59,14 @@ COMPONENTS: dict[str, tuple[list[str], str]] = {
     "openshift": (
         ["openshift.scc.enabled=true"],
         "SecurityContextConstraints for the agent (OpenShift)",
+    ),
+    "metrics-auth": (
+        ["metricsAuth.enabled=true"],
+        "authenticated metrics over HTTPS (TokenReview + SubjectAccessReview, docs/metrics.md)",
+    ),
+    "seccomp-localhost": (
+        ["agent.seccomp.type=Localhost"],
+        "the agent under its own seccomp profile, installed by an init container",
     ),
 }
 
@@ -135,23 +145,83 @@ def kustomize_tree() -> dict[Path, str]:
     for comp, (values, what) in COMPONENTS.items():
         rendered = split_by_template(helm_template(values))
         extra = {n: t for n, t in rendered.items() if n not in base}
+        changed = {n: t for n, t in rendered.items() if n in base and t != base[n]}
         csrc = f"charts/execwatch (helm template --set {' --set '.join(values)})"
         d = KUSTOMIZE / "components" / comp
         for name, text in extra.items():
             files[d / name] = HEADER.format(src=csrc) + text
+        for name, text in changed.items():
+            files[d / f"patch-{name}"] = HEADER.format(src=csrc) + patches(base[name], text)
+        component: dict[str, Any] = {
+            "apiVersion": "kustomize.config.k8s.io/v1alpha1",
+            "kind": "Component",
+            "resources": sorted(extra),
+        }
+        if changed:
+            component["patches"] = [{"path": f"patch-{n}"} for n in sorted(changed)]
         files[d / "kustomization.yaml"] = (
             HEADER.format(src=csrc)
             + f"# Component: {what}.\n"
-            + yaml.safe_dump(
-                {
-                    "apiVersion": "kustomize.config.k8s.io/v1alpha1",
-                    "kind": "Component",
-                    "resources": sorted(extra),
-                },
-                sort_keys=False,
-            )
+            + yaml.safe_dump(component, sort_keys=False)
         )
     return files
+
+
+def patches(old: str, new: str) -> str:
+    """Strategic-merge patches turning the documents of `old` into those of `new`."""
+    before = {_key(d): d for d in yaml.safe_load_all(old) if d}
+    out = []
+    for doc in (d for d in yaml.safe_load_all(new) if d):
+        if doc == before.get(_key(doc)):
+            continue
+        if _key(doc) not in before:
+            sys.exit(f"gen-deploy: {_key(doc)} is new in a changed template: not a patch")
+        diff = merge_patch(before[_key(doc)], doc)
+        meta = {"name": doc["metadata"]["name"], **diff.pop("metadata", {})}
+        out.append({"apiVersion": doc["apiVersion"], "kind": doc["kind"], "metadata": meta, **diff})
+    return "---\n".join(yaml.dump(d, Dumper=_BlockDumper, sort_keys=False) for d in out)
+
+
+class _BlockDumper(yaml.SafeDumper):
+    """Multi-line strings (scripts) as literal blocks, as the chart writes them."""
+
+
+_BlockDumper.add_representer(
+    str,
+    lambda dumper, s: dumper.represent_scalar(
+        "tag:yaml.org,2002:str", s, style="|" if "\n" in s else None
+    ),
+)
+
+
+def _key(doc: dict[str, Any]) -> tuple[str, str]:
+    return doc["kind"], doc["metadata"]["name"]
+
+
+def _named(items: list[Any]) -> bool:
+    return all(isinstance(x, dict) and "name" in x for x in items)
+
+
+def merge_patch(old: Any, new: Any) -> Any:
+    """What a strategic merge must add or change in `old` to give `new`: maps recursively,
+    lists of named items by name, any other list whole. Removals cannot be patched so."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        if set(old) - set(new):
+            sys.exit(f"gen-deploy: a component removes {sorted(set(old) - set(new))}")
+        return {k: v if k not in old else merge_patch(old[k], v) for k, v in new.items()
+                if old.get(k) != v}  # fmt: skip
+    if isinstance(old, list) and isinstance(new, list) and _named(old) and _named(new):
+        by_name = {x["name"]: x for x in old}
+        if set(by_name) - {x["name"] for x in new}:
+            sys.exit("gen-deploy: a component removes a list item")
+        return [
+            x
+            if x["name"] not in by_name
+            else {"name": x["name"], **merge_patch(by_name[x["name"]], x)}
+            for x in new
+            if by_name.get(x["name"]) != x
+        ]
+    return new
 
 
 def _app_version() -> str:
@@ -166,6 +236,7 @@ def wanted() -> dict[Path, str]:
         FILES / "rbac-rules.yaml": rbac_rules(),
         FILES / "execwatch-rules.yaml": RULES.read_text(),
         FILES / "execwatch.json": gen_dashboard.render(),
+        FILES / "seccomp-agent.json": SECCOMP.read_text(),
     }
     # The chart's files/ must exist before the chart is rendered.
     for path, text in files.items():

@@ -7,12 +7,15 @@ its request, of the address holding the most, is closed at once (or the new one,
 slot is busy answering); a request (TLS handshake, headers and body) must arrive within
 `read_timeout`, its answer be taken within `write_timeout`. Idle or slow peers cost a
 socket for a few seconds at most, never a thread. With an `ssl.SSLContext` the handshake
-runs in the same loop, non-blocking.
+runs in the same loop, non-blocking. An answer that needs another thread's work (a call to
+the API server) is `Deferred`: the loop goes on serving the others and writes that answer
+when the work is done, or at its deadline, whichever comes first.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import selectors
 import socket
@@ -20,8 +23,9 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 log = logging.getLogger(__name__)
@@ -46,7 +50,18 @@ class Request:
     body: bytes = b""
 
 
-Answer = Callable[[Request], bytes]
+@dataclass(frozen=True)
+class Deferred:
+    """An answer that waits for `work` (done on another thread). The loop thread calls
+    `finish(work)` once it is done, or `finish(None)` at `deadline` (time.monotonic) if it
+    is not: exactly once either way, unless the server shuts down first."""
+
+    work: Future[Any]
+    deadline: float
+    finish: Callable[[Future[Any] | None], bytes]
+
+
+Answer = Callable[[Request], "bytes | Deferred"]
 
 
 class DropCounter(Protocol):
@@ -84,6 +99,7 @@ class _Conn:
     handshaking: bool = False
     inbox: bytearray = field(default_factory=bytearray)
     outbox: memoryview | None = None
+    deferred: Deferred | None = None  # unregistered from the selector while it waits
 
 
 class BoundedServer:
@@ -118,6 +134,9 @@ class BoundedServer:
         self._selector = selectors.DefaultSelector()
         self._conns: dict[int, _Conn] = {}
         self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)  # a worker thread's wake-up never blocks
+        self._done: collections.deque[_Conn] = collections.deque()  # deferred work done
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
@@ -132,7 +151,8 @@ class BoundedServer:
 
     def shutdown(self) -> None:
         self._stopping.set()
-        self._wake_w.send(b"x")
+        with contextlib.suppress(BlockingIOError):  # a byte is waiting already
+            self._wake_w.send(b"x")
         self._thread.join()
         for conn in list(self._conns.values()):
             self._close(conn)
@@ -145,7 +165,9 @@ class BoundedServer:
             for key, events in self._selector.select(self._next_timeout()):
                 if key.fileobj is self._listener:
                     self._accept()
-                elif key.fileobj is not self._wake_r and key.data.sock.fileno() >= 0:
+                elif key.fileobj is self._wake_r:
+                    self._finish_done()
+                elif key.data.sock.fileno() >= 0:
                     self._serve(key.data, events)
             self._expire()
 
@@ -180,7 +202,7 @@ class BoundedServer:
         """Close the oldest connection still waiting for its request, of the address that
         holds the most: a flood of idle connections cycles through its own slots, and
         a probe or a caller from another address is answered."""
-        waiting = [c for c in self._conns.values() if c.outbox is None]
+        waiting = [c for c in self._conns.values() if c.outbox is None and not c.deferred]
         if not waiting:
             return False
         greediest = collections.Counter(c.peer for c in waiting).most_common(1)[0][0]
@@ -224,10 +246,56 @@ class BoundedServer:
         if request is None:
             return
         reply = request if isinstance(request, bytes) else self._reply(request)
+        if isinstance(reply, Deferred):
+            self._defer(conn, reply)
+            return
+        self._send(conn, reply)
+
+    def _send(self, conn: _Conn, reply: bytes) -> None:
         conn.outbox = memoryview(reply)
         conn.deadline = time.monotonic() + self._limits.write_timeout
         self._selector.modify(conn.sock, selectors.EVENT_WRITE, conn)
         self._write(conn)
+
+    def _defer(self, conn: _Conn, reply: Deferred) -> None:
+        """Park the connection (no events: a peer cannot make the loop spin) until the
+        work is done or its deadline, which bounds the wait even if the work never ends."""
+        conn.deferred, conn.deadline = reply, reply.deadline
+        self._selector.unregister(conn.sock)
+
+        def done(_: Future[Any]) -> None:
+            self._done.append(conn)
+            with contextlib.suppress(OSError):  # shut down, or bytes wait already
+                self._wake_w.send(b"d")
+
+        reply.work.add_done_callback(done)
+
+    def _finish_done(self) -> None:
+        try:
+            while self._wake_r.recv(CHUNK):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        while self._done:
+            conn = self._done.popleft()
+            if conn.deferred is not None and self._conns.get(conn.sock.fileno()) is conn:
+                self._resume(conn, conn.deferred.work)
+
+    def _resume(self, conn: _Conn, work: Future[Any] | None) -> None:
+        assert conn.deferred is not None
+        finish, conn.deferred = conn.deferred.finish, None
+        self._selector.register(conn.sock, selectors.EVENT_WRITE, conn)
+        try:
+            reply = finish(work)
+        except Exception:
+            log.exception("finishing a deferred answer failed")
+            reply = response("500 Internal Server Error", "text/plain", b"error\n")
+        try:
+            self._send(conn, reply)
+        except (ssl.SSLWantWriteError, ssl.SSLWantReadError, BlockingIOError):
+            pass  # registered for EVENT_WRITE already
+        except OSError:
+            self._close(conn)
 
     def _complete(self, conn: _Conn) -> Request | bytes | None:
         """The request once whole (or the error answer); None: more is to come."""
@@ -251,7 +319,7 @@ class BoundedServer:
             return None
         return Request(method, path, headers, body)
 
-    def _reply(self, request: Request) -> bytes:
+    def _reply(self, request: Request) -> bytes | Deferred:
         try:
             return self._answer(request)
         except Exception:  # one answer failed: this request fails, the server lives on
@@ -268,7 +336,11 @@ class BoundedServer:
     def _expire(self) -> None:
         now = time.monotonic()
         for conn in [c for c in self._conns.values() if c.deadline <= now]:
-            self._drop(conn, "timeout")
+            if conn.deferred is not None:  # its own answer to the deadline (a 503)
+                work = conn.deferred.work
+                self._resume(conn, work if work.done() else None)
+            else:
+                self._drop(conn, "timeout")
 
     def _drop(self, conn: _Conn, why: str) -> None:
         self._dropped.labels(why).inc()
@@ -276,7 +348,9 @@ class BoundedServer:
 
     def _close(self, conn: _Conn) -> None:
         self._conns.pop(conn.sock.fileno(), None)
-        self._selector.unregister(conn.sock)
+        if conn.deferred is None:
+            self._selector.unregister(conn.sock)
+        conn.deferred = None
         conn.sock.close()
 
 

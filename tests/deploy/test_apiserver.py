@@ -33,6 +33,7 @@ VALUE_SETS = {
         "agent.capabilities.sysPtrace=false",
         "agent.capabilities.dacReadSearch=false",
     ),
+    "seccomp-localhost": ("agent.seccomp.type=Localhost",),
     "handler-options": (
         "handler.replicas=3",
         "handler.podLabelMetric=true",

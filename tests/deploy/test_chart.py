@@ -400,6 +400,10 @@ def test_handler_security_context_is_what_restricted_asks() -> None:
 # -- the chart templates deploy/base: same CRD, same rules, same quota ---------------------
 
 
+# deploy/base/optional: rendered only with agent.podMetadata=api, metricsAuth.enabled.
+OPTIONAL_RBAC = ("execwatch-agent-pod-reader", "execwatch-metrics-auth")
+
+
 def _rbac(docs: list[Doc]) -> dict[tuple[str, str], Any]:
     return {
         (d["kind"], d["metadata"]["name"]): d["rules"]
@@ -410,7 +414,7 @@ def _rbac(docs: list[Doc]) -> dict[tuple[str, str], Any]:
 
 def test_rbac_rules_are_exactly_those_of_deploy_base() -> None:
     chart = _rbac(render())
-    base = {k: v for k, v in _rbac(base_docs()).items() if "pod-reader" not in k[1]}
+    base = {k: v for k, v in _rbac(base_docs()).items() if k[1] not in OPTIONAL_RBAC}
     assert chart == base
 
 
@@ -429,7 +433,7 @@ def test_bindings_and_service_accounts_match_deploy_base() -> None:
 
     docs = render()
     assert bindings(docs) == bindings(
-        [d for d in base_docs() if "pod-reader" not in d["metadata"]["name"]]
+        [d for d in base_docs() if d["metadata"]["name"] not in OPTIONAL_RBAC]
     )
     sas = {d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"}
     assert sas == {d["metadata"]["name"] for d in base_docs() if d["kind"] == "ServiceAccount"}

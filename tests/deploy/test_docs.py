@@ -9,6 +9,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from execwatch.cluster.metrics import HandlerMetrics, PublisherMetrics
+from execwatch.cluster.metricsauth import AuthMetrics
 from execwatch.metrics import NodeMetrics, ServerMetrics
 from execwatch.record import Reason
 from tests.deploy.chart import REPO, base_docs, find, pod_spec, render
@@ -24,6 +25,7 @@ def families() -> dict[str, tuple[str, set[str]]]:
     PublisherMetrics(registry=registry)
     HandlerMetrics(registry=registry)
     ServerMetrics(registry)
+    AuthMetrics(registry)
     out: dict[str, tuple[str, set[str]]] = {}
     for family in registry.collect():
         name = family.name + ("_total" if family.type == "counter" else "")

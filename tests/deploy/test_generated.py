@@ -37,6 +37,7 @@ def test_every_kustomize_file_is_listed_by_a_kustomization() -> None:
     for k in KUSTOMIZE.rglob("kustomization.yaml"):
         doc = yaml.safe_load(k.read_text())
         listed |= {(k.parent / r).resolve() for r in doc["resources"]}
+        listed |= {(k.parent / p["path"]).resolve() for p in doc.get("patches", [])}
         assert doc["kind"] == ("Kustomization" if k.parent == KUSTOMIZE else "Component")
     files = {p.resolve() for p in KUSTOMIZE.rglob("*.yaml") if p.name != "kustomization.yaml"}
     assert files == listed

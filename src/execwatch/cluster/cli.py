@@ -9,6 +9,7 @@ import argparse
 import logging
 import os
 import socket
+import ssl
 import sys
 import uuid
 from pathlib import Path
@@ -20,30 +21,23 @@ from execwatch import cliargs
 from execwatch.cluster import crd
 from execwatch.cluster.metrics import HandlerMetrics, PublisherMetrics
 from execwatch.cluster.publisher import Publisher, PublisherConfig
-from execwatch.metrics import serve
+from execwatch.metrics import HealthCheck, serve
 from execwatch.text import one_line
 
 if TYPE_CHECKING:
+    from execwatch.httpserver import BoundedServer
     from execwatch.pipeline import Heartbeat
 
 log = logging.getLogger(__name__)
 
 
-def api_client(kubeconfig: str | None) -> Any:
-    """An ApiClient: the given kubeconfig, else in-cluster, else the default kubeconfig.
+def api_config(kubeconfig: str | None) -> Any:
+    """lightkube's KubeConfig: the given kubeconfig, else in-cluster, else $KUBECONFIG or
+    ~/.kube/config. In-cluster credentials are the pod's projected ServiceAccount token,
+    re-read as the kubelet rotates it."""
+    from execwatch.cluster import rest
 
-    In-cluster credentials are the pod's projected ServiceAccount token, which the
-    client re-reads as the kubelet rotates it."""
-    from kubernetes import client, config
-
-    if kubeconfig:
-        return config.new_client_from_config(config_file=kubeconfig)
-    try:
-        cfg = client.Configuration()
-        config.load_incluster_config(client_configuration=cfg)
-        return client.ApiClient(cfg)
-    except config.ConfigException:
-        return config.new_client_from_config()
+    return rest.load_config(kubeconfig)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -60,6 +54,25 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=":9090",
         metavar="HOST:PORT",
         help="Prometheus endpoint",
+    )
+    p.add_argument(
+        "--metrics-auth",
+        action="store_true",
+        help="serve /metrics over TLS only to a bearer token that the API server knows "
+        "(TokenReview) and lets `get` the path (SubjectAccessReview); /healthz stays open",
+    )
+    p.add_argument(
+        "--metrics-auth-audience",
+        action="append",
+        default=[],
+        metavar="AUDIENCE",
+        help="with --metrics-auth: accept only tokens for this audience (repeatable)",
+    )
+    p.add_argument("--metrics-tls-cert", metavar="FILE", help="PEM certificate of the metrics port")
+    p.add_argument(
+        "--metrics-tls-key",
+        metavar="FILE",
+        help="its key; without both, --metrics-auth serves a self-signed certificate",
     )
 
 
@@ -78,7 +91,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--aggregation-window",
         type=cliargs.Number(0, 86400, zero=True),
         default=60.0,
-        help="at most one record per container and path per this many seconds",
+        help="repeats of one failure (container, path, reason, errno) within this long are"
+        " one record with their count (the node has folded them per second before)",
     )
     a.add_argument(
         "--rate",
@@ -120,12 +134,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="names from the container runtime only, or also a node-scoped pod "
         "watch (needs deploy/base/optional/agent-pod-reader.yaml)",
     )
-    a.add_argument(
-        "--window",
-        type=cliargs.Number(0, 3600, zero=True),
-        default=1.0,
-        help="seconds over which the node pipeline folds identical failures",
-    )
+    a.add_argument("--window", action=cliargs.Renamed, successor="--aggregation-window")
     a.set_defaults(func=run_agent)
 
     h = subparsers.add_parser("handler", help="turn records into Events, pod labels, metrics")
@@ -168,6 +177,39 @@ def _refused(message: str) -> int:
     return 2
 
 
+def _metrics_server(
+    args: argparse.Namespace, registry: CollectorRegistry, health: HealthCheck | None = None
+) -> BoundedServer:
+    """The metrics port: plain, TLS, or TLS with authenticated scrapes. ValueError: a
+    refusal to print."""
+    if bool(args.metrics_tls_cert) != bool(args.metrics_tls_key):
+        raise ValueError("--metrics-tls-cert and --metrics-tls-key go together")
+    guard, tls = None, None
+    if args.metrics_auth or args.metrics_tls_cert:
+        from execwatch.cluster.metricsauth import CertificateFiles, tls_context
+
+        try:
+            tls = tls_context(args.metrics_tls_cert, args.metrics_tls_key, [socket.getfqdn()])
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"--metrics-tls-cert: {exc.strerror or exc}") from None
+        if args.metrics_tls_cert:
+            CertificateFiles(tls, args.metrics_tls_cert, args.metrics_tls_key).start()
+    if args.metrics_auth:
+        from execwatch.cluster import kubeapi
+        from execwatch.cluster.metricsauth import AuthConfig, MetricsAuth
+
+        config = AuthConfig(audiences=tuple(args.metrics_auth_audience))
+        try:
+            api = kubeapi.client(args.kubeconfig, timeout=config.budget)
+        except Exception as exc:  # lightkube's ConfigError, a missing kubeconfig
+            raise ValueError(f"--metrics-auth: no API server credentials: {exc}") from None
+        guard = MetricsAuth(api, registry, config).answer
+    try:
+        return serve(args.metrics_address, registry, health, guard=guard, tls=tls)
+    except OSError as exc:
+        raise ValueError(f"--metrics-address: {exc.strerror or exc}") from None
+
+
 def run_handler(args: argparse.Namespace) -> int:
     from execwatch.cluster.handler import Handler, HandlerConfig  # not loaded by the agent
     from execwatch.trace import stop_on_signals
@@ -188,15 +230,13 @@ def run_handler(args: argparse.Namespace) -> int:
                 label_pods=not args.no_label_pods,
                 workers=args.workers,
             ),
-            api_client(args.kubeconfig),
+            api_config(args.kubeconfig),
             metrics,
         )
-        server = serve(args.metrics_address, registry)
-    except ValueError as exc:  # LeaseConfig: retry < renew < lease
+        server = _metrics_server(args, registry)
+    except ValueError as exc:  # LeaseConfig: retry < renew < lease; the metrics port
         return _refused(str(exc))
-    except OSError as exc:
-        return _refused(f"--metrics-address: {exc.strerror or exc}")
-    except Exception as exc:  # the client's ConfigException: no or a broken kubeconfig
+    except Exception as exc:  # lightkube's ConfigError: no or a broken kubeconfig
         return _refused(f"no API server credentials: {exc}")
     with stop_on_signals() as stop:
         handler.start()
@@ -214,9 +254,9 @@ def run_agent(args: argparse.Namespace) -> int:
     registry = CollectorRegistry()
     heartbeat = Heartbeat()  # /healthz: the consume loop goes round
     try:
-        server = serve(args.metrics_address, registry, heartbeat.problem)
-    except OSError as exc:
-        return _refused(f"--metrics-address: {exc.strerror or exc}")
+        server = _metrics_server(args, registry, heartbeat.problem)
+    except ValueError as exc:
+        return _refused(str(exc))
     try:
         return _agent(args, registry, heartbeat)
     finally:
@@ -261,7 +301,6 @@ def _agent(args: argparse.Namespace, registry: CollectorRegistry, heartbeat: Hea
                 attributor,
                 stop,
                 registry=registry,
-                window=args.window,
                 heartbeat=heartbeat,
             )
     except (ProbeError, OSError, ValueError) as exc:

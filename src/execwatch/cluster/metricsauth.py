@@ -1,0 +1,307 @@
+"""Authenticated /metrics: a bearer token, a TokenReview, then a SubjectAccessReview.
+
+What controller-runtime's `filters.WithAuthenticationAndAuthorization` and kube-rbac-proxy
+do, on execwatch's bounded server. Every scrape carries `Authorization: Bearer <token>`;
+the API server says who the token belongs to (TokenReview, authentication.k8s.io/v1) and
+whether that identity may `get` the non-resource URL of the request (SubjectAccessReview,
+authorization.k8s.io/v1). No or an invalid token: 401; not allowed: 403. /healthz stays
+open (the kubelet's probes carry no token).
+
+The reviews never hold up the server's loop: they run on at most `max_inflight` worker
+threads (concurrent scrapes with one token share one review), and the answer is
+`Deferred` with a deadline of `budget` seconds. An API server that is down, slow, or
+refuses the reviews gives 503, never a hang; with every review slot busy, 503 at once.
+Answers are cached by a digest of the token (never the token) for `allow_ttl` or
+`deny_ttl` seconds, at most `max_entries` of them; failures are never cached. Every scrape
+is counted once in execwatch_metrics_auth_requests_total, by result.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+import ssl
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter
+
+from execwatch.httpserver import Deferred, Request, response
+from execwatch.text import one_line
+
+log = logging.getLogger(__name__)
+
+
+class Verdict(StrEnum):
+    ALLOWED = "allowed"
+    UNAUTHENTICATED = "unauthenticated"  # no token, or the API server does not know it
+    FORBIDDEN = "forbidden"  # a known identity without `get` on the path
+    TIMEOUT = "timeout"  # no answer within the budget
+    ERROR = "error"  # the API server unreachable, or refusing the review itself
+    BUSY = "busy"  # every review slot taken
+
+
+_STATUS = {
+    Verdict.UNAUTHENTICATED: ("401 Unauthorized", (("WWW-Authenticate", "Bearer"),)),
+    Verdict.FORBIDDEN: ("403 Forbidden", ()),
+}
+_UNAVAILABLE = ("503 Service Unavailable", (("Retry-After", "5"),))
+_FINAL = (Verdict.ALLOWED, Verdict.UNAUTHENTICATED, Verdict.FORBIDDEN)  # cacheable
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    budget: float = 3.0  # seconds for both reviews of one scrape
+    allow_ttl: float = 60.0  # controller-runtime: 1 min for tokens, 5 min for allows
+    deny_ttl: float = 10.0  # short: a newly bound scraper is let in soon
+    max_entries: int = 1024
+    max_inflight: int = 4
+    audiences: tuple[str, ...] = ()  # the token must be for one of these (empty: the API's)
+
+
+@dataclass(frozen=True)
+class Identity:
+    user: str
+    uid: str
+    groups: tuple[str, ...]
+    extra: dict[str, list[str]]
+
+
+class Reviews:
+    """The two review calls, through the agent's lightkube client."""
+
+    def __init__(self, api: Any, audiences: tuple[str, ...]) -> None:
+        self._api = api
+        self._audiences = audiences
+
+    def identity(self, token: str) -> Identity | None:
+        from lightkube.models.authentication_v1 import TokenReviewSpec
+        from lightkube.resources.authentication_v1 import TokenReview
+
+        spec = TokenReviewSpec(token=token, audiences=list(self._audiences) or None)
+        status = self._api.create(TokenReview(spec=spec)).status
+        if status is None or not status.authenticated or status.user is None:
+            return None
+        if self._audiences and not set(status.audiences or ()) & set(self._audiences):
+            return None
+        user = status.user
+        extra = {k: list(v) for k, v in (user.extra or {}).items()}
+        return Identity(user.username or "", user.uid or "", tuple(user.groups or ()), extra)
+
+    def allowed(self, who: Identity, path: str) -> bool:
+        from lightkube.models.authorization_v1 import NonResourceAttributes as Attributes
+        from lightkube.models.authorization_v1 import SubjectAccessReviewSpec
+        from lightkube.resources.authorization_v1 import SubjectAccessReview
+
+        spec = SubjectAccessReviewSpec(
+            user=who.user,
+            uid=who.uid or None,
+            groups=list(who.groups),
+            extra=who.extra or None,
+            nonResourceAttributes=Attributes(path=path, verb="get"),
+        )
+        status = self._api.create(SubjectAccessReview(spec=spec)).status
+        return bool(status is not None and status.allowed)
+
+
+@dataclass
+class AuthMetrics:
+    registry: CollectorRegistry
+
+    def __post_init__(self) -> None:
+        self.requests = Counter(
+            "execwatch_metrics_auth_requests",
+            "Scrapes of an authenticated metrics endpoint, by result: allowed, "
+            "unauthenticated (401), forbidden (403), and 503s: timeout (no review within the "
+            "budget), error (API server unreachable or refusing), busy (review slots full).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.reviews = Counter(
+            "execwatch_metrics_auth_reviews",
+            "TokenReview (type=token) and SubjectAccessReview (type=access) calls made.",
+            ["type"],
+            registry=self.registry,
+        )
+        self.cache_hits = Counter(
+            "execwatch_metrics_auth_cache_hits",
+            "Scrapes answered from the cache of review results, without an API call.",
+            registry=self.registry,
+        )
+        for verdict in Verdict:
+            self.requests.labels(verdict.value)
+        for kind in ("token", "access"):
+            self.reviews.labels(kind)
+
+
+@dataclass
+class MetricsAuth:
+    """The guard of a metrics server: `answer(request, serve)` gives `serve()`'s answer
+    to an allowed scrape, an error answer to any other, or a `Deferred` of either."""
+
+    api: Any
+    registry: CollectorRegistry
+    config: AuthConfig = field(default_factory=AuthConfig)
+    clock: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
+        self.metrics = AuthMetrics(self.registry)
+        self._reviews = Reviews(self.api, self.config.audiences)
+        self._cache: collections.OrderedDict[bytes, tuple[Verdict, float]] = (
+            collections.OrderedDict()
+        )
+        self._inflight: dict[bytes, Future[Verdict]] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(self.config.max_inflight, "metrics-auth")
+
+    def answer(self, request: Request, serve: Callable[[], bytes]) -> bytes | Deferred:
+        outcome = self.check(request.headers.get("authorization", ""), request.path)
+        if isinstance(outcome, Verdict):
+            return self._finish(request, serve, outcome)
+
+        def finish(work: Future[Any] | None) -> bytes:
+            verdict = Verdict.TIMEOUT if work is None else work.result()
+            return self._finish(request, serve, verdict)
+
+        return Deferred(outcome, self.clock() + self.config.budget, finish)
+
+    def check(self, authorization: str, path: str) -> Verdict | Future[Verdict]:
+        """The cached verdict for this token and path, else the review under way."""
+        scheme, _, token = authorization.strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return Verdict.UNAUTHENTICATED
+        key = hashlib.sha256(f"{path}\0{token}".encode()).digest()
+        now = self.clock()
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is not None and cached[1] > now:
+                self._cache.move_to_end(key)
+                self.metrics.cache_hits.inc()
+                return cached[0]
+            work = self._inflight.get(key)
+            if work is not None:
+                return work
+            if len(self._inflight) >= self.config.max_inflight:
+                return Verdict.BUSY
+            work = self._pool.submit(self._review, key, token, path)
+            self._inflight[key] = work
+            return work
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _finish(self, request: Request, serve: Callable[[], bytes], verdict: Verdict) -> bytes:
+        self.metrics.requests.labels(verdict.value).inc()
+        if verdict is Verdict.ALLOWED:
+            return serve()
+        status, extra = _STATUS.get(verdict, _UNAVAILABLE)
+        text = f"{verdict.value}\n".encode()
+        return response(status, "text/plain", text, request.method, extra)
+
+    def _review(self, key: bytes, token: str, path: str) -> Verdict:
+        deadline = self.clock() + self.config.budget
+        try:
+            verdict = self._verdict(token, path, deadline)
+        except Exception as exc:  # lightkube's ApiError, httpx2's transport errors
+            log.warning("metrics auth review failed: %s", one_line(f"{type(exc).__name__}: {exc}"))
+            verdict = Verdict.TIMEOUT if _timed_out(exc) else Verdict.ERROR
+        with self._lock:
+            self._inflight.pop(key, None)
+            if verdict in _FINAL:
+                ttl = self.config.allow_ttl if verdict is Verdict.ALLOWED else self.config.deny_ttl
+                self._cache[key] = (verdict, self.clock() + ttl)
+                self._cache.move_to_end(key)
+                while len(self._cache) > self.config.max_entries:
+                    self._cache.popitem(last=False)
+        return verdict
+
+    def _verdict(self, token: str, path: str, deadline: float) -> Verdict:
+        self.metrics.reviews.labels("token").inc()
+        who = self._reviews.identity(token)
+        if who is None:
+            return Verdict.UNAUTHENTICATED
+        if self.clock() > deadline:  # the scrape got its 503; do not start another call
+            return Verdict.TIMEOUT
+        self.metrics.reviews.labels("access").inc()
+        return Verdict.ALLOWED if self._reviews.allowed(who, path) else Verdict.FORBIDDEN
+
+
+@dataclass
+class CertificateFiles:
+    """Keeps `ctx` serving the current `cert` and `key`: a rotated Secret (cert-manager,
+    OpenShift's service CA) reaches new handshakes within `every` seconds, open ones keep
+    theirs. A pair that does not load (caught mid-rotation) leaves the previous one."""
+
+    ctx: ssl.SSLContext
+    cert: str
+    key: str
+    every: float = 60.0
+    _seen: tuple[float, float] | None = None
+
+    def __post_init__(self) -> None:
+        self._seen = self._stamp()
+
+    def start(self) -> None:
+        threading.Thread(target=self._loop, name="metrics-tls", daemon=True).start()
+
+    def refresh(self) -> bool:
+        """Load the files again if they changed; True when the new pair is served."""
+        stamp = self._stamp()
+        if stamp is None or stamp == self._seen:
+            return False
+        try:  # a failed load can leave a context half changed: try the pair aside first
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(self.cert, self.key)
+            self.ctx.load_cert_chain(self.cert, self.key)
+        except (OSError, ssl.SSLError) as exc:
+            log.warning("metrics certificate not reloaded: %s", one_line(str(exc)))
+            return False
+        self._seen = stamp
+        return True
+
+    def _stamp(self) -> tuple[float, float] | None:
+        try:
+            return (Path(self.cert).stat().st_mtime, Path(self.key).stat().st_mtime)
+        except OSError:
+            return None
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(self.every)
+            self.refresh()
+
+
+def _timed_out(exc: Exception) -> bool:
+    import httpx2
+
+    return isinstance(exc, (httpx2.TimeoutException, TimeoutError))
+
+
+def tls_context(cert: str | None, key: str | None, names: list[str]) -> ssl.SSLContext:
+    """A server context with the certificate files given, or a self-signed one for
+    `names` made now (kept in memory only; the scraper then skips verification, as with
+    controller-runtime's default)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if cert and key:
+        ctx.load_cert_chain(cert, key)
+        return ctx
+    import datetime as dt
+
+    from execwatch.placement.certs import issue
+
+    bundle = issue(names, dt.datetime.now(dt.UTC))
+    with tempfile.TemporaryDirectory(prefix="execwatch-tls-") as tmp:
+        cert_file, key_file = Path(tmp, "tls.crt"), Path(tmp, "tls.key")
+        cert_file.write_bytes(bundle.cert + bundle.ca_cert)
+        key_file.write_bytes(bundle.key)
+        ctx.load_cert_chain(str(cert_file), str(key_file))
+    return ctx
