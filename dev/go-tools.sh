@@ -9,6 +9,7 @@
 #   kwok                    simulated nodes: tests/fleet
 #   prometheus              tests/node/test_story_prometheus.py
 #   rollouts                tests/node/test_story_rollout.py
+#   prometheus-operator     tests/monitoring (the chart's ServiceMonitors and PrometheusRule)
 #
 #   dev/go-tools.sh [RUN]
 #
@@ -21,7 +22,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-TOOLS=(registry etcd kube-apiserver helm node kwok prometheus rollouts)
+TOOLS=(registry etcd kube-apiserver helm node kwok prometheus rollouts prometheus-operator)
 
 run=${1:-}
 k8s_bin=${EXECWATCH_K8S_BIN:-$PWD/.cache/k8s-bin}

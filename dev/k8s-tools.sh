@@ -5,13 +5,14 @@
 #
 #   dev/k8s-tools.sh [DIR [TOOL...]]   build into DIR (default: $EXECWATCH_K8S_BIN or
 #                                      .cache/k8s-bin) every tool, or only the TOOLs named
-#   TOOL: etcd kube-apiserver helm kubectl node kwok rollouts prometheus
+#   TOOL: etcd kube-apiserver helm kubectl node kwok rollouts prometheus prometheus-operator
 # (dev/go-tools.sh runs it once per tool, in the order the tests need them.)
 #
 # Builds kube-apiserver, etcd and helm; kubectl too when K8S_TOOLS_KUBECTL=1. With
 # K8S_TOOLS_NODE=1 (the default) also what one real node needs: kubelet,
 # kube-controller-manager and kube-scheduler at $KUBE_NODE_VERSION, the Argo Rollouts
-# controller with its CRDs, and a Prometheus with kubernetes_sd (tests/node, docs/cluster.md).
+# controller with its CRDs, a Prometheus with kubernetes_sd (tests/node, docs/cluster.md),
+# and prometheus-operator with its CRDs (tests/monitoring: the chart's ServiceMonitors).
 # A binary already built at the pinned version is kept (a stamp file records the
 # version), so a second run costs nothing.
 #
@@ -46,6 +47,9 @@ ARGO_ROLLOUTS_VERSION=${ARGO_ROLLOUTS_VERSION:-v1.10.1}
 KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
 PROMETHEUS_VERSION=${PROMETHEUS_VERSION:-v0.316.0}
 PROMETHEUS_TAGS=${PROMETHEUS_TAGS-remove_all_sd,enable_kubernetes_sd}  # "": every discovery
+# The only release the module proxy serves. Only the operator itself is built (no
+# config-reloader, no admission webhook): the tests read the configuration it generates.
+PROMETHEUS_OPERATOR_VERSION=${PROMETHEUS_OPERATOR_VERSION:-v0.85.0}
 # Two cores are shared with other work: keep the compiler from taking both.
 GO_BUILD_PARALLEL=${GO_BUILD_PARALLEL:-2}
 
@@ -238,6 +242,31 @@ build_prometheus() {
   echo "$stamp" >"$out/.prometheus.version"
 }
 
+# -- prometheus-operator: the operator and its CRDs ----------------------------------------
+
+# Its go.mod replaces its nested pkg/apis/monitoring and pkg/client modules with
+# directories (`go install pkg@v` refuses that). In a throw-away module its requirements
+# name the published modules of the same release, so no replace is needed.
+build_prometheus_operator() {
+  local src mod=github.com/prometheus-operator/prometheus-operator
+  up_to_date prometheus-operator "$PROMETHEUS_OPERATOR_VERSION" && return 0
+  log "resolving $mod@$PROMETHEUS_OPERATOR_VERSION"
+  src=$(mod_dir "$mod@$PROMETHEUS_OPERATOR_VERSION")
+  [ -n "$src" ] || { log "cannot download $mod@$PROMETHEUS_OPERATOR_VERSION"; exit 1; }
+  new_module prometheus-operator
+  printf 'package tools\n\nimport (\n\t_ "%s/pkg/prometheus/server"\n)\n' "$mod" \
+    >"$work/prometheus-operator/tools.go"
+  (cd "$work/prometheus-operator" && go get "$mod@$PROMETHEUS_OPERATOR_VERSION" >/dev/null 2>&1 &&
+    go mod tidy >/dev/null)
+  build prometheus-operator "$work/prometheus-operator" "$mod/cmd/operator" \
+    "-X github.com/prometheus/common/version.Version=${PROMETHEUS_OPERATOR_VERSION#v}"
+  rm -rf "$out/prometheus-operator-crds"
+  mkdir -p "$out/prometheus-operator-crds"
+  cp "$src"/example/prometheus-operator-crd/*.yaml "$out/prometheus-operator-crds/"
+  chmod -R u+w "$out/prometheus-operator-crds"
+  echo "$PROMETHEUS_OPERATOR_VERSION" >"$out/.prometheus-operator.version"
+}
+
 # -- KWOK: simulated nodes -----------------------------------------------------------------
 
 build_kwok() {
@@ -268,4 +297,5 @@ wanted node "${K8S_TOOLS_NODE:-1}" && build_node
 wanted kwok "${K8S_TOOLS_NODE:-1}" && build_kwok
 wanted prometheus "${K8S_TOOLS_NODE:-1}" && build_prometheus
 wanted rollouts "${K8S_TOOLS_NODE:-1}" && build_argo_rollouts
+wanted prometheus-operator "${K8S_TOOLS_NODE:-1}" && build_prometheus_operator
 log "tools ready in $out ($(( $(date +%s) - t_start ))s)"

@@ -22,7 +22,17 @@ POLL_S = 2.0
 LOG_TAIL_LINES = 30
 
 # dev/go-tools.sh's order, which is also the order of the tests that need them.
-TOOLS = ("registry", "etcd", "kube-apiserver", "helm", "node", "kwok", "prometheus", "rollouts")
+TOOLS = (
+    "registry",
+    "etcd",
+    "kube-apiserver",
+    "helm",
+    "node",
+    "kwok",
+    "prometheus",
+    "rollouts",
+    "prometheus-operator",
+)
 
 KUBE = frozenset({"etcd", "kube-apiserver"})
 # (module defining the fixture, fixture name) -> the tools behind it
@@ -43,6 +53,7 @@ MODULE_TOOLS: Mapping[str, frozenset[str]] = {
     "tests.node.": KUBE | {"node", "helm"},
     "tests.node.test_story_rollout": frozenset({"rollouts"}),
     "tests.fleet.": KUBE | {"node", "kwok"},
+    "tests.monitoring.": KUBE | {"helm", "prometheus", "prometheus-operator"},
 }
 
 

@@ -20,6 +20,7 @@ VERSIONS = {  # every pin of dev/k8s-tools.sh and dev/registry-tool.sh, overridd
     "ARGO_ROLLOUTS_VERSION": "vtest",
     "PROMETHEUS_VERSION": "vtest",
     "KWOK_VERSION": "vtest",
+    "PROMETHEUS_OPERATOR_VERSION": "vtest",
     "PROMETHEUS_TAGS": "",
     "REGISTRY_VERSION": "vtest",
 }
@@ -33,6 +34,7 @@ BINARIES = {  # k8s-bin binary -> its version stamp under VERSIONS
     "rollouts-controller": "vtest",
     "kwok": "vtest",
     "prometheus": "vtest tags=",
+    "prometheus-operator": "vtest",
 }
 
 
@@ -116,7 +118,10 @@ def test_tools_come_from_fixtures_and_imports_in_build_order() -> None:
     assert tools_needed(["tests.audit.test_audit", "tests.registry.server"], []) == {"registry"}
     rollout = tools_needed(["tests.node.test_story_rollout"], node)
     assert rollout == {"etcd", "kube-apiserver", "node", "helm", "prometheus", "rollouts"}
-    assert order_key(rollout) == len(TOOLS) - 1
+    assert order_key(rollout) == TOOLS.index("rollouts")
+    monitoring = tools_needed(["tests.monitoring.test_servicemonitor"], [kube])
+    assert monitoring == {"etcd", "kube-apiserver", "helm", "prometheus", "prometheus-operator"}
+    assert order_key(monitoring) == len(TOOLS) - 1
     assert order_key(()) == -1 < order_key({"registry"}) < order_key({"etcd", "helm"})
 
 
