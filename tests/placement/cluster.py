@@ -23,24 +23,27 @@ def configuration(port: int, ca: Path | None, name: str, host: str = "127.0.0.1"
         "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": name},
         "webhooks": [
-            {
-                "name": "gate.placement.execwatch.io",
-                "clientConfig": {"url": f"https://{host}:{port}/gate", **bundle},
-                "rules": [
-                    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                     "resources": ["pods"], "scope": "Namespaced"}
-                ],
-                "namespaceSelector": {
-                    "matchExpressions": [
-                        {"key": MODE_LABEL, "operator": "In", "values": ["enforce", "mitigate"]}
-                    ]
-                },
-                "failurePolicy": "Ignore",
-                "sideEffects": "None",
-                "timeoutSeconds": 5,
-                "admissionReviewVersions": ["v1"],
-            }
+            _webhook("gate", f"https://{host}:{port}/gate", bundle, ["enforce", "mitigate"]),
+            _webhook("warn", f"https://{host}:{port}/warn", bundle, ["warn"]),
         ],
+    }
+
+
+def _webhook(kind: str, url: str, bundle: dict[str, str], modes: list[str]) -> dict[str, Any]:
+    return {
+        "name": f"{kind}.placement.execwatch.io",
+        "clientConfig": {"url": url, **bundle},
+        "rules": [
+            {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+             "resources": ["pods"], "scope": "Namespaced"}
+        ],
+        "namespaceSelector": {
+            "matchExpressions": [{"key": MODE_LABEL, "operator": "In", "values": modes}]
+        },
+        "failurePolicy": "Ignore",
+        "sideEffects": "None",
+        "timeoutSeconds": 5,
+        "admissionReviewVersions": ["v1"],
     }  # fmt: skip
 
 

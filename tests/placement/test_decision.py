@@ -150,3 +150,16 @@ def test_one_term_without_an_arch_expression_leaves_the_pod_unpinned() -> None:
     assert not pin.pinned
     assert pin.allows("amd64") and pin.allows("arm64")
     assert decide(spec, [verdict(R, F)], CLUSTER).action is Action.PLACE
+
+
+def test_binaries_the_pod_does_not_start_are_named_but_do_not_decide() -> None:
+    helper = {"arm64": "/usr/bin/tool is x86-64"}
+    app = ContainerVerdict("app", "r/app@sha256:ab", {"amd64": R, "arm64": R}, {}, helper)
+
+    decision = decide({}, [app], CLUSTER)
+
+    assert (decision.action, decision.warning) == (Action.LEAVE, False)
+    assert decision.message == (
+        "runs on every node architecture;"
+        " not deciding: arm64: container 'app': /usr/bin/tool is x86-64"
+    )

@@ -85,6 +85,28 @@ class Placer:
         self.observer.decided(str(decision.action), max(0.0, self.clock() - _created(pod)))
         return Outcome(str(decision.action), decision.message)
 
+    def warn(self, namespace: str, pod: Mapping[str, Any]) -> Outcome | None:
+        """Warn mode: the Event an enforced pod would get, on the pod as admitted (on its
+        controller when it has no name yet); nothing is written to the pod."""
+        meta = {**(pod.get("metadata") or {}), "namespace": namespace}
+        pod = {**pod, "metadata": meta}
+        subject = _subject(meta)
+        if subject is None:
+            return None
+        started = self.clock()
+        try:
+            verdicts = self._judge(pod, pod.get("spec") or {}, self.clock() + self.budget)
+        except VerdictUnavailable as exc:
+            message = f"warn mode, not checked: {exc}"
+            self._post(subject, "PlacementSkipped", message, warning=True)
+            return Outcome("warn", message)
+        decision = decide(pod.get("spec") or {}, verdicts, self.arches())
+        message = f"warn mode, pod unchanged: {decision.message}"
+        restricts = decision.action is not Action.LEAVE or decision.warning
+        self._post(subject, EVENT_REASONS[decision.action], message, restricts)
+        self.observer.decided("warn", max(0.0, self.clock() - started))
+        return Outcome("warn", message)
+
     def _judge(
         self, pod: Mapping[str, Any], spec: Mapping[str, Any], deadline: float
     ) -> list[ContainerVerdict]:
@@ -129,11 +151,21 @@ class Placer:
 
     def _event(self, pod: Mapping[str, Any], reason: str, message: str, warning: bool) -> None:
         meta = pod["metadata"]
+        subject = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": meta["namespace"],
+            "name": meta["name"],
+            "uid": meta["uid"],
+        }
+        self._post(subject, reason, message, warning)
+
+    def _post(self, subject: Mapping[str, str], reason: str, message: str, warning: bool) -> None:
         now = datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         body = {
             "apiVersion": "events.k8s.io/v1",
             "kind": "Event",
-            "metadata": {"name": f"{meta['name'][:200]}.placement-{uuid.uuid4().hex[:10]}"},
+            "metadata": {"name": f"{subject['name'][:200]}.placement-{uuid.uuid4().hex[:10]}"},
             "eventTime": now,
             "type": "Warning" if warning else "Normal",
             "reason": reason,
@@ -141,15 +173,10 @@ class Placer:
             "note": fit_bytes(printable(message, 4 * NOTE_LIMIT), NOTE_LIMIT),
             "reportingController": REPORTING_CONTROLLER,
             "reportingInstance": REPORTING_CONTROLLER,
-            "regarding": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "namespace": meta["namespace"],
-                "name": meta["name"],
-                "uid": meta["uid"],
-            },
+            "regarding": dict(subject),
         }
-        events = path("apis", "events.k8s.io", "v1", "namespaces", meta["namespace"], "events")
+        namespace = subject["namespace"]
+        events = path("apis", "events.k8s.io", "v1", "namespaces", namespace, "events")
         try:
             self.rest.call("POST", events, body=body)
         except errors.ApiError as err:  # the decision stands without its Event
@@ -173,6 +200,18 @@ def ungate_patch(pod: Mapping[str, Any], affinity: dict[str, Any] | None) -> lis
     if GATED_LABEL in (meta.get("labels") or {}):
         ops.append({"op": "remove", "path": "/metadata/labels/" + _escape(GATED_LABEL)})
     return ops
+
+
+def _subject(meta: Mapping[str, Any]) -> dict[str, str] | None:
+    """What a warn-mode Event is about: the pod when it has a name, else its controller."""
+    namespace = str(meta["namespace"])
+    if meta.get("name"):
+        return {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": meta["name"]}
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("name"):
+            keys = ("apiVersion", "kind", "name", "uid")
+            return {"namespace": namespace, **{k: str(ref.get(k) or "") for k in keys}}
+    return None
 
 
 def _pod_path(meta: Mapping[str, Any]) -> str:

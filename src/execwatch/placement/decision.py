@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,8 @@ class ContainerVerdict:
     image: str
     outcomes: Mapping[str, Outcome]  # architecture -> outcome
     why: Mapping[str, str] = field(default_factory=dict)  # architecture -> one line
+    # architecture -> binaries that fail there but that the container does not start
+    reported: Mapping[str, str] = field(default_factory=dict)
 
     def outcome(self, arch: str) -> Outcome:
         return self.outcomes.get(arch, Outcome.UNKNOWN)
@@ -57,14 +60,38 @@ def decide(spec: Spec, verdicts: Sequence[ContainerVerdict], arches: Iterable[st
     runs = [a for a in cluster if all(_starts(v.outcome(a)) for v in verdicts)]
     failing = {a: _first_failure(verdicts, a) for a in cluster if a not in runs}
     pin = user_pin(spec)
-    if pin.pinned:
-        return _pinned(pin.allows, cluster, failing)
+    decision = _decide(pin.pinned, pin.allows, cluster, runs, failing)
+    also = _reported(verdicts, cluster)
+    if not also:
+        return decision
+    return dataclasses.replace(decision, message=f"{decision.message}; not deciding: {also}")
+
+
+def _decide(
+    pinned: bool,
+    allows: Callable[[str], bool],
+    cluster: list[str],
+    runs: list[str],
+    failing: Mapping[str, str],
+) -> Decision:
+    if pinned:
+        return _pinned(allows, cluster, failing)
     if not failing:
         return Decision(Action.LEAVE, tuple(cluster), "runs on every node architecture", False)
     why = "; ".join(f"{a}: {failing[a]}" for a in sorted(failing))
     if not runs:
         return Decision(Action.NOWHERE, (), f"runs on no node architecture: {why}", True)
     return Decision(Action.PLACE, tuple(runs), f"placed on {', '.join(runs)} only: {why}", False)
+
+
+def _reported(verdicts: Sequence[ContainerVerdict], cluster: list[str]) -> str:
+    """Failing binaries that the containers do not start: named, never deciding."""
+    return "; ".join(
+        f"{a}: container {v.container!r}: {v.reported[a]}"
+        for a in cluster
+        for v in verdicts
+        if v.reported.get(a)
+    )
 
 
 def _pinned(

@@ -17,6 +17,10 @@ from typing import Any
 GATE = "execwatch.io/verify"
 GATED_LABEL = "execwatch.io/verify"  # lets the controller list and watch only gated pods
 GATED_VALUE = "pending"
+WARNING = (
+    "execwatch.io/placement=warn: this pod is not gated; where its binaries run is"
+    " reported in an Event on it (on its owner when it has no name yet)"
+)
 MODE_LABEL = "execwatch.io/placement"
 MAX_REVIEW_BYTES = 3 << 20  # the API server's own request limit for an object is 3 MiB
 
@@ -30,8 +34,13 @@ class Skip:
     why: str
 
 
-def review(body: bytes, own_namespace: str) -> bytes:
-    """The AdmissionReview answer to `body`: always allowed, with a patch when gated."""
+Warned = Callable[[str, Mapping[str, Any]], None]  # (namespace, pod): must not block
+
+
+def review(body: bytes, own_namespace: str, warn: Warned | None = None) -> bytes:
+    """The AdmissionReview answer to `body`: always allowed, with a patch when gated. In
+    warn mode (`warn` set) an admission warning, never a patch, and the pod handed to
+    `warn` for its Event."""
     if len(body) > MAX_REVIEW_BYTES:
         raise BadReview("admission review over 3 MiB")
     try:
@@ -41,7 +50,10 @@ def review(body: bytes, own_namespace: str) -> bytes:
         raise BadReview(f"not an AdmissionReview: {exc}") from None
     response: dict[str, Any] = {"uid": uid, "allowed": True}
     pod = request.get("object") if isinstance(request.get("object"), dict) else None
-    if pod is not None and skip_reason(request, pod, own_namespace) is None:
+    if pod is not None and warn and skip_reason(request, pod, own_namespace) is None:
+        response["warnings"] = [WARNING]
+        warn(str(request.get("namespace") or ""), pod)
+    elif pod is not None and skip_reason(request, pod, own_namespace) is None:
         patch = gate_patch(pod)
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
@@ -86,14 +98,18 @@ def gate_patch(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
     return ops
 
 
-def http_handler(own_namespace: str) -> Callable[[str, bytes], tuple[int, bytes]]:
-    """The webhook's HTTP routes: POST /gate answers AdmissionReviews."""
+def http_handler(
+    own_namespace: str, warned: Warned = lambda namespace, pod: None
+) -> Callable[[str, bytes], tuple[int, bytes]]:
+    """The webhook's HTTP routes: POST /gate (enforce and mitigate namespaces) and POST
+    /warn (warn namespaces, whose pods go to `warned`) answer AdmissionReviews."""
 
     def handle(url_path: str, body: bytes) -> tuple[int, bytes]:
-        if url_path.split("?", 1)[0] != "/gate":
+        route = url_path.split("?", 1)[0]
+        if route not in ("/gate", "/warn"):
             return 404, b'{"message": "no such webhook"}'
         try:
-            return 200, review(body, own_namespace)
+            return 200, review(body, own_namespace, warned if route == "/warn" else None)
         except BadReview as exc:
             return 400, json.dumps({"message": str(exc)}).encode()
 
