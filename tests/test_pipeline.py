@@ -2,26 +2,54 @@
 
 from __future__ import annotations
 
+import ctypes
+import enum
 import multiprocessing
 import os
 import time
 from collections.abc import Callable
+from types import MappingProxyType
+from typing import cast
 
 import pytest
 
-from execwatch.pipeline import Heartbeat, NodePipeline
-from execwatch.probe import layout
-from execwatch.record import Attribution, Diagnosis, ExecFailure, KernelEvent, Reason
+from execwatch.diagnosis import FileDiagnoser
+from execwatch.pipeline import Heartbeat, NodePipeline, aggregation_key
+from execwatch.probe import events, layout
+from execwatch.record import Attribution, Diagnosis, ExecFailure, KernelEvent, Kind, Reason
+from execwatch.repeatkey import RepeatKey
 from tests.support.pipeline import make_pipeline
+
+MNTNS = 4026531840
 
 
 def raw_event(path: bytes, *, cgroup: int = 7, err: int = 8, stale: bytes = b"") -> bytes:
     """A ring-buffer record; `stale` imitates bytes the ring buffer left after the NUL."""
     filename = (path + b"\0" + stale).ljust(layout.PATH_LEN, b"\0")
     return layout.EXEC_FAILED.pack(
-        ktime_ns=1_000_000_000, cgroup_id=cgroup, cgroup_parent_id=1, mntns=4026531840,
+        ktime_ns=1_000_000_000, cgroup_id=cgroup, cgroup_parent_id=1, mntns=MNTNS,
         root_ino=2, err=err, pid=10, tgid=10, ppid=1, dirfd=-100, comm=b"sh",
         parent_comm=b"bash", filename=filename,
+    )  # fmt: skip
+
+
+def raw_death(*, exit_code: int = 0, signal: int = 0, exe_dev: int = 8, exe_ino: int = 8) -> bytes:
+    """An early death's record, where raw_event's failures happen."""
+    return layout.EARLY_DEATH.pack(
+        ktime_ns=1_000_000_000, cgroup_id=7, cgroup_parent_id=1, mntns=MNTNS, root_ino=2,
+        pid=10, tgid=10, ppid=1, comm=b"app", parent_comm=b"sh", exe_ino=exe_ino, exe_dev=exe_dev,
+        exit_code=exit_code if not signal else -1, signal=signal,
+        cause=layout.DEATH_SIGNAL if signal else layout.DEATH_LOADER_EXIT,
+        exe_path=b"server/app/", exe_flags=layout.EXE_PATH_OK,
+    )  # fmt: skip
+
+
+def raw_emulated(path: bytes) -> bytes:
+    """An exec a binfmt_misc emulator ran, where raw_event's failures happen."""
+    return layout.EMULATED.pack(
+        ktime_ns=1_000_000_000, cgroup_id=7, cgroup_parent_id=1, mntns=MNTNS, root_ino=2,
+        pid=10, tgid=10, ppid=1, comm=b"app", parent_comm=b"sh", filename=path,
+        interp=b"/usr/bin/qemu-aarch64-static", arch=b"arm64",
     )  # fmt: skip
 
 
@@ -181,6 +209,120 @@ def test_repeats_folded_in_the_kernel_are_credited_to_their_records_slot(
         ("ENOENT", Reason.NOT_FOUND, True, 999),
         ("ENOENT", Reason.UNDIAGNOSED, True, 5),  # no record of that root reached us
     ]
+
+
+def test_records_of_different_kinds_with_colliding_numbers_never_fold_together(
+    emitted: list[ExecFailure], pipeline: Callable[..., NodePipeline]
+) -> None:
+    """Pairs equal in every number but their kind: a failed exec with no name and errno 11
+    and a death by signal 11 of an unreadable executable; the same with errno 127 << 8
+    and the loader's exit 127 (that wait status); a failed exec with errno 0 and an
+    emulated exec of one name, folded by the kernel too. Each kind's repeats count on its
+    own record."""
+    records = [
+        raw_event(b"", err=11),
+        raw_death(signal=11, exe_dev=0, exe_ino=0),
+        raw_event(b"", err=127 << 8),
+        raw_death(exit_code=127, exe_dev=0, exe_ino=0),
+        raw_event(b"/app/server", err=0),
+        raw_emulated(b"/app/server"),
+    ]
+    keys = [aggregation_key(raw) for raw in records]
+    assert len({k._replace(kind=0) for k in keys}) == 3, "the numbers collide in pairs"
+    assert len(set(keys)) == 6
+    diagnoser = CountingDiagnoser()
+    failed, emulated = (7, MNTNS, 2, 0, b"/app/server"), (7, MNTNS, 2, 0, b"/app/server", 3)
+    assert RepeatKey.of_fold(*emulated) == keys[5]
+    p = pipeline(diagnoser, emitted, folds=KernelFolds({failed: 40, emulated: 50}))
+    for _ in range(3):
+        for raw in records:
+            p.on_record(raw)
+    settled(p).flush()
+    totals: dict[tuple[Kind, str], int] = {}
+    for f in emitted:
+        status = (f.event.kind, f.event.status)
+        totals[status] = totals.get(status, 0) + f.count
+    assert totals == {
+        (Kind.EXEC_FAILED, "EAGAIN"): 3,
+        (Kind.EARLY_DEATH, "SIGSEGV"): 3,
+        (Kind.EXEC_FAILED, str(127 << 8)): 3,
+        (Kind.EARLY_DEATH, "EXIT127"): 3,
+        (Kind.EXEC_FAILED, "0"): 3 + 40,
+        (Kind.EMULATED, "EMULATED"): 3 + 50,
+    }
+    assert diagnoser.calls == len(records)
+
+
+class ProbeKind(enum.IntEnum):
+    """A kind of record the probe does not send: one for the test below."""
+
+    SAMPLE = 99
+
+
+class Sample(ctypes.Structure):
+    _fields_ = (("head", layout.Head), ("value", ctypes.c_uint64))
+
+
+SAMPLE = layout.Record(ProbeKind.SAMPLE, "EW_KIND_SAMPLE", Sample)
+
+
+def decode_sample(raw: bytes, epoch_offset: float) -> KernelEvent:
+    r = SAMPLE.unpack(raw)
+    return KernelEvent(
+        time=epoch_offset + r.ktime_ns / 1e9, errno=0, pid=r.pid, tgid=r.tgid, ppid=r.ppid,
+        uid=r.uid, comm="", parent_comm="", path=str(r.value), cgroup_id=r.cgroup_id,
+        mntns=r.mntns, syscall="", root_ino=r.root_ino, kind=cast(Kind, ProbeKind.SAMPLE),
+    )  # fmt: skip
+
+
+def sample_key(raw: bytes) -> RepeatKey:
+    r = SAMPLE.unpack(raw)
+    return RepeatKey(r.cgroup_id, r.mntns, r.root_ino, ProbeKind.SAMPLE, r.value)
+
+
+class SampleDiagnoser(FileDiagnoser):
+    """The new kind's diagnosis: the method its entry names."""
+
+    def sample(self, event: KernelEvent) -> Diagnosis:
+        return Diagnosis(Reason.UNDIAGNOSED, self.node_arch, detail=f"sample {event.path}")
+
+
+def test_a_new_kind_of_record_is_one_entry(
+    monkeypatch: pytest.MonkeyPatch,
+    emitted: list[ExecFailure],
+    pipeline: Callable[..., NodePipeline],
+) -> None:
+    """Decoding, repeat keys, folding and the diagnoser's dispatch all go by the record's
+    kind through probe.events.KINDS: one more entry there carries a new kind of record
+    through the pipeline, apart from the others' records with the same numbers."""
+    entry = events.RecordKind(SAMPLE, decode_sample, sample_key, "sample", reads_files=False)
+    monkeypatch.setattr(events, "KINDS", MappingProxyType({**events.KINDS, SAMPLE.kind: entry}))
+    sample = SAMPLE.pack(cgroup_id=7, mntns=MNTNS, root_ino=2, pid=10, tgid=10, value=11)
+    p = pipeline(SampleDiagnoser(), emitted)
+    for raw in (sample, raw_event(b"11", err=11), sample, sample):
+        p.on_record(raw)
+    settled(p).flush()
+    by_kind = {int(f.event.kind): f for f in emitted if f.count == 1}
+    assert sorted(by_kind) == [Kind.EXEC_FAILED, ProbeKind.SAMPLE]
+    assert by_kind[ProbeKind.SAMPLE].diagnosis.detail == "sample 11"
+    assert by_kind[ProbeKind.SAMPLE].event.status == "SAMPLE"
+    assert sorted((f.event.kind, f.count) for f in emitted) == [
+        (Kind.EXEC_FAILED, 1),
+        (ProbeKind.SAMPLE, 1),
+        (ProbeKind.SAMPLE, 2),
+    ]
+
+
+def test_every_kind_has_one_entry_the_diagnoser_dispatches_on() -> None:
+    """Each kind of record the probe sends: decoded with its kind, keyed with it, and
+    diagnosed by the method its entry names (none of them by the fields it has set)."""
+    assert sorted(events.KINDS) == sorted(Kind)
+    for kind, entry in events.KINDS.items():
+        raw = entry.layout.pack(cgroup_id=7, mntns=MNTNS, root_ino=2)
+        assert events.decode_record(raw, 0.0).kind is Kind(kind)
+        assert events.repeat_key(raw).kind == kind
+        assert callable(getattr(FileDiagnoser, entry.diagnose))
+    assert not events.KINDS[Kind.EMULATED].reads_files
 
 
 def test_not_found_is_emitted_when_asked(

@@ -18,6 +18,16 @@ QUIET_REASONS = frozenset({Reason.NOT_FOUND, Reason.BENIGN_EXIT, Reason.STARTUP_
 # Not a platform problem: alerts and the Argo analysis leave these out (their selectors are
 # tested against this set).
 NOT_ALERTED = frozenset({*QUIET_REASONS, Reason.NO_SHEBANG, Reason.EMULATED})
+# The image does not run on the node's platform: the handler's feedback to placement (an
+# observed `fails` for the image digest and the node's architecture) speaks only of these.
+PLATFORM_REASONS = frozenset(
+    {
+        Reason.FOREIGN_ARCHITECTURE,
+        Reason.MISSING_INTERPRETER,
+        Reason.LIBC_MISMATCH,
+        Reason.UNSUPPORTED_CPU,
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,12 +73,23 @@ class Attribution:
     workload: str | None = None
 
 
+class Kind(enum.IntEnum):
+    """What the kernel reported: enum ew_kind of bpf/execwatch.h, the first field of every
+    ring-buffer record. Each kind has its decoder, repeat key and diagnosis
+    (probe.events.KINDS)."""
+
+    EXEC_FAILED = 1  # an exec the kernel refused
+    EARLY_DEATH = 2  # a process that died in its loader or by a fatal signal right after exec
+    EMULATED = 3  # an exec a binfmt_misc emulator ran
+
+
 @dataclass(frozen=True, slots=True)
 class KernelEvent:
-    """One failed exec, or one early death after a successful exec, as the BPF program saw it.
+    """One record of the BPF program, decoded; `kind` says which. A field whose comment
+    names a kind is that kind's own (None or 0 in the others).
 
     For an early death errno is 0, path is the executable (mm->exe_file) and exit_code or
-    signal says how it died."""
+    signal says how it died. For an emulated exec errno is 0 and path is the file run."""
 
     time: float  # seconds since the epoch
     errno: int
@@ -81,7 +102,8 @@ class KernelEvent:
     path: str  # the filename argument, or the fd's name for fexecve
     cgroup_id: int
     mntns: int
-    syscall: str  # "execve" or "execveat"
+    syscall: str  # "execve" or "execveat"; "exit_group" or "signal" for an early death
+    kind: Kind = Kind.EXEC_FAILED
     dirfd: int = -100
     flags: int = 0
     via_fd: bool = False  # fexecve: path is only the basename behind dirfd
@@ -115,24 +137,25 @@ class KernelEvent:
 
     @property
     def early_death(self) -> bool:
-        return self.exit_code is not None or self.signal is not None
+        return self.kind == Kind.EARLY_DEATH
 
     @property
     def status(self) -> str:
-        """The errno's name for a failed exec; SIGSEGV or EXIT127 for an early death."""
+        """The errno's name for a failed exec; SIGSEGV or EXIT127 for an early death;
+        EMULATED for an emulated exec."""
         import errno as errno_mod
         import signal as signal_mod
 
+        if self.kind == Kind.EXEC_FAILED:
+            return errno_mod.errorcode.get(self.errno, str(self.errno))
+        if self.kind != Kind.EARLY_DEATH:
+            return self.kind.name  # a kind with no status of its own: EMULATED
         if self.signal is not None:
             try:
                 return signal_mod.Signals(self.signal).name
             except ValueError:
                 return f"SIG{self.signal}"
-        if self.exit_code is not None:
-            return f"EXIT{self.exit_code}"
-        if self.emulator is not None:
-            return "EMULATED"
-        return errno_mod.errorcode.get(self.errno, str(self.errno))
+        return f"EXIT{self.exit_code}"
 
 
 @dataclass(frozen=True, slots=True)

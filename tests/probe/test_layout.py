@@ -111,7 +111,7 @@ def test_a_death_never_repeats_a_failed_exec() -> None:
     signal = layout.EARLY_DEATH.pack(cgroup_id=7, signal=11, cause=layout.DEATH_SIGNAL)
     loader_exit = layout.EARLY_DEATH.pack(cgroup_id=7, exit_code=127)
     keys = [events.repeat_key(raw) for raw in (failed, signal, loader_exit)]
-    assert [k[3] for k in keys] == [8, -11, -256 - 127]
+    assert [(k.kind, k.status) for k in keys] == [(1, 8), (2, 11), (2, 127 << 8)]
 
 
 def test_a_record_of_unknown_kind_is_refused_in_one_line() -> None:

@@ -24,6 +24,7 @@ from execwatch.pipeline import PipelineOptions, aggregation_key
 from execwatch.probe import Probe, layout
 from execwatch.probe.loader import ProbeOptions
 from execwatch.record import ExecFailure, Reason
+from execwatch.repeatkey import RepeatKey
 from tests.probe.roots import GLIBC_LOADER
 from tests.support.node import Running, node_stack
 
@@ -227,7 +228,7 @@ def sharing_a_set(key: list[int], cgroup_id: int, first: bytes) -> list[bytes]:
 
 
 def sent_per_name(sent: list[bytes], cgroup_id: int) -> Counter[bytes]:
-    return Counter(key[4] for key in map(aggregation_key, sent) if key[0] == cgroup_id)
+    return Counter(key.name for key in map(aggregation_key, sent) if key.cgroup_id == cgroup_id)
 
 
 def test_a_name_that_finds_its_set_full_is_never_folded(own_cgroup: Path) -> None:
@@ -310,7 +311,8 @@ def test_a_new_fold_window_sends_a_names_next_miss_again(own_cgroup: Path) -> No
         time.sleep(0.35)
         second = probe.take_folds()
     key = (cgroup_id, *_root(), errno.ENOENT, name)
-    assert sum(aggregation_key(raw)[:5] == key for raw in sent) == 2  # one per epoch
+    folded = RepeatKey.of_fold(*key)
+    assert sum(aggregation_key(raw) == folded for raw in sent) == 2  # one per epoch
     assert {k: n for k, n in first.items() if k[0] == cgroup_id} == {key: 2}
     assert {k: n for k, n in second.items() if k[0] == cgroup_id} == {key: 2}
 

@@ -60,6 +60,11 @@ static __always_inline struct pt_regs *syscall_regs(struct task_struct *task)
 	(EW_HAVE_TASK_PT_REGS ? (unsigned long)PT_REGS_##PARM##_SYSCALL(regs)            \
 			      : (unsigned long)PT_REGS_##PARM##_CORE_SYSCALL(regs))
 
+/* The user instruction pointer saved at syscall entry, from syscall_regs(), read the same
+ * two ways as syscall_arg (5.15, dd6e10fbd9fb). On the early-death path only. */
+#define syscall_ip(regs)                                                                 \
+	(EW_HAVE_TASK_PT_REGS ? (unsigned long)PT_REGS_IP(regs) : (unsigned long)PT_REGS_IP_CORE(regs))
+
 /* The caller's cgroup v2 id, as bpf_get_current_cgroup_id() reads it: with the BTF-typed
  * task (5.11, 3ca1032ab7ab), plain loads instead of a helper call on every failure. */
 static __always_inline __u64 current_cgroup_id(struct task_struct *task)

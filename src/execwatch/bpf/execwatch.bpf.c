@@ -222,6 +222,22 @@ static __always_inline bool within_budget(__u64 cgroup_id, __u64 now)
 	return true;
 }
 
+/* Room for a record of `size` bytes in `ring`, or 0: with `budgeted`, only while the
+ * cgroup's budget allows one more now (within_budget counts a shed one); a full ring is
+ * counted in stats[full_stat]. */
+static __always_inline void *reserve_record(void *ring, __u64 size, __u32 full_stat,
+					    bool budgeted, __u64 cgroup_id, __u64 now)
+{
+	void *rec;
+
+	if (budgeted && !within_budget(cgroup_id, now))
+		return 0;
+	rec = bpf_ringbuf_reserve(ring, size, 0);
+	if (!rec)
+		bump(&stats, &full_stat);
+	return rec;
+}
+
 static __always_inline bool reported(int err)
 {
 	return cfg.all_errnos || err == ENOEXEC || err == ENOENT || err == EACCES || err == ELIBBAD;
@@ -576,15 +592,9 @@ static __noinline int on_failure(long ret, enum ew_syscall sc)
 	}
 	now = bpf_ktime_get_boot_ns();
 	count(cgroup_id, (int)-ret);
-	if (!within_budget(cgroup_id, now))
+	e = reserve_record(&events, sizeof(*e), EW_STAT_RINGBUF_DROPS, true, cgroup_id, now);
+	if (!e)
 		return 0;
-
-	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-	if (!e) {
-		idx = EW_STAT_RINGBUF_DROPS;
-		bump(&stats, &idx);
-		return 0;
-	}
 	fill_head(&e->head, EW_KIND_EXEC_FAILED, task, now, cgroup_id, mntns, root_ino);
 	if (set) /* only once a record is sure to go: it carries the name */
 		fold_arm(set, set_idx, way, tag, epoch, &fname, &e->head);
@@ -717,12 +727,10 @@ static __noinline int report_death(const struct death *d)
 
 	idx = d->kind == EW_DEATH_SIGNAL ? (__u32)d->value : EW_TOTAL_EXIT + ((__u32)d->value & 0xff);
 	bump(&death_totals, &idx);
-	e = bpf_ringbuf_reserve(&deaths, sizeof(*e), 0);
-	if (!e) {
-		idx = EW_STAT_DEATH_DROPS;
-		bump(&stats, &idx);
+	/* Not budgeted: a death is rare, and its own ring keeps a storm's records out. */
+	e = reserve_record(&deaths, sizeof(*e), EW_STAT_DEATH_DROPS, false, cgroup_id, d->now);
+	if (!e)
 		return 0;
-	}
 	caller_root(task, &mntns, &root_ino);
 	fill_head(&e->head, EW_KIND_EARLY_DEATH, task, d->now, cgroup_id, mntns, root_ino);
 	e->age_ns = d->age;
@@ -765,7 +773,7 @@ static __noinline int on_loader_exit(int code)
 	if (!base) /* static: no loader */
 		return 0;
 	regs = syscall_regs(task);
-	ip = PT_REGS_IP_CORE(regs);
+	ip = syscall_ip(regs);
 	if (ip < base || ip - base >= LOADER_SPAN)
 		return 0;
 	d.age = age - 1;
@@ -895,14 +903,9 @@ static __noinline int on_emulated(struct linux_binprm *bprm, struct ew_emulator 
 	if (n > 0 && n < EW_FOLD_NAME_LEN && emulated_fold(&key))
 		return 0;
 	now = bpf_ktime_get_boot_ns();
-	if (!within_budget(key.cgroup_id, now))
+	e = reserve_record(&events, sizeof(*e), EW_STAT_RINGBUF_DROPS, true, key.cgroup_id, now);
+	if (!e)
 		return 0;
-	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-	if (!e) {
-		idx = EW_STAT_RINGBUF_DROPS;
-		bump(&stats, &idx);
-		return 0;
-	}
 	fill_head(&e->head, EW_KIND_EMULATED, task, now, key.cgroup_id, key.mntns, key.root_ino);
 	fill_emulated(e, bprm, emu, id);
 	bpf_ringbuf_submit(e, wakeup_flag(now, key.cgroup_id));

@@ -38,7 +38,8 @@ struct ew_config {
 	__u64 fold_key[EW_FOLD_KEY_WORDS]; /* random at every load: the tag's NH key */
 };
 
-/* Every ring-buffer record starts with its kind: user space picks the decoder by it. */
+/* Every ring-buffer record starts with its kind: user space picks its decoder, repeat key
+ * and diagnosis by it (probe/events.py KINDS; record.Kind mirrors this enum). */
 enum ew_kind {
 	EW_KIND_EXEC_FAILED = 1, /* struct ew_event */
 	EW_KIND_EARLY_DEATH = 2, /* struct ew_death */

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from execwatch.cluster.safe import printable
-from execwatch.record import AttributionStatus, ExecFailure, KernelEvent, Reason
+from execwatch.record import AttributionStatus, ExecFailure, KernelEvent, Kind, Reason
 from execwatch.text import safe_text
 
 GROUP = "execwatch.io"
@@ -39,8 +39,9 @@ SYSCALLS = ("execve", "execveat", "exit_group", "signal")  # the CRD's enum
 
 
 def _status(e: KernelEvent) -> str:
-    """ENOEXEC for a failed exec; EXIT127 or SIGSEGV for a death right after one."""
-    if e.early_death:
+    """ENOEXEC for a failed exec; EXIT127 or SIGSEGV for a death right after one;
+    EMULATED for an exec an emulator ran."""
+    if e.kind is not Kind.EXEC_FAILED:
         return e.status
     return errno_mod.errorcode.get(e.errno, f"E{e.errno}".replace("-", ""))
 

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from execwatch.binfmt import Platform, node_platform
+from execwatch.diagnosis import wording
 from execwatch.diagnosis.budget import SlowFileSystem, SlowMounts
 from execwatch.diagnosis.container_rootfs import Candidate, ContainerRootfs
 from execwatch.diagnosis.examine import Context, Examiner
 from execwatch.diagnosis.roots import RootLocator
 from execwatch.diagnosis.startup import StartupDiagnoser
 from execwatch.diagnosis.target import TargetOpener
+from execwatch.probe import events
 from execwatch.record import Diagnosis, KernelEvent, Reason
 from execwatch.runnable.openat2 import Resolver
 
@@ -56,7 +58,7 @@ class FileDiagnoser:
         live state knows (the container of the cgroup, from the attribution inventory), and
         the caller's root, opened now (`root_fd`, the caller's to close): a dying task or
         container is gone within milliseconds, and the open fd pins its file system."""
-        if event.emulator is not None:
+        if not events.KINDS[event.kind].reads_files:
             return event  # diagnosed from the record alone
         if self._containers is not None and event.container_id is None:
             container = _container_of(self._containers, event) or ""
@@ -85,10 +87,17 @@ class FileDiagnoser:
         return self._node.architecture
 
     def diagnose(self, event: KernelEvent) -> Diagnosis:
-        if event.emulator is not None:
-            return emulated(event, self._node.architecture)
-        if event.early_death:
-            return self._startup.diagnose(event)
+        """By the event's kind: the entry point its probe.events.KINDS entry names."""
+        entry: Callable[[KernelEvent], Diagnosis] = getattr(self, events.KINDS[event.kind].diagnose)
+        return entry(event)
+
+    def early_death(self, event: KernelEvent) -> Diagnosis:
+        return self._startup.diagnose(event)
+
+    def emulated_exec(self, event: KernelEvent) -> Diagnosis:
+        return emulated(event, self._node.architecture)
+
+    def exec_failed(self, event: KernelEvent) -> Diagnosis:
         root = self._locator.open(event)
         if root is None:
             return self._examiner.result(
@@ -113,15 +122,12 @@ class FileDiagnoser:
 
 def emulated(event: KernelEvent, node_arch: str) -> Diagnosis:
     """The kernel named the architecture (the entry's magic) and the emulator: no file to read."""
-    arch = event.emulated_arch or "foreign"
-    article = "an" if arch[:1] in "aeiou" else "a"
     return Diagnosis(
         Reason.EMULATED,
         node_arch,
-        binary_arch=arch,
+        binary_arch=event.emulated_arch or "foreign",
         interpreter=event.emulator,
-        detail=f"{article} {arch} binary ran under {event.emulator} on this {node_arch} node "
-        "(binfmt_misc emulation: slow, and it would fail with exec format error elsewhere)",
+        detail=wording.emulated(event.emulated_arch, event.emulator, node_arch),
     )
 
 

@@ -23,6 +23,18 @@ def exec_detail(fault: Fault, node_arch: str) -> str:
     return fault.detail
 
 
+def emulated(arch: str | None, emulator: str | None, node_arch: str) -> str:
+    """An exec a binfmt_misc emulator ran (Reason.EMULATED): the diagnosis's detail, which
+    the trace line and the pod's Event both show."""
+    arch = arch or "foreign"
+    article = "an" if arch[:1] in "aeiou" else "a"
+    return (
+        f"{article} {arch} binary ran under {emulator or 'an emulator'} on this {node_arch}"
+        " node (binfmt_misc emulation: slow, and it would fail with exec format error"
+        " elsewhere)"
+    )
+
+
 def startup_fault(fault: Fault) -> Fault:
     """A fault that explains an early death, its detail completed."""
     if fault.reason is Reason.LIBC_MISMATCH:

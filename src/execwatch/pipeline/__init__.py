@@ -214,7 +214,7 @@ class NodePipeline:
             if known is not None:
                 self._output.counted(known, aggregated=True, count=n)
             elif not found:  # its slot was evicted (max_slots)
-                self._output.counted_unknown(key.status, n)
+                self._output.counted_unknown(key, n)
 
     def _decode(self, raw: bytes) -> KernelEvent:
         return decode_record(raw, self._epoch_offset)

@@ -13,10 +13,8 @@ from execwatch.probe.events import repeat_key
 from execwatch.record import ExecFailure
 from execwatch.repeatkey import RepeatKey
 
-
-def aggregation_key(raw: bytes) -> RepeatKey:
-    """The record's repeat key, by its kind (probe.events.KINDS), straight from its bytes."""
-    return tuple.__new__(RepeatKey, repeat_key(raw))  # _make without its method call
+# The record's repeat key, by its kind (probe.events.KINDS), straight from its bytes.
+aggregation_key = repeat_key
 
 
 @dataclass

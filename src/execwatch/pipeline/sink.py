@@ -8,7 +8,8 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from execwatch.record import QUIET_REASONS, ExecFailure, Reason
+from execwatch.record import QUIET_REASONS, ExecFailure, Kind, Reason
+from execwatch.repeatkey import RepeatKey
 
 Sink = Callable[[ExecFailure], None]
 
@@ -49,11 +50,16 @@ class Output:
                 failure.event.status, failure.diagnosis.reason, aggregated=aggregated, count=count
             )
 
-    def counted_unknown(self, err: int, count: int) -> None:
-        """Repeats the kernel folded for a record whose slot is gone (evicted)."""
-        if self._observer:
-            status = errno.errorcode.get(err, str(err))
-            self._observer.delivered(status, Reason.UNDIAGNOSED, aggregated=True, count=count)
+    def counted_unknown(self, key: RepeatKey, count: int) -> None:
+        """Repeats the kernel folded for a record whose slot is gone (evicted): failed
+        execs left undiagnosed, emulated execs still emulated."""
+        if not self._observer:
+            return
+        if key.kind == Kind.EMULATED:
+            status, reason = Kind.EMULATED.name, Reason.EMULATED
+        else:
+            status, reason = errno.errorcode.get(key.status, str(key.status)), Reason.UNDIAGNOSED
+        self._observer.delivered(status, reason, aggregated=True, count=count)
 
     def dropped(self, kind: str) -> None:
         if self._observer:

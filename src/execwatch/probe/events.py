@@ -1,13 +1,14 @@
-"""Ring-buffer records by kind: each kind's decoder into KernelEvent and its repeat key.
+"""Ring-buffer records by kind: each kind's decoder into KernelEvent, its repeat key and
+its diagnosis.
 
-Every record starts with its kind (enum ew_kind in bpf/execwatch.h); KINDS maps it to
-the record's layout, decoder and repeat key. A new kind of record is one entry there.
+Every record starts with its kind (enum ew_kind in bpf/execwatch.h, record.Kind); KINDS
+maps it to the record's layout, decoder, repeat key and the diagnoser's entry point. A new
+kind of record is one entry there (and that entry point's method).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -15,13 +16,11 @@ from types import MappingProxyType
 from typing import Any
 
 from execwatch.probe import layout
-from execwatch.record import KernelEvent
+from execwatch.record import KernelEvent, Kind
+from execwatch.repeatkey import RepeatKey
 from execwatch.text import c_string
 
 AT_EMPTY_PATH = 0x1000
-# What makes two records repeats of one another, read from the raw record (no decoding):
-# (cgroup, mount namespace, root inode, then three of the kind's own fields).
-RepeatKey = tuple[int, int, int, int, bytes, bytes]
 
 
 class UnknownRecord(ValueError):
@@ -59,6 +58,7 @@ def decode_exec_failed(raw: bytes, epoch_offset: float) -> KernelEvent:
         path = c_string(r.fd_name)  # fexecve: only the basename behind the fd is known
     return KernelEvent(
         **_head(r, epoch_offset),
+        kind=Kind.EXEC_FAILED,
         errno=r.err,
         path=path,
         syscall=layout.SYSCALLS[r.syscall] if r.syscall < len(layout.SYSCALLS) else str(r.syscall),
@@ -81,6 +81,7 @@ def decode_early_death(raw: bytes, epoch_offset: float) -> KernelEvent:
     path = leaf_first(r.exe_path)
     return KernelEvent(
         **_head(r, epoch_offset),
+        kind=Kind.EARLY_DEATH,
         errno=0,
         path=path if r.exe_flags & layout.EXE_PATH_OK else "…" + path,
         syscall="signal" if signal_death else "exit_group",
@@ -96,6 +97,7 @@ def decode_emulated(raw: bytes, epoch_offset: float) -> KernelEvent:
     r = layout.EMULATED.unpack(raw)
     return KernelEvent(
         **_head(r, epoch_offset),
+        kind=Kind.EMULATED,
         errno=0,
         path=c_string(r.filename),
         syscall="execve",
@@ -121,52 +123,56 @@ _EXEC_FAILED_KEY = layout.EXEC_FAILED.picker(
 _EARLY_DEATH_KEY = layout.EARLY_DEATH.picker(
     "cgroup_id", "mntns", "root_ino", "exe_ino", "exe_dev", "exit_code", "signal"
 )
-
 _EMULATED_KEY = layout.EMULATED.picker("cgroup_id", "mntns", "root_ino", "filename")
-# An emulated exec's status in its repeat key: neither an errno nor a death's.
-EMULATED_STATUS = -512
+_new_key = tuple.__new__  # RepeatKey._make without its method call: the hot path
+_EXEC_FAILED = Kind.EXEC_FAILED.value
+_EARLY_DEATH = Kind.EARLY_DEATH.value
+_EMULATED = Kind.EMULATED.value
 
 
 def exec_failed_key(raw: bytes) -> RepeatKey:
-    """(cgroup, mntns, root, errno, filename, fd name). Strings are cut at their NUL: the
-    ring buffer does not zero what follows it. The root keeps two chroots of one mount
-    namespace apart: one name can be missing in one and a binary without its loader in
-    the other."""
+    """Its errno, filename and fd name. Strings are cut at their NUL: the ring buffer
+    does not zero what follows it."""
     cgroup, mntns, root, err, filename, fd_name = _EXEC_FAILED_KEY.unpack_from(raw)
-    return cgroup, mntns, root, err, filename.split(b"\0", 1)[0], fd_name.split(b"\0", 1)[0]
+    name, detail = filename.split(b"\0", 1)[0], fd_name.split(b"\0", 1)[0]
+    return _new_key(RepeatKey, (cgroup, mntns, root, _EXEC_FAILED, err, name, detail, 0, 0))
 
 
 def early_death_key(raw: bytes) -> RepeatKey:
-    """(cgroup, mntns, root, -signal or -256 - exit code, exe device, exe inode): never
-    an errno, so a death is never a repeat of a failed exec."""
+    """Its wait status (the signal, or the exit code << 8) and the executable's inode."""
     cgroup, mntns, root, ino, dev, code, sig = _EARLY_DEATH_KEY.unpack_from(raw)
-    how = -sig if sig else -256 - code
-    return cgroup, mntns, root, how, dev.to_bytes(8, sys.byteorder), ino.to_bytes(8, sys.byteorder)
+    status = sig if sig else (code & 0xFF) << 8
+    return _new_key(RepeatKey, (cgroup, mntns, root, _EARLY_DEATH, status, b"", b"", dev, ino))
 
 
 def emulated_key(raw: bytes) -> RepeatKey:
-    """(cgroup, mntns, root, EMULATED_STATUS, filename, no detail): the kernel folds its
-    repeats by the same (probe.loader.Probe.take_folds)."""
+    """Its filename: the kernel folds its repeats by the same (Probe.take_folds)."""
     cgroup, mntns, root, filename = _EMULATED_KEY.unpack_from(raw)
-    return cgroup, mntns, root, EMULATED_STATUS, filename.split(b"\0", 1)[0], b""
+    name = filename.split(b"\0", 1)[0]
+    return _new_key(RepeatKey, (cgroup, mntns, root, _EMULATED, 0, name, b"", 0, 0))
 
 
 @dataclass(frozen=True)
 class RecordKind:
-    """One kind of ring-buffer record: its layout, decoder and repeat key."""
+    """One kind of ring-buffer record: its layout, decoder, repeat key and diagnosis."""
 
     layout: layout.Record
     decode: Callable[[bytes, float], KernelEvent]
     repeat_key: Callable[[bytes], RepeatKey]
+    diagnose: str  # the name of the diagnosis.diagnoser.FileDiagnoser method for it
+    # Whether its diagnosis reads the caller's files (FileDiagnoser.prepare opens its root).
+    reads_files: bool = True
 
 
 KINDS: Mapping[int, RecordKind] = MappingProxyType(
     {
         k.layout.kind: k
         for k in (
-            RecordKind(layout.EXEC_FAILED, decode_exec_failed, exec_failed_key),
-            RecordKind(layout.EARLY_DEATH, decode_early_death, early_death_key),
-            RecordKind(layout.EMULATED, decode_emulated, emulated_key),
+            RecordKind(layout.EXEC_FAILED, decode_exec_failed, exec_failed_key, "exec_failed"),
+            RecordKind(layout.EARLY_DEATH, decode_early_death, early_death_key, "early_death"),
+            RecordKind(
+                layout.EMULATED, decode_emulated, emulated_key, "emulated_exec", reads_files=False
+            ),
         )
     }
 )

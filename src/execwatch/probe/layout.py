@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from struct import Struct
 from typing import Any
 
+from execwatch.record import Kind
+
 TASK_COMM_LEN = 16
 PATH_LEN = 256
 FD_NAME_LEN = TASK_COMM_LEN * 4
@@ -47,9 +49,9 @@ TOTAL_EXIT = 64  # death_totals: a signal is its number, a loader exit TOTAL_EXI
 DEATH_TOTALS = TOTAL_EXIT + 256
 DEATH_LOADER_EXIT = 0
 DEATH_SIGNAL = 1
-KIND_EXEC_FAILED = 1  # enum ew_kind
-KIND_EARLY_DEATH = 2
-KIND_EMULATED = 3
+KIND_EXEC_FAILED = Kind.EXEC_FAILED.value  # enum ew_kind
+KIND_EARLY_DEATH = Kind.EARLY_DEATH.value
+KIND_EMULATED = Kind.EMULATED.value
 ARCH_LEN = 16
 EMULATORS = 256  # entries of the emulators map (binfmt.emulation.MAX_ENTRIES)
 
@@ -228,8 +230,10 @@ DECLARED: tuple[tuple[type[ctypes.Structure], str], ...] = (
     (FoldClock, "ew_fold_clock"),
 )
 
-# (cgroup id, mount namespace, root inode, errno, name): what the kernel folds repeats of.
-FoldedName = tuple[int, int, int, int, bytes]
+# What the kernel folded repeats of, as RepeatKey.of_fold takes it: (cgroup id, mount
+# namespace, root inode, status, name), a failed execve's (ew_fold_name: its errno); or the
+# same with the record's kind after it (an emulated exec's, ew_emulated_key: status 0).
+FoldedName = tuple[int, int, int, int, bytes] | tuple[int, int, int, int, bytes, int]
 
 
 @dataclass(frozen=True)

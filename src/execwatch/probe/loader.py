@@ -20,7 +20,6 @@ from typing import TypeVar
 from execwatch.binfmt import emulation, node_platform
 from execwatch.binfmt.emulation import Emulator
 from execwatch.probe import caps, layout
-from execwatch.probe.events import EMULATED_STATUS
 from execwatch.probe.fairness import Describe, ShedWatch, describe_cgroup
 from execwatch.probe.folds import FoldSlots
 from execwatch.probe.libbpf import LibbpfMissing, RingBufferCallback, load_libbpf
@@ -315,9 +314,9 @@ class Probe:
         fd = self._lib.bpf_map__fd(self._map("emulated_totals"))
         totals: dict[str, int] = {}
         for index, arch in enumerate(self.emulation.archs):
+            # 0 too: rate() then sees a node's first emulated exec.
             n = self._percpu_sum(fd, ctypes.c_uint32(index))
-            if n:
-                totals[arch] = totals.get(arch, 0) + n
+            totals[arch] = totals.get(arch, 0) + n
         return totals
 
     def _take_emulated(
@@ -340,7 +339,7 @@ class Probe:
             name = bytes(key.filename).split(b"\0", 1)[0]
             n = seen.folded - read.get(raw, 0)
             if n:
-                out[(key.cgroup_id, key.mntns, key.root_ino, EMULATED_STATUS, name)] = n
+                out[(key.cgroup_id, key.mntns, key.root_ino, 0, name, layout.KIND_EMULATED)] = n
             read[raw] = seen.folded
             if keep is not None and not keep(key.cgroup_id):
                 self._lib.bpf_map_delete_elem(fd, ctypes.byref(key))
