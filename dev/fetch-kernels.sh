@@ -21,12 +21,13 @@ deb [trusted=yes] $mirror/debian-security trixie-security main"
   [sid]="deb [trusted=yes] $mirror/debian sid main"
 )
 releases=(bullseye bookworm trixie sid)
-# What the guest's initramfs loads to mount the host over 9p (tests/kernels/vm.py).
-module_dirs=(drivers/virtio net/9p fs/9p fs/netfs fs/fscache)
+# What the guest's initramfs loads to mount the host over 9p, and binfmt_misc for the
+# emulation test (tests/kernels/vm.py).
+module_dirs=(drivers/virtio net/9p fs/9p fs/netfs fs/fscache "fs/binfmt_misc.ko*")
 
 fetch() {
   local release=$1 dir="$cache/$1" apt_root="$cache/apt/$1"
-  [ -f "$dir/.complete-v1" ] && return 0
+  [ -f "$dir/.complete-v2" ] && return 0
   private_apt "$apt_root" amd64
   printf '%s\n' "${sources[$release]}" > "$apt_root/etc/sources.list"
   local opts=("${apt_opts[@]}")
@@ -66,7 +67,7 @@ fetch() {
   done
   [ -d "$dir/modules/fs/9p" ] || { echo "fetch-kernels: $image has no 9p module" >&2; return 1; }
   rm -rf "$dir/unpack" "$apt_root"
-  touch "$dir/.complete-v1"
+  touch "$dir/.complete-v2"
   echo "kernel $release: $(cat "$dir/version")"
 }
 

@@ -19,13 +19,17 @@ OUT = REPO / "deploy" / "grafana" / "execwatch.json"
 
 DS = {"type": "prometheus", "uid": "${datasource}"}
 NS = 'namespace=~"$namespace"'
-FAIL = f"execwatch_exec_failures_total{{{NS}}}"
+# Failed execs: the handler's counter without the execs an emulator ran (they succeeded:
+# the emulation row shows them).
+FAIL = f'execwatch_exec_failures_total{{{NS}, reason!="Emulated"}}'
 
 
 def in_range(counter: str) -> str:
     """What `counter` grew by in the dashboard's range, counting the series born in it: the
-    handler's counters start at their first failure's count, which increase() never sees."""
-    return f"(increase({counter}[$__range]) or ({counter} unless {counter} offset $__range))"
+    handler's counters start at their first failure's count, which increase() never sees.
+    Those series come first: `or` matches label sets without the metric name, so after
+    increase() (which answers 0 for them) they would be left out."""
+    return f"(({counter} unless {counter} offset $__range) or increase({counter}[$__range]))"
 
 
 RI = "$__rate_interval"
@@ -126,6 +130,70 @@ def stat(title: str, desc: str, expr: str, *, red_above: float | None = None) ->
             "overrides": [],
         },
         "options": {"reduceOptions": {"calcs": ["lastNotNull"]}, "colorMode": "background"},
+    }
+
+
+EMULATED = f'execwatch_exec_failures_total{{{NS}, reason="Emulated"}}'
+
+
+def emulation(g: Layout) -> None:
+    """Foreign binaries that do not fail: a binfmt_misc emulator (user-mode QEMU) runs them,
+    slowly. By node and architecture from the kernel's exact counts, by workload from the
+    handler, and which nodes would emulate what (docs/metrics.md)."""
+    g.row("Emulated execs (binfmt_misc: foreign binaries that run, slowly)")
+    g.add(
+        timeseries(
+            "Emulated execs by node and architecture",
+            "Successful execs the kernel handed to a binfmt_misc emulator, counted exactly "
+            "in the kernel. Each is a binary of another architecture that fails with exec "
+            "format error on nodes without the emulator.",
+            target(
+                f"sum by (node, emulated_arch) (rate(execwatch_kernel_emulated_execs_total[{RI}]))",
+                "{{emulated_arch}} on {{node}}",
+            ),
+            unit="ops",
+            stack=False,
+        ),
+        w=12,
+    )
+    g.add(
+        table(
+            "Nodes that emulate",
+            "binfmt_misc emulators of each node, by architecture and flags (F: the "
+            "interpreter works inside containers too).",
+            "max by (node, emulated_arch, flags) (execwatch_node_binfmt_emulators)",
+            {"emulated_arch": "emulated arch", "Value": "emulators"},
+        ),
+        w=12,
+    )
+    g.add(
+        table(
+            "Workloads running emulated binaries (range)",
+            "Emulated execs in pods over the dashboard range (their Events, reason "
+            "Emulated, name the binary and the emulator).",
+            "topk(15, sum by (namespace, workload, container, binary_arch, node_arch, node)"
+            f" {in_range(EMULATED)} > 0)",
+            {"Value": "emulated execs", "binary_arch": "binary arch", "node_arch": "node arch"},
+        ),
+        w=24,
+    )
+
+
+def table(title: str, desc: str, expr: str, rename: dict[str, str]) -> dict[str, Any]:
+    """An instant query as a table, sorted by value."""
+    return {
+        "type": "table",
+        "title": title,
+        "description": desc,
+        "targets": [target(expr, instant=True)],
+        "options": {"sortBy": [{"displayName": rename.get("Value", "Value"), "desc": True}]},
+        "transformations": [
+            {
+                "id": "organize",
+                "options": {"excludeByName": {"Time": True}, "renameByName": rename},
+            }
+        ],
+        "fieldConfig": {"defaults": {}, "overrides": []},
     }
 
 
@@ -362,6 +430,8 @@ def dashboard() -> dict[str, Any]:
         ),
         w=12,
     )
+
+    emulation(g)
 
     g.row("Handler")
     g.add(

@@ -347,8 +347,8 @@ def test_sarif_and_table(
     assert code == 1 and out == ""
     assert "Migration readiness" in text and "main: /usr/bin/hello ★ missing-interpreter" in text
     assert (
-        "6 workloads; per workload and architecture: 5 ready, 3 missing-platform, 2 would-fail"
-        in text
+        "6 workloads; per workload and architecture: 5 ready, 0 emulated, 3 missing-platform,"
+        " 2 would-fail" in text
     )
 
 

@@ -6,38 +6,31 @@ runs Debian's arm64 busybox for real, and reads the table as the agent does: thr
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from execwatch.binfmt.emulation import MAX_ENTRIES, Emulator, parse_entry, read_table
-from tests.binfmt.emulation_env import BinfmtNamespace, aarch64_entry, qemu_aarch64
+from tests.support.emulation import (
+    BinfmtNamespace,
+    aarch64_entry,
+    binfmt_namespace,
+    busybox_arm64,
+    qemu_aarch64,
+)
 
-
-@pytest.fixture
-def namespace() -> Iterator[BinfmtNamespace]:
-    ns = BinfmtNamespace.start()
-    try:
-        yield ns
-    finally:
-        ns.stop()
-
-
-@pytest.fixture(scope="module")
-def busybox_arm64(foreign_root: Path) -> Path:
-    return foreign_root / "arm64" / "root" / "usr" / "bin" / "busybox"
+__all__ = ["binfmt_namespace", "busybox_arm64"]  # fixtures
 
 
 @pytest.mark.parametrize(("flags", "listed"), [("F", "F"), ("", ""), ("FPC", "FPCO")])
 def test_a_registered_qemu_runs_arm64_binaries_and_is_listed(
-    namespace: BinfmtNamespace, busybox_arm64: Path, flags: str, listed: str
+    binfmt_namespace: BinfmtNamespace, busybox_arm64: Path, flags: str, listed: str
 ) -> None:
     qemu = qemu_aarch64()
-    namespace.register(aarch64_entry("qemu-aarch64", qemu, flags))
+    binfmt_namespace.register(aarch64_entry("qemu-aarch64", qemu, flags))
 
-    ran = namespace.run(busybox_arm64, "echo", "emulated")
-    table = read_table(namespace.table)
+    ran = binfmt_namespace.run(busybox_arm64, "echo", "emulated")
+    table = read_table(binfmt_namespace.table)
 
     assert (ran.returncode, ran.stdout) == (0, "emulated\n"), ran.stderr
     assert table is not None and table.enabled
@@ -48,50 +41,50 @@ def test_a_registered_qemu_runs_arm64_binaries_and_is_listed(
 
 
 def test_a_removed_entry_leaves_the_binary_foreign_again(
-    namespace: BinfmtNamespace, busybox_arm64: Path
+    binfmt_namespace: BinfmtNamespace, busybox_arm64: Path
 ) -> None:
-    namespace.register(aarch64_entry("qemu-aarch64", qemu_aarch64(), "F"))
-    namespace.write("qemu-aarch64", "-1")
+    binfmt_namespace.register(aarch64_entry("qemu-aarch64", qemu_aarch64(), "F"))
+    binfmt_namespace.write("qemu-aarch64", "-1")
 
-    ran = namespace.run(busybox_arm64, "echo", "emulated")
-    table = read_table(namespace.table)
+    ran = binfmt_namespace.run(busybox_arm64, "echo", "emulated")
+    table = read_table(binfmt_namespace.table)
 
     assert ran.returncode != 0 and "Exec format error" in ran.stderr
     assert table is not None and table.emulators == ()
 
 
 def test_a_disabled_entry_or_table_emulates_nothing(
-    namespace: BinfmtNamespace, busybox_arm64: Path
+    binfmt_namespace: BinfmtNamespace, busybox_arm64: Path
 ) -> None:
-    namespace.register(aarch64_entry("qemu-aarch64", qemu_aarch64(), "F"))
-    namespace.write("qemu-aarch64", "0")
-    table = read_table(namespace.table)
+    binfmt_namespace.register(aarch64_entry("qemu-aarch64", qemu_aarch64(), "F"))
+    binfmt_namespace.write("qemu-aarch64", "0")
+    table = read_table(binfmt_namespace.table)
     assert table is not None and table.emulators == ()
 
-    namespace.write("qemu-aarch64", "1")
-    namespace.write("status", "0")
-    table = read_table(namespace.table)
+    binfmt_namespace.write("qemu-aarch64", "1")
+    binfmt_namespace.write("status", "0")
+    table = read_table(binfmt_namespace.table)
     assert table is not None and not table.enabled
-    assert namespace.run(busybox_arm64, "true").returncode != 0
+    assert binfmt_namespace.run(busybox_arm64, "true").returncode != 0
 
 
-def test_entries_that_are_not_elf_emulators_are_left_out(namespace: BinfmtNamespace) -> None:
-    namespace.register(":text:E::txt::/bin/cat:")
-    namespace.register(r":dos:M::MZ::/bin/false:")
+def test_entries_that_are_not_elf_emulators_are_left_out(binfmt_namespace: BinfmtNamespace) -> None:
+    binfmt_namespace.register(":text:E::txt::/bin/cat:")
+    binfmt_namespace.register(r":dos:M::MZ::/bin/false:")
 
-    table = read_table(namespace.table)
+    table = read_table(binfmt_namespace.table)
 
     assert table is not None
     assert (table.emulators, table.skipped) == ((), 0)
 
 
-def test_the_table_is_read_within_its_entry_budget(namespace: BinfmtNamespace) -> None:
+def test_the_table_is_read_within_its_entry_budget(binfmt_namespace: BinfmtNamespace) -> None:
     lines = "".join(f"echo ':e{i}:E::x{i}::/bin/cat:' > register;" for i in range(MAX_ENTRIES + 9))
-    done = namespace.run("/bin/sh", "-c", f"cd /proc/sys/fs/binfmt_misc && {lines}")
+    done = binfmt_namespace.run("/bin/sh", "-c", f"cd /proc/sys/fs/binfmt_misc && {lines}")
     assert done.returncode == 0, done.stderr
-    namespace.register(aarch64_entry("zz-qemu-aarch64", qemu_aarch64(), "F"))
+    binfmt_namespace.register(aarch64_entry("zz-qemu-aarch64", qemu_aarch64(), "F"))
 
-    table = read_table(namespace.table)
+    table = read_table(binfmt_namespace.table)
 
     assert table is not None
     assert table.skipped == 10, "entries past the budget are counted, never read"

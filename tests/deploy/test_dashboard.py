@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,8 +15,21 @@ from prometheus_client import CollectorRegistry
 
 from execwatch.binfmt.emulation import Emulator
 from execwatch.cluster.metrics import HandlerMetrics, PublisherMetrics
-from execwatch.metrics import NodeMetrics
+from execwatch.metrics import NodeMetrics, serve
+from execwatch.nodestack import StackOptions
+from execwatch.probe.loader import ProbeOptions
 from tests.deploy.chart import REPO, find, render
+from tests.deploy.prometheus import Prometheus
+from tests.support.emulation import (
+    BinfmtNamespace,
+    aarch64_entry,
+    binfmt_namespace,
+    busybox_arm64,
+    qemu_aarch64,
+)
+from tests.support.node import node_stack
+
+__all__ = ["binfmt_namespace", "busybox_arm64"]  # fixtures
 
 DASHBOARD = REPO / "deploy" / "grafana" / "execwatch.json"
 
@@ -178,3 +194,108 @@ def test_alert_rules_and_argo_queries_name_only_real_metrics(source: str) -> Non
 def test_chart_ships_the_dashboard_unchanged() -> None:
     cm = find(render("grafanaDashboard.enabled=true"), "ConfigMap", "execwatch-dashboard")
     assert json.loads(cm["data"]["execwatch.json"]) == dashboard()
+
+
+def panel(title: str) -> dict[str, Any]:
+    found: list[dict[str, Any]] = [p for p in dashboard()["panels"] if p.get("title") == title]
+    assert len(found) == 1, f"{len(found)} panels titled {title!r}"
+    return found[0]
+
+
+def grafana_expr(expr: str) -> str:
+    """A panel's query as Grafana sends it: its variables replaced (all namespaces)."""
+    for var, value in (("$__rate_interval", "30s"), ("$__range", "10m"), ("$namespace", ".*")):
+        expr = expr.replace(var, value)
+    return expr
+
+
+EMULATED_RUNS = 3
+
+
+def test_the_emulation_panels_show_a_real_emulated_exec_by_node_and_architecture(
+    binfmt_namespace: BinfmtNamespace, busybox_arm64: Path, tmp_path: Path
+) -> None:
+    """Debian's qemu-aarch64-static registered in a table of its own runs Debian's arm64
+    busybox; the real node stack counts it and a real Prometheus scrapes it (as node-a,
+    the label the ServiceMonitor sets), with the handler's counter for the same execs in
+    a pod: every emulation panel answers with that node, architecture and workload, and
+    the failed-exec panels leave them out."""
+    binfmt_namespace.register(aarch64_entry("qemu-aarch64", qemu_aarch64(), "F"))
+    handler = HandlerMetrics()
+    handler.count_failures(
+        {"namespace": "shop", "workload": "web", "container": "app", "node": "node-a",
+         "node_arch": "amd64", "binary_arch": "arm64", "reason": "Emulated"},
+        EMULATED_RUNS,
+    )  # fmt: skip
+    options = StackOptions(probe=ProbeOptions(binfmt_table=binfmt_namespace.table))
+    with (
+        node_stack(options, loop="run") as running,
+        serving(running.stack.registry) as agent,
+        serving(handler.registry) as handler_address,
+    ):
+        prometheus = Prometheus(tmp_path / "prometheus", config=scrape(agent, handler_address))
+        try:
+            # rate() needs a sample before the execs it shows, and the agent exports the
+            # counter from the first emulated exec on: one exec first, then the counted ones.
+            prometheus.wait_until("execwatch_node_binfmt_emulators", bool)
+            assert binfmt_namespace.run(busybox_arm64, "true").returncode == 0
+            prometheus.wait_until("execwatch_kernel_emulated_execs_total", bool)
+            for _ in range(EMULATED_RUNS):
+                ran = binfmt_namespace.run(busybox_arm64, "true")
+                assert ran.returncode == 0, ran.stderr
+            answers = emulation_answers(prometheus)
+        finally:
+            prometheus.stop()
+
+    by_node, nodes, workloads, failed = answers
+    assert [(s["node"], s["emulated_arch"]) for s in by_node] == [("node-a", "arm64")]
+    assert [(s["node"], s["emulated_arch"], s["flags"]) for s in nodes] == [
+        ("node-a", "arm64", "F")
+    ]
+    assert [(s["workload"], s["binary_arch"], s["node"]) for s in workloads] == [
+        ("web", "arm64", "node-a")
+    ]
+    assert failed == [0.0], "an emulated exec is no failed exec"
+
+
+@contextmanager
+def serving(registry: CollectorRegistry) -> Iterator[str]:
+    server = serve(("127.0.0.1", 0), registry)
+    try:
+        yield f"127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+
+
+def scrape(agent: str, handler: str) -> dict[str, Any]:
+    static = {"targets": [agent], "labels": {"node": "node-a"}}
+    return {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [
+            {"job_name": "execwatch-agent", "static_configs": [static]},
+            {"job_name": "execwatch-handler", "static_configs": [{"targets": [handler]}]},
+        ],
+    }
+
+
+Answers = tuple[list[dict[str, str]], list[dict[str, str]], list[dict[str, str]], list[float]]
+
+
+def emulation_answers(prometheus: Prometheus) -> Answers:
+    """What the emulation panels and the failed-exec stat show once both targets are in."""
+    [rate] = panel("Emulated execs by node and architecture")["targets"]
+    [inventory] = panel("Nodes that emulate")["targets"]
+    [workloads] = panel("Workloads running emulated binaries (range)")["targets"]
+    [failed] = panel("Failed execs (range)")["targets"]
+    prometheus.wait_until(grafana_expr(rate["expr"]), lambda v: v and v[0] > 0, timeout=60)
+    prometheus.wait_until(grafana_expr(workloads["expr"]), lambda v: v == [EMULATED_RUNS])
+
+    def series(expr: str) -> list[dict[str, str]]:
+        return [s["metric"] for s in prometheus.query(grafana_expr(expr))["result"]]
+
+    return (
+        series(rate["expr"]),
+        series(inventory["expr"]),
+        series(workloads["expr"]),
+        prometheus.values(grafana_expr(failed["expr"])),
+    )

@@ -3,9 +3,11 @@
     python -m tests.kernels.guest OUT_DIR
 
 Starts the real `execwatch trace --json --metrics-address ...`, causes the real
-failures of CASES, waits for their records, reads the kernel's exact counts from the
-metrics endpoint, stops trace with SIGTERM and writes OUT_DIR/result.json for
-test_matrix.py to judge. Few imports: every import costs seconds under TCG.
+failures of CASES, then registers Debian's qemu-aarch64-static in the guest's own
+binfmt_misc and runs Debian's arm64 busybox through it (an exec that succeeds, under
+emulation), waits for their records, reads the kernel's exact counts from the metrics
+endpoint, stops trace with SIGTERM and writes OUT_DIR/result.json for test_matrix.py to
+judge. Few imports: every import costs seconds under TCG.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import IO
 
 from tests.probe.roots import Keepers, glibc_root
+from tests.support.emulation import EMULATORS, TABLE_IN_NAMESPACE, aarch64_entry
 
 REPO = Path(__file__).resolve().parents[2]
 FOREIGN_HELLO = REPO / ".cache/foreign/arm64/root/usr/bin/hello"
@@ -34,6 +37,8 @@ GLIBC_TRUE = Path("/usr/bin/true")
 BUSYBOX = Path("/bin/busybox")
 PORT = 9477
 FOREIGN_TRIES = 3
+BUSYBOX_ARM64 = REPO / ".cache/foreign/arm64/root/usr/bin/busybox"
+EMULATED_TRIES = 3
 MISSING = "libselinux.so.1"
 
 
@@ -77,6 +82,35 @@ def cause_failures(work: Path, keepers: Keepers) -> dict[str, str]:
         "missing_shebang_interpreter": str(script),
         "missing_library": "/usr/bin/ls",
     }
+
+
+def cause_emulation(work: Path, result: dict[str, object]) -> str:
+    """After the failures (the arm64 binary above must fail first): qemu-aarch64-static
+    registered with F in the guest's binfmt_misc, which root mounts directly on every
+    kernel; once trace watches it (its metric), busybox runs EMULATED_TRIES times."""
+    busybox, qemu = work / "busybox-arm64", work / "qemu-aarch64-static"
+    shutil.copy(BUSYBOX_ARM64, busybox)
+    shutil.copy(EMULATORS / "qemu-aarch64-static", qemu)
+    table = Path(TABLE_IN_NAMESPACE)
+    subprocess.run(["mount", "-t", "binfmt_misc", "binfmt_misc", str(table)], check=True)
+    (table / "register").write_text(aarch64_entry("qemu-aarch64", qemu, "F"))
+    result["emulator_watched"] = wait_for_metric(
+        'execwatch_node_binfmt_emulators{emulated_arch="arm64"', 60
+    )
+    ran = [subprocess.run([str(busybox), "echo", "emulated"], capture_output=True, text=True)
+           for _ in range(EMULATED_TRIES)]  # fmt: skip
+    result["emulated_runs"] = [(r.returncode, r.stdout) for r in ran]
+    return str(busybox)
+
+
+def wait_for_metric(prefix: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{PORT}/metrics", timeout=10).read()
+        if any(line.startswith(prefix) for line in body.decode().splitlines()):
+            return True
+        time.sleep(0.5)
+    return False
 
 
 def warm_up(stdout: Lines) -> str | None:
@@ -130,8 +164,10 @@ def records_cover(paths: dict[str, str]) -> Callable[[list[str]], bool]:
     def done(lines: list[str]) -> bool:
         records = [json.loads(line) for line in lines if line.startswith("{")]
         foreign = sum(r["count"] for r in records if r["path"] == paths["foreign"])
+        emulated = sum(r["count"] for r in records if r["path"] == paths["emulated"])
         seen = {r["path"] for r in records}
-        return foreign == FOREIGN_TRIES and set(paths.values()) <= seen
+        tries = foreign == FOREIGN_TRIES and emulated == EMULATED_TRIES
+        return tries and set(paths.values()) <= seen
 
     return done
 
@@ -177,6 +213,7 @@ def main() -> int:
         keepers = Keepers()  # a missing library's caller lingers: the root is looked up there
         with tempfile.TemporaryDirectory() as work:
             paths = cause_failures(Path(work), keepers)
+            paths["emulated"] = cause_emulation(Path(work), result)
             result["cases"] = paths
             result["all_records_seen"] = stdout.wait_for(records_cover(paths), 60)
             keepers.reap()

@@ -1,5 +1,6 @@
 """The kernel matrix: the same real failures, caught by the real `execwatch trace`, on
-every kernel from the oldest supported (5.10) to the newest Debian ships.
+every kernel from the oldest supported (5.10) to the newest Debian ships, and an arm64
+binary that does not fail because the guest's binfmt_misc runs it under user-mode QEMU.
 
 Each kernel boots under QEMU with this host's root over 9p (vm.py) and runs guest.py;
 all boot at once, and each test judges one kernel's result.json.
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.kernels.guest import FOREIGN_TRIES, MISSING
+from tests.kernels.guest import EMULATED_TRIES, FOREIGN_TRIES, MISSING
 from tests.kernels.vm import REPO, Boot, Kernel, Vm
 
 RELEASES = ("bullseye", "bookworm", "trixie", "sid")  # dev/fetch-kernels.sh
@@ -108,6 +109,21 @@ def test_missing_library_after_a_successful_exec(run: Run) -> None:
     assert r["exit_code"] == 127 and r["comm"] == "ls"
 
 
+def test_an_emulated_binary_runs_and_is_reported(run: Run) -> None:
+    """qemu-aarch64-static registered in the guest's binfmt_misc runs busybox: each exec
+    succeeds, and trace reports them as Emulated, naming the emulator, counted exactly."""
+    assert run.result["emulator_watched"], run
+    assert run.result["emulated_runs"] == [[0, "emulated\n"]] * EMULATED_TRIES
+    records = run.records("emulated")
+    assert sum(r["count"] for r in records) == EMULATED_TRIES, run
+    for r in records:
+        assert (r["errno"], r["reason"]) == ("EMULATED", "Emulated"), run
+        assert (r["binary_arch"], r["node_arch"]) == ("arm64", "amd64")
+        assert r["interpreter"].endswith("/qemu-aarch64-static")
+    emulated = 'execwatch_kernel_emulated_execs_total{emulated_arch="arm64"}'
+    assert run.count(emulated) == EMULATED_TRIES, run
+
+
 def test_kernel_counts_are_exact(run: Run) -> None:
     """The guest runs nothing else that fails: the kernel's counts are exactly the cases."""
     failures = 'execwatch_kernel_exec_failures_total{errno="%s"}'
@@ -119,7 +135,13 @@ def test_kernel_counts_are_exact(run: Run) -> None:
     by_errno: dict[str, int] = {}
     for r in run.result["records"]:  # --show-not-found: every failure is printed
         by_errno[r["errno"]] = by_errno.get(r["errno"], 0) + r["count"]
-    assert by_errno == {"ENOEXEC": FOREIGN_TRIES, "ENOENT": 2, "EACCES": 1, "EXIT127": 1}
+    assert by_errno == {
+        "ENOEXEC": FOREIGN_TRIES,
+        "ENOENT": 2,
+        "EACCES": 1,
+        "EXIT127": 1,
+        "EMULATED": EMULATED_TRIES,
+    }
 
 
 def test_compat_paths_match_the_kernel(run: Run) -> None:
@@ -138,19 +160,23 @@ def probe_features(stderr: list[str]) -> dict[str, bool]:
 
 SUPPORT_TABLE_DOCS = (REPO / "README.md", REPO / "docs/trace.md")
 SUPPORT_HEADER = (
-    "| Debian | Linux | failures caught and diagnosed | current task | syscall arguments |"
+    "| Debian | Linux | failures caught and diagnosed | emulation detected | current task"
+    " | syscall arguments |"
 )
 
 
 def support_row(run: Run) -> list[str]:
     """The support table's row for one kernel, from what the matrix observed there."""
     features = probe_features(run.result["stderr"])
-    cases = sorted({r["reason"] for case in run.result["cases"] for r in run.records(case)})
+    cases = sorted(
+        {r["reason"] for case in run.result["cases"] for r in run.records(case)} - {"Emulated"}
+    )
     exact = run.count('execwatch_kernel_exec_failures_total{errno="ENOEXEC"}') == FOREIGN_TRIES
     return [
         run.boot.kernel.release,
         ".".join(run.boot.kernel.version.split(".")[:2]),
         ", ".join(cases) + (", exact counts" if exact else ""),
+        emulation_cell(run),
         "`bpf_get_current_task_btf`"
         if features["bpf_get_current_task_btf"]
         else "`bpf_get_current_task` + CO-RE reads",
@@ -158,6 +184,18 @@ def support_row(run: Run) -> list[str]:
         if features["bpf_task_pt_regs"]
         else "saved registers at the top of the kernel stack",
     ]
+
+
+def emulation_cell(run: Run) -> str:
+    """yes (with exact counts) when every emulated exec was reported; else why not, as the
+    probe logged it (`emulated execs not watched`)."""
+    emulated = 'execwatch_kernel_emulated_execs_total{emulated_arch="arm64"}'
+    reported = sum(r["count"] for r in run.records("emulated"))
+    if reported == EMULATED_TRIES:
+        exact = run.result["kernel_counts"].get(emulated) == EMULATED_TRIES
+        return "yes" + (", exact counts" if exact else "")
+    why = [x for x in run.result["stderr"] if "emulated execs not watched" in x]
+    return f"no ({why[0].split('reason=', 1)[-1].strip()})" if why else "no"
 
 
 def documented_rows(doc: Path) -> dict[str, list[str]]:

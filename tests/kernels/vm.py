@@ -1,6 +1,6 @@
 """Boot a Debian kernel under QEMU with this host's root shared read-only over 9p.
 
-The guest's /init (busybox) loads the virtio and 9p modules of that kernel, mounts the
+The guest's /init (busybox) loads the virtio, 9p and binfmt_misc modules of that kernel, mounts the
 host's root at /host, mounts proc, sys, dev, tmpfs, tracefs, bpffs and cgroup2 over
 its directories, and runs one command chrooted there: the repository's own code and
 virtualenv, at the same paths as on the host. A second, writable 9p export carries
@@ -31,6 +31,7 @@ MODULES = (
     "9pnet",
     "9pnet_virtio",
     "9p",
+    "binfmt_misc",  # the guest registers an emulator (tests/kernels/guest.py)
 )
 GUEST_OUT = "/tmp/out"  # where the writable export is mounted, inside the chroot
 GUEST_TMPFS = ("/tmp", "/run")
@@ -52,7 +53,7 @@ class Kernel:
     def fetched(cls, release: str) -> Kernel:
         """A kernel unpacked by dev/fetch-kernels.sh; an AssertionError names what is missing."""
         root = KERNELS / release
-        if not (root / ".complete-v1").exists():
+        if not (root / ".complete-v2").exists():
             raise AssertionError(f"{root} is missing: run dev/fetch-kernels.sh (make test does)")
         version = (root / "version").read_text().strip()
         return cls(release, version, root / "vmlinuz", root / "modules")

@@ -12,33 +12,25 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
-
 from execwatch.nodestack import StackOptions
 from execwatch.pipeline import PipelineOptions
 from execwatch.probe import layout
 from execwatch.probe.loader import ProbeOptions
 from execwatch.record import ExecFailure, Reason
-from tests.binfmt.emulation_env import BinfmtNamespace, aarch64_entry, qemu_aarch64
+from tests.support.emulation import (
+    BinfmtNamespace,
+    aarch64_entry,
+    binfmt_namespace,
+    busybox_arm64,
+    qemu_aarch64,
+)
 from tests.support.node import Running, node_stack
 from tests.support.wait import wait_until
 
+__all__ = ["binfmt_namespace", "busybox_arm64"]  # fixtures
+
 WINDOW_S = 5.0  # long enough for every run of a case to fall in one window
 RUNS = 3
-
-
-@pytest.fixture
-def namespace() -> Iterator[BinfmtNamespace]:
-    ns = BinfmtNamespace.start()
-    try:
-        yield ns
-    finally:
-        ns.stop()
-
-
-@pytest.fixture(scope="module")
-def busybox_arm64(foreign_root: Path) -> Path:
-    return (foreign_root / "arm64" / "root" / "usr" / "bin" / "busybox").resolve()
 
 
 class Traced:
@@ -96,19 +88,19 @@ def for_path(t: Traced, path: Path) -> ExecFailure:
 
 
 def test_an_emulated_binary_is_one_emulated_record_per_window_counted_exactly(
-    namespace: BinfmtNamespace, busybox_arm64: Path, tmp_path: Path
+    binfmt_namespace: BinfmtNamespace, busybox_arm64: Path, tmp_path: Path
 ) -> None:
     qemu = qemu_aarch64()
-    namespace.register(aarch64_entry("qemu-aarch64", qemu, "F"))
+    binfmt_namespace.register(aarch64_entry("qemu-aarch64", qemu, "F"))
     script = tmp_path / "script.sh"
     script.write_text("#!/bin/sh\nexit 0\n")
     script.chmod(0o755)
 
-    with traced(namespace.table) as t:
+    with traced(binfmt_namespace.table) as t:
         assert t.running.probe.emulation_attached
-        runs = [namespace.run(busybox_arm64, "echo", "emulated") for _ in range(RUNS)]
-        native = namespace.run("/bin/true")
-        shebang = namespace.run(script)
+        runs = [binfmt_namespace.run(busybox_arm64, "echo", "emulated") for _ in range(RUNS)]
+        native = binfmt_namespace.run("/bin/true")
+        shebang = binfmt_namespace.run(script)
         record = for_path(t, busybox_arm64)
         t.running.stop_loop()  # flushes the window: every count is in
 
@@ -128,15 +120,15 @@ def test_an_emulated_binary_is_one_emulated_record_per_window_counted_exactly(
 
 
 def test_without_a_foreign_entry_the_program_is_not_attached_and_the_binary_is_foreign(
-    namespace: BinfmtNamespace, busybox_arm64: Path
+    binfmt_namespace: BinfmtNamespace, busybox_arm64: Path
 ) -> None:
-    with traced(namespace.table) as t:
+    with traced(binfmt_namespace.table) as t:
         probe = t.running.probe
         assert probe.emulation.supported, probe.emulation.unsupported
         assert not probe.emulation_attached and probe.emulation.link is None
         assert probe.binfmt_emulators() == ()
 
-        ran = namespace.run(busybox_arm64, "true")
+        ran = binfmt_namespace.run(busybox_arm64, "true")
         record = for_path(t, busybox_arm64)
 
         assert ran.returncode != 0 and "Exec format error" in ran.stderr
@@ -145,29 +137,29 @@ def test_without_a_foreign_entry_the_program_is_not_attached_and_the_binary_is_f
 
 
 def test_the_program_follows_the_table_attached_then_detached(
-    namespace: BinfmtNamespace, busybox_arm64: Path
+    binfmt_namespace: BinfmtNamespace, busybox_arm64: Path
 ) -> None:
-    with traced(namespace.table) as t:
+    with traced(binfmt_namespace.table) as t:
         probe = t.running.probe
-        namespace.register(aarch64_entry("qemu-aarch64", qemu_aarch64(), ""))
+        binfmt_namespace.register(aarch64_entry("qemu-aarch64", qemu_aarch64(), ""))
         probe.refresh_emulators()
         assert probe.emulation_attached
         assert [e.arch for e in probe.binfmt_emulators()] == ["arm64"]
 
-        namespace.write("qemu-aarch64", "-1")
+        binfmt_namespace.write("qemu-aarch64", "-1")
         probe.refresh_emulators()
         assert not probe.emulation_attached
 
-        assert namespace.run(busybox_arm64, "true").returncode != 0
+        assert binfmt_namespace.run(busybox_arm64, "true").returncode != 0
         record = for_path(t, busybox_arm64)
         assert record.diagnosis.reason is Reason.FOREIGN_ARCHITECTURE
 
 
-def test_a_native_entry_is_not_emulation(namespace: BinfmtNamespace) -> None:
+def test_a_native_entry_is_not_emulation(binfmt_namespace: BinfmtNamespace) -> None:
     amd64_magic = r"\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\x3e\x00"
     mask = r"\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff"
-    namespace.register(f":native:M::{amd64_magic}:{mask}:{qemu_aarch64()}:")
-    with traced(namespace.table) as t:
+    binfmt_namespace.register(f":native:M::{amd64_magic}:{mask}:{qemu_aarch64()}:")
+    with traced(binfmt_namespace.table) as t:
         assert t.running.probe.emulation.read_at > 0, "the table was read"
         assert not t.running.probe.emulation_attached
         assert t.running.probe.binfmt_emulators() == ()

@@ -1,7 +1,7 @@
 """`execwatch audit`: which workloads of this cluster would fail on which architectures.
 
 Exit codes as `execwatch scan`: 0 every workload ready wherever it can be scheduled,
-1 some would fail or lack a platform, 2 bad input (cluster or registry unreachable, an
+1 some would fail, lack a platform or run emulated, 2 bad input (cluster or registry unreachable, an
 image that could not be checked).
 """
 
@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from execwatch import cliargs
+from execwatch.audit.emulation import Emulation, emulates
 from execwatch.audit.engine import AuditReport, ImageAuditor, Status, Tick, audit
 from execwatch.audit.inventory import Inventory
 from execwatch.audit.report import print_table, to_json, to_sarif
@@ -47,6 +48,15 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=[],
         metavar="ARCH",
         help="also check this architecture, e.g. for nodes about to be added (arm64)",
+    )
+    p.add_argument(
+        "--emulates",
+        type=emulates,
+        action="append",
+        default=[],
+        metavar="[NODE_ARCH=]ARCH[,ARCH]",
+        help="the nodes (of NODE_ARCH, else all) run ARCH's binaries through a binfmt_misc"
+        " emulator (execwatch_node_binfmt_emulators): such binaries are 'emulated', not failing",
     )
     p.add_argument("--format", choices=["table", "json", "sarif"], default="table")
     p.add_argument("--output", "-o", metavar="FILE", help="write the report here (default stdout)")
@@ -92,11 +102,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _audit(inventory: Inventory, args: argparse.Namespace, err: Console) -> AuditReport:
     auditor = ImageAuditor(registry.options_from(args), Limits(), args.cache_dir)
+    emulation = Emulation.of_options(args.emulates)
     if not args.no_progress and err.is_terminal:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=err, transient=True) as bar:  # fmt: skip
-            return audit(inventory, args.arch, auditor, _progress(bar))
-    return audit(inventory, args.arch, auditor)
+            return audit(inventory, args.arch, auditor, _progress(bar), emulation)
+    return audit(inventory, args.arch, auditor, emulation=emulation)
 
 
 def _describe(exc: BaseException) -> str:

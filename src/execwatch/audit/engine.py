@@ -3,10 +3,16 @@
 A verdict is cached on disk under the image's digest and the platform, so a re-audit only
 scans images that changed; a tag that is not pinned by a running pod costs one manifest
 request to learn its digest.
+
+On nodes that emulate other architectures (`--emulates`, audit/emulation.py), a binary of
+such an architecture runs, slowly, instead of failing: the platform's image is judged a
+second time as that architecture (its loader and libraries must be there too), and a
+verdict whose every failure is such a binary is EMULATED.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import hashlib
@@ -18,11 +24,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from execwatch import __version__
+from execwatch.audit.emulation import Emulation
 from execwatch.audit.inventory import Inventory, Workload
 from execwatch.audit.scheduling import allowed_architectures
 from execwatch.binfmt import Platform
+from execwatch.placement.decision import Outcome
 from execwatch.runnable.limits import Limits
-from execwatch.scan import ScanOptions, scan_image
+from execwatch.scan import Check, ScanOptions, scan_image
 from execwatch.scan.errors import ScanInputError
 from execwatch.scan.isolated import ProcessLimits, run_isolated
 from execwatch.scan.model import Severity
@@ -42,12 +50,15 @@ class Status(enum.IntEnum):
     """Ordered: a workload's status on an architecture is the worst of its containers'."""
 
     READY = 0
-    MISSING_PLATFORM = 1
-    WOULD_FAIL = 2
-    ERROR = 3  # the image could not be checked
+    EMULATED = 1  # runs, slowly, through a binfmt_misc emulator of these nodes
+    MISSING_PLATFORM = 2
+    WOULD_FAIL = 3
+    ERROR = 4  # the image could not be checked
 
     @property
     def label(self) -> str:
+        if self is Status.EMULATED:
+            return str(Outcome.EMULATED)  # placement's word for the same verdict
         return self.name.lower().replace("_", "-")
 
 
@@ -59,6 +70,8 @@ class Verdict:
     findings: list[dict[str, Any]] = field(default_factory=list)
     message: str = ""
     cached: bool = False
+    # EMULATED: the platform's failures that an emulator runs, each with the `arch` it runs as
+    emulated: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -93,6 +106,7 @@ class AuditReport:
     workloads: list[WorkloadResult]
     scanned: int = 0
     from_cache: int = 0
+    emulates: dict[str, list[str]] = field(default_factory=dict)  # arch -> what its nodes emulate
 
     def worst(self) -> Status | None:
         return max((a.status for w in self.workloads for a in w.archs), default=None)
@@ -122,18 +136,61 @@ class ImageAuditor:
         self.scanned = 0
         self.from_cache = 0
 
-    def verdict(self, reference: str, arch: str) -> Verdict:
+    def verdict(self, reference: str, arch: str, emulates: frozenset[str] = frozenset()) -> Verdict:
         """Never raises for one image: whatever stops its check is its ERROR verdict, and
-        the audit goes on with the next (an Exception, not a KeyboardInterrupt)."""
+        the audit goes on with the next (an Exception, not a KeyboardInterrupt). On nodes
+        that emulate `emulates`, failures that are binaries of those run, slowly."""
         platform = Platform("linux", arch)
         try:
             digest = self._digest(reference)
         except Exception as exc:
             return Verdict(Status.ERROR, str(platform), message=_cause(exc))
-        key = (digest, str(platform))
+        verdict = self._judged(reference, digest, platform)
+        if verdict.status is not Status.WOULD_FAIL or not emulates:
+            return verdict
+        return self._emulated(reference, digest, verdict, platform, emulates)
+
+    def _judged(
+        self, reference: str, digest: str, platform: Platform, as_arch: str = ""
+    ) -> Verdict:
+        """The verdict of the image for `platform`, its tree judged as `as_arch` if given."""
+        key = (digest, _key(platform, as_arch))
         if key not in self.memo:
-            self.memo[key] = self._load(digest, platform) or self._scan(reference, digest, platform)
+            self.memo[key] = self._load(digest, key[1]) or self._scan(
+                reference, digest, platform, as_arch
+            )
         return self.memo[key]
+
+    def _emulated(
+        self,
+        reference: str,
+        digest: str,
+        verdict: Verdict,
+        platform: Platform,
+        emulates: frozenset[str],
+    ) -> Verdict:
+        """Which foreign binaries of a WOULD_FAIL verdict an emulator runs: those with no
+        failure when the same tree is judged as an emulated architecture."""
+        foreign = {f["path"] for f in verdict.findings if f["check"] == Check.ARCH_MISMATCH}
+        runs: dict[str, str] = {}
+        for arch in sorted(emulates):
+            left = foreign - runs.keys()
+            if not left:
+                break
+            judged = self._judged(reference, digest, platform, arch)
+            if judged.status in (Status.READY, Status.WOULD_FAIL):
+                failing = {f["path"] for f in judged.findings}
+                runs.update({path: arch for path in left - failing})
+        if not runs:
+            return verdict
+
+        def emulated(f: dict[str, Any]) -> bool:
+            return f["check"] == Check.ARCH_MISMATCH and f["path"] in runs
+
+        findings = [f for f in verdict.findings if not emulated(f)]
+        ran = [{**f, "arch": runs[f["path"]]} for f in verdict.findings if emulated(f)]
+        status = Status.WOULD_FAIL if findings else Status.EMULATED
+        return dataclasses.replace(verdict, status=status, findings=findings, emulated=ran)
 
     def _digest(self, reference: str) -> str:
         ref = Reference.parse(reference)
@@ -144,16 +201,19 @@ class ImageAuditor:
             self.resolved[reference] = (client, top, digest)
         return self.resolved[reference][2]
 
-    def _scan(self, reference: str, digest: str, platform: Platform) -> Verdict:
+    def _scan(self, reference: str, digest: str, platform: Platform, as_arch: str) -> Verdict:
+        key = _key(platform, as_arch)
         try:
             image = self._select(reference, digest, platform)
             if isinstance(image, Verdict):
                 return image
+            if as_arch:
+                image, platform = judged_as(image, as_arch), Platform("linux", as_arch)
             options = ScanOptions(limits=self.limits)
             scan_one = functools.partial(scan_image, image, options, platform)
-            result = run_isolated(scan_one, self.process, f"{reference} ({platform})")
+            result = run_isolated(scan_one, self.process, f"{reference} ({key})")
         except Exception as exc:  # RecursionError, MemoryError, a bug: this image's ERROR
-            return Verdict(Status.ERROR, str(platform), digest, message=_cause(exc))
+            return Verdict(Status.ERROR, key, digest, message=_cause(exc))
         self.scanned += 1
         failing = [f for f in result.findings if f.severity >= Severity.ERROR]
         verdict = Verdict(
@@ -166,7 +226,7 @@ class ImageAuditor:
                 for f in failing
             ],
         )  # fmt: skip
-        self._store(digest, platform, verdict)
+        self._store(digest, key, verdict)
         return verdict
 
     def _select(self, reference: str, digest: str, platform: Platform) -> ImageSource | Verdict:
@@ -183,18 +243,18 @@ class ImageAuditor:
         have = ", ".join(sorted({str(i.platform or i.config_platform()) for i in images}))
         verdict = Verdict(Status.MISSING_PLATFORM, str(platform), digest,
                           message=f"the image has no {platform} (it has: {have})")  # fmt: skip
-        self._store(digest, platform, verdict)
+        self._store(digest, str(platform), verdict)
         return verdict
 
     # -- the result cache --------------------------------------------------------------
 
-    def _path(self, digest: str, platform: Platform) -> str:
-        name = hashlib.sha256(f"{__version__}\0{digest}\0{platform}".encode()).hexdigest()
+    def _path(self, digest: str, key: str) -> str:
+        name = hashlib.sha256(f"{__version__}\0{digest}\0{key}".encode()).hexdigest()
         return os.path.join(self.cache_dir, name + ".json")
 
-    def _load(self, digest: str, platform: Platform) -> Verdict | None:
+    def _load(self, digest: str, key: str) -> Verdict | None:
         try:
-            with open(self._path(digest, platform), encoding="utf-8") as f:
+            with open(self._path(digest, key), encoding="utf-8") as f:
                 doc = json.load(f)
             verdict = Verdict(**{**doc, "status": Status[doc["status"]], "cached": True})
         except (OSError, ValueError, TypeError, KeyError):
@@ -202,7 +262,7 @@ class ImageAuditor:
         self.from_cache += 1
         return verdict
 
-    def _store(self, digest: str, platform: Platform, verdict: Verdict) -> None:
+    def _store(self, digest: str, key: str, verdict: Verdict) -> None:
         """Best effort: a cache that cannot be written costs a re-scan next time, no more."""
         doc = {**asdict(verdict), "status": verdict.status.name}
         del doc["cached"]
@@ -211,9 +271,21 @@ class ImageAuditor:
             fd, tmp = tempfile.mkstemp(dir=self.cache_dir, prefix=".part-")
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(doc, f)
-            os.replace(tmp, self._path(digest, platform))
+            os.replace(tmp, self._path(digest, key))
         except OSError:
             return
+
+
+def _key(platform: Platform, as_arch: str) -> str:
+    """What a verdict is cached under: the platform, and the architecture it was judged as."""
+    return f"{platform} as linux/{as_arch}" if as_arch else str(platform)
+
+
+def judged_as(image: ImageSource, arch: str) -> ImageSource:
+    """The same layers, stated as `arch`: how an emulator of `arch` sees the tree (the
+    binaries of `arch` and their loaders and libraries run; the others do not)."""
+    config = {k: v for k, v in image.config.items() if k not in ("architecture", "variant")}
+    return dataclasses.replace(image, platform=Platform("linux", arch), config=config)
 
 
 def _cause(exc: Exception) -> str:
@@ -242,8 +314,10 @@ def audit(
     planned: list[str],
     auditor: ImageAuditor,
     progress: Callable[[int], Tick] | None = None,
+    emulation: Emulation | None = None,
 ) -> AuditReport:
     archs = target_architectures(inventory, planned)
+    emulation = emulation or Emulation()
     plan: list[tuple[Workload, list[str]]] = []
     for w in inventory.workloads:
         plan.append((w, sorted(allowed_architectures(w.pod_spec, set(archs)))))
@@ -258,11 +332,12 @@ def audit(
             verdicts = []
             for c in w.containers:
                 for ref in c.references:
-                    verdicts.append(ContainerVerdict(c.name, c.image, ref, c.init,
-                                                     auditor.verdict(ref, arch)))  # fmt: skip
+                    verdict = auditor.verdict(ref, arch, emulation.of(arch))
+                    verdicts.append(ContainerVerdict(c.name, c.image, ref, c.init, verdict))
                     if tick is not None and (ref, arch) not in done:
                         done.add((ref, arch))
                         tick(f"{ref} {arch}")
             arch_results.append(ArchResult(arch, verdicts))
         results.append(WorkloadResult(w, arch_results, sorted(set(archs) - set(allowed))))
-    return AuditReport(archs, results, auditor.scanned, auditor.from_cache)
+    emulates = {a: sorted(emulation.of(a)) for a in archs if emulation.of(a)}
+    return AuditReport(archs, results, auditor.scanned, auditor.from_cache, emulates)

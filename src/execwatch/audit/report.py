@@ -8,6 +8,7 @@ reach the terminal as rich Text, never as markup.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -20,6 +21,7 @@ from execwatch.text import safe_name, safe_prose, terminal_text
 
 STYLE = {
     Status.READY: "green",
+    Status.EMULATED: "cyan",
     Status.MISSING_PLATFORM: "yellow",
     Status.WOULD_FAIL: "bold red",
     Status.ERROR: "magenta",
@@ -36,14 +38,29 @@ def summary(c: ContainerVerdict) -> str:
         return f"{name}: no {safe_name(v.platform)} in the image"
     if v.status is Status.ERROR:
         return f"{name}: not checked ({safe_prose(v.message)})"
-    first = v.findings[0]
+    if v.status is Status.EMULATED:
+        return f"{name}: {_first(v.emulated, _emulated_as)}"
+    return f"{name}: {_first(v.findings, lambda f: str(f['check']))}"
+
+
+def _emulated_as(f: dict[str, Any]) -> str:
+    return f"{Status.EMULATED.label} ({f['arch']})"
+
+
+def _first(findings: list[dict[str, Any]], what: Callable[[dict[str, Any]], str]) -> str:
+    """The entrypoint's finding, else the first: its path, ★ for the entrypoint, `what` it
+    is, and how many more there are."""
+    first = next((f for f in findings if f["entrypoint"]), findings[0])
     star = " ★" if first["entrypoint"] else ""
-    more = f" (+{len(v.findings) - 1})" if len(v.findings) > 1 else ""
-    return f"{name}: {safe_name(first['path'])}{star} {safe_name(first['check'])}{more}"
+    more = f" (+{len(findings) - 1})" if len(findings) > 1 else ""
+    return f"{safe_name(first['path'])}{star} {safe_name(what(first))}{more}"
 
 
 def _finding(f: dict[str, Any]) -> dict[str, Any]:
-    return {**f, "path": safe_name(f["path"]), "message": safe_prose(f["message"])}
+    out = {**f, "path": safe_name(f["path"]), "message": safe_prose(f["message"])}
+    if "arch" in f:
+        out["arch"] = safe_name(f["arch"])
+    return out
 
 
 def print_table(report: AuditReport, console: Console) -> None:
@@ -51,7 +68,10 @@ def print_table(report: AuditReport, console: Console) -> None:
     table = Table(title="Migration readiness", title_justify="left")
     table.add_column("workload")
     for arch in archs:
-        table.add_column(terminal_text(f"{arch} ({report.architectures[arch]})"))
+        emulates = (
+            ", emulates " + ",".join(report.emulates[arch]) if arch in report.emulates else ""
+        )
+        table.add_column(terminal_text(f"{arch} ({report.architectures[arch]}{emulates})"))
     for w in report.workloads:
         cells = {a: Text("not scheduled here", "dim") for a in w.unschedulable}
         for a in w.archs:
@@ -78,6 +98,7 @@ def to_json(report: AuditReport) -> str:
     doc: dict[str, Any] = {
         "tool": f"execwatch audit {__version__}",
         "architectures": {safe_name(a): safe_prose(n) for a, n in report.architectures.items()},
+        "emulates": {safe_name(a): [safe_name(e) for e in em] for a, em in report.emulates.items()},
         "scanned": report.scanned,
         "fromCache": report.from_cache,
         "workloads": [
@@ -100,6 +121,7 @@ def to_json(report: AuditReport) -> str:
                                 "status": c.verdict.status.label,
                                 "message": safe_prose(c.verdict.message),
                                 "findings": [_finding(f) for f in c.verdict.findings],
+                                "emulated": [_finding(f) for f in c.verdict.emulated],
                             }
                             for c in a.containers
                         ],
@@ -114,10 +136,15 @@ def to_json(report: AuditReport) -> str:
 
 
 RULES = {
+    Status.EMULATED: "binaries of another architecture that these nodes run, slowly, through a"
+    " binfmt_misc emulator (they fail where it is not registered)",
     Status.MISSING_PLATFORM: "the image index has no manifest for this node architecture",
     Status.WOULD_FAIL: "a binary of the image would fail to start on this architecture",
     Status.ERROR: "the image could not be checked",
 }
+
+
+LEVEL = {Status.EMULATED: "warning", Status.MISSING_PLATFORM: "warning"}
 
 
 def to_sarif(report: AuditReport) -> str:
@@ -132,10 +159,12 @@ def to_sarif(report: AuditReport) -> str:
                 text = f"{key} on {safe_name(a.arch)}: {summary(c)}"
                 if v.findings:
                     text += " — " + safe_prose(v.findings[0]["message"])
+                elif v.status is Status.EMULATED:
+                    text += " — " + RULES[Status.EMULATED]
                 results.append(
                     {
                         "ruleId": f"audit/{v.status.label}",
-                        "level": "warning" if v.status is Status.MISSING_PLATFORM else "error",
+                        "level": LEVEL.get(v.status, "error"),
                         "message": {"text": text},
                         "locations": [
                             {"logicalLocations": [{"fullyQualifiedName": key, "kind": "resource"}]}

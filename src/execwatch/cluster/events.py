@@ -3,7 +3,9 @@
 A series is one (pod UID, container, reason, path, binary arch): its Event note is fixed
 (events.k8s.io makes the note immutable after create), and each further record only
 patches `series.count` and `series.lastObservedTime`. A crash loop therefore stays ONE
-Event whose count grows, as client-go's event recorder does for isomorphic events.
+Event whose count grows, as client-go's event recorder does for isomorphic events. An
+exec that a binfmt_misc emulator ran (Emulated) did not fail: its series, one per pod and
+binary like the others, says what ran it, in the diagnosis's words (diagnosis/wording.py).
 
 Idempotence across restarts and failover: the Event carries the names and UIDs of the
 last records folded into it (annotation `execwatch.io/records`). A handler that re-reads
@@ -29,6 +31,7 @@ from execwatch.cluster.crd import Record
 from execwatch.cluster.pods import Pod
 from execwatch.cluster.rest import MERGE_PATCH, Rest, path
 from execwatch.cluster.safe import fit_bytes, is_label_value, printable
+from execwatch.diagnosis import wording
 from execwatch.record import Reason
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,8 @@ def event_reason(reason: Reason) -> str:
 
 def note_for(rec: Record) -> str:
     """The Event message: which binary, its architecture against the node's, which container."""
+    if rec.reason is Reason.EMULATED:
+        return _fit(_emulated_note(rec))
     arch = (
         f"a {rec.binary_arch} binary on a {rec.node_arch} node"
         if rec.binary_arch
@@ -68,7 +73,17 @@ def note_for(rec: Record) -> str:
     parts.append(f"node {rec.node}")
     if rec.detail:
         parts.append(rec.detail)
-    return fit_bytes(printable("; ".join(parts), 4 * NOTE_LIMIT), NOTE_LIMIT)
+    return _fit("; ".join(parts))
+
+
+def _emulated_note(rec: Record) -> str:
+    """An exec that succeeded: what ran it, never "could not exec"."""
+    how = wording.emulated(rec.binary_arch, rec.interpreter, rec.node_arch)
+    return f'container "{rec.container or "?"}" ran {rec.path}: {how}; node {rec.node}'
+
+
+def _fit(note: str) -> str:
+    return fit_bytes(printable(note, 4 * NOTE_LIMIT), NOTE_LIMIT)
 
 
 def series_name(rec: Record, pod_name: str, pod_uid: str) -> str:

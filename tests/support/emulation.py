@@ -1,11 +1,15 @@
-"""A binfmt_misc table of its own: a user and mount namespace (Linux 6.7+ gives each user
-namespace its own binfmt_misc), with Debian's user-mode QEMU registered in it. The host's
-table is never touched."""
+"""A binfmt_misc table of its own, with Debian's user-mode QEMU registered in it, and the
+arm64 binary it runs: what every emulation test (binfmt, probe, cluster) starts from.
+
+The table lives in a user and mount namespace (Linux 6.7+ gives each user namespace its
+own binfmt_misc), so the host's table is never touched. A test module takes the fixtures
+by importing them (`binfmt_namespace`, `busybox_arm64`)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +24,7 @@ AARCH64_MASK = r"\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xf
 
 
 def qemu_aarch64() -> Path:
+    """Debian's qemu-aarch64-static, fetched (never installed) by dev/fetch-emulators.sh."""
     binary = EMULATORS / "qemu-aarch64-static"
     if not (EMULATORS / ".complete-v1").exists():
         pytest.fail(f"{binary} is missing: run dev/fetch-emulators.sh (make test does)")
@@ -27,6 +32,7 @@ def qemu_aarch64() -> Path:
 
 
 def aarch64_entry(name: str, interpreter: Path, flags: str) -> str:
+    """The `register` line of an aarch64 entry running `interpreter` with `flags`."""
     return f":{name}:M::{AARCH64_MAGIC}:{AARCH64_MASK}:{interpreter}:{flags}"
 
 
@@ -49,6 +55,7 @@ class BinfmtNamespace:
         line = process.stdout.readline()
         if line != b"ready\n":
             process.kill()
+            process.wait()
             pytest.fail(f"cannot mount binfmt_misc in a user namespace (Linux 6.7+): {line!r}")
         return cls(process)
 
@@ -76,3 +83,20 @@ class BinfmtNamespace:
     def stop(self) -> None:
         self.process.kill()
         self.process.wait()
+
+
+@pytest.fixture
+def binfmt_namespace() -> Iterator[BinfmtNamespace]:
+    """A fresh, empty table for one test."""
+    ns = BinfmtNamespace.start()
+    try:
+        yield ns
+    finally:
+        ns.stop()
+
+
+@pytest.fixture(scope="module")
+def busybox_arm64(foreign_root: Path) -> Path:
+    """Debian's arm64 busybox (dev/fetch-foreign.sh), symlinks resolved: the path the kernel
+    records for its exec."""
+    return (foreign_root / "arm64" / "root" / "usr" / "bin" / "busybox").resolve()
