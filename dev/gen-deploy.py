@@ -6,6 +6,7 @@
 
 Sources -> generated:
   deploy/base/crd.yaml                    -> charts/execwatch/files/crd.yaml
+  deploy/placement/imageverdict-crd.yaml  -> charts/execwatch/files/imageverdict-crd.yaml
   deploy/base/rbac-*.yaml, optional/      -> charts/execwatch/files/rbac-rules.yaml
   deploy/prometheus/execwatch-rules.yaml  -> charts/execwatch/files/execwatch-rules.yaml
   dev/gen_dashboard.py                    -> deploy/grafana/execwatch.json
@@ -40,6 +41,7 @@ KUSTOMIZE = REPO / "deploy" / "kustomize"
 RULES = REPO / "deploy" / "prometheus" / "execwatch-rules.yaml"
 DASHBOARD = REPO / "deploy" / "grafana" / "execwatch.json"
 SECCOMP = REPO / "deploy" / "seccomp" / "execwatch-agent.json"
+VERDICT_CRD = REPO / "deploy" / "placement" / "imageverdict-crd.yaml"
 NAMESPACE = "execwatch"
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion); helm template
 # would otherwise assume v1.20.
@@ -63,6 +65,10 @@ COMPONENTS: dict[str, tuple[list[str], str]] = {
     "metrics-auth": (
         ["metricsAuth.enabled=true"],
         "authenticated metrics over HTTPS (TokenReview + SubjectAccessReview, docs/metrics.md)",
+    ),
+    "placement": (
+        ["placement.enabled=true"],
+        "placement by binary truth: webhook, controller, ImageVerdict CRD (docs/placement.md)",
     ),
     "seccomp-localhost": (
         ["agent.seccomp.type=Localhost"],
@@ -233,6 +239,8 @@ def wanted() -> dict[Path, str]:
         DASHBOARD: gen_dashboard.render(),
         FILES / "crd.yaml": HEADER.format(src="deploy/base/crd.yaml")
         + (BASE / "crd.yaml").read_text(),
+        FILES / "imageverdict-crd.yaml": HEADER.format(src="deploy/placement/imageverdict-crd.yaml")
+        + VERDICT_CRD.read_text(),
         FILES / "rbac-rules.yaml": rbac_rules(),
         FILES / "execwatch-rules.yaml": RULES.read_text(),
         FILES / "execwatch.json": gen_dashboard.render(),

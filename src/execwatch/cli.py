@@ -18,6 +18,7 @@ COMMANDS = {
     "audit": "execwatch.audit.cli",
     "agent": "execwatch.cluster.cli",
     "handler": "execwatch.cluster.cli",
+    "placement": "execwatch.placement.cli",
 }
 
 

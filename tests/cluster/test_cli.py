@@ -40,6 +40,8 @@ def test_handler_flags_and_defaults() -> None:
     assert args.pod_label_metric and not args.no_label_pods
     assert args.namespace == "execwatch" and args.identity
     assert args.metrics_address == ("0.0.0.0", 9090) and args.workers == 16
+    assert not args.placement_feedback
+    assert parser().parse_args(["handler", "--placement-feedback"]).placement_feedback
 
 
 def test_agent_flags_and_defaults() -> None:

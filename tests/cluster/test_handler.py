@@ -491,3 +491,79 @@ def test_a_rotated_token_file_is_read_again_without_a_restart(
         assert err.value.status == 401
         token_file.write_text(kube.service_account_token(*HANDLER_SA))
         assert rest.call("GET", "/api")["kind"] == "APIVersions"
+
+
+# -- placement feedback (--placement-feedback) -------------------------------------------
+
+IMAGE_VERDICT_CRD = Path(__file__).resolve().parents[2] / "deploy/placement/imageverdict-crd.yaml"
+# What the handler's ServiceAccount gets for placement feedback (the chart's and the
+# placement component's rules).
+FEEDBACK_RBAC = Path(__file__).resolve().parents[2] / "deploy/base/optional/placement-feedback.yaml"
+
+
+def placement_feedback_rules() -> list[dict[str, Any]]:
+    import yaml
+
+    role = next(
+        d for d in yaml.safe_load_all(FEEDBACK_RBAC.read_text()) if d["kind"] == "ClusterRole"
+    )
+    return list(role["rules"])
+
+
+@pytest.fixture
+def feedback_rbac(admin: client.ApiClient) -> Any:
+    import yaml
+
+    from tests.kube.cluster import apply
+
+    apply(admin, [yaml.safe_load(IMAGE_VERDICT_CRD.read_text())])
+    rbac = client.RbacAuthorizationV1Api(admin)
+    name = f"execwatch-handler-placement-{uuid.uuid4().hex[:6]}"
+    rbac.create_cluster_role({"metadata": {"name": name}, "rules": placement_feedback_rules()})
+    subject = {"kind": "ServiceAccount", "name": HANDLER_SA[1], "namespace": HANDLER_SA[0]}
+    rbac.create_cluster_role_binding({
+        "metadata": {"name": name}, "subjects": [subject],
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+    })  # fmt: skip
+    yield
+    rbac.delete_cluster_role_binding(name)
+    rbac.delete_cluster_role(name)
+
+
+def test_with_placement_feedback_a_platform_failure_becomes_an_observed_verdict(
+    admin: client.ApiClient,
+    agent_api: client.ApiClient,
+    start_handler: StartHandler,
+    make_pod: PodFactory,
+    namespace: str,
+    feedback_rbac: None,
+) -> None:
+    digest = "sha256:" + "5e" * 32
+    pod = make_pod()
+    meta = pod["metadata"]
+    pulled = {"name": "app", "imageID": f"registry.example/app@{digest}"}  # merged by name
+    client.CoreV1Api(admin).patch_namespaced_pod_status(
+        meta["name"], namespace, {"status": {"containerStatuses": [pulled]}}
+    )
+    handler = start_handler(placement_feedback=True)
+
+    publish(agent_api, exec_failure(pod=pod, count=2))  # arm64 binary on an amd64 node
+    publish(agent_api, exec_failure(pod=pod, reason=Reason.MISSING_LIBRARY, path="/bin/x"))
+    wait_until(drained(admin, handler))
+
+    got = client.CustomObjectsApi(admin).get_cluster_custom_object(
+        "execwatch.io", "v1alpha1", "imageverdicts", digest.replace(":", "-")
+    )
+    [seen] = got["status"]["platforms"]
+    assert (seen["platform"], seen["outcome"], seen["source"]) == (
+        "linux/amd64",
+        "fails",
+        "observed",
+    )
+    assert seen["why"][0].startswith("ForeignArchitecture: /usr/local/bin/server")
+    assert (
+        sample(handler, "execwatch_verdict_writes_total", source="observed", result="written") == 1
+    )
+    client.CustomObjectsApi(admin).delete_cluster_custom_object(
+        "execwatch.io", "v1alpha1", "imageverdicts", got["metadata"]["name"]
+    )

@@ -401,7 +401,11 @@ def test_handler_security_context_is_what_restricted_asks() -> None:
 
 
 # deploy/base/optional: rendered only with agent.podMetadata=api, metricsAuth.enabled.
-OPTIONAL_RBAC = ("execwatch-agent-pod-reader", "execwatch-metrics-auth")
+OPTIONAL_RBAC = (
+    "execwatch-agent-pod-reader",
+    "execwatch-metrics-auth",
+    "execwatch-handler-placement-feedback",
+)
 
 
 def _rbac(docs: list[Doc]) -> dict[tuple[str, str], Any]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from prometheus_client import CollectorRegistry
@@ -11,6 +11,11 @@ from prometheus_client import CollectorRegistry
 from execwatch.cluster.metrics import HandlerMetrics, PublisherMetrics
 from execwatch.cluster.metricsauth import AuthMetrics
 from execwatch.metrics import NodeMetrics, ServerMetrics
+from execwatch.placement.cli import PlacementMetrics
+from execwatch.placement.expiry import VerdictExpiry
+from execwatch.placement.mitigate import MitigateMetrics
+from execwatch.placement.serving import webhook_drops
+from execwatch.placement.verdicts import VerdictMetrics
 from execwatch.record import Reason
 from tests.deploy.chart import REPO, base_docs, find, pod_spec, render
 from tests.deploy.test_dashboard import _Probe
@@ -26,6 +31,11 @@ def families() -> dict[str, tuple[str, set[str]]]:
     HandlerMetrics(registry=registry)
     ServerMetrics(registry)
     AuthMetrics(registry)
+    PlacementMetrics(registry)
+    VerdictMetrics(registry=registry)
+    MitigateMetrics(registry=registry)
+    VerdictExpiry(rest=cast(Any, None), registry=registry)  # its counter, no API call
+    webhook_drops(registry)
     out: dict[str, tuple[str, set[str]]] = {}
     for family in registry.collect():
         name = family.name + ("_total" if family.type == "counter" else "")

@@ -9,6 +9,8 @@ from typing import Any
 
 from kubernetes import client
 
+from execwatch.cluster import kubeapi
+from execwatch.cluster.rest import Rest
 from execwatch.placement.webhook import MODE_LABEL
 
 OWN_NAMESPACE = "execwatch"
@@ -45,6 +47,14 @@ def _webhook(kind: str, url: str, bundle: dict[str, str], modes: list[str]) -> d
         "timeoutSeconds": 5,
         "admissionReviewVersions": ["v1"],
     }  # fmt: skip
+
+
+def rest_for(api: client.ApiClient) -> Rest:
+    """Placement's own client (`cluster.rest` on lightkube's configuration) with the same
+    server, CA and bearer token as the tests' official client `api`."""
+    cfg = api.configuration
+    token = str(cfg.api_key["authorization"]).removeprefix("Bearer ")
+    return Rest(kubeapi.config_for(str(cfg.host), str(cfg.ssl_ca_cert), token))
 
 
 def namespace(api: client.ApiClient, mode: str | None, prefix: str = "team") -> str:

@@ -1,6 +1,8 @@
 """The placement tests run against the real API server of tests/kube, with the gate
 webhook served from this process on loopback behind TLS and registered with a
-MutatingWebhookConfiguration as the chart registers it."""
+MutatingWebhookConfiguration as the chart registers it. The code under test talks to the
+API server with its own client (`cluster.rest` on lightkube's configuration: `rest`);
+the tests read and write with the official client (`admin`), their independent oracle."""
 
 from __future__ import annotations
 
@@ -11,15 +13,23 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from execwatch.cluster.rest import Rest
 from execwatch.placement.serving import WebhookServer
 from execwatch.placement.webhook import http_handler
-from tests.kube.cluster import KubeCluster, make_pki
+from tests.kube.cluster import ADMIN_TOKEN, KubeCluster, make_pki
 from tests.kube.fixtures import admin, kube
 from tests.placement.cluster import OWN_NAMESPACE, configuration
 from tests.registry.fixtures import pushed, registry
 from tests.scan.conftest import built, host_glibc, host_musl
 
 __all__ = ["admin", "built", "host_glibc", "host_musl", "kube", "pushed", "registry"]
+
+
+@pytest.fixture
+def rest(kube: KubeCluster) -> Iterator[Rest]:
+    """Placement's own client, with the tests' admin credentials."""
+    with Rest(kube.lightkube_config(ADMIN_TOKEN)) as made:
+        yield made
 
 
 @pytest.fixture(scope="module")

@@ -13,12 +13,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from execwatch.cluster.rest import Rest
 from execwatch.placement.affinity import ARCH_LABEL, NO_ARCH_LABEL
 from execwatch.placement.controller import Placer, VerdictUnavailable
 from execwatch.placement.decision import ContainerVerdict, Outcome
 from execwatch.placement.webhook import GATE, GATED_LABEL
-from tests.placement.cluster import create_pod, gates, namespace
+from tests.placement.cluster import create_pod, gates, namespace, rest_for
 
 R, F = Outcome.RUNS, Outcome.FAILS
 
@@ -56,7 +55,7 @@ class Seen:
 @pytest.fixture
 def placer(admin: client.ApiClient) -> Iterator[tuple[Placer, Scripted, Seen]]:
     source, seen = Scripted(), Seen()
-    yield Placer(Rest(admin), source, lambda: ("amd64", "arm64"), seen), source, seen
+    yield Placer(rest_for(admin), source, lambda: ("amd64", "arm64"), seen), source, seen
 
 
 def stored(api: client.ApiClient, pod: dict[str, Any]) -> dict[str, Any]:

@@ -8,34 +8,61 @@ from __future__ import annotations
 
 import base64
 import json
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
-from execwatch.cluster.rest import Rest
 from execwatch.placement.affinity import ARCH_LABEL
 from execwatch.placement.controller import Placer
+from execwatch.placement.decision import Outcome
+from execwatch.placement.observed import Feedback
 from execwatch.placement.pullsecrets import PullSecrets
 from execwatch.placement.scanned import ScannedVerdicts
+from execwatch.placement.verdicts import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    ImageVerdict,
+    PlatformVerdict,
+    VerdictMetrics,
+    VerdictStore,
+    VerdictWriter,
+)
 from execwatch.runnable.limits import Limits
 from execwatch.scan.registry import RegistryOptions
-from tests.placement.cluster import create_pod, gates, namespace
+from tests.placement.cluster import create_pod, gates, namespace, rest_for
+from tests.placement.observedpods import record_of, running_pod
 from tests.placement.test_controller import Seen, events, required_terms, stored
+from tests.placement.test_verdicts import crd, store
 from tests.registry.fixtures import arm64_root
 from tests.registry.server import PASSWORD, USER, Registry
 from tests.scan.imagebuild import Image, file, oci_layout, symlink
 from tests.scan.test_checks import glibc_base
+from tests.support.wait import wait_until
+
+__all__ = ["crd", "store"]
 
 ARCHES = ("amd64", "arm64")
 AMD64_ONLY = [{"matchExpressions": [{"key": ARCH_LABEL, "operator": "In", "values": ["amd64"]}]}]
 
 
-def placer(admin: client.ApiClient, registry: Registry, tmp: Path, strict: bool = False) -> Placer:
+def placer(
+    admin: client.ApiClient,
+    registry: Registry,
+    tmp: Path,
+    strict: bool = False,
+    writer: VerdictWriter | None = None,
+    fresh_for: float = 86400.0,
+) -> Placer:
     options = RegistryOptions(ca_file=str(registry.ca), cache_dir=str(tmp / "cache"))
-    rest = Rest(admin)
-    source = ScannedVerdicts(PullSecrets(rest), options, Limits(), lambda: ARCHES, strict)
+    rest = rest_for(admin)
+    source = ScannedVerdicts(
+        PullSecrets(rest), options, Limits(), lambda: ARCHES, strict, writer, fresh_for
+    )
     return Placer(rest, source, lambda: ARCHES, Seen())
 
 
@@ -254,3 +281,140 @@ def test_an_unreachable_registry_ungates_the_pod_unchanged(
     [(kind, reason, note)] = events(admin, now)
     assert (kind, reason) == ("Warning", "PlacementSkipped")
     assert note.startswith("placed without a verdict: ") and "127.0.0.1:1" in note
+
+
+# -- the ImageVerdict store: scans written, read first, observed failures deciding ------
+
+
+@pytest.fixture
+def writer(store: VerdictStore) -> Iterator[VerdictWriter]:
+    w = VerdictWriter(store, VerdictMetrics())
+    w.start()
+    yield w
+    w.stop()
+
+
+def the_verdict(store: VerdictStore, writer: VerdictWriter, image: str) -> ImageVerdict:
+    """The one ImageVerdict written for `image`, once the writer is done."""
+    wait_until(writer.lane.idle)
+    items = store.rest.call("GET", f"/apis/{GROUP}/{VERSION}/{PLURAL}")["items"]
+    [digest] = [i["spec"]["digest"] for i in items if i["spec"]["image"] == image]
+    got = store.get(digest)
+    assert got is not None
+    return got
+
+
+def reads(writer: VerdictWriter, result: str) -> float:
+    value = writer.metrics.registry.get_sample_value(
+        "execwatch_verdict_reads_total", {"result": result}
+    )
+    return value or 0.0
+
+
+def test_a_scan_of_what_the_image_starts_is_written_to_its_verdict(
+    registered: object,
+    admin: client.ApiClient,
+    registry: Registry,
+    pushed: dict[str, str],
+    store: VerdictStore,
+    writer: VerdictWriter,
+    tmp_path: Path,
+) -> None:
+    ns, secrets = enforced(admin, registry)
+    pod = create_pod(admin, ns, imagePullSecrets=secrets, containers=[
+        {"name": "app", "image": pushed["hello"]}])  # fmt: skip
+
+    placer(admin, registry, tmp_path, writer=writer).handle(pod)
+
+    got = the_verdict(store, writer, pushed["hello"])
+    assert {p: (v.outcome, v.source) for p, v in got.platforms.items()} == {
+        "linux/amd64": (Outcome.RUNS, "scan"), "linux/arm64": (Outcome.RUNS, "scan"),
+    }  # fmt: skip
+    assert got.last_used is not None and abs(got.last_used - time.time()) < 60
+
+
+def test_a_pod_that_starts_something_else_writes_no_verdict(
+    registered: object,
+    admin: client.ApiClient,
+    registry: Registry,
+    toolbox: str,
+    store: VerdictStore,
+    writer: VerdictWriter,
+    tmp_path: Path,
+) -> None:
+    ns, secrets = enforced(admin, registry)
+    app = {"name": "app", "image": toolbox, "command": ["/usr/bin/tool"]}
+    pod = create_pod(admin, ns, imagePullSecrets=secrets, containers=[app])
+
+    outcome = placer(admin, registry, tmp_path, writer=writer).handle(pod)
+
+    assert outcome is not None and outcome.action == "place"
+    wait_until(writer.lane.idle)
+    assert store.rest.call("GET", f"/apis/{GROUP}/{VERSION}/{PLURAL}")["items"] == []
+
+
+@pytest.mark.parametrize("age", [0.0, 2 * 86400.0])
+def test_a_fresh_stored_verdict_decides_without_a_scan_a_stale_one_does_not(
+    registered: object,
+    admin: client.ApiClient,
+    registry: Registry,
+    pushed: dict[str, str],
+    store: VerdictStore,
+    writer: VerdictWriter,
+    tmp_path: Path,
+    age: float,
+) -> None:
+    ns, secrets = enforced(admin, registry)
+    spec = {"imagePullSecrets": secrets, "containers": [{"name": "app", "image": pushed["hello"]}]}
+    placer(admin, registry, tmp_path, writer=writer).handle(create_pod(admin, ns, **spec))
+    digest = the_verdict(store, writer, pushed["hello"]).digest
+    # A scan verdict that says arm64 fails, `age` seconds old: a scan would say it runs.
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - age))
+    says = PlatformVerdict("linux/arm64", Outcome.FAILS, "scan", stamp, ("/usr/bin/hello: x",), 1)
+    store.record(digest, pushed["hello"], [says])
+
+    again = create_pod(admin, ns, metadata={"name": "q"}, **spec)
+    outcome = placer(admin, registry, tmp_path, writer=writer).handle(again)  # an empty memo
+
+    assert outcome is not None
+    if age == 0.0:  # both platforms from the store: no scan at all
+        assert outcome.action == "place" and required_terms(stored(admin, again)) == AMD64_ONLY
+        assert "/usr/bin/hello: x" in outcome.message and reads(writer, "fresh") == 2
+    else:  # amd64 from the store (written by the first pod), arm64 scanned again
+        assert outcome.action == "leave" and reads(writer, "fresh") == 1
+
+
+def test_an_observed_failure_sends_new_pods_of_the_digest_elsewhere(
+    registered: object,
+    admin: client.ApiClient,
+    registry: Registry,
+    pushed: dict[str, str],
+    store: VerdictStore,
+    writer: VerdictWriter,
+    tmp_path: Path,
+) -> None:
+    ns, secrets = enforced(admin, registry)
+    spec = {"imagePullSecrets": secrets, "containers": [{"name": "app", "image": pushed["hello"]}]}
+    first = placer(admin, registry, tmp_path, writer=writer).handle(create_pod(admin, ns, **spec))
+    assert first is not None and first.action == "leave"  # the scan: runs on both
+    digest = the_verdict(store, writer, pushed["hello"]).digest
+    # The pod ran on an arm64 node and its container failed there, a binary from a volume.
+    ran = running_pod(admin, ns, f"{pushed['hello'].rsplit(':', 1)[0]}@{digest}", name="ran")
+    feedback = Feedback(rest_for(admin))
+    feedback.start()
+    feedback.offer(record_of(ran, node_arch="arm64", path="/data/tool"))
+    wait_until(feedback.idle)
+    feedback.stop()
+
+    command = {"name": "app", "image": pushed["hello"], "command": ["/usr/bin/hello"]}
+    new = create_pod(admin, ns, metadata={"name": "new"}, imagePullSecrets=secrets,
+                     containers=[command])  # fmt: skip
+    outcome = placer(admin, registry, tmp_path, writer=writer).handle(new)
+
+    assert outcome is not None and outcome.action == "place", outcome
+    assert required_terms(stored(admin, new)) == AMD64_ONLY
+    assert "arm64: container 'app'" in outcome.message
+    assert "observed failing on a node: ForeignArchitecture: /data/tool" in outcome.message
+    assert reads(writer, "observed") == 1
+    got = store.get(digest)
+    assert got is not None and got.platforms["linux/arm64"].source == "observed"

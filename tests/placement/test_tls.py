@@ -15,13 +15,19 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from execwatch.cluster.rest import Rest
 from execwatch.placement.certs import SERVING_LIFETIME
 from execwatch.placement.serving import WebhookServer
 from execwatch.placement.tls import CertFiles, CertRotator
 from execwatch.placement.webhook import GATE, http_handler
 from tests.kube.cluster import free_port
-from tests.placement.cluster import OWN_NAMESPACE, configuration, create_pod, gates, namespace
+from tests.placement.cluster import (
+    OWN_NAMESPACE,
+    configuration,
+    create_pod,
+    gates,
+    namespace,
+    rest_for,
+)
 
 NAMES = ["localhost"]
 
@@ -65,7 +71,7 @@ def env(admin: client.ApiClient, tmp_path: Path) -> Iterator[Env]:
     config = configuration(port, None, name, host="localhost")
     admission = client.AdmissionregistrationV1Api(admin)
     admission.create_mutating_webhook_configuration(config)
-    made = Env(admin, CertRotator(Rest(admin), "execwatch", name, name, NAMES), files, port)
+    made = Env(admin, CertRotator(rest_for(admin), "execwatch", name, name, NAMES), files, port)
     try:
         yield made
     finally:

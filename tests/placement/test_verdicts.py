@@ -14,7 +14,6 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from execwatch.cluster.rest import Rest
 from execwatch.placement.decision import Outcome
 from execwatch.placement.verdicts import (
     GROUP,
@@ -25,6 +24,7 @@ from execwatch.placement.verdicts import (
     object_name,
 )
 from tests.kube.cluster import KubeCluster, apply
+from tests.placement.cluster import rest_for
 
 CRD = Path(__file__).resolve().parents[2] / "deploy" / "placement" / "imageverdict-crd.yaml"
 DIGEST = "sha256:" + "ab" * 32
@@ -43,7 +43,7 @@ def crd(kube: KubeCluster) -> None:
 
 @pytest.fixture
 def store(crd: None, admin: client.ApiClient) -> Iterator[VerdictStore]:
-    yield VerdictStore(Rest(admin), time.time)
+    yield VerdictStore(rest_for(admin), time.time)
     custom = client.CustomObjectsApi(admin)
     for item in custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]:
         custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, item["metadata"]["name"])

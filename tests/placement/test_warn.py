@@ -12,13 +12,19 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from execwatch.cluster.rest import Rest
 from execwatch.placement.controller import Placer
 from execwatch.placement.serving import WebhookServer
 from execwatch.placement.warnmode import WarnWorker
 from execwatch.placement.webhook import GATED_LABEL, http_handler
 from tests.kube.cluster import make_pki
-from tests.placement.cluster import OWN_NAMESPACE, configuration, create_pod, gates, namespace
+from tests.placement.cluster import (
+    OWN_NAMESPACE,
+    configuration,
+    create_pod,
+    gates,
+    namespace,
+    rest_for,
+)
 from tests.placement.test_controller import F, R, Scripted, Seen, stored
 from tests.support.wait import wait_until
 
@@ -32,7 +38,7 @@ def warned(admin: client.ApiClient, tmp_path: Path) -> Iterator[Seen]:
     make_pki(tmp_path)
     seen = Seen()
     source = Scripted(by_image={"r.example/app:1": (R, F)})
-    worker = WarnWorker(Placer(Rest(admin), source, lambda: ("amd64", "arm64"), seen))
+    worker = WarnWorker(Placer(rest_for(admin), source, lambda: ("amd64", "arm64"), seen))
     server = WebhookServer(
         ("127.0.0.1", 0),
         http_handler(OWN_NAMESPACE, worker.submit),

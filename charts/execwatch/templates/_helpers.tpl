@@ -1,6 +1,7 @@
 {{/* Names are fixed: deploy/base's RBAC names the ServiceAccounts and the Lease. */}}
 {{- define "execwatch.agentName" -}}execwatch-agent{{- end -}}
 {{- define "execwatch.handlerName" -}}execwatch-handler{{- end -}}
+{{- define "execwatch.placementName" -}}execwatch-placement{{- end -}}
 
 {{- define "execwatch.image" -}}
 {{- $tag := .Values.image.tag | default .Chart.AppVersion -}}

@@ -11,6 +11,7 @@ import os
 import socket
 import ssl
 import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,7 +41,7 @@ def api_config(kubeconfig: str | None) -> Any:
     return rest.load_config(kubeconfig)
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def common_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube)")
     p.add_argument(
         "--namespace",
@@ -79,7 +80,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `agent` and `handler` on the top-level `execwatch` parser."""
     a = subparsers.add_parser("agent", help="node agent: probe + attribution + publisher (root)")
-    _common(a)
+    common_flags(a)
     a.add_argument(
         "--node",
         type=cliargs.dns_subdomain,
@@ -138,7 +139,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     a.set_defaults(func=run_agent)
 
     h = subparsers.add_parser("handler", help="turn records into Events, pod labels, metrics")
-    _common(h)
+    common_flags(h)
     h.add_argument(
         "--identity",
         default=f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}",
@@ -168,17 +169,26 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     h.add_argument(
         "--workers", type=cliargs.Count(1, 256), default=16, help="records handled in parallel"
     )
+    h.add_argument(
+        "--placement-feedback",
+        action="store_true",
+        help="write platform-class failures as observed ImageVerdicts and evict pods that "
+        "keep failing in execwatch.io/placement=mitigate namespaces (docs/placement.md)",
+    )
     h.set_defaults(func=run_handler)
 
 
-def _refused(message: str) -> int:
+def refused(message: str) -> int:
     """A start-up refusal: one line on stderr, exit 2."""
     print(f"execwatch: {one_line(message)}", file=sys.stderr)
     return 2
 
 
-def _metrics_server(
-    args: argparse.Namespace, registry: CollectorRegistry, health: HealthCheck | None = None
+def metrics_server(
+    args: argparse.Namespace,
+    registry: CollectorRegistry,
+    health: HealthCheck | None = None,
+    readiness: HealthCheck | None = None,
 ) -> BoundedServer:
     """The metrics port: plain, TLS, or TLS with authenticated scrapes. ValueError: a
     refusal to print."""
@@ -205,7 +215,9 @@ def _metrics_server(
             raise ValueError(f"--metrics-auth: no API server credentials: {exc}") from None
         guard = MetricsAuth(api, registry, config).answer
     try:
-        return serve(args.metrics_address, registry, health, guard=guard, tls=tls)
+        return serve(
+            args.metrics_address, registry, health, guard=guard, tls=tls, readiness=readiness
+        )
     except OSError as exc:
         raise ValueError(f"--metrics-address: {exc.strerror or exc}") from None
 
@@ -229,15 +241,16 @@ def run_handler(args: argparse.Namespace) -> int:
                 retry_period=args.retry_period,
                 label_pods=not args.no_label_pods,
                 workers=args.workers,
+                placement_feedback=args.placement_feedback,
             ),
             api_config(args.kubeconfig),
             metrics,
         )
-        server = _metrics_server(args, registry)
+        server = metrics_server(args, registry)
     except ValueError as exc:  # LeaseConfig: retry < renew < lease; the metrics port
-        return _refused(str(exc))
+        return refused(str(exc))
     except Exception as exc:  # lightkube's ConfigError: no or a broken kubeconfig
-        return _refused(f"no API server credentials: {exc}")
+        return refused(f"no API server credentials: {exc}")
     with stop_on_signals() as stop:
         handler.start()
         log.info("handler started", extra={"kv": {"identity": args.identity}})
@@ -253,17 +266,27 @@ def run_agent(args: argparse.Namespace) -> int:
 
     registry = CollectorRegistry()
     heartbeat = Heartbeat()  # /healthz: the consume loop goes round
+    tracing = threading.Event()  # /readyz: the probe is loaded and attached
+
+    def readiness() -> str | None:
+        return None if tracing.is_set() else "the probe is not loaded yet"
+
     try:
-        server = _metrics_server(args, registry, heartbeat.problem)
+        server = metrics_server(args, registry, heartbeat.problem, readiness)
     except ValueError as exc:
-        return _refused(str(exc))
+        return refused(str(exc))
     try:
-        return _agent(args, registry, heartbeat)
+        return _agent(args, registry, heartbeat, tracing)
     finally:
         server.shutdown()
 
 
-def _agent(args: argparse.Namespace, registry: CollectorRegistry, heartbeat: Heartbeat) -> int:
+def _agent(
+    args: argparse.Namespace,
+    registry: CollectorRegistry,
+    heartbeat: Heartbeat,
+    tracing: threading.Event,
+) -> int:
     from execwatch.attribution import Attributor
     from execwatch.cluster import agent, kubeapi
     from execwatch.cluster.spool import Spool, SpoolError
@@ -274,9 +297,9 @@ def _agent(args: argparse.Namespace, registry: CollectorRegistry, heartbeat: Hea
         api = kubeapi.client(args.kubeconfig)
         spool = Spool(Path(args.spool_dir), args.spool_owner) if args.spool_dir else None
     except SpoolError as exc:
-        return _refused(f"{exc} (--spool-dir '' keeps it in memory)")
+        return refused(f"{exc} (--spool-dir '' keeps it in memory)")
     except Exception as exc:  # lightkube's ConfigError, a missing kubeconfig
-        return _refused(f"no API server credentials: {exc}")
+        return refused(f"no API server credentials: {exc}")
     publisher = Publisher(
         PublisherConfig(
             node=args.node,
@@ -301,10 +324,11 @@ def _agent(args: argparse.Namespace, registry: CollectorRegistry, heartbeat: Hea
                 attributor,
                 stop,
                 registry=registry,
+                ready=tracing,
                 heartbeat=heartbeat,
             )
     except (ProbeError, OSError, ValueError) as exc:
-        return _refused(str(exc))
+        return refused(str(exc))
     finally:
         publisher.stop(handover_at=handover)
     return 0

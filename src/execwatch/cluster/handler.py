@@ -16,6 +16,10 @@ For each record, in this order:
    another admission webhook or RBAC refuses it: permanent errors are not retried);
 5. delete the record with a UID precondition; the delete that removes it counts it.
 
+With `placement_feedback`, each counted record of a platform-class failure is also offered
+to placement's feedback (placement/observed.py): a bounded queue and a thread of its own,
+never waited on here.
+
 Exactly once: only one delete of a record can remove it. A delete whose answer is lost
 (no answer, 500, 504) may have removed it: the record is remembered as "unsure" and
 resolved by whatever comes first, the watch's DELETED event, the retried delete's 404,
@@ -37,7 +41,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from execwatch.cluster import crd, errors
 from execwatch.cluster.events import DuplicateRecord, EventConflict, EventWriter, event_reason
@@ -48,6 +52,9 @@ from execwatch.cluster.rest import Rest
 from execwatch.cluster.watcher import WatchConfig, Watcher, records_path
 from execwatch.cluster.workqueue import WorkQueue
 from execwatch.record import Reason
+
+if TYPE_CHECKING:
+    from execwatch.placement.observed import Feedback
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +81,7 @@ class HandlerConfig:
     workers: int = 16  # records handled in parallel (API round trips dominate)
     list_page: int = 50  # records per list call: a page stays small in a 256 Mi pod
     max_attempts: int = 8  # failures not due to the API before a record counts as invalid
+    placement_feedback: bool = False  # observed verdicts and mitigation (placement/observed.py)
 
 
 class Retry(Exception):
@@ -151,10 +159,18 @@ class Handler:
         self._term_threads: list[threading.Thread] = []
         self._busy = 0
         self.handled = 0
+        self.feedback: Feedback | None = None
+        if cfg.placement_feedback:
+            from execwatch.placement.observed import Feedback, FeedbackConfig
+
+            config = FeedbackConfig(own_namespace=cfg.namespace)
+            self.feedback = Feedback(self.rest, config, self.metrics.registry, wall=self.wall)
 
     # -- lifecycle -------------------------------------------------------------------
 
     def start(self) -> None:
+        if self.feedback is not None:
+            self.feedback.start()
         t = threading.Thread(
             target=self.elector.run, args=(self._stop,), name="execwatch-lease", daemon=True
         )
@@ -167,12 +183,15 @@ class Handler:
         self.watcher.interrupt()
         for t in self._threads:
             t.join(timeout=10)
+        if self.feedback is not None:
+            self.feedback.stop()
 
     def idle(self) -> bool:
         """Nothing queued, being handled or unsure (tests and benchmarks wait on it)."""
         with self._lock:
             busy = self._busy + len(self._unsure)
-        return busy == 0 and len(self.queue) == 0
+        feedback = self.feedback is None or self.feedback.idle()
+        return busy == 0 and len(self.queue) == 0 and feedback
 
     def _on_leader_change(self, leading: bool) -> None:
         self.metrics.leader.set(1 if leading else 0)
@@ -323,6 +342,8 @@ class Handler:
         }
         self.metrics.count_failures(labels, rec.count)
         self.metrics.latency.observe(max(0.0, self.wall() - rec.last_seen))
+        if self.feedback is not None:
+            self.feedback.offer(rec)
         self._done(rec, "handled")
 
     def _unattributed(self, rec: crd.Record, cause: str) -> None:
@@ -402,9 +423,10 @@ class Handler:
         return True
 
     def _label(self, rec: crd.Record, pod: Pod) -> None:
-        if rec.reason is Reason.UNDIAGNOSED and pod.label:
+        if rec.reason in (Reason.UNDIAGNOSED, Reason.EMULATED) and pod.label:
             # An earlier failure already named its cause: keep it. A crash-looping
-            # container can be gone, rootfs and all, before its next failure is diagnosed.
+            # container can be gone, rootfs and all, before its next failure is diagnosed,
+            # and an emulated exec that ran is no news next to one that failed.
             return
         self._fence()
         try:

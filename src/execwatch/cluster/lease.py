@@ -65,14 +65,12 @@ class LeaseElector:
     """Campaigns for a Lease until stopped; `leading` is set while we hold it."""
 
     config: LeaseConfig
-    rest: Rest  # placement still hands an official-client ApiClient: wrapped in a Rest
+    rest: Rest
     on_change: Callable[[bool], None] = lambda leading: None
     clock: Callable[[], float] = time.monotonic
     leading: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.rest, Rest):
-            self.rest = Rest(self.rest, timeout=self.config.request_timeout, pool=2)
         self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
         self._observed_at = 0.0
         self._renewed_at = 0.0

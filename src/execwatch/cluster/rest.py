@@ -60,9 +60,8 @@ class Rest:
         import httpx2
         from lightkube.config.client_adapter import ConnectionParams
 
-        kube = _from_api_client(self.kube) if hasattr(self.kube, "configuration") else self.kube
         params = ConnectionParams(timeout=httpx2.Timeout(self.timeout)).httpx_params(
-            kube.get(self.context)
+            self.kube.get(self.context)
         )
         limits = httpx2.Limits(max_connections=None, max_keepalive_connections=self.pool)
         self._http = httpx2.Client(**params, limits=limits)
@@ -136,32 +135,6 @@ class Rest:
         """A GET whose body is read as it comes (a watch)."""
         t = self._timeout(timeout[1], connect=timeout[0])
         return Stream(self._send(self._request("GET", url_path, query, None, JSON, t), True))
-
-
-def _from_api_client(api_client: Any) -> Any:
-    """The server, CA, client certificate and bearer token of an official-client ApiClient
-    as a KubeConfig: placement's callers still hand one (its tests' admin client)."""
-    from lightkube import KubeConfig
-
-    cfg = api_client.configuration
-    cluster: dict[str, Any] = {"server": str(cfg.host)}
-    if cfg.ssl_ca_cert:
-        cluster["certificate-authority"] = cfg.ssl_ca_cert
-    cluster["insecure-skip-tls-verify"] = not cfg.verify_ssl
-    user: dict[str, Any] = {}
-    bearer = (cfg.auth_settings().get("BearerToken") or {}).get("value")
-    if bearer:
-        user["token"] = str(bearer).removeprefix("Bearer ")
-    if cfg.cert_file:
-        user["client-certificate"], user["client-key"] = cfg.cert_file, cfg.key_file
-    return KubeConfig.from_dict(
-        {
-            "clusters": [{"name": "c", "cluster": cluster}],
-            "users": [{"name": "u", "user": user}],
-            "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-            "current-context": "x",
-        }
-    )
 
 
 def _head(resp: Any) -> bytes:

@@ -161,26 +161,44 @@ class Placer:
         self._post(subject, reason, message, warning)
 
     def _post(self, subject: Mapping[str, str], reason: str, message: str, warning: bool) -> None:
-        now = datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        body = {
-            "apiVersion": "events.k8s.io/v1",
-            "kind": "Event",
-            "metadata": {"name": f"{subject['name'][:200]}.placement-{uuid.uuid4().hex[:10]}"},
-            "eventTime": now,
-            "type": "Warning" if warning else "Normal",
-            "reason": reason,
-            "action": "Place",
-            "note": fit_bytes(printable(message, 4 * NOTE_LIMIT), NOTE_LIMIT),
-            "reportingController": REPORTING_CONTROLLER,
-            "reportingInstance": REPORTING_CONTROLLER,
-            "regarding": dict(subject),
-        }
-        namespace = subject["namespace"]
-        events = path("apis", "events.k8s.io", "v1", "namespaces", namespace, "events")
-        try:
-            self.rest.call("POST", events, body=body)
-        except errors.ApiError as err:  # the decision stands without its Event
-            log.warning("placement event not written", extra={"kv": errors.as_dict(err)})
+        post_event(self.rest, subject, Note(reason, message, warning, "Place"), self.clock)
+
+
+@dataclass(frozen=True)
+class Note:
+    """What an Event of placement says: its reason, message, type and action."""
+
+    reason: str
+    message: str
+    warning: bool
+    action: str
+
+
+def post_event(
+    rest: Rest, subject: Mapping[str, str], note: Note, clock: Callable[[], float]
+) -> None:
+    """An events.k8s.io Event from placement about `subject` (a pod, or its controller);
+    an Event that cannot be written is logged, and what it reports stands without it."""
+    now = datetime.fromtimestamp(clock(), UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    body = {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"name": f"{subject['name'][:200]}.placement-{uuid.uuid4().hex[:10]}"},
+        "eventTime": now,
+        "type": "Warning" if note.warning else "Normal",
+        "reason": note.reason,
+        "action": note.action,
+        "note": fit_bytes(printable(note.message, 4 * NOTE_LIMIT), NOTE_LIMIT),
+        "reportingController": REPORTING_CONTROLLER,
+        "reportingInstance": REPORTING_CONTROLLER,
+        "regarding": dict(subject),
+    }
+    namespace = subject["namespace"]
+    events = path("apis", "events.k8s.io", "v1", "namespaces", namespace, "events")
+    try:
+        rest.call("POST", events, body=body)
+    except errors.ApiError as err:
+        log.warning("placement event not written", extra={"kv": errors.as_dict(err)})
 
 
 def ungate_patch(pod: Mapping[str, Any], affinity: dict[str, Any] | None) -> list[dict[str, Any]]:

@@ -3,7 +3,8 @@
 Only the replica holding the Lease writes. On becoming leader it lists every gated pod,
 so whatever an old leader left gated is placed (or, past its budget, ungated) by the new
 one. A pod whose patch fails is retried with its own backoff; a pod that no longer
-carries the gate (placed by another, deleted) is dropped.
+carries the gate (placed by another, deleted) is dropped. When placement itself is
+removed (`ungate_all`), every gated pod is ungated unchanged, so none is left behind.
 """
 
 from __future__ import annotations
@@ -17,15 +18,18 @@ from typing import Any
 
 from execwatch.cluster import errors
 from execwatch.cluster.lease import LeaseConfig, LeaseElector
-from execwatch.cluster.rest import path
+from execwatch.cluster.rest import Rest, path
 from execwatch.cluster.watcher import WatchConfig, Watcher
 from execwatch.cluster.workqueue import WorkQueue, by_namespace_and_name
+from execwatch.placement.affinity import ARCH_LABEL
 from execwatch.placement.controller import Placer
-from execwatch.placement.webhook import GATED_LABEL, GATED_VALUE
+from execwatch.placement.webhook import GATE, GATED_LABEL, GATED_VALUE
 
 log = logging.getLogger(__name__)
 
 MAX_REFUSALS = 3
+PODS = path("api", "v1", "pods")
+GATED = f"{GATED_LABEL}={GATED_VALUE}"
 
 
 @dataclass(frozen=True)
@@ -45,9 +49,10 @@ class ControllerConfig:
 @dataclass
 class PlacementController:
     config: ControllerConfig
-    api_client: Any  # kubernetes.client.ApiClient
-    placer: Placer
+    placer: Placer  # its `rest` also carries the watch and the Lease
     api_errors: Any  # a prometheus Counter with labels (verb, code)
+    # more work for the leader only, each run in a thread of its own until its term ends
+    leader_tasks: list[Callable[[threading.Event], None]] = field(default_factory=list)
     clock: Callable[[], float] = time.monotonic
     _stop: threading.Event = field(default_factory=threading.Event)
     _term: threading.Event = field(default_factory=threading.Event)
@@ -59,8 +64,8 @@ class PlacementController:
         self.watcher = Watcher(
             WatchConfig(
                 namespace=cfg.lease.namespace,
-                resource=path("api", "v1", "pods"),
-                label_selector=f"{GATED_LABEL}={GATED_VALUE}",
+                resource=PODS,
+                label_selector=GATED,
                 request_timeout=cfg.request_timeout,
                 list_page=100,
             ),
@@ -71,7 +76,7 @@ class PlacementController:
         )
         self.elector = LeaseElector(
             cfg.lease,
-            self.api_client,
+            self.placer.rest,
             on_change=self._on_leader_change,
             clock=self.clock,
         )
@@ -86,6 +91,33 @@ class PlacementController:
         for t in self._threads:
             t.join(timeout=10)
 
+    def ungate_all(self, cause: str) -> int:
+        """Lift the gate of every gated pod, unchanged, saying `cause`: placement is being
+        removed and no replica will place them. The number of pods ungated."""
+        done, token = 0, ""
+        while True:
+            query: dict[str, str | int] = {"labelSelector": GATED, "limit": 100}
+            if token:
+                query["continue"] = token
+            page = self.placer.rest.call("GET", PODS, query=query)
+            for pod in page.get("items") or []:
+                done += self._ungate(pod, cause)
+            token = str((page.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return done
+
+    def _ungate(self, pod: dict[str, Any], cause: str) -> int:
+        spec, meta = pod.get("spec") or {}, pod.get("metadata") or {}
+        gated = any(g.get("name") == GATE for g in spec.get("schedulingGates") or [])
+        if not gated or meta.get("deletionTimestamp"):
+            return 0
+        try:
+            self.placer.fail_open(pod, cause)
+        except errors.ApiError as err:  # placed or changed meanwhile: its patch test failed
+            log.info("not ungated", extra={"kv": errors.as_dict(err)})
+            return 0
+        return 1
+
     def _on_leader_change(self, leading: bool) -> None:
         if not leading:
             self._term.set()
@@ -97,6 +129,8 @@ class PlacementController:
         self._spawn(self.watcher.run, self._term, "placement-watch")
         for i in range(self.config.workers):
             self._spawn(self._work, self._term, f"placement-{i}")
+        for i, task in enumerate(self.leader_tasks):
+            self._spawn(task, self._term, f"placement-leader-{i}")
 
     def _spawn(
         self, target: Callable[[threading.Event], None], term: threading.Event, name: str
@@ -139,3 +173,43 @@ class PlacementController:
         delay = self.queue.retry_delay(key, self.config.retry_initial, self.config.retry_max)
         log.info("will retry pod", extra={"kv": {"pod": key, **errors.as_dict(err)}})
         self.queue.add(pod, delay=errors.delay(err, delay))
+
+
+@dataclass
+class NodeArches:
+    """The `kubernetes.io/arch` values of the cluster's nodes, listed at most once per
+    `ttl` seconds. A failed list keeps the last answer for another `ttl`; with none yet,
+    the error goes to the caller (the pod is retried)."""
+
+    rest: Rest
+    ttl: float = 60.0
+    clock: Callable[[], float] = time.monotonic
+    _arches: tuple[str, ...] | None = None
+    _at: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self) -> tuple[str, ...]:
+        with self._lock:
+            if self._arches is None or self.clock() - self._at >= self.ttl:
+                try:
+                    self._arches, self._at = self._list(), self.clock()
+                except errors.ApiError as err:
+                    if self._arches is None:
+                        raise
+                    self._at = self.clock()  # the last answer stands for another ttl
+                    log.info("node list failed", extra={"kv": errors.as_dict(err)})
+            return self._arches
+
+    def _list(self) -> tuple[str, ...]:
+        found: set[str] = set()
+        token = ""
+        while True:
+            query: dict[str, str | int] = {"labelSelector": ARCH_LABEL, "limit": 500}
+            if token:
+                query["continue"] = token
+            page = self.rest.call("GET", path("api", "v1", "nodes"), query=query)
+            for node in page.get("items") or []:
+                found.add(str(((node.get("metadata") or {}).get("labels") or {})[ARCH_LABEL]))
+            token = str((page.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return tuple(sorted(found))

@@ -7,6 +7,12 @@ program the container starts (started.py) is the Entrypoint of one scan of that
 platform's image, in a process of its own; its findings decide, other binaries' findings
 are reported and decide only with `strict`. Verdicts are memoised per image digest,
 platform and programs.
+
+With a `VerdictWriter`, the ImageVerdict of the resolved digest is read first: an observed
+failure on a platform decides it for every container of that digest; a scan verdict
+younger than `fresh_for` saves the scan of a container that starts what the image starts
+by default (no `command`, `args`, `env` nor `workingDir`), the only start a verdict per
+digest describes. Such scans are written back, off the placement path.
 """
 
 from __future__ import annotations
@@ -21,10 +27,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from execwatch.binfmt import Platform
+from execwatch.cluster import errors
+from execwatch.cluster.crd import parse_time
 from execwatch.placement.controller import VerdictUnavailable
 from execwatch.placement.decision import ContainerVerdict, Outcome
 from execwatch.placement.pullsecrets import PullSecrets
 from execwatch.placement.started import Started, Unresolved, started
+from execwatch.placement.verdicts import (
+    DIGEST,
+    ImageVerdict,
+    PlatformVerdict,
+    VerdictWriter,
+    Write,
+    now_rfc3339,
+)
+from execwatch.placement.verdicts import MAX_WHY as STORED_WHY
 from execwatch.runnable.limits import Limits
 from execwatch.scan import Check, ScanOptions, Severity, scan_image
 from execwatch.scan.errors import ScanInputError
@@ -35,9 +52,40 @@ from execwatch.text import one_line
 
 MAX_WHY = 3
 MEMO_SIZE = 1024
+READ_TIMEOUT = 2.0  # seconds for the ImageVerdict read; past it the pod is scanned
+TOUCH_EVERY = 3600.0  # seconds: lastUsed of a verdict that decides is renewed this often
 
 # (path, message, whether the pod starts it): one failing binary on one platform
 Seen = tuple[str, str, bool]
+
+
+@dataclass(frozen=True)
+class Target:
+    """One container's image as resolved for its pod, and the digest's stored verdict."""
+
+    image: str
+    digest: str  # sha256 of what the reference resolved to, '' when it is not one
+    images: list[ImageSource]
+    book: ImageVerdict | None
+
+
+@dataclass
+class _Verdict:
+    """A ContainerVerdict being filled in, one architecture at a time."""
+
+    container: str
+    image: str
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    why: dict[str, str] = field(default_factory=dict)
+    reported: dict[str, str] = field(default_factory=dict)
+
+    def set(self, arch: str, outcome: Outcome, why: str) -> None:
+        self.outcomes[arch] = outcome
+        if why:
+            self.why[arch] = why
+
+    def done(self) -> ContainerVerdict:
+        return ContainerVerdict(self.container, self.image, self.outcomes, self.why, self.reported)
 
 
 @dataclass
@@ -47,46 +95,112 @@ class ScannedVerdicts:
     limits: Limits
     arches: Callable[[], Iterable[str]]
     strict: bool = False
+    writer: VerdictWriter | None = None  # the ImageVerdict store: read first, scans written
+    fresh_for: float = 86400.0  # seconds a stored scan verdict saves a scan
     memo: OrderedDict[tuple[str, str, Started], list[Seen]] = field(default_factory=OrderedDict)
+    _touched: OrderedDict[str, float] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)  # the controller's workers
 
     def judge(
         self, pod: Mapping[str, Any], container: Mapping[str, Any], deadline: float
     ) -> ContainerVerdict:
         image = str(container.get("image") or "")
-        name = str(container.get("name") or "")
         with self.secrets.files(pod) as files:
             timeout = min(self.registry.timeout, max(1.0, deadline - time.time()))
             options = dataclasses.replace(self.registry, config_files=files, timeout=timeout)
-            images = self._images(image, options)
-        outcomes: dict[str, Outcome] = {}
-        why: dict[str, str] = {}
-        reported: dict[str, str] = {}
+            images, digest = self._images(image, options)
+        verdict = _Verdict(str(container.get("name") or ""), image)
+        book = self._book(digest, deadline)
         for arch in self.arches():
-            platform = Platform("linux", arch)
-            chosen = _select(images, platform)
-            if chosen is None:
-                outcomes[arch], why[arch] = Outcome.FAILS, f"the image has no {platform}"
-                continue
-            try:
-                programs = started(container, chosen.config)
-            except Unresolved as exc:
-                outcomes[arch], why[arch] = Outcome.UNKNOWN, str(exc)
-                continue
-            seen = self._scan(image, chosen, platform, programs, deadline)
-            deciding = [s for s in seen if s[2] or self.strict]
-            others = [s for s in seen if not (s[2] or self.strict)]
-            outcomes[arch] = Outcome.FAILS if deciding else Outcome.RUNS
-            if deciding:
-                why[arch] = _lines(deciding)
-            if others:
-                reported[arch] = _lines(others)
-        return ContainerVerdict(name, image, outcomes, why, reported)
+            self._judge_arch(
+                verdict, Target(image, digest, images, book), container, arch, deadline
+            )
+        return verdict.done()
 
-    def _images(self, image: str, options: RegistryOptions) -> list[ImageSource]:
+    def _judge_arch(
+        self,
+        verdict: _Verdict,
+        target: Target,
+        container: Mapping[str, Any],
+        arch: str,
+        deadline: float,
+    ) -> None:
+        platform = Platform("linux", arch)
+        seen_failing = _observed(target.book, str(platform))
+        if seen_failing is not None:
+            self._used(target, "observed")
+            verdict.set(arch, Outcome.FAILS, seen_failing)
+            return
+        chosen = _select(target.images, platform)
+        if chosen is None:
+            verdict.set(arch, Outcome.FAILS, f"the image has no {platform}")
+            return
+        try:
+            programs = started(container, chosen.config)
+        except Unresolved as exc:
+            verdict.set(arch, Outcome.UNKNOWN, str(exc))
+            return
+        default = not self.strict and _is_default(programs, chosen.config)
+        stored = self._fresh(target.book, str(platform)) if default else None
+        if stored is not None:
+            self._used(target, "fresh")
+            verdict.set(arch, stored.outcome, _stored_lines(stored))
+            return
+        seen, scanned = self._scan(target.image, chosen, platform, programs, deadline)
+        deciding = [s for s in seen if s[2] or self.strict]
+        others = [s for s in seen if not (s[2] or self.strict)]
+        verdict.set(arch, Outcome.FAILS if deciding else Outcome.RUNS, _lines(deciding))
+        if others:
+            verdict.reported[arch] = _lines(others)
+        if default and scanned:
+            self._write_scan(target, str(platform), deciding)
+
+    def _book(self, digest: str, deadline: float) -> ImageVerdict | None:
+        """The digest's ImageVerdict, or None: none, no store, or unreadable in time."""
+        if self.writer is None or not digest:
+            return None
+        try:
+            timeout = min(READ_TIMEOUT, max(0.1, deadline - time.time()))
+            return self.writer.store.get(digest, timeout=timeout)
+        except (errors.ApiError, ValueError):
+            self.writer.metrics.reads.labels("failed").inc()
+            return None
+
+    def _fresh(self, book: ImageVerdict | None, platform: str) -> PlatformVerdict | None:
+        found = book.platforms.get(platform) if book is not None else None
+        if found is None or found.source != "scan" or found.outcome is Outcome.UNKNOWN:
+            return None
+        written = parse_time(found.time)
+        return found if written is not None and time.time() - written < self.fresh_for else None
+
+    def _used(self, target: Target, how: str) -> None:
+        """Count the read that decided, and renew the verdict's lastUsed now and then."""
+        assert self.writer is not None and target.book is not None
+        self.writer.metrics.reads.labels(how).inc()
+        now = time.time()
+        last = max(target.book.last_used or 0.0, self._touched.get(target.digest, 0.0))
+        if now - last < TOUCH_EVERY:
+            return
+        with self._lock:
+            self._touched[target.digest] = now
+            while len(self._touched) > MEMO_SIZE:
+                self._touched.popitem(last=False)
+        self.writer.offer(Write(target.digest, target.image, (), "touch"))
+
+    def _write_scan(self, target: Target, platform: str, deciding: list[Seen]) -> None:
+        if self.writer is None or not target.digest:
+            return
+        outcome = Outcome.FAILS if deciding else Outcome.RUNS
+        why = tuple(f"{path}: {message}" for path, message, _ in deciding[:STORED_WHY])
+        now = now_rfc3339(time.time)
+        news = (PlatformVerdict(platform, outcome, "scan", now, why, len(deciding)),)
+        self.writer.offer(Write(target.digest, target.image, news, "scan"))
+
+    def _images(self, image: str, options: RegistryOptions) -> tuple[list[ImageSource], str]:
+        """The image's platform images, and the digest it resolved to ('' if not sha256)."""
         try:
             client, top, digest = resolve(image, options, self.limits)
-            return images_of(client, top, digest)
+            return images_of(client, top, digest), _sha256(digest)
         except ScanInputError as exc:
             raise VerdictUnavailable(one_line(str(exc))) from None
         except Exception as exc:  # a bug or a hostile answer: fail open, never stuck
@@ -94,12 +208,13 @@ class ScannedVerdicts:
 
     def _scan(
         self, label: str, image: ImageSource, platform: Platform, programs: Started, deadline: float
-    ) -> list[Seen]:
+    ) -> tuple[list[Seen], bool]:
+        """What fails among what `programs` start, and whether it was scanned now."""
         key = (str(image.digest or label), str(platform), programs)
         with self._lock:
             if key in self.memo:
                 self.memo.move_to_end(key)
-                return self.memo[key]
+                return self.memo[key], False
         left = deadline - time.time()
         if left <= 0:
             raise VerdictUnavailable("no verdict before the pod's deadline")
@@ -112,7 +227,7 @@ class ScannedVerdicts:
             self.memo[key] = seen
             while len(self.memo) > MEMO_SIZE:
                 self.memo.popitem(last=False)
-        return seen
+        return seen, True
 
 
 def _scan_programs(
@@ -146,3 +261,30 @@ def _lines(seen: list[Seen]) -> str:
     text = "; ".join(f"{path}: {message}" for path, message, _ in seen[:MAX_WHY])
     more = f" (and {len(seen) - MAX_WHY} more)" if len(seen) > MAX_WHY else ""
     return text + more
+
+
+def _sha256(digest: object) -> str:
+    text = str(digest or "")
+    return text if DIGEST.fullmatch(text) else ""
+
+
+def _is_default(programs: Started, image_config: Mapping[str, Any]) -> bool:
+    """Whether the container starts exactly what the image starts by itself."""
+    try:
+        return programs == started({}, image_config)
+    except Unresolved:
+        return False
+
+
+def _observed(book: ImageVerdict | None, platform: str) -> str | None:
+    """Why the digest fails on `platform`, when a node saw it fail there."""
+    found = book.platforms.get(platform) if book is not None else None
+    if found is None or found.source != "observed" or found.outcome is not Outcome.FAILS:
+        return None
+    return "observed failing on a node: " + (_stored_lines(found) or "a platform failure")
+
+
+def _stored_lines(verdict: PlatformVerdict) -> str:
+    text = "; ".join(verdict.why[:MAX_WHY])
+    more = verdict.count - min(len(verdict.why), MAX_WHY)
+    return text + (f" (and {more} more)" if more > 0 and text else "")

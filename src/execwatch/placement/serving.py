@@ -8,6 +8,7 @@ request deadlines, a 3 MiB body (the API server's own object limit).
 
 from __future__ import annotations
 
+import logging
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,14 +17,28 @@ from prometheus_client import CollectorRegistry, Counter
 
 from execwatch.httpserver import BoundedServer, Request, ServerLimits, response
 
+log = logging.getLogger(__name__)
+
 Handler = Callable[[str, bytes], tuple[int, bytes]]  # (path, body) -> (status, JSON body)
 LIMITS = ServerLimits(max_connections=64, read_timeout=5.0, write_timeout=5.0, max_body=3 << 20)
 _STATUS = {200: "200 OK", 400: "400 Bad Request", 404: "404 Not Found"}
 
 
+def webhook_drops(registry: CollectorRegistry) -> Counter:
+    return Counter(
+        "execwatch_placement_webhook_connections_dropped",
+        "Connections to the placement webhook closed without an answer, by type "
+        "(over the connection cap, timed out, request too large).",
+        ["type"],
+        registry=registry,
+    )
+
+
 @dataclass
 class WebhookServer:
-    """Serves `handler` over TLS with the certificate at `cert`/`key` (reloadable)."""
+    """Serves `handler` over TLS with the certificate at `cert`/`key` (reloadable). The
+    port is bound at start even before the files hold a certificate (the Secret is filled
+    by the leader): handshakes fail until `reload()` succeeds, and `serving` says so."""
 
     address: tuple[str, int]
     handler: Handler
@@ -31,21 +46,19 @@ class WebhookServer:
     key: str
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     limits: ServerLimits = LIMITS
+    serving: bool = False
 
     def start(self) -> None:
         self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self._tls.minimum_version = ssl.TLSVersion.TLSv1_2
-        self.reload()
-        dropped = Counter(
-            "execwatch_placement_webhook_connections_dropped",
-            "Connections to the placement webhook closed without an answer, by type "
-            "(over the connection cap, timed out, request too large).",
-            ["type"],
-            registry=self.registry,
-        )
+        dropped = webhook_drops(self.registry)
         self._server = BoundedServer(
             self.address, self._answer, self.limits, dropped, self._tls, "webhook"
-        )
+        )  # bound here: a bad address fails before anything is logged
+        try:
+            self.reload()
+        except (OSError, ssl.SSLError) as exc:
+            log.info("no webhook certificate yet", extra={"kv": {"error": str(exc)[:200]}})
         self._server.start()
 
     def _answer(self, request: Request) -> bytes:
@@ -57,6 +70,7 @@ class WebhookServer:
     def reload(self) -> None:
         """Take up a rotated certificate: new handshakes use it, open ones keep theirs."""
         self._tls.load_cert_chain(self.cert, self.key)
+        self.serving = True
 
     @property
     def port(self) -> int:

@@ -5,26 +5,41 @@ fail on a node (`observed`), and both read. An observed failure outranks a scan 
 says "runs" for the same platform: it is what no static scan sees (a binary fetched at
 run time, one on a volume). Writes are read-modify-write under the object's
 resourceVersion, so concurrent writers merge instead of overwriting each other.
+
+Nothing that places or handles waits on these writes: they go through a `Lane`, a bounded
+queue with one writer thread, paced, whose drops and failures are counted
+(`VerdictMetrics`) and never raised to the caller.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import logging
+import queue
 import random
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+from prometheus_client import CollectorRegistry, Counter
 
 from execwatch.cluster import errors
+from execwatch.cluster.crd import parse_time
 from execwatch.cluster.rest import Rest, path
 from execwatch.placement.decision import Outcome
 
 GROUP, VERSION, PLURAL = "execwatch.io", "v1alpha1", "imageverdicts"
 DIGEST = re.compile(r"sha256:[a-f0-9]{64}")
 MAX_WHY = 8
+MAX_WHY_TEXT = 1024  # characters of each `why` line (the schema's maxLength)
 WRITE_ATTEMPTS = 16
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def object_name(digest: str) -> str:
@@ -53,7 +68,7 @@ class PlatformVerdict:
             "outcome": str(self.outcome),
             "source": self.source,
             "time": self.time,
-            "why": list(self.why[:MAX_WHY]),
+            "why": [w[:MAX_WHY_TEXT] for w in self.why[:MAX_WHY]],
             "count": self.count,
         }
 
@@ -74,6 +89,7 @@ class ImageVerdict:
     digest: str
     image: str
     platforms: Mapping[str, PlatformVerdict] = field(default_factory=dict)
+    last_used: float | None = None  # seconds since the epoch, None when never written
 
     def merged(self, news: Iterable[PlatformVerdict]) -> ImageVerdict:
         out = dict(self.platforms)
@@ -114,8 +130,8 @@ class VerdictStore:
     def _path(self, name: str | None = None) -> str:
         return path("apis", GROUP, VERSION, PLURAL, *((name,) if name else ()))
 
-    def get(self, digest: str) -> ImageVerdict | None:
-        obj = self._read(object_name(digest))
+    def get(self, digest: str, timeout: float | None = None) -> ImageVerdict | None:
+        obj = self._read(object_name(digest), timeout)
         return None if obj is None else _parse(obj)
 
     def record(self, digest: str, image: str, news: Iterable[PlatformVerdict]) -> ImageVerdict:
@@ -143,9 +159,9 @@ class VerdictStore:
                 time.sleep(random.uniform(0, min(0.2, 0.01 * 2**attempt)))
         raise errors.RetryableError(409, "Conflict", f"{name}: {WRITE_ATTEMPTS} writers raced")
 
-    def _read(self, name: str) -> dict[str, Any] | None:
+    def _read(self, name: str, timeout: float | None = None) -> dict[str, Any] | None:
         try:
-            return self.rest.call("GET", self._path(name))
+            return self.rest.call("GET", self._path(name), timeout=timeout)
         except errors.NotFoundError:
             return None
 
@@ -154,5 +170,150 @@ def _parse(obj: Mapping[str, Any]) -> ImageVerdict:
     spec, status = obj.get("spec") or {}, obj.get("status") or {}
     platforms = [PlatformVerdict.from_api(p) for p in status.get("platforms") or []]
     return ImageVerdict(
-        str(spec["digest"]), str(spec.get("image") or ""), {p.platform: p for p in platforms}
+        str(spec["digest"]),
+        str(spec.get("image") or ""),
+        {p.platform: p for p in platforms},
+        parse_time(status.get("lastUsed")),
     )
+
+
+@dataclass
+class VerdictMetrics:
+    """Counts of the verdict store's reads and of the writes no caller waits for."""
+
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        self.writes = Counter(
+            "execwatch_verdict_writes",
+            "ImageVerdict writes, by source (scan, observed, touch: lastUsed only) and result "
+            "(written; failed: the API refused or did not answer, counted once per write; "
+            "dropped: the writer's queue was full).",
+            ["source", "result"],
+            registry=self.registry,
+        )
+        self.reads = Counter(
+            "execwatch_verdict_reads",
+            "ImageVerdict reads by the placement controller that decided or failed, by "
+            "result (observed: an observed failure decided a platform; fresh: a stored scan "
+            "verdict saved a scan; failed: unreadable in time, the pod is scanned).",
+            ["result"],
+            registry=self.registry,
+        )
+
+
+@dataclass
+class Lane(Generic[T]):
+    """A bounded queue and one thread that hands each item to `work`, at most `rate` items
+    a second. Whoever offers never waits: what does not fit is dropped (`dropped` is
+    called). `tick`, when given, runs at least once a second on that thread."""
+
+    work: Callable[[T], None]
+    name: str
+    dropped: Callable[[T], None]
+    size: int = 256
+    rate: float = 0.0  # items per second; 0: as fast as they come
+    tick: Callable[[], None] | None = None
+    _queue: queue.Queue[T] = field(init=False)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __post_init__(self) -> None:
+        self._queue = queue.Queue(self.size)
+
+    def offer(self, item: T) -> bool:
+        try:
+            self._queue.put_nowait(item)
+        except queue.Full:
+            self.dropped(item)
+            return False
+        return True
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._run, name=f"execwatch-{self.name}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def idle(self) -> bool:
+        """Nothing queued nor being worked on (tests wait on it)."""
+        return self._queue.unfinished_tasks == 0
+
+    def _run(self) -> None:
+        gap = 1.0 / self.rate if self.rate > 0 else 0.0
+        while not self._stop.is_set():
+            try:
+                item = self._queue.get(timeout=1.0)
+            except queue.Empty:
+                self._safely(self.tick)
+                continue
+            started = time.monotonic()
+            try:
+                self._safely(functools.partial(self.work, item))
+                self._safely(self.tick)
+            finally:
+                self._queue.task_done()
+            self._stop.wait(max(0.0, gap - (time.monotonic() - started)))
+
+    def _safely(self, step: Callable[[], None] | None) -> None:
+        if step is None:
+            return
+        try:
+            step()
+        except Exception:  # a bug must not end the lane: the next item still goes
+            log.exception("verdict lane step failed", extra={"kv": {"lane": self.name}})
+
+
+@dataclass(frozen=True)
+class Write:
+    """One merge into a digest's verdict; `source` names it in the metric."""
+
+    digest: str
+    image: str
+    news: tuple[PlatformVerdict, ...]
+    source: str  # scan, observed or touch (no news: lastUsed only)
+
+
+@dataclass
+class VerdictWriter:
+    """The verdict store behind one paced writer thread: `offer` never waits."""
+
+    store: VerdictStore
+    metrics: VerdictMetrics
+    size: int = 256
+    rate: float = 10.0  # writes per second
+
+    def __post_init__(self) -> None:
+        self.lane: Lane[Write] = Lane(
+            self._write, "verdict-writer", self._dropped, self.size, self.rate
+        )
+
+    def offer(self, write: Write) -> bool:
+        object_name(write.digest)  # a caller's bug, not the API's: raise here, not later
+        return self.lane.offer(write)
+
+    def start(self) -> None:
+        self.lane.start()
+
+    def stop(self) -> None:
+        self.lane.stop()
+
+    def _write(self, write: Write) -> None:
+        try:
+            self.store.record(write.digest, write.image, write.news)
+        except errors.ApiError as err:
+            self.metrics.writes.labels(write.source, "failed").inc()
+            log.warning(
+                "verdict not written", extra={"kv": {"digest": write.digest, **errors.as_dict(err)}}
+            )
+            return
+        self.metrics.writes.labels(write.source, "written").inc()
+
+    def _dropped(self, write: Write) -> None:
+        self.metrics.writes.labels(write.source, "dropped").inc()

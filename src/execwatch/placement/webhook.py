@@ -40,7 +40,7 @@ Warned = Callable[[str, Mapping[str, Any]], None]  # (namespace, pod): must not 
 def review(body: bytes, own_namespace: str, warn: Warned | None = None) -> bytes:
     """The AdmissionReview answer to `body`: always allowed, with a patch when gated. In
     warn mode (`warn` set) an admission warning, never a patch, and the pod handed to
-    `warn` for its Event."""
+    `warn` for its Event unless the request is a dry run."""
     if len(body) > MAX_REVIEW_BYTES:
         raise BadReview("admission review over 3 MiB")
     try:
@@ -52,7 +52,8 @@ def review(body: bytes, own_namespace: str, warn: Warned | None = None) -> bytes
     pod = request.get("object") if isinstance(request.get("object"), dict) else None
     if pod is not None and warn and skip_reason(request, pod, own_namespace) is None:
         response["warnings"] = [WARNING]
-        warn(str(request.get("namespace") or ""), pod)
+        if not request.get("dryRun"):  # a dry run has no side effect: no Event
+            warn(str(request.get("namespace") or ""), pod)
     elif pod is not None and skip_reason(request, pod, own_namespace) is None:
         patch = gate_patch(pod)
         response["patchType"] = "JSONPatch"

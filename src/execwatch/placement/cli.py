@@ -1,0 +1,398 @@
+"""`execwatch placement`: one replica of placement, the webhook and the controller.
+
+Every replica serves the webhook (POST /gate, POST /warn) with the certificate of the
+mounted Secret, reloaded when it changes, and judges warn-mode pods. The replica holding
+the Lease places gated pods, keeps the certificate Secret and the caBundle in step, and
+expires unused ImageVerdicts; every replica reads and writes verdicts (scanned.py). On
+SIGTERM it stops serving and releases the Lease; when its Deployment is gone or scaled to
+zero, it then ungates every gated pod unchanged, so none is left behind. `--release` does
+that for `helm uninstall` (a pre-delete hook, while the RBAC still exists): it deletes
+the webhook configuration first, then ungates every gated pod.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import ssl
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from execwatch import cliargs
+from execwatch.cluster import errors
+from execwatch.cluster.cli import api_config, common_flags, metrics_server, refused
+
+# The parts load when the command runs, not for `execwatch --help` (cryptography, scan).
+if TYPE_CHECKING:
+    from execwatch.cluster.rest import Rest
+    from execwatch.placement.run import PlacementController
+    from execwatch.placement.serving import WebhookServer
+    from execwatch.placement.tls import CertFiles, CertRotator
+    from execwatch.placement.verdicts import VerdictWriter
+    from execwatch.placement.warnmode import WarnWorker
+
+log = logging.getLogger(__name__)
+
+NAME = "execwatch-placement"  # the chart's fixed names: Lease, Service, Secret, ...
+CERT_CHECK = 60.0  # seconds between the leader's checks of the Secret and the caBundle
+TICK = 1.0  # seconds between looks at the mounted certificate files
+REMOVED = "execwatch placement is being removed"
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register `placement` on the top-level `execwatch` parser."""
+    p = subparsers.add_parser(
+        "placement", help="placement webhook + leader-elected controller (one replica)"
+    )
+    common_flags(p)
+    for action in p._actions:
+        if "--namespace" in action.option_strings:
+            action.help = (
+                "namespace of the Lease, the Secret and the Deployment (default:"
+                " $POD_NAMESPACE or execwatch); its pods are never gated"
+            )
+    p.add_argument(
+        "--webhook-address",
+        type=cliargs.address,
+        default=":8443",
+        metavar="HOST:PORT",
+        help="the webhook's HTTPS port (POST /gate, POST /warn)",
+    )
+    p.add_argument(
+        "--identity",
+        default=f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}",
+        help="this replica's Lease holder identity",
+    )
+    name = cliargs.dns_subdomain
+    p.add_argument("--lease-name", type=name, default=NAME, help="in --namespace")
+    lease_seconds = cliargs.Number(0, 3600)  # and retry < renew < lease: see LeaseConfig
+    p.add_argument("--lease-duration", type=lease_seconds, default=15.0)
+    p.add_argument("--renew-deadline", type=lease_seconds, default=10.0)
+    p.add_argument("--retry-period", type=lease_seconds, default=2.0)
+    p.add_argument("--workers", type=cliargs.Count(1, 64), default=4, help="pods judged at once")
+    p.add_argument(
+        "--budget",
+        type=cliargs.Number(0, 600),
+        default=30.0,
+        help="seconds from a pod's creation to its decision, else it is ungated unchanged",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="every failing binary of the image decides, not only what the pod starts",
+    )
+    p.add_argument(
+        "--tls-dir",
+        default="/etc/execwatch/placement-tls",
+        help="the mounted certificate Secret (tls.crt, tls.key)",
+    )
+    p.add_argument("--secret", type=name, default=f"{NAME}-tls", help="the certificate Secret")
+    p.add_argument(
+        "--service",
+        type=cliargs.dns_label,
+        default=NAME,
+        help="the webhook's Service: the certificate names its DNS names",
+    )
+    p.add_argument(
+        "--webhook-configuration",
+        type=name,
+        default=NAME,
+        help="the MutatingWebhookConfiguration whose caBundle the leader sets",
+    )
+    p.add_argument(
+        "--deployment",
+        type=name,
+        default=NAME,
+        help="this replica's Deployment: gone or scaled to 0 at SIGTERM, every gated pod "
+        "is ungated before exit",
+    )
+    _registry_arguments(p)
+    p.add_argument(
+        "--release",
+        action="store_true",
+        help="do not serve: delete the webhook configuration, ungate every gated pod "
+        "unchanged and exit (the chart's pre-delete hook)",
+    )
+    p.set_defaults(func=run)
+
+
+def _registry_arguments(p: argparse.ArgumentParser) -> None:
+    """Registry options without credentials: pods pull with their own secrets only."""
+    g = p.add_argument_group("registries")
+    g.add_argument(
+        "--registry-ca", type=cliargs.readable_file, metavar="FILE", help="PEM CA bundle"
+    )
+    g.add_argument(
+        "--insecure-registry",
+        action="append",
+        default=[],
+        metavar="HOST[:PORT]",
+        help="speak plain HTTP to this registry (never sends credentials)",
+    )
+    g.add_argument("--cache-dir", metavar="DIR", help="blob cache (default ~/.cache/execwatch)")
+    g.add_argument(
+        "--cache-size", type=cliargs.size, default="2G", metavar="BYTES", help="0: no cache"
+    )
+
+
+@dataclass
+class PlacementMetrics:
+    """The controller's metrics: decisions, fail-opens, failed API calls."""
+
+    registry: CollectorRegistry
+
+    def __post_init__(self) -> None:
+        self.seconds = Histogram(
+            "execwatch_placement_decision_seconds",
+            "Seconds from a pod's creation to its placement decision, by action.",
+            ["action"],
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=self.registry,
+        )
+        self.fail_open = Counter(
+            "execwatch_placement_fail_open",
+            "Pods ungated unchanged for want of a verdict, by cause.",
+            ["cause"],
+            registry=self.registry,
+        )
+        self.api_errors = Counter(
+            "execwatch_placement_api_errors",
+            "Failed list and watch calls of the placement controller, by verb and code.",
+            ["verb", "code"],
+            registry=self.registry,
+        )
+
+    def decided(self, action: str, seconds: float) -> None:
+        self.seconds.labels(action).observe(seconds)
+
+    def failed_open(self, cause: str) -> None:
+        self.fail_open.labels(_cause(cause)).inc()
+
+
+def _cause(cause: str) -> str:
+    """A bounded label value: the kind of cause, never a pod's or registry's words."""
+    for kind in ("registry", "credentials", "pull secrets", "no verdict", "the API server"):
+        if kind in cause:
+            return kind
+    return "other"
+
+
+@dataclass
+class Replica:
+    """The parts of one replica, and the loop that keeps its certificate current."""
+
+    args: argparse.Namespace
+    rest: Rest
+    controller: PlacementController
+    worker: WarnWorker
+    writer: VerdictWriter
+    server: WebhookServer
+    rotator: CertRotator
+    files: CertFiles
+
+    def health(self) -> str | None:
+        return None if self.server.serving else "no webhook certificate yet"
+
+    def maintain(self, stop: threading.Event) -> None:
+        """Reload the served certificate when its files change; as leader, renew it and
+        set the caBundle at once and then every CERT_CHECK seconds."""
+        checked, leading = 0.0, False
+        while not stop.wait(TICK):
+            if self.files.changed():
+                self._reload()
+            now_leading = self.controller.elector.is_leader()
+            if now_leading and (not leading or time.monotonic() - checked >= CERT_CHECK):
+                checked = time.monotonic()
+                self._sync()
+            leading = now_leading
+
+    def _reload(self) -> None:
+        try:
+            self.server.reload()
+            log.info("webhook certificate loaded")
+        except (OSError, ssl.SSLError) as exc:
+            log.warning("webhook certificate not loaded", extra={"kv": {"error": str(exc)}})
+
+    def _sync(self) -> None:
+        try:
+            self.rotator.sync()
+        except errors.ApiError as err:
+            log.warning("certificate not synced", extra={"kv": errors.as_dict(err)})
+
+    def removed(self) -> bool:
+        """True when this replica's Deployment is gone or scaled to zero: no replica will
+        place what is gated."""
+        from execwatch.cluster.rest import path
+
+        where = path(
+            "apis", "apps", "v1", "namespaces", self.args.namespace, "deployments",
+            self.args.deployment,
+        )  # fmt: skip
+        try:
+            deployment = self.rest.call("GET", where)
+        except errors.NotFoundError:
+            return True
+        except errors.ApiError as err:
+            log.warning("deployment not readable", extra={"kv": errors.as_dict(err)})
+            return False
+        meta, spec = deployment.get("metadata") or {}, deployment.get("spec") or {}
+        return bool(meta.get("deletionTimestamp")) or spec.get("replicas") == 0
+
+
+def build(args: argparse.Namespace, kube: Any, registry: CollectorRegistry) -> Replica:
+    """Every part of a replica, nothing started. ValueError: a refusal to print."""
+    from execwatch.cluster.lease import LeaseConfig
+    from execwatch.cluster.rest import Rest
+    from execwatch.placement.controller import Placer
+    from execwatch.placement.expiry import VerdictExpiry
+    from execwatch.placement.pullsecrets import PullSecrets
+    from execwatch.placement.run import ControllerConfig, NodeArches, PlacementController
+    from execwatch.placement.scanned import ScannedVerdicts
+    from execwatch.placement.serving import WebhookServer
+    from execwatch.placement.tls import CertFiles
+    from execwatch.placement.verdicts import VerdictMetrics, VerdictStore, VerdictWriter
+    from execwatch.placement.warnmode import WarnWorker
+    from execwatch.placement.webhook import http_handler
+    from execwatch.runnable.limits import Limits
+    from execwatch.scan.registry import RegistryOptions
+
+    lease = LeaseConfig(
+        namespace=args.namespace,
+        name=args.lease_name,
+        identity=args.identity,
+        lease_duration=args.lease_duration,
+        renew_deadline=args.renew_deadline,
+        retry_period=args.retry_period,
+        request_timeout=min(5.0, args.retry_period * 2),
+    )
+    rest = Rest(kube, pool=args.workers + 4)
+    metrics = PlacementMetrics(registry)
+    arches = NodeArches(rest)
+    options = RegistryOptions(
+        ca_file=args.registry_ca,
+        insecure=frozenset(args.insecure_registry),
+        cache_dir=args.cache_dir,
+        cache_bytes=args.cache_size,
+    )
+    writer = VerdictWriter(VerdictStore(rest, time.time), VerdictMetrics(registry))
+    source = ScannedVerdicts(
+        PullSecrets(rest), options, Limits(), arches, args.strict, writer=writer
+    )
+    placer = Placer(rest, source, arches, metrics, budget=args.budget)
+    expiry = VerdictExpiry(rest, registry=registry)
+    controller = PlacementController(
+        ControllerConfig(lease, workers=args.workers),
+        placer,
+        metrics.api_errors,
+        leader_tasks=[expiry.run],
+    )
+    worker = WarnWorker(placer)
+    files = CertFiles(os.path.join(args.tls_dir, "tls.crt"), os.path.join(args.tls_dir, "tls.key"))
+    handler = http_handler(args.namespace, worker.submit)
+    server = WebhookServer(args.webhook_address, handler, files.cert, files.key, registry)
+    rotator = _rotator(args, rest)
+    return Replica(args, rest, controller, worker, writer, server, rotator, files)
+
+
+def _rotator(args: argparse.Namespace, rest: Rest) -> CertRotator:
+    from execwatch.placement.certs import dns_names
+    from execwatch.placement.tls import CertRotator
+
+    names = dns_names(args.service, args.namespace)
+    return CertRotator(rest, args.namespace, args.secret, args.webhook_configuration, names)
+
+
+def run(args: argparse.Namespace) -> int:
+    from execwatch.trace import stop_on_signals
+
+    if args.release:
+        return release(args)
+    registry = CollectorRegistry()
+    replica = _replica(args, registry)
+    if isinstance(replica, int):
+        return replica
+    try:
+        replica.server.start()
+    except OSError as exc:
+        replica.rest.close()
+        return refused(f"--webhook-address: {exc.strerror or exc}")
+    try:
+        metrics = metrics_server(args, registry, replica.health)
+    except ValueError as exc:
+        replica.server.stop()
+        replica.rest.close()
+        return refused(str(exc))
+    with stop_on_signals() as stop:
+        replica.writer.start()
+        replica.worker.start()
+        replica.controller.start()
+        log.info("placement started", extra={"kv": {"identity": args.identity}})
+        replica.maintain(stop)
+    _stop(replica)
+    metrics.shutdown()
+    return 0
+
+
+def _stop(replica: Replica) -> None:
+    """Stop gating first: a pod this replica gated is then in the list of the sweep."""
+    replica.server.stop()
+    replica.controller.stop()  # releases the Lease: the other replica takes over at once
+    if replica.removed():
+        _ungate_all(replica)
+    replica.worker.stop()
+    replica.writer.stop()
+    replica.rest.close()
+
+
+def _ungate_all(replica: Replica) -> bool:
+    try:
+        count = replica.controller.ungate_all(REMOVED)
+    except errors.ApiError as err:
+        log.warning("gated pods not listed", extra={"kv": errors.as_dict(err)})
+        return False
+    log.info("ungated every gated pod", extra={"kv": {"pods": count}})
+    return True
+
+
+def _replica(args: argparse.Namespace, registry: CollectorRegistry) -> Replica | int:
+    """The replica, or the exit code of a refusal printed on one line."""
+    try:
+        replica = build(args, api_config(args.kubeconfig), registry)
+    except ValueError as exc:  # LeaseConfig: retry < renew < lease
+        return refused(str(exc))
+    except Exception as exc:  # lightkube's ConfigError: no or a broken kubeconfig
+        return refused(f"no API server credentials: {exc}")
+    replica.files.changed()  # what start() loads now is not a change
+    return replica
+
+
+def release(args: argparse.Namespace) -> int:
+    """`--release` (the chart's pre-delete hook): delete the webhook configuration, so
+    that no pod is gated any more, then ungate every gated pod unchanged. Exit 1 when
+    either failed (Helm then reports the hook as failed)."""
+    from execwatch.cluster.rest import path
+
+    replica = _replica(args, CollectorRegistry())
+    if isinstance(replica, int):
+        return replica
+    where = path(
+        "apis", "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
+        args.webhook_configuration,
+    )  # fmt: skip
+    try:
+        replica.rest.call("DELETE", where)
+    except errors.NotFoundError:
+        pass
+    except errors.ApiError as err:
+        log.warning("webhook configuration not deleted", extra={"kv": errors.as_dict(err)})
+        return 1
+    done = _ungate_all(replica)
+    replica.rest.close()
+    return 0 if done else 1

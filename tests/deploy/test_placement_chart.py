@@ -1,0 +1,256 @@
+"""The chart's placement (`placement.enabled`): what it renders, that the command accepts
+it, that the real API server accepts it, and that docs/privileges.md explains each right.
+tests/placement/test_cli.py runs the command with these very RBAC rules."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from execwatch import cli, cliargs
+from tests.deploy.chart import (
+    CHART,
+    KUBE_VERSION,
+    KUSTOMIZE,
+    REPO,
+    Doc,
+    find,
+    pod_spec,
+    render,
+    run_helm,
+)
+from tests.deploy.test_apiserver import (
+    create_pod_dry_run,
+    dry_run_apply,
+    namespace_enforcing,
+    pod_of,
+)
+
+ON = "placement.enabled=true"
+NAME = "execwatch-placement"
+PLACEMENT = {
+    ("CustomResourceDefinition", "imageverdicts.execwatch.io"),
+    ("ServiceAccount", NAME),
+    ("Role", NAME),
+    ("RoleBinding", NAME),
+    ("ClusterRole", NAME),
+    ("ClusterRoleBinding", NAME),
+    ("Secret", f"{NAME}-tls"),
+    ("MutatingWebhookConfiguration", NAME),
+    ("Deployment", NAME),
+    ("PodDisruptionBudget", NAME),
+    ("Service", NAME),
+    ("NetworkPolicy", NAME),
+}
+HOOK = ("Job", f"{NAME}-release")
+FEEDBACK_NAME = "execwatch-handler-placement-feedback"
+FEEDBACK = {("ClusterRole", FEEDBACK_NAME), ("ClusterRoleBinding", FEEDBACK_NAME)}
+
+
+def names(docs: list[Doc]) -> set[tuple[str, str]]:
+    return {(d["kind"], d["metadata"]["name"]) for d in docs}
+
+
+def test_helm_lint_is_clean_with_placement_on() -> None:
+    out = run_helm("lint", str(CHART), "--strict", "--kube-version", KUBE_VERSION, "--set", ON)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "[WARNING]" not in out.stdout and "[ERROR]" not in out.stdout
+
+
+def test_off_by_default_and_on_it_adds_exactly_placement() -> None:
+    off, on = names(render()), names(render(ON))
+    assert not PLACEMENT & off
+    assert on - off == {*PLACEMENT, *FEEDBACK, HOOK}
+    assert names(render(ON, "placement.feedback=false")) - off == {*PLACEMENT, HOOK}
+
+
+def handler_args(*values: str) -> list[str]:
+    return list(
+        pod_spec(find(render(*values), "Deployment", "execwatch-handler"))["containers"][0]["args"]
+    )
+
+
+def test_the_handler_feeds_placement_back_only_with_placement_and_feedback_on() -> None:
+    assert "--placement-feedback" not in handler_args()
+    assert "--placement-feedback" in handler_args(ON)
+    assert "--placement-feedback" not in handler_args(ON, "placement.feedback=false")
+
+
+def test_the_handlers_feedback_rights_are_those_of_deploy_base_optional() -> None:
+    source = REPO / "deploy/base/optional/placement-feedback.yaml"
+    base = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(source.read_text())}
+    docs = render(ON)
+    role = find(docs, "ClusterRole", FEEDBACK_NAME)
+    assert role["rules"] == base[("ClusterRole", FEEDBACK_NAME)]["rules"]
+    binding = find(docs, "ClusterRoleBinding", FEEDBACK_NAME)
+    assert [s["name"] for s in binding["subjects"]] == ["execwatch-handler"]
+    verbs = {(r["resources"][0], v) for r in role["rules"] for v in r["verbs"]}
+    assert verbs == {
+        ("imageverdicts", "get"),
+        ("imageverdicts", "create"),
+        ("imageverdicts", "update"),
+        ("namespaces", "get"),
+        ("pods/eviction", "create"),
+    }
+
+
+def test_the_uninstall_hook_stops_the_gating_then_ungates_with_placements_rights() -> None:
+    job = find(render(ON), "Job", HOOK[1])
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    spec = pod_spec(job)
+    assert spec["serviceAccountName"] == NAME
+    parsed = cli.build_parser("placement").parse_args(spec["containers"][0]["args"])
+    assert parsed.release and parsed.webhook_configuration == NAME
+
+
+def test_the_crd_is_that_of_deploy_placement() -> None:
+    crd = find(render(ON), "CustomResourceDefinition", "imageverdicts.execwatch.io")
+    source = yaml.safe_load((REPO / "deploy/placement/imageverdict-crd.yaml").read_text())
+    assert crd["spec"] == source["spec"]
+    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+
+
+def test_the_webhook_calls_only_opted_in_namespaces_and_never_blocks_a_pod() -> None:
+    config = find(render(ON), "MutatingWebhookConfiguration", NAME)
+    hooks = {h["name"]: h for h in config["webhooks"]}
+    assert set(hooks) == {"gate.placement.execwatch.io", "warn.placement.execwatch.io"}
+    modes = {"gate": ["enforce", "mitigate"], "warn": ["warn"]}
+    for hook in hooks.values():
+        kind = hook["name"].split(".")[0]
+        service = hook["clientConfig"]["service"]
+        assert service == {"name": NAME, "namespace": "execwatch", "path": f"/{kind}", "port": 443}
+        assert "caBundle" not in hook["clientConfig"], "the controller sets it"
+        opt_in, exclude = hook["namespaceSelector"]["matchExpressions"]
+        assert opt_in == {"key": "execwatch.io/placement", "operator": "In", "values": modes[kind]}
+        assert exclude["operator"] == "NotIn"
+        assert {"execwatch", "kube-system"} <= set(exclude["values"])
+        assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] <= 5
+        assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"],
+                                  "operations": ["CREATE"], "resources": ["pods"],
+                                  "scope": "Namespaced"}]  # fmt: skip
+    assert hooks["warn.placement.execwatch.io"]["sideEffects"] == "NoneOnDryRun"
+
+
+def test_the_certificate_secret_is_an_empty_tls_secret_for_the_controller_to_fill() -> None:
+    secret = find(render(ON), "Secret", f"{NAME}-tls")
+    assert secret["type"] == "kubernetes.io/tls"
+    assert secret["data"] == {"tls.crt": "", "tls.key": ""}
+    deployment = find(render(ON), "Deployment", NAME)
+    volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == f"{NAME}-tls"
+
+
+def placement_parser() -> argparse.ArgumentParser:
+    parser = cli.build_parser("placement")
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    placement: argparse.ArgumentParser = sub.choices["placement"]
+    return placement
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [(), ("placement.strict=true", "placement.registry.insecure[0]=registry.local:5000",
+          "placement.registry.caConfigMap=registry-ca")],
+    ids=["defaults", "options"],
+)  # fmt: skip
+def test_the_deployment_runs_the_command_with_flags_it_accepts(sets: tuple[str, ...]) -> None:
+    deployment = find(render(ON, *sets), "Deployment", NAME)
+    container = pod_spec(deployment)["containers"][0]
+    args = container["args"]
+    assert args[1] == "placement"
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    ca = [a.split("=", 1)[1] for a in args if a.startswith("--registry-ca=")]
+    assert all(path.rsplit("/", 1)[0] in mounts for path in ca)
+    # the CA file exists only in the pod: parse with one that exists here
+    here = [f"--registry-ca={__file__}" if a.startswith("--registry-ca=") else a for a in args]
+    parsed = cli.build_parser("placement").parse_args(here)
+    assert parsed.tls_dir in mounts and parsed.cache_dir in mounts
+    if sets:
+        assert parsed.strict and parsed.insecure_registry == ["registry.local:5000"] and ca
+
+
+def test_two_replicas_spread_with_a_disruption_budget() -> None:
+    docs = render(ON)
+    deployment = find(docs, "Deployment", NAME)
+    assert deployment["spec"]["replicas"] == 2
+    assert pod_spec(deployment)["affinity"]["podAntiAffinity"]
+    assert find(docs, "PodDisruptionBudget", NAME)["spec"]["minAvailable"] == 1
+
+
+def test_the_network_policy_opens_the_webhook_port_and_metrics_to_monitoring_only() -> None:
+    policy = find(render(ON), "NetworkPolicy", NAME)
+    webhook, metrics = policy["spec"]["ingress"]
+    assert webhook == {"ports": [{"port": "webhook", "protocol": "TCP"}]}
+    assert metrics["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    narrowed = render(ON, "placement.webhookFrom[0].ipBlock.cidr=10.0.0.1/32")
+    first = find(narrowed, "NetworkPolicy", NAME)["spec"]["ingress"][0]
+    assert first["from"] == [{"ipBlock": {"cidr": "10.0.0.1/32"}}]
+
+
+SCHEMA_FLAGS = [
+    ("leaseDuration", "--lease-duration"),
+    ("renewDeadline", "--renew-deadline"),
+    ("retryPeriod", "--retry-period"),
+    ("workers", "--workers"),
+    ("budget", "--budget"),
+]
+
+
+@pytest.mark.parametrize(("name", "flag"), SCHEMA_FLAGS)
+def test_the_schema_accepts_only_what_the_command_accepts(name: str, flag: str) -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    bounds = schema["properties"]["placement"]["properties"][name]
+    action = next(a for a in placement_parser()._actions if flag in a.option_strings)
+    kind = action.type
+    assert isinstance(kind, cliargs.Number | cliargs.Count)
+    assert bounds["maximum"] <= kind.high
+    if isinstance(kind, cliargs.Number):
+        assert bounds["exclusiveMinimum"] >= kind.low
+    else:
+        assert bounds["minimum"] >= kind.low
+    with pytest.raises(RuntimeError, match=name):
+        render(ON, f"placement.{name}={bounds['maximum'] + 1}")
+
+
+def test_the_api_server_accepts_it_and_the_pod_passes_restricted(admin: client.ApiClient) -> None:
+    docs = render(ON)
+    applied = dry_run_apply(admin, docs)
+    assert set(applied) >= {*PLACEMENT, HOOK}
+    ns = namespace_enforcing(admin, "restricted")
+    create_pod_dry_run(admin, pod_of(find(docs, "Deployment", NAME), ns))
+
+
+def rules(docs: list[Doc]) -> list[dict[str, Any]]:
+    return [
+        rule
+        for d in docs
+        if d["kind"] in ("Role", "ClusterRole") and d["metadata"]["name"] == NAME
+        for rule in d["rules"]
+    ]
+
+
+def test_privileges_doc_explains_every_placement_verb() -> None:
+    text = (REPO / "docs" / "privileges.md").read_text()
+    section = text[text.index("## Placement") :]
+    for rule in rules(render(ON)):
+        for res in rule["resources"]:
+            for verb in rule["verbs"]:
+                assert re.search(rf"`{res}`[^\n]*`{verb}`", section), (res, verb)
+
+
+def test_the_kustomize_component_is_the_chart_with_placement_on() -> None:
+    d = KUSTOMIZE / "components" / "placement"
+    component = yaml.safe_load((d / "kustomization.yaml").read_text())
+    docs = [x for r in component["resources"] for x in yaml.safe_load_all((d / r).read_text()) if x]
+    assert names(docs) == {*PLACEMENT, *FEEDBACK}
+    # Its one patch starts the handler with --placement-feedback.
+    assert component["patches"] == [{"path": "patch-handler-deployment.yaml"}]
+    patch = yaml.safe_load((d / "patch-handler-deployment.yaml").read_text())
+    (container,) = patch["spec"]["template"]["spec"]["containers"]
+    assert "--placement-feedback" in container["args"]
