@@ -70,17 +70,26 @@ def serve(
     limits: ServerLimits | None = None,
     guard: Guard | None = None,
     tls: ssl.SSLContext | None = None,
+    readiness: HealthCheck | None = None,
 ) -> BoundedServer:
     """Serve `registry` on /metrics in a background thread; call .shutdown() to stop.
 
-    /healthz answers 200, or with `health` 503 and its reason (the liveness probe); it
-    is never guarded. With `guard`, every other request passes it (authenticated metrics);
-    with `tls`, the port speaks HTTPS."""
-    answers, dropped = _Answers(registry, health, guard), ServerMetrics(registry).dropped
+    /healthz answers 200, or with `health` 503 and its reason (the liveness probe);
+    /readyz the same with `readiness` (the readiness probe: the agent is ready once its
+    probe is loaded). Neither is guarded. With `guard`, every other request passes it
+    (authenticated metrics); with `tls`, the port speaks HTTPS."""
+    answers = _Answers(registry, health, guard, readiness)
+    dropped = ServerMetrics(registry).dropped
     limits = limits or ServerLimits()
     server = BoundedServer(address, answers, limits, dropped, tls, name="metrics")
     server.start()
     return server
+
+
+def _check(check: HealthCheck | None, method: str) -> bytes:
+    problem = check() if check is not None else None
+    status = "503 Service Unavailable" if problem else "200 OK"
+    return response(status, "text/plain; charset=utf-8", f"{problem or 'ok'}\n".encode(), method)
 
 
 @dataclass(frozen=True)
@@ -88,16 +97,16 @@ class _Answers:
     registry: CollectorRegistry
     health: HealthCheck | None
     guard: Guard | None = None
+    readiness: HealthCheck | None = None
 
     def __call__(self, request: Request) -> bytes | Deferred:
         method = request.method
         if method not in ("GET", "HEAD"):
             return response("405 Method Not Allowed", "text/plain", b"GET or HEAD\n", method)
         if request.path == "/healthz" and (self.health is not None or self.guard is not None):
-            problem = self.health() if self.health is not None else None
-            status = "503 Service Unavailable" if problem else "200 OK"
-            text = f"{problem or 'ok'}\n".encode()
-            return response(status, "text/plain; charset=utf-8", text, method)
+            return _check(self.health, method)
+        if request.path == "/readyz" and self.readiness is not None:
+            return _check(self.readiness, method)
         if self.guard is not None:
             return self.guard(request, lambda: self._metrics(request))
         return self._metrics(request)

@@ -13,6 +13,8 @@ import signal
 import sqlite3
 import subprocess
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -180,3 +182,41 @@ def test_two_agents_on_one_node_during_a_surge_publish_each_failure_once(
     assert new.metric("execwatch_publisher_handed_over_total") >= 4
     time.sleep(3)  # the new agent's folded repeats of `during` would arrive by now
     assert counts_by_path(admin, paths) == expected
+
+
+def readyz(agent: Agent) -> int | None:
+    """/readyz's status, or None while the port does not answer yet."""
+    try:
+        with urllib.request.urlopen(f"http://{agent.address}/readyz", timeout=2) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
+
+
+def holds_bpf_programs(pid: int) -> bool:
+    fds = Path(f"/proc/{pid}/fdinfo")
+    return any("prog_type:" in f.read_text() for f in fds.iterdir() if f.is_file())
+
+
+def test_the_agent_is_ready_only_once_its_probe_is_loaded(
+    kube: KubeCluster, tmp_path: Path
+) -> None:
+    kubeconfig = kube.kubeconfig(kube.node_token(*AGENT_SA, AGENT_NODE), tmp_path / "agent.kc")
+    agent = Agent(kubeconfig, tmp_path / "spool", "ready", tmp_path / "ready.log")
+    try:
+        seen: list[int] = []
+        deadline = time.monotonic() + 60
+        while not seen or seen[-1] != 200:
+            assert time.monotonic() < deadline, f"/readyz never 200: {seen[-5:]}"
+            status = readyz(agent)
+            if status is not None:
+                seen.append(status)
+                # The first 200 comes with the programs loaded, never before.
+                assert status != 200 or holds_bpf_programs(agent.proc.pid)
+            time.sleep(0.005)
+        assert seen[0] == 503, "the port answers before the probe is loaded"
+        assert set(seen) == {503, 200} and seen.index(200) == len(seen) - 1
+    finally:
+        agent.stop()

@@ -46,7 +46,9 @@ def test_on_both_components_authenticate_and_probe_the_open_healthz_over_https()
         assert not [a for a in c["args"] if a.startswith("--metrics-tls")]  # self-signed
         for probe in ("readinessProbe", "livenessProbe"):
             get = c[probe]["httpGet"]
-            assert (get["path"], get["port"], get["scheme"]) == ("/healthz", "metrics", "HTTPS")
+            # The agent's readiness has its own open path: ready once the probe is loaded.
+            path = "/readyz" if (kind, probe) == ("DaemonSet", "readinessProbe") else "/healthz"
+            assert (get["path"], get["port"], get["scheme"]) == (path, "metrics", "HTTPS")
 
 
 def test_on_the_review_rights_are_those_of_deploy_base_for_both_service_accounts() -> None:

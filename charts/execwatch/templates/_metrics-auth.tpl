@@ -16,11 +16,11 @@
 {{- end }}
 {{- end -}}
 
-{{/* A probe's httpGet of `path`: /healthz over HTTPS when scrapes need a token. */}}
+{{/* A probe's httpGet of `path`; when scrapes need a token, over HTTPS and /metrics becomes /healthz. */}}
 {{- define "execwatch.metricsGet" -}}
 {{- $ := index . 0 -}}
 {{- if $.Values.metricsAuth.enabled -}}
-path: /healthz
+path: {{ eq (index . 1) "/metrics" | ternary "/healthz" (index . 1) }}
 port: metrics
 scheme: HTTPS
 {{- else -}}
