@@ -1,25 +1,38 @@
 """A bad rollout on a simulated fleet: KWOK nodes on a real control plane (tests/fleet/kwok.py).
 
-    .venv/bin/python -m benchmarks.fleet_bench [--nodes 1000] [--burst-nodes 300]
-        [--burst-seconds 10] [--crash-seconds 300] [--crash-every 10] [--crash-window 60]
+    .venv/bin/python -m benchmarks.fleet_bench [--nodes 1000] [--pods 10000]
+        [--burst-nodes 300] [--burst-seconds 10] [--crash-seconds 300] [--crash-every 10]
+        [--crash-window 60]
 
-The fleet: `--nodes` kwok nodes, 30 % arm64, the agent DaemonSet on every node, and a
-Deployment `bad` with one pod on each of `--burst-nodes` arm64 nodes. An `execwatch
-handler` process runs as the handler's ServiceAccount. Every arm64 node's agent is the
-real publisher with a token minted through TokenRequest for the agent pod on that node,
-so every record goes through the node-binding admission policy.
+The fleet: `--nodes` kwok nodes, 30 % arm64, the agent DaemonSet on every node, a
+Deployment `bad` with one pod on each of `--burst-nodes` arm64 nodes, and Deployments in
+the namespace `fleet` that bring the cluster to `--pods` Running pods. Two `execwatch
+handler` processes (`fleet-a`, `fleet-b`, the chart's Lease timing) run as the handler's
+ServiceAccount. Every arm64 node's agent is the real publisher with a token minted through
+TokenRequest for the agent pod on that node, so every record goes through the
+node-binding admission policy.
 
+- start-up: a record waits (a failure of the agent pod on the first node) when `fleet-a`
+  starts: seconds from its process start to the Lease held and to that record counted,
+  and its RSS then. `fleet-b` starts next, the standby.
 - burst: each `bad` pod fails once (ForeignArchitecture), the failures spread evenly
-  over `--burst-seconds`. Latency = when a watch on the namespace sees the pod's Warning
-  Event minus when the failure was handed to that node's publisher: p50, p99, max.
+  over `--burst-seconds`. When half of them have been handed to their publishers, the
+  leader is stopped (SIGTERM, as a rollout of the handler does): seconds until it exited
+  and until the standby held the Lease. Latency = when a watch on the namespace sees the
+  pod's Warning Event minus when the failure was handed to that node's publisher.
 - crash loop: every pod then fails again every `--crash-every` seconds for
-  `--crash-seconds` (aggregation window `--crash-window`). API writes of the pipeline
-  (records, Events, pod labels) counted by the API server itself, per failure.
-- throughout: the API server's request rate (all clients: kwok's heartbeats included),
-  the handler's CPU seconds and RSS, and exact counts (the handler's
-  execwatch_exec_failures_total against the failures caused; creates answered 409 by
-  the ResourceQuota admission when it lost a race for the quota object, which created
-  nothing and are retried, are counted as `quota_409_retried`).
+  `--crash-seconds` (aggregation window `--crash-window`), handled by the new leader.
+  API writes of the pipeline (records, Events, pod labels) counted by the API server
+  itself: per failure, and per crash-looping pod and minute.
+- exact counts through the failover: the failures caused against what each replica
+  counted. The stopped leader's count comes from its log (one `record handled` line per
+  record it counted; the process is gone), the standby's from its
+  execwatch_exec_failures_total (its log must agree); a record counted by both is
+  doubled. The durable total, the sum of the Event series' counts, must agree too.
+  Creates answered 409 by the ResourceQuota admission because it lost a race for the
+  quota object (nothing was created; retried) are `quota_409_retried`.
+- throughout: the API server's request rate (all clients: kwok's heartbeats included;
+  also for 30 s before the burst, while nothing fails), the handlers' CPU seconds and RSS.
 
 Results are printed and saved to .cache/bench/fleet.json.
 """
@@ -27,8 +40,10 @@ Results are printed and saved to .cache/bench/fleet.json.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
+import shlex
 import shutil
 import signal
 import sys
@@ -44,54 +59,157 @@ from typing import Any
 
 from kubernetes import client, watch
 from tests.cluster.records import CountingRecords, exec_failure
-from tests.fleet.kwok import ARCH_LABEL, FLEET_LABEL, TOLERATION, Fleet, fleet_cluster
+from tests.fleet.kwok import AGENT, ARCH_LABEL, FLEET_LABEL, TOLERATION, Fleet, fleet_cluster
 from tests.kube.fixtures import HANDLER_SA
 from tests.kube.processes import ExecwatchProcess
 
 from benchmarks.cluster_bench import (
     apiserver_requests,
     diff,
-    handler_args,
     lease_holder,
     percentile,
     records_left,
-    start_execwatch,
     wait_for,
 )
 from benchmarks.common import RESULTS, rss_mb, save
 from execwatch.cluster import crd
+from execwatch.cluster.events import CONTROLLER
 from execwatch.cluster.publisher import Publisher, PublisherConfig
 
 NAMESPACE = "rollout"
 WORKLOAD = "bad"
+FILLER = ("fleet", 1000)  # namespace of the other pods, pods per Deployment
 PIPELINE = ("execfailures", "events", "pods")  # pods: the handler's label patches
+REPLICAS = ("fleet-a", "fleet-b")
+FAILURES = "execwatch_exec_failures_total"
+LOG_LINE_LIMIT = 8192  # a `record handled` line is a few hundred bytes
 
 
-def bad_deployment(replicas: int) -> dict[str, Any]:
-    labels = {"app": WORKLOAD}
+def deployment(name: str, replicas: int, arch: str | None = None) -> dict[str, Any]:
+    """`replicas` pods on the kwok nodes (of `arch`: then one per node at most)."""
+    labels = {"app": name}
+    spec: dict[str, Any] = {
+        "tolerations": [TOLERATION],
+        "nodeSelector": {FLEET_LABEL: "true"},
+        "containers": [{"name": "app", "image": f"registry.example/{name}:1"}],
+    }
+    if arch:
+        spec["nodeSelector"][ARCH_LABEL] = arch
+        spec["topologySpreadConstraints"] = [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {"matchLabels": labels},
+            }
+        ]
     return {
-        "metadata": {"name": WORKLOAD},
+        "metadata": {"name": name},
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "tolerations": [TOLERATION],
-                    "nodeSelector": {FLEET_LABEL: "true", ARCH_LABEL: "arm64"},
-                    "topologySpreadConstraints": [
-                        {
-                            "maxSkew": 1,
-                            "topologyKey": "kubernetes.io/hostname",
-                            "whenUnsatisfiable": "DoNotSchedule",
-                            "labelSelector": {"matchLabels": labels},
-                        }
-                    ],
-                    "containers": [{"name": "app", "image": "registry.example/bad:1"}],
-                },
-            },
+            "template": {"metadata": {"labels": labels}, "spec": spec},
         },
     }
+
+
+# -- handler replicas --------------------------------------------------------------------
+
+
+@dataclass
+class Replica:
+    """An `execwatch handler` process, logging each record it handles."""
+
+    identity: str
+    proc: ExecwatchProcess
+    started: float  # time.monotonic() just before the process was started
+
+    @property
+    def pid(self) -> int:
+        return self.proc.proc.pid
+
+    def counted(self, namespace: str) -> float:
+        return self.proc.metric(FAILURES, namespace=namespace)
+
+
+def start_replica(kubeconfig: Path, identity: str, work: Path) -> Replica:
+    args = ["handler", "--kubeconfig", str(kubeconfig), "--identity", identity]
+    started = time.monotonic()
+    proc = ExecwatchProcess(["--log-level", "info", *args], work / f"{identity}.log")
+    return Replica(identity, proc, started)
+
+
+def proc_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    ticks = 100.0  # USER_HZ
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def stop_replica(r: Replica, timeout: float = 20.0) -> float:
+    """SIGTERM (SIGKILL after `timeout`); returns the CPU seconds the process used in all,
+    read while it is a zombie, before it is reaped."""
+    r.proc.proc.terminate()
+    deadline = time.monotonic() + timeout
+    while proc_state(r.pid) != "Z":
+        if time.monotonic() > deadline:
+            r.proc.proc.kill()
+        time.sleep(0.02)
+    cpu = cpu_seconds(r.pid)
+    r.proc.proc.wait()
+    return cpu
+
+
+@dataclass
+class Failover:
+    """Stops the leader in a thread of its own, and times the standby's take-over."""
+
+    fleet: Fleet
+    leader: Replica
+    standby: Replica
+    result: dict[str, Any] = field(default_factory=dict)
+    thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        t0 = time.monotonic()
+        try:
+            self.result["leader_cpu_s_at_exit"] = stop_replica(self.leader)
+            self.result["leader_exited_s"] = round(time.monotonic() - t0, 2)
+            with self.fleet.cluster.client() as admin:
+                wait_for(lambda: lease_holder(admin) == self.standby.identity, 60, "take-over")
+            self.result["standby_leads_s"] = round(time.monotonic() - t0, 2)
+        except Exception as exc:  # reported: the run goes on, its counts say the rest
+            self.result["error"] = repr(exc)[:300]
+
+    def join(self) -> dict[str, Any]:
+        if self.thread is not None:
+            self.thread.join(timeout=90)
+        return self.result
+
+
+def handled_in_log(log: Path, namespace: str) -> list[tuple[str, int]]:
+    """(record name, failures) of each `record handled ... result=handled` line of a
+    handler's log for a pod in `namespace`: what that process counted, in order."""
+    out: list[tuple[str, int]] = []
+    with log.open(errors="replace") as f:
+        for line in f:
+            if 'msg="record handled"' not in line or len(line) > LOG_LINE_LIMIT:
+                continue
+            with contextlib.suppress(ValueError):  # a line cut short by a kill
+                kv = dict(word.partition("=")[::2] for word in shlex.split(line))
+                if kv.get("result") == "handled" and kv.get("pod", "").startswith(namespace + "/"):
+                    out.append((kv["record"], int(kv["count"])))
+    return out
+
+
+# -- the fleet ---------------------------------------------------------------------------
 
 
 @dataclass
@@ -147,26 +265,35 @@ def event_clock(fleet: Fleet) -> Iterator[EventClock]:
         t.join(timeout=10)
 
 
+def core_events(fleet: Fleet, namespace: str | None = None) -> list[Any]:
+    with fleet.cluster.client() as api:
+        core = client.CoreV1Api(api)
+        if namespace is None:
+            return list(core.list_event_for_all_namespaces().items)
+        return list(core.list_namespaced_event(namespace).items)
+
+
 def events_by_source(fleet: Fleet) -> dict[str, int]:
     """Every Event object in the cluster, by reporting component, reason and namespace."""
-    with fleet.cluster.client() as api:
-        events = client.CoreV1Api(api).list_event_for_all_namespaces().items
     out: dict[str, int] = {}
-    for e in events:
+    for e in core_events(fleet):
         key = f"{e.reporting_component or e.source.component}/{e.reason} in {e.metadata.namespace}"
         out[key] = out.get(key, 0) + int(e.series.count if e.series else e.count or 1)
     return dict(sorted(out.items(), key=lambda kv: -kv[1])[:12])
 
 
+def series_total(fleet: Fleet, namespace: str) -> int:
+    """The failures execwatch's Event series in `namespace` say they hold: the durable count."""
+    return sum(
+        int(e.series.count if e.series else 1)
+        for e in core_events(fleet, namespace)
+        if e.reporting_component == CONTROLLER
+    )
+
+
 def worker_alive(publisher: Publisher) -> bool:
     thread = publisher._thread
     return thread is not None and thread.is_alive()
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    ticks = 100.0  # USER_HZ
-    return (int(fields[11]) + int(fields[12])) / ticks
 
 
 def start_agents(
@@ -194,92 +321,195 @@ def all_requests(fleet: Fleet) -> float:
     return sum(apiserver_requests(fleet.cluster).values())
 
 
+def idle_rate(fleet: Fleet, seconds: float) -> float:
+    """The API server's requests/s while no failure happens: kwok's node heartbeats and
+    Leases, the controllers, the handlers' Lease."""
+    before, t0 = all_requests(fleet), time.monotonic()
+    time.sleep(seconds)
+    return round((all_requests(fleet) - before) / (time.monotonic() - t0), 1)
+
+
+def populate(fleet: Fleet, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The `bad` pods Running (returned), and the other pods up to `--pods`."""
+    namespace, per = FILLER
+    others = max(0, args.pods - args.nodes - args.burst_nodes)
+    with fleet.cluster.client() as api:
+        core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+        core.create_namespace({"metadata": {"name": NAMESPACE}})
+        apps.create_namespaced_deployment(
+            NAMESPACE, deployment(WORKLOAD, args.burst_nodes, "arm64")
+        )
+        core.create_namespace({"metadata": {"name": namespace}})
+        for i in range(0, others, per):
+            apps.create_namespaced_deployment(
+                namespace, deployment(f"app-{i // per}", min(per, others - i))
+            )
+        pods = fleet.wait_running(NAMESPACE, f"app={WORKLOAD}", args.burst_nodes, 600)
+        bad = [api.sanitize_for_serialization(p) for p in pods]
+    if others:
+        fleet.wait_ready_replicas(namespace, others, 1800)
+    return bad
+
+
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     t0 = time.monotonic()
     with fleet_cluster(work / "fleet", args.nodes) as fleet:
         agents_by_node = fleet.deploy_agents(timeout=600)
-        with fleet.cluster.client() as api:
-            client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})
-            client.AppsV1Api(api).create_namespaced_deployment(
-                NAMESPACE, bad_deployment(args.burst_nodes)
-            )
-            pods = [
-                api.sanitize_for_serialization(p)
-                for p in fleet.wait_running(NAMESPACE, f"app={WORKLOAD}", args.burst_nodes, 600)
-            ]
+        pods = populate(fleet, args)
         setup_s = time.monotonic() - t0
-        print(f"fleet up in {setup_s:.0f} s: {args.nodes} nodes, {len(pods)} bad pods", flush=True)
+        print(f"fleet up in {setup_s:.0f} s: {args.nodes} nodes, {args.pods} pods", flush=True)
         cluster = fleet.cluster
         handler_cfg = cluster.kubeconfig(
             cluster.service_account_token(*HANDLER_SA), work / "handler.kcfg"
         )
-        handler = start_execwatch(handler_args(handler_cfg), work / "handler.log")
-        agents = start_agents(fleet, agents_by_node, pods, args.crash_window)
+        replicas: list[Replica] = []
+        agents: list[NodeAgent] = []
         try:
-            with cluster.client() as admin:
-                wait_for(lambda: lease_holder(admin), 60, "handler lease")
-            return measure(args, fleet, handler, agents) | {
+            startup = start_up(fleet, agents_by_node, handler_cfg, work, replicas)
+            startup["apiserver_idle_requests_per_s"] = idle_rate(fleet, 30.0)
+            print("start-up", json.dumps(startup), flush=True)
+            agents = start_agents(fleet, agents_by_node, pods, args.crash_window)
+            return measure(args, fleet, replicas, agents) | {
                 "nodes": args.nodes,
+                "pods": args.pods,
                 "bad_pods": len(pods),
                 "fleet_setup_s": round(setup_s, 1),
+                "start_up": startup,
             }
         finally:
             for a in agents:
                 a.publisher.stop(flush_timeout=0)
                 a.api.close()
-            handler.stop()
-            shutil.copy(work / "handler.log", RESULTS / "fleet-handler.log")
+            RESULTS.mkdir(parents=True, exist_ok=True)
+            for r in replicas:
+                r.proc.stop()
+                shutil.copy(r.proc.log, RESULTS / f"fleet-handler-{r.identity}.log")
+
+
+def start_up(
+    fleet: Fleet, agents: dict[str, Any], kubeconfig: Path, work: Path, replicas: list[Replica]
+) -> dict[str, Any]:
+    """A record waits; the first replica starts and counts it; then the standby starts.
+    Both are appended to `replicas` as they start."""
+    node = fleet.nodes[0]
+    pod = agents[node.name]
+    api = fleet.cluster.lightkube(fleet.agent_token(pod))
+    sink = CountingRecords(api, crd.DEFAULT_NAMESPACE)
+    publisher = Publisher(PublisherConfig(node=node.name), sink)
+    with fleet.cluster.client() as admin:
+        failure = exec_failure(
+            pod=admin.sanitize_for_serialization(pod),
+            node_arch=node.arch,
+            binary_arch="arm64" if node.arch == "amd64" else "amd64",
+        )
+        publisher.start()
+        publisher.submit(failure)
+        publisher.stop(flush_timeout=30)
+        api.close()
+        wait_for(lambda: records_left(admin) >= 1, 30, "the waiting record")
+        leader = start_replica(kubeconfig, REPLICAS[0], work)
+        replicas.append(leader)
+        wait_for(lambda: lease_holder(admin) == leader.identity, 120, "the Lease")
+        lease_s = time.monotonic() - leader.started
+        wait_for(lambda: leader.counted(AGENT[0]) >= 1, 120, "the waiting record counted")
+        first_s = time.monotonic() - leader.started
+        time.sleep(5)
+        rss = rss_mb(leader.pid)
+        replicas.append(start_replica(kubeconfig, REPLICAS[1], work))
+        wait_for(replicas[1].proc.serving, 60, "the standby")
+        holder = lease_holder(admin)
+    return {
+        "lease_held_s": round(lease_s, 2),
+        "first_record_counted_s": round(first_s, 2),
+        "leader_rss_mb_5s_later": round(rss[0], 1),
+        "leader_peak_rss_mb": round(rss[1], 1),
+        "lease_holder_after_standby_started": holder,
+    }
+
+
+# -- the measurements --------------------------------------------------------------------
 
 
 def measure(
-    args: argparse.Namespace, fleet: Fleet, handler: ExecwatchProcess, agents: list[NodeAgent]
+    args: argparse.Namespace, fleet: Fleet, replicas: list[Replica], agents: list[NodeAgent]
 ) -> dict[str, Any]:
-    pid = handler.proc.pid
-    caused = 0
+    leader, standby = replicas
+    burst, caused_burst = burst_with_failover(args, fleet, leader, standby, agents)
+    print("burst", json.dumps(burst), flush=True)
+    crash, caused_crash, dead = crash_loop(args, fleet, standby, agents)
+    print("crash", json.dumps(crash), flush=True)
+    crash["events_by_source"] = events_by_source(fleet)
+    rss, peak = rss_mb(standby.pid)
+    return {
+        "burst": burst,
+        "crash": crash,
+        "exact": exact_counts(fleet, leader, standby, caused_burst + caused_crash),
+        "quota_409_retried": sum(a.sink.conflicts for a in agents),
+        "publishers_dead": dead,
+        "handler_rss_mb": round(rss, 1),
+        "handler_peak_rss_mb": round(peak, 1),
+    }
+
+
+def burst_with_failover(
+    args: argparse.Namespace,
+    fleet: Fleet,
+    leader: Replica,
+    standby: Replica,
+    agents: list[NodeAgent],
+) -> tuple[dict[str, Any], int]:
     submitted: dict[str, float] = {}
-    requests0, cpu0, t0 = all_requests(fleet), cpu_seconds(pid), time.monotonic()
+    failover = Failover(fleet, leader, standby)
+    requests0, t0 = all_requests(fleet), time.monotonic()
+    cpu0 = {r.identity: cpu_seconds(r.pid) for r in (leader, standby)}
     with event_clock(fleet) as clock:
         gap = args.burst_seconds / len(agents)
-        for a in agents:
-            name = a.pod["metadata"]["name"]
-            submitted[name] = time.time()
+        for i, a in enumerate(agents):
+            if i == len(agents) // 2:
+                failover.start()
+            submitted[a.pod["metadata"]["name"]] = time.time()
             a.publisher.submit(exec_failure(pod=a.pod, node_arch="arm64", binary_arch="amd64"))
-            caused += 1
             time.sleep(gap)
         with contextlib.suppress(TimeoutError):  # reported as missing
             wait_for(lambda: len(clock.seen) >= len(agents), 180, "every pod's Event")
         burst_s = time.monotonic() - t0
-        latencies = [clock.seen[n] - submitted[n] for n in submitted if n in clock.seen]
-        missing = len(submitted) - len(latencies)
-        latencies = latencies or [float("nan")]
-        with fleet.cluster.client() as admin:
-            left = records_left(admin)
+        took = failover.join()
+    latencies = [clock.seen[n] - submitted[n] for n in submitted if n in clock.seen] or [
+        float("nan")
+    ]
+    with fleet.cluster.client() as admin:
+        left = records_left(admin)
+    handler_cpu = took.get("leader_cpu_s_at_exit", float("nan")) - cpu0[leader.identity]
+    handler_cpu += cpu_seconds(standby.pid) - cpu0[standby.identity]
     burst = {
         "seconds": round(burst_s, 1),
-        "events_missing": missing,
+        "leader_stopped_after_failures": len(agents) // 2,
+        "failover": {k: v for k, v in took.items() if k != "leader_cpu_s_at_exit"},
+        "events_missing": len(submitted) - len(clock.seen.keys() & submitted.keys()),
         "records_left": left,
         "watch_errors": clock.errors[:5],
-        "counted_by_handler": handler.metric("execwatch_exec_failures_total", namespace=NAMESPACE),
         "latency_p50_s": round(percentile(latencies, 50), 3),
         "latency_p99_s": round(percentile(latencies, 99), 3),
         "latency_max_s": round(max(latencies), 3),
         "apiserver_requests_per_s": round((all_requests(fleet) - requests0) / burst_s, 1),
-        "handler_cpu_s": round(cpu_seconds(pid) - cpu0, 2),
+        "handlers_cpu_s": round(handler_cpu, 2),
     }
-    print("burst", json.dumps(burst), flush=True)
+    return burst, len(submitted)
 
-    writes0, requests0, cpu0, t0 = (
-        pipeline_writes(fleet),
-        all_requests(fleet),
-        cpu_seconds(pid),
-        time.monotonic(),
-    )
-    crash_failures = 0
+
+def crash_loop(
+    args: argparse.Namespace, fleet: Fleet, handler: Replica, agents: list[NodeAgent]
+) -> tuple[dict[str, Any], int, int]:
+    """(figures, failures caused, publishers whose worker died). The publishers are
+    stopped at the end: everything they held is published."""
+    writes0, requests0 = pipeline_writes(fleet), all_requests(fleet)
+    cpu0, t0 = cpu_seconds(handler.pid), time.monotonic()
+    failures = 0
     while time.monotonic() - t0 < args.crash_seconds:
         tick = time.monotonic()
         for a in agents:
             a.publisher.submit(exec_failure(pod=a.pod, node_arch="arm64", binary_arch="amd64"))
-            crash_failures += 1
+            failures += 1
         time.sleep(max(0.0, args.crash_every - (time.monotonic() - tick)))
     crash_s = time.monotonic() - t0
     # A publisher whose worker thread died (on an exception it does not handle) publishes
@@ -287,39 +517,45 @@ def measure(
     dead = sum(not worker_alive(a.publisher) for a in agents)
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda a: a.publisher.stop(flush_timeout=30), agents))
-    caused += crash_failures
     with fleet.cluster.client() as admin:
         wait_for(lambda: records_left(admin) == 0, 300, "records handled")
-    with contextlib.suppress(TimeoutError):  # a shortfall is reported as lost
-        wait_for(
-            lambda: handler.metric("execwatch_exec_failures_total", namespace=NAMESPACE) >= caused,
-            30,
-            "the handler's count",
-        )
     time.sleep(1)
     writes = diff(pipeline_writes(fleet), writes0)
-    rss, peak = rss_mb(pid)
-    crash = {
-        "seconds": round(crash_s, 1),
-        "failures": crash_failures,
-        "api_writes": writes,
-        "writes_per_failure": round(sum(writes.values()) / crash_failures, 4),
-        "apiserver_requests_per_s": round((all_requests(fleet) - requests0) / crash_s, 1),
-        "handler_cpu_s": round(cpu_seconds(pid) - cpu0, 2),
-    }
-    print("crash", json.dumps(crash), flush=True)
-    crash["events_by_source"] = events_by_source(fleet)
-    counted = handler.metric("execwatch_exec_failures_total", namespace=NAMESPACE)
+    total = sum(writes.values())
+    return (
+        {
+            "seconds": round(crash_s, 1),
+            "failures": failures,
+            "api_writes": writes,
+            "writes_per_failure": round(total / failures, 4),
+            "writes_per_pod_minute": round(total / len(agents) / (crash_s / 60), 2),
+            "apiserver_requests_per_s": round((all_requests(fleet) - requests0) / crash_s, 1),
+            "handler_cpu_s": round(cpu_seconds(handler.pid) - cpu0, 2),
+        },
+        failures,
+        dead,
+    )
+
+
+def exact_counts(fleet: Fleet, stopped: Replica, standby: Replica, caused: int) -> dict[str, Any]:
+    """What each replica counted, against the failures caused and the Event series."""
+    by_stopped = handled_in_log(stopped.proc.log, NAMESPACE)
+    rest = caused - sum(n for _, n in by_stopped)
+    with contextlib.suppress(TimeoutError):  # a shortfall is reported as lost
+        wait_for(lambda: standby.counted(NAMESPACE) >= rest, 30, "the new leader's count")
+    by_standby = handled_in_log(standby.proc.log, NAMESPACE)
+    metric = int(standby.counted(NAMESPACE))
+    seen = collections.Counter(name for name, _ in by_stopped + by_standby)
+    counted = sum(n for _, n in by_stopped) + metric
     return {
-        "burst": burst,
-        "crash": crash,
         "failures_caused": caused,
-        "counted_by_handler": counted,
+        "counted_by_stopped_leader": sum(n for _, n in by_stopped),
+        "counted_by_new_leader": metric,
+        "new_leader_log_agrees": sum(n for _, n in by_standby) == metric,
+        "counted": counted,
         "lost": caused - counted,
-        "quota_409_retried": sum(a.sink.conflicts for a in agents),
-        "publishers_dead": dead,
-        "handler_rss_mb": round(rss, 1),
-        "handler_peak_rss_mb": round(peak, 1),
+        "records_counted_twice": sum(1 for c in seen.values() if c > 1),
+        "event_series_total": series_total(fleet, NAMESPACE),
     }
 
 
@@ -330,6 +566,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--pods", type=int, default=10000, help="Running pods in all")
     parser.add_argument("--burst-nodes", type=int, default=300)
     parser.add_argument("--burst-seconds", type=float, default=10.0)
     parser.add_argument("--crash-seconds", type=float, default=300.0)
@@ -338,6 +575,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.burst_nodes > int(args.nodes * 0.3):
         parser.error(f"--burst-nodes: only {int(args.nodes * 0.3)} of {args.nodes} nodes are arm64")
+    if args.burst_nodes < 2:
+        parser.error("--burst-nodes: at least 2 (the leader stops half-way)")
     with tempfile.TemporaryDirectory(prefix="execwatch-fleet-bench-") as tmp:
         result = run(args, Path(tmp))
     print(json.dumps(result, indent=2))

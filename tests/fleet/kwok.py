@@ -208,6 +208,19 @@ class Fleet:
 
         return wait_for(f"{count} pods {selector} Running", enough, timeout, every=1.0)
 
+    def wait_ready_replicas(self, namespace: str, count: int, timeout: float) -> int:
+        """Until the Deployments of `namespace` have `count` ready pods in all: their
+        status says it, where listing thousands of pods would cost seconds a poll."""
+
+        def enough() -> int | None:
+            self.check_alive()
+            with self.cluster.client() as api:
+                listed = client.AppsV1Api(api).list_namespaced_deployment(namespace).items
+            ready = sum(d.status.ready_replicas or 0 for d in listed)
+            return ready if ready >= count else None
+
+        return wait_for(f"{count} ready pods in {namespace}", enough, timeout, every=2.0)
+
     def deploy_agents(self, timeout: float = 180.0) -> dict[str, Any]:
         """A DaemonSet of the agent's ServiceAccount with a Running pod on every node;
         returns its pods by node (nothing runs in them: `agent_token` speaks for them)."""
