@@ -43,7 +43,14 @@ def crd(kube: KubeCluster) -> None:
 
 @pytest.fixture
 def store(crd: None, admin: client.ApiClient) -> Iterator[VerdictStore]:
+    """A store on a cluster with no verdict: other tests' (the real command's, the
+    handler's) are cluster-scoped and would count here."""
+    delete_all_verdicts(admin)
     yield VerdictStore(rest_for(admin), time.time)
+    delete_all_verdicts(admin)
+
+
+def delete_all_verdicts(admin: client.ApiClient) -> None:
     custom = client.CustomObjectsApi(admin)
     for item in custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]:
         custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, item["metadata"]["name"])
