@@ -489,13 +489,20 @@ static __always_inline __u64 fold_tag(__u64 cgroup_id, __u64 mntns, __u64 root_i
 	return h | 1;
 }
 
-/* This CPU's set for the tag. NH moves a small change of a name (d0/ -> d1/) in its low
- * bits only: a multiply carries it to the top bits, which pick the set. */
+/* This CPU's set for the tag. The names of one PATH search differ in a byte or two
+ * (d0/ -> d1/), and NH turns that into tags in arithmetic progression: a multiply alone
+ * keeps them one (1 load in 64 put five such names in one set of four ways, and one of
+ * them was never folded). MurmurHash3's 64-bit finaliser mixes every bit into the top. */
 static __always_inline __u32 fold_set(__u64 tag)
 {
-	__u64 spread = tag * 0x9e3779b97f4a7c15ULL;
+	__u64 x = tag;
 
-	return bpf_get_smp_processor_id() * EW_FOLD_SETS + (__u32)(spread >> (64 - EW_FOLD_SET_BITS));
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdULL;
+	x ^= x >> 33;
+	x *= 0xc4ceb9fe1a85ec53ULL;
+	x ^= x >> 33;
+	return bpf_get_smp_processor_id() * EW_FOLD_SETS + (__u32)(x >> (64 - EW_FOLD_SET_BITS));
 }
 
 /* The way that holds the tag, or -1. */
