@@ -66,7 +66,11 @@ class Prometheus:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self._wait_ready()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()  # its own session: nothing else would ever stop it
+            raise
 
     def _wait_ready(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
