@@ -10,6 +10,7 @@ import base64
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 from kubernetes import client
 
 from execwatch.placement.affinity import ARCH_LABEL
+from execwatch.placement.controller import Outcome as Placed
 from execwatch.placement.controller import Placer
 from execwatch.placement.decision import Outcome
 from execwatch.placement.observed import Feedback
@@ -311,6 +313,25 @@ def reads(writer: VerdictWriter, result: str) -> float:
     return value or 0.0
 
 
+@dataclass(frozen=True)
+class FirstPod:
+    """The first pod of an image in a new enforce namespace, placed, and its verdict."""
+
+    ns: str
+    spec: dict[str, Any]  # the pod's spec: its pull secret, one container "app"
+    outcome: Placed | None
+    verdict: ImageVerdict
+
+
+def first_pod(
+    admin: client.ApiClient, registry: Registry, image: str, writer: VerdictWriter, tmp: Path
+) -> FirstPod:
+    ns, secrets = enforced(admin, registry)
+    spec = {"imagePullSecrets": secrets, "containers": [{"name": "app", "image": image}]}
+    outcome = placer(admin, registry, tmp, writer=writer).handle(create_pod(admin, ns, **spec))
+    return FirstPod(ns, spec, outcome, the_verdict(writer.store, writer, image))
+
+
 def test_a_scan_of_what_the_image_starts_is_written_to_its_verdict(
     registered: object,
     admin: client.ApiClient,
@@ -320,13 +341,8 @@ def test_a_scan_of_what_the_image_starts_is_written_to_its_verdict(
     writer: VerdictWriter,
     tmp_path: Path,
 ) -> None:
-    ns, secrets = enforced(admin, registry)
-    pod = create_pod(admin, ns, imagePullSecrets=secrets, containers=[
-        {"name": "app", "image": pushed["hello"]}])  # fmt: skip
+    got = first_pod(admin, registry, pushed["hello"], writer, tmp_path).verdict
 
-    placer(admin, registry, tmp_path, writer=writer).handle(pod)
-
-    got = the_verdict(store, writer, pushed["hello"])
     assert {p: (v.outcome, v.source) for p, v in got.platforms.items()} == {
         "linux/amd64": (Outcome.RUNS, "scan"), "linux/arm64": (Outcome.RUNS, "scan"),
     }  # fmt: skip
@@ -364,16 +380,14 @@ def test_a_fresh_stored_verdict_decides_without_a_scan_a_stale_one_does_not(
     tmp_path: Path,
     age: float,
 ) -> None:
-    ns, secrets = enforced(admin, registry)
-    spec = {"imagePullSecrets": secrets, "containers": [{"name": "app", "image": pushed["hello"]}]}
-    placer(admin, registry, tmp_path, writer=writer).handle(create_pod(admin, ns, **spec))
-    digest = the_verdict(store, writer, pushed["hello"]).digest
+    first = first_pod(admin, registry, pushed["hello"], writer, tmp_path)
+    digest = first.verdict.digest
     # A scan verdict that says arm64 fails, `age` seconds old: a scan would say it runs.
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - age))
     says = PlatformVerdict("linux/arm64", Outcome.FAILS, "scan", stamp, ("/usr/bin/hello: x",), 1)
     store.record(digest, pushed["hello"], [says])
 
-    again = create_pod(admin, ns, metadata={"name": "q"}, **spec)
+    again = create_pod(admin, first.ns, metadata={"name": "q"}, **first.spec)
     outcome = placer(admin, registry, tmp_path, writer=writer).handle(again)  # an empty memo
 
     assert outcome is not None
@@ -393,11 +407,9 @@ def test_an_observed_failure_sends_new_pods_of_the_digest_elsewhere(
     writer: VerdictWriter,
     tmp_path: Path,
 ) -> None:
-    ns, secrets = enforced(admin, registry)
-    spec = {"imagePullSecrets": secrets, "containers": [{"name": "app", "image": pushed["hello"]}]}
-    first = placer(admin, registry, tmp_path, writer=writer).handle(create_pod(admin, ns, **spec))
-    assert first is not None and first.action == "leave"  # the scan: runs on both
-    digest = the_verdict(store, writer, pushed["hello"]).digest
+    first = first_pod(admin, registry, pushed["hello"], writer, tmp_path)
+    assert first.outcome is not None and first.outcome.action == "leave"  # runs on both
+    ns, digest = first.ns, first.verdict.digest
     # The pod ran on an arm64 node and its container failed there, a binary from a volume.
     ran = running_pod(admin, ns, f"{pushed['hello'].rsplit(':', 1)[0]}@{digest}", name="ran")
     feedback = Feedback(rest_for(admin))
@@ -407,8 +419,7 @@ def test_an_observed_failure_sends_new_pods_of_the_digest_elsewhere(
     feedback.stop()
 
     command = {"name": "app", "image": pushed["hello"], "command": ["/usr/bin/hello"]}
-    new = create_pod(admin, ns, metadata={"name": "new"}, imagePullSecrets=secrets,
-                     containers=[command])  # fmt: skip
+    new = create_pod(admin, ns, metadata={"name": "new"}, **{**first.spec, "containers": [command]})
     outcome = placer(admin, registry, tmp_path, writer=writer).handle(new)
 
     assert outcome is not None and outcome.action == "place", outcome
