@@ -362,6 +362,18 @@ def test_agent_command_line_uses_flags_the_agent_has() -> None:
         assert args.metrics_address[1] == c["ports"][0]["containerPort"]
 
 
+def test_the_agent_reads_the_nodes_binfmt_table_through_inits_root() -> None:
+    """In its container the agent's own /proc/sys/fs/binfmt_misc is empty: the node's
+    table and emulators are read in init's root, reachable because the pod has hostPID."""
+    for sets in ((), ("agent.runAsNonRoot=true",)):
+        docs = render(*sets)
+        args = _cluster_parser().parse_args(agent_container(docs)["args"])
+        assert str(args.host_root) == "/proc/1/root"
+        assert pod_spec(find(docs, "DaemonSet", "execwatch-agent"))["hostPID"] is True
+        caps = agent_container(docs)["securityContext"]["capabilities"]["add"]
+        assert "SYS_PTRACE" in caps, "opening init's root is a ptrace access check"
+
+
 def _cluster_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="execwatch")
     parser.add_argument("--log-level")

@@ -43,26 +43,37 @@ class BinfmtNamespace:
     process: subprocess.Popen[bytes]
 
     @classmethod
-    def start(cls) -> BinfmtNamespace:
+    def start(cls, setup: str = "true", *args: str) -> BinfmtNamespace:
+        """`setup`: shell commands run in the namespaces once the table is mounted, with
+        `args` as $1, $2, ..."""
         script = (
-            f"mount -t binfmt_misc binfmt_misc {TABLE_IN_NAMESPACE} && echo ready && exec sleep 600"
+            f"mount -t binfmt_misc binfmt_misc {TABLE_IN_NAMESPACE} && {setup} && echo ready"
+            " && exec sleep 600"
         )
+        unshare = ["unshare", "-U", "-m", "-r", "--propagation", "private"]
         process = subprocess.Popen(
-            ["unshare", "-U", "-m", "-r", "--propagation", "private", "sh", "-c", script],
-            stdout=subprocess.PIPE,
+            [*unshare, "sh", "-c", script, "-", *args], stdout=subprocess.PIPE
         )
         assert process.stdout is not None
         line = process.stdout.readline()
         if line != b"ready\n":
             process.kill()
             process.wait()
-            pytest.fail(f"cannot mount binfmt_misc in a user namespace (Linux 6.7+): {line!r}")
+            pytest.fail(
+                f"cannot mount binfmt_misc in a user namespace (Linux 6.7+), or {setup!r}"
+                f" failed there: {line!r}"
+            )
         return cls(process)
+
+    @property
+    def root(self) -> Path:
+        """The namespace's root directory as the host (and the agent) reach it."""
+        return Path(f"/proc/{self.process.pid}/root")
 
     @property
     def table(self) -> Path:
         """The namespace's table as the host (and the agent) reach it."""
-        return Path(f"/proc/{self.process.pid}/root{TABLE_IN_NAMESPACE}")
+        return Path(f"{self.root}{TABLE_IN_NAMESPACE}")
 
     def run(self, *argv: str | Path) -> subprocess.CompletedProcess[str]:
         """argv[0] exec'd as is: nsenter's execvp would hand a file it cannot run to sh."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
@@ -38,19 +39,23 @@ def run(
     registry: CollectorRegistry,
     ready: threading.Event | None = None,
     heartbeat: Heartbeat | None = None,
+    host_root: Path = Path("/"),
 ) -> float:
     """Trace failed execs and publish them until `stop`; needs root and BPF.
 
     One repeat window to choose, the publisher's `aggregation_window`. The node folds
     repeats over a fixed NODE_WINDOW_S first (the kernel too), so the publisher sees a
-    storm as one submit a second, and the first occurrence at once.
+    storm as one submit a second, and the first occurrence at once. `host_root` is the
+    node's root, where its binfmt_misc table is read (probe.nodebinfmt).
 
     Returns the CLOCK_BOOTTIME before which every event of the probe was consumed and
     submitted: what this agent hands over to the next one on the node."""
     from execwatch.nodestack import NodeStack, StackOptions
     from execwatch.pipeline import PipelineOptions
+    from execwatch.probe.loader import ProbeOptions
 
     options = StackOptions(
+        probe=ProbeOptions(host_root=host_root),
         pipeline=PipelineOptions(window=NODE_WINDOW_S),
         attributor=attributor,
         heartbeat=heartbeat,

@@ -135,6 +135,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="names from the container runtime only, or also a node-scoped pod "
         "watch (needs deploy/base/optional/agent-pod-reader.yaml)",
     )
+    a.add_argument(
+        "--host-root",
+        type=Path,
+        default=Path("/"),
+        help="the node's root directory, where its binfmt_misc table and emulators are looked"
+        " up (in a container with the host's PID namespace: /proc/1/root)",
+    )
     a.add_argument("--window", action=cliargs.Renamed, successor="--aggregation-window")
     a.set_defaults(func=run_agent)
 
@@ -326,6 +333,7 @@ def _agent(
                 registry=registry,
                 ready=tracing,
                 heartbeat=heartbeat,
+                host_root=args.host_root,
             )
     except (ProbeError, OSError, ValueError) as exc:
         return refused(str(exc))

@@ -23,6 +23,7 @@ from execwatch.probe import caps, layout
 from execwatch.probe.fairness import Describe, ShedWatch, describe_cgroup
 from execwatch.probe.folds import FoldSlots
 from execwatch.probe.libbpf import LibbpfMissing, RingBufferCallback, load_libbpf
+from execwatch.probe.nodebinfmt import HOST_ROOT, NodeBinfmt
 
 log = logging.getLogger(__name__)
 K = TypeVar("K", bound=ctypes.Structure)
@@ -85,8 +86,12 @@ class ProbeOptions:
     budget_rate: float = 100.0
     budget_burst: int = 500
     budget_entries: int = 8192  # cgroups with a budget at once (an LRU: the oldest go)
-    # The binfmt_misc table whose foreign emulators the emulation program watches (None:
-    # never attached), re-read at most this often, from take_folds().
+    # The node's root directory: the binfmt_misc table and its interpreters are looked up
+    # inside it (probe.nodebinfmt; the DaemonSet's agent: /proc/1/root).
+    host_root: Path = HOST_ROOT
+    # The binfmt_misc table, as a path inside host_root, whose foreign emulators the
+    # emulation program watches (None: never attached), re-read at most this often, from
+    # take_folds().
     binfmt_table: Path | None = emulation.TABLE
     binfmt_refresh_s: float = 10.0
 
@@ -142,6 +147,8 @@ class Probe:
         self.fold_key: list[int] = []  # the tags' NH key, random at each load
         self.shed = ShedWatch(describe_cgroup)
         self.emulation = EmulationState()
+        table = self.options.binfmt_table or emulation.TABLE
+        self.node_binfmt = NodeBinfmt(self.options.host_root, table)
 
     def describe_cgroups_with(self, describe: Describe) -> None:
         """Name a crowding cgroup with `describe` (its pod, from attribution) instead of
@@ -261,26 +268,26 @@ class Probe:
             not force and now - state.read_at < self.options.binfmt_refresh_s
         ):
             return
-        table = emulation.read_table(table_path)
+        table = self.node_binfmt.read_table()
         node_arch = node_platform().architecture
         found = table.foreign(node_arch) if table is not None and table.enabled else ()
         self.set_emulators(found)
         self.emulation.read_at = now
 
     def set_emulators(self, emulators: tuple[Emulator, ...]) -> None:
-        """Watch exactly these emulators (their interpreters, by inode): the program is
-        attached while there is one that the kernel can watch, else detached."""
+        """Watch exactly these emulators (their interpreters, by inode in the node's root):
+        the program is attached while there is one that the kernel can watch, else
+        detached. One whose interpreter is not in the node's root is not watched."""
         state = self.emulation
         fd = self._lib.bpf_map__fd(self._map("emulators")) if state.supported else -1
         if fd >= 0:
             for key in list(self._keys(fd, layout.FileId)):
                 self._lib.bpf_map_delete_elem(fd, ctypes.byref(key))
         watched: list[Emulator] = []
-        for emu in emulators:
-            file_id = interpreter_id(emu.interpreter)
-            index = state.index(file_id, emu.arch) if file_id is not None else None
-            if file_id is None or index is None:
-                continue  # gone since its registration, or past the map's size
+        for emu, file_id in self.node_binfmt.identify(emulators):
+            index = state.index(file_id, emu.arch)
+            if index is None:
+                continue  # past the map's size
             value = layout.EmulatorEntry(index=index, arch=emu.arch.encode()[: layout.ARCH_LEN - 1])
             if fd >= 0:
                 self._lib.bpf_map_update_elem(fd, ctypes.byref(file_id), ctypes.byref(value), 0)
@@ -585,15 +592,6 @@ class EmulationState:
             self.indexes[key] = len(self.archs)
             self.archs.append(arch)
         return self.indexes[key]
-
-
-def interpreter_id(path: str) -> layout.FileId | None:
-    """The interpreter's inode as the kernel's emulators map keys it (s_dev encoding)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return layout.FileId(dev=os.major(st.st_dev) << 20 | os.minor(st.st_dev), ino=st.st_ino)
 
 
 def emulation_support(lib: ctypes.CDLL) -> str | None:
