@@ -37,11 +37,14 @@
    (--old-object, built from git), the budget off, on but never reached (each failure
    pays the bucket check and sends its record), and the default budget, which such a
    storm goes over (the shed path: no record).
-7. Silent emulation (--phases emulation): the kernel time per successful native exec of
-   the sched_process_exec program that reports emulated execs, attached as on a node with
-   a foreign binfmt_misc emulator, next to a return-only program on the same hook, in both
-   attach orders (--emulation-execs in ten rounds each); then its runs once detached, as
-   on a node without one (0: it is not attached).
+7. Silent emulation (--phases emulation): the success path's kernel time with and without
+   a foreign binfmt_misc entry. Debian's qemu-aarch64-static is registered in a private
+   user namespace's binfmt_misc, as the tests register it, and the probe reads that table
+   as a node's: the sched_process_exec program is attached (an arm64 busybox run through
+   it must be counted) and measured per successful native exec next to a return-only
+   program on the same hook, --emulation-execs in twenty rounds whose attach orders
+   alternate; then the entry is removed, the program detached, and the failure probe
+   alone (exit_execve) measured again: the emulation program must not run at all.
 
 The machine is shared by several engineers: figures are noisy, compare within one run.
 """
@@ -62,13 +65,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests.support.emulation import EMULATORS, BinfmtNamespace, aarch64_entry
 
 from benchmarks.common import build_c, require_root, rss_mb, save, sysctl
 from execwatch.attribution import Attributor
 from execwatch.attribution.mounts import cgroup_mounts
-from execwatch.binfmt.emulation import Emulator
 from execwatch.nodestack import NodeStack, StackOptions
 from execwatch.output import Printer
 from execwatch.pipeline import KernelFolds
@@ -106,10 +111,32 @@ def attach_in_order(stack: ExitStack, tmp: Path, order: str) -> tuple[Probe, int
     return probe, baseline
 
 
+@dataclass
+class Loaded:
+    """A program loaded through libbpf and not attached yet."""
+
+    lib: ctypes.CDLL
+    prog: int
+
+    @property
+    def prog_id(self) -> int:
+        return fdinfo_prog_id(self.lib.bpf_program__fd(self.prog))
+
+    @contextmanager
+    def attached(self) -> Iterator[None]:
+        """Attached (after every program already on its hook) while in the block."""
+        link = self.lib.bpf_program__attach(self.prog)
+        if not link:
+            raise RuntimeError(f"cannot attach return_only: errno {ctypes.get_errno()}")
+        try:
+            yield
+        finally:
+            self.lib.bpf_link__destroy(link)
+
+
 @contextmanager
-def return_only_program(tmp: Path, source: Path | None = None) -> Iterator[int]:
-    """Load and attach benchmarks/return_only.bpf.c (or `source`) through libbpf; yield
-    its prog id."""
+def return_only_loaded(tmp: Path, source: Path | None = None) -> Iterator[Loaded]:
+    """Build and load benchmarks/return_only.bpf.c (or `source`) through libbpf."""
     source = source or HERE / "return_only.bpf.c"
     obj_path = tmp / f"{source.name.removesuffix('.c')}.o"
     include = f"-I/usr/include/{multiarch()}"
@@ -118,18 +145,19 @@ def return_only_program(tmp: Path, source: Path | None = None) -> Iterator[int]:
     )
     lib = load_libbpf()
     obj = lib.bpf_object__open_file(str(obj_path).encode(), None)
-    if not obj or lib.bpf_object__load(obj) < 0:
-        raise RuntimeError("cannot load the return-only program")
-    prog = lib.bpf_object__next_program(obj, None)
-    link = lib.bpf_program__attach(prog)
     try:
-        if not link:
-            raise RuntimeError(f"cannot attach return_only: errno {ctypes.get_errno()}")
-        yield fdinfo_prog_id(lib.bpf_program__fd(prog))
+        if not obj or lib.bpf_object__load(obj) < 0:
+            raise RuntimeError("cannot load the return-only program")
+        yield Loaded(lib, lib.bpf_object__next_program(obj, None))
     finally:
-        if link:
-            lib.bpf_link__destroy(link)
         lib.bpf_object__close(obj)
+
+
+@contextmanager
+def return_only_program(tmp: Path, source: Path | None = None) -> Iterator[int]:
+    """return_only_loaded's program, attached; yield its prog id."""
+    with return_only_loaded(tmp, source) as loaded, loaded.attached():
+        yield loaded.prog_id
 
 
 DIES_MAIN = "extern int ew_gone(void);\nint main(void) { return ew_gone(); }\n"
@@ -875,50 +903,119 @@ int return_only_exec(void *ctx)
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 """
-QEMU_AARCH64 = HERE.parent / ".cache/emulators/qemu-aarch64-static"
+BUSYBOX_ARM64 = FOREIGN.parent / "busybox"
+EMULATOR_ENTRY = "qemu-aarch64"
+EMULATION_ROUNDS = 20  # attach orders alternate round by round: the load drifts alike on both
+EMULATION_PROGRAMS = ("emulated_exec", "return_only", "exit_execve")
 
 
 def emulation_cost(gen: Path, cgroup: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """The emulation program's kernel time per successful native exec, attached (a foreign
-    emulator registered) next to a return-only program on sched_process_exec, in both
-    attach orders; then detached (no foreign emulator), where it must not run at all."""
-    if not QEMU_AARCH64.exists():
-        raise SystemExit(f"{QEMU_AARCH64} is missing: run dev/fetch-emulators.sh")
-    emulator = Emulator("qemu-aarch64", "arm64", str(QEMU_AARCH64), "F")
-    execs = [str(gen), "success", str(args.emulation_execs // 10)]
-    by_order: dict[str, Any] = {}
-    detached: list[dict[str, Any]] = []
-    for order in ORDERS:
-        with ExitStack() as stack:
-            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-            source = tmp / "return_only_exec.bpf.c"
-            source.write_text(RETURN_ONLY_EXEC)
-            if order == "return_only_first":
-                baseline = stack.enter_context(return_only_program(tmp, source))
-            probe = stack.enter_context(Probe(ProbeOptions(binfmt_table=None)))
-            stack.enter_context(drained(probe))
-            probe.set_emulators((emulator,))
-            if order == "execwatch_first":
-                baseline = stack.enter_context(return_only_program(tmp, source))
-            progs = {
-                "emulated_exec": fdinfo_prog_id(probe.program_fds()["emulated_exec"]),
-                "return_only": baseline,
-            }
-            rounds = [measure(probe, progs, cgroup, execs) for _ in range(10)]
-            by_order[order] = {name: add_up([r[name] for r in rounds]) for name in progs}
-            probe.set_emulators(())
-            detached.append(measure(probe, progs, cgroup, execs)["emulated_exec"])
-    attached = {
-        n: add_up([by_order[o][n] for o in ORDERS]) for n in ("emulated_exec", "return_only")
-    }
+    """The success path's kernel time with a foreign binfmt_misc entry (the emulation
+    program attached, next to a return-only program on its hook, the two attach orders
+    alternating round by round) and without one (the failure probe alone: the emulation
+    program detached, never run)."""
+    if not (EMULATORS / "qemu-aarch64-static").exists() or not BUSYBOX_ARM64.exists():
+        raise SystemExit("needs dev/fetch-emulators.sh and dev/fetch-foreign.sh (make test)")
+    execs = [str(gen), "success", str(args.emulation_execs // EMULATION_ROUNDS)]
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        source = tmp / "return_only_exec.bpf.c"
+        source.write_text(RETURN_ONLY_EXEC)
+        baseline = stack.enter_context(return_only_loaded(tmp, source))
+        ns = BinfmtNamespace.start()
+        stack.callback(ns.stop)
+        ns.register(aarch64_entry(EMULATOR_ENTRY, EMULATORS / "qemu-aarch64-static", "F"))
+        probe = stack.enter_context(Probe(ProbeOptions(binfmt_table=ns.table)))
+        stack.enter_context(drained(probe))
+        result: dict[str, Any] = {"emulated_execs_seen": emulated_exec_seen(probe, ns)}
+        fds = probe.program_fds()
+        progs = {
+            "emulated_exec": fdinfo_prog_id(fds["emulated_exec"]),
+            "return_only": baseline.prog_id,
+            "exit_execve": fdinfo_prog_id(fds["exit_execve"]),
+        }
+        with_entry = [
+            emulation_round(probe, baseline, ORDERS[i % len(ORDERS)], progs, cgroup, execs)
+            for i in range(EMULATION_ROUNDS)
+        ]
+        ns.write(EMULATOR_ENTRY, "-1")
+        probe.refresh_emulators()
+        if probe.emulation_attached:
+            raise RuntimeError("the emulation program stayed attached after the entry's removal")
+        with baseline.attached():
+            without = [measure(probe, progs, cgroup, execs) for _ in range(EMULATION_ROUNDS // 2)]
+    return result | emulation_figures(with_entry, without)
+
+
+def emulation_round(
+    probe: Probe,
+    baseline: Loaded,
+    order: str,
+    progs: dict[str, int],
+    cgroup: Path,
+    execs: list[str],
+) -> dict[str, Any]:
+    """One round of native execs with the emulation program (the entry's emulators) and
+    the return-only program attached in `order`."""
+    emulators = probe.binfmt_emulators()
+    probe.set_emulators(())
+    with ExitStack() as stack:
+        if order == "return_only_first":
+            stack.enter_context(baseline.attached())
+        probe.set_emulators(emulators)
+        if order == "execwatch_first":
+            stack.enter_context(baseline.attached())
+        return measure(probe, progs, cgroup, execs)
+
+
+def emulation_figures(
+    with_entry: list[dict[str, Any]], without: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Each program's time per exec over the rounds (exit_execve's over the rounds in which
+    no other process failed an exec: each one costs it microseconds); the emulation
+    program's time over the return-only one's, in all and per pair of rounds (one in each
+    order)."""
+    figures: dict[str, Any] = {}
+    for case, rounds in (("with_foreign_entry", with_entry), ("without_foreign_entry", without)):
+        clean = [r for r in rounds if r["failed_execs_on_host"] == 0]
+        figures[case] = {n: add_up([r[n] for r in rounds]) for n in EMULATION_PROGRAMS[:2]}
+        figures[case]["exit_execve"] = add_up([r["exit_execve"] for r in clean]) | {
+            "rounds": len(clean)
+        }
+    attached = figures["with_foreign_entry"]
     ours, base = attached["emulated_exec"]["ns_per_run"], attached["return_only"]["ns_per_run"]
+    figures["emulated_exec_ns_over_return_only"] = round(ours - base, 1)
+    figures["over_return_only_per_pair_of_rounds"] = pair_gaps(with_entry)
+    runs = figures["without_foreign_entry"]["emulated_exec"]["runs"]
+    figures["emulated_exec_runs_without_foreign_entry"] = runs
+    return figures
+
+
+def pair_gaps(rounds: list[dict[str, Any]]) -> dict[str, float]:
+    """The emulation program's time per exec over the return-only one's in each pair of
+    consecutive rounds (one in each attach order): the spread within a run."""
+    gaps = []
+    for i in range(0, len(rounds) - 1, 2):
+        ours, base = (add_up([r[n] for r in rounds[i : i + 2]]) for n in EMULATION_PROGRAMS[:2])
+        gaps.append(ours["ns_per_run"] - base["ns_per_run"])
     return {
-        "attached": attached,
-        "added_ns_per_successful_exec": ours,
-        "added_ns_over_return_only": round(ours - base, 1),
-        "detached_runs": sum(d["runs"] for d in detached),
-        "by_attach_order": by_order,
+        "min": round(min(gaps), 1),
+        "median": round(statistics.median(gaps), 1),
+        "max": round(max(gaps), 1),
     }
+
+
+def emulated_exec_seen(probe: Probe, ns: BinfmtNamespace) -> int:
+    """The program measured is the one that works: arm64 busybox, run through the entry,
+    is counted."""
+    if not probe.emulation_attached:
+        raise RuntimeError(f"the emulation program is not attached: {probe.emulation.unsupported}")
+    before = probe.emulated_totals().get("arm64", 0)
+    ran = ns.run(BUSYBOX_ARM64.resolve(), "true")
+    seen = probe.emulated_totals().get("arm64", 0) - before
+    if ran.returncode != 0 or seen != 1:
+        raise RuntimeError(f"arm64 busybox under emulation: rc {ran.returncode}, counted {seen}")
+    return seen
 
 
 PHASES = ("kernel", "storm", "deaths", "search", "budget", "emulation")

@@ -106,6 +106,12 @@ static __always_inline struct kernfs_node *kernfs_parent(struct kernfs_node *kn)
  * fires (binfmt_misc's loop without recursion, bprm->interpreter) is 5.8, commit
  * bc2bf338d54b ("exec: Remove recursion from search_binary_handler"). The loader checks
  * the running kernel's BTF for both (probe.loader.emulation_support) and, without them,
- * leaves the program unloaded: the rest of the probe runs as before. */
+ * leaves the program unloaded: the rest of the probe runs as before.
+ * Its native-exec fast path is the same on every kernel: exec points bprm->interp at
+ * bprm->filename, and only bprm_change_interp() (3.8, commit b66c59840175, "exec: do not
+ * leave bprm->interp on stack"), called by binfmt_script and binfmt_misc alone, replaces
+ * it with a copy, so the two pointers differ exactly when one of them took the exec
+ * (read in 7.1's fs/exec.c, binfmt_script.c and binfmt_misc.c; tests/kernels sees
+ * emulated execs reported on each kernel of the matrix). */
 
 #endif

@@ -823,7 +823,7 @@ int signal_deliver(struct signal_deliver_ctx *ctx)
 /* ---- Emulation: see ew_emulated in execwatch.h ----
  * Attached only while the node's binfmt_misc table has a foreign ELF entry. A native exec
  * costs a pointer compare: bprm->interp is bprm->filename until binfmt_script or
- * binfmt_misc replaces it. */
+ * binfmt_misc replaces it (compat.bpf.h: on every kernel). */
 
 struct linux_binprm {
 	struct file *file; /* when the tracepoint fires: the last interpreter that was loaded */
