@@ -9,7 +9,8 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,8 @@ from tests.support.wait import wait_until
 class MemorySink:
     """Stores created objects by name; can be told to fail like an API server would."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
         self.objects: dict[str, dict[str, Any]] = {}
         self.attempts = 0
         self.fail_with: int | None = None
@@ -60,7 +62,7 @@ class MemorySink:
             if name in self.objects:
                 raise errors.from_status(409, "AlreadyExists")
             self.objects[name] = body
-            self.times.append(time.monotonic())
+            self.times.append(self.clock())
             if self.lose_answers:
                 self.lose_answers -= 1
                 raise errors.from_status(0, "ReadTimeoutError")
@@ -83,14 +85,19 @@ def sink() -> MemorySink:
 def make_publisher() -> Iterator[Any]:
     started: list[Publisher] = []
 
-    def make(sink: Any, spool: Spool | None = None, **config: Any) -> Publisher:
+    def make(
+        sink: Any,
+        spool: Spool | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        **config: Any,
+    ) -> Publisher:
         settings: dict[str, Any] = {
             "aggregation_window": 60.0,
             "backoff_initial": 0.05,
             "backoff_max": 0.2,
         }
         settings.update(config)
-        p = Publisher(PublisherConfig(node=NODE, **settings), sink, spool=spool)
+        p = Publisher(PublisherConfig(node=NODE, **settings), sink, spool=spool, clock=clock)
         p.start()
         started.append(p)
         return p
@@ -152,6 +159,89 @@ def test_a_crash_loop_becomes_one_record_per_window_with_exact_counts(
     assert [b["spec"]["count"] for b in bodies] == [1, 299]
     assert bodies[1]["spec"]["firstSeen"] < bodies[1]["spec"]["lastSeen"]
     assert sample(p.metrics, "execwatch_publisher_aggregated_total") == 298
+
+
+@dataclass
+class FakeClock:
+    """Time that moves only when the test says; counts the reads of the publisher's
+    thread since it last moved, so a test knows when the worker has seen the new time."""
+
+    now: float = 0.0
+    worker_reads: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self) -> float:
+        with self.lock:
+            if threading.current_thread().name == "execwatch-publisher":
+                self.worker_reads += 1
+            return self.now
+
+    def set(self, now: float) -> None:
+        with self.lock:
+            self.now, self.worker_reads = now, 0
+
+
+def crash_loop(
+    p: Publisher, sink: MemorySink, clock: FakeClock, failures: set[int], sends: list[int]
+) -> list[tuple[float, int]]:
+    """Drive `p` through fake time in 5-s ticks up to the last failure + 300 s, one
+    failure of one key at each time in `failures` (multiples of 5). A tick ends when the
+    worker has looked for due records at the tick's time (its 2nd clock read: a loop's
+    start, then `_next`) and made the creates `sends` expects by then. A failure never
+    falls on a window's close, so every tick is deterministic. Returns the creates:
+    (fake time, count), in order."""
+    wall = time.time()
+    for t in range(0, max(failures) + 301, 5):
+        clock.set(float(t))
+        if t in failures:
+            p.submit(exec_failure(pod_name="web-0", namespace="shop", when=wall + t))
+        wait_until(lambda: clock.worker_reads >= 2, timeout=5, step=0.001)
+        due = sum(1 for s in sends if s <= t)
+        wait_until(
+            lambda: len(sink.times) == due,  # noqa: B023 - called at once, in this tick
+            timeout=5,
+            step=0.001,
+            explain=lambda: f"at {clock.now}: creates at {sink.times}",
+        )
+    with sink.lock:
+        counts = [b["spec"]["count"] for b in sink.objects.values()]
+        return list(zip(sink.times, counts, strict=True))
+
+
+def test_a_repeating_keys_window_doubles_up_to_the_cap_and_resets_after_quiet(
+    make_publisher: Any,
+) -> None:
+    """A pod failing every 10 s: the first failure goes at once, then a record each time
+    the window closes, the window 60, 120, 240, then 300 s (the cap). Quiet for a whole
+    window, the key starts afresh: at once, then 60 s again. Every failure counted once."""
+    clock = FakeClock()
+    sink = MemorySink(clock)
+    p = make_publisher(sink, clock=clock, aggregation_window_max=300.0, flush_interval=0.002)
+    first = {0} | set(range(15, 1016, 10))  # a crash loop, then 385 s quiet (> 300)
+    again = {1400} | set(range(1415, 1576, 10))
+    sends = [0, 60, 180, 420, 720, 1020, 1400, 1460, 1580]
+    assert crash_loop(p, sink, clock, first | again, sends) == [
+        (0, 1),  # at once
+        (60, 5),  # 15..55: the 60-s window closed with repeats in it
+        (180, 12),  # 120 s
+        (420, 24),  # 240 s
+        (720, 30),  # 300 s: the cap
+        (1020, 30),  # the window closing at 1320 is quiet: the key is forgotten
+        (1400, 1),  # afresh: at once
+        (1460, 5),
+        (1580, 12),
+    ]
+    assert sink.counts() == len(first | again) == 120
+    assert sample(p.metrics, "execwatch_publisher_published_failures_total") == 120
+
+
+def test_a_cap_at_the_first_window_keeps_the_window_fixed(make_publisher: Any) -> None:
+    clock = FakeClock()
+    sink = MemorySink(clock)
+    p = make_publisher(sink, clock=clock, aggregation_window_max=0.0, flush_interval=0.002)
+    sends = [0, 60, 120, 180, 240, 300]
+    creates = crash_loop(p, sink, clock, {0} | set(range(15, 296, 10)), sends)
+    assert creates == [(0, 1), (60, 5), (120, 6), (180, 6), (240, 6), (300, 6)]
 
 
 def test_different_containers_or_paths_are_not_folded_together(
@@ -469,6 +559,32 @@ def test_records_reach_the_api_server_with_the_agents_credentials(
     wait_until(lambda: sum(r["spec"]["count"] for r in list_records(admin)) == 50, timeout=5)
     assert len(list_records(admin)) == 2
     assert sample(p.metrics, "execwatch_publisher_published_failures_total") == 50
+
+
+def test_a_steady_repeat_makes_one_create_per_growing_window_on_the_api_server(
+    agent_lightkube: Any, admin: client.ApiClient, make_publisher: Any
+) -> None:
+    """A failure every 0.1 s for 9 s, windows from 1 s doubling up to 4 s: creates at 0
+    (the first failure), 1, 3 and 7 s, and the rest when the publisher stops: 5 records
+    (a fixed 1-s window would make 10), every failure counted once."""
+    p = make_publisher(
+        RecordApi(agent_lightkube, crd.DEFAULT_NAMESPACE),
+        aggregation_window=1.0,
+        aggregation_window_max=4.0,
+    )
+    p.submit(exec_failure(pod_name="warm-up", namespace="shop"))  # the connection is open
+    wait_until(lambda: sample(p.metrics, "execwatch_publisher_published_total") == 1, timeout=10)
+    t0, caused = time.monotonic(), 0
+    while (elapsed := time.monotonic() - t0) < 9.0:
+        p.submit(exec_failure(pod_name="web-0", namespace="shop", pod_uid="u1"))
+        caused += 1
+        time.sleep(max(0.0, 0.1 * caused - elapsed))
+    p.stop(flush_timeout=10)
+    records = [r for r in list_records(admin) if r["spec"]["pod"]["name"] == "web-0"]
+    counts = sorted((r["spec"]["firstSeen"], r["spec"]["count"]) for r in records)
+    assert len(records) == 5, counts
+    assert sum(r["spec"]["count"] for r in records) == caused
+    assert sample(p.metrics, "execwatch_publisher_published_failures_total") == caused + 1
 
 
 def test_an_api_server_outage_loses_nothing_within_the_spool(

@@ -3,8 +3,11 @@
 What it guarantees, and how:
 - **One create per record, complete.** The object carries everything (`crd.to_body`).
 - **A crash loop is not a flood.** Failures with the same key (container, path, reason,
-  errno) are folded into one pending record; a key gets at most one record per
-  `aggregation_window` (the first one goes out at once, so detection stays fast).
+  errno) are folded into one pending record; a key gets at most one record per window.
+  The first failure of a key goes out at once (detection stays fast) and opens its
+  window of `aggregation_window`; a window that closes with repeats in it sends them as
+  one record and doubles, up to `aggregation_window_max`, as the kubelet's
+  CrashLoopBackOff does; a key quiet for its whole window starts afresh.
 - **Rate limit.** A token bucket bounds creates per second across all keys; what waits
   keeps aggregating.
 - **Outages and restarts lose nothing within a bound.** Every record held (pending,
@@ -65,7 +68,8 @@ class RecordSink(Protocol):
 class PublisherConfig:
     node: str
     namespace: str = crd.DEFAULT_NAMESPACE
-    aggregation_window: float = 60.0
+    aggregation_window: float = 60.0  # a key's first window
+    aggregation_window_max: float = 300.0  # the cap of a repeating key's window
     rate: float = 20.0  # creates per second
     burst: int = 50
     spool_size: int = 2000  # records held: pending, being sent, awaiting retry
@@ -78,6 +82,24 @@ class PublisherConfig:
     # A permanent refusal must last this long before the record is dropped: an API server
     # that has just started answers 403 until its RBAC caches are filled (seen here).
     refusal_grace: float = 30.0
+
+    @property
+    def window_cap(self) -> float:
+        """How long a repeating key's window may grow: never below the first window."""
+        return max(self.aggregation_window, self.aggregation_window_max)
+
+
+@dataclass(frozen=True)
+class _Pace:
+    """A key's window: its last record went out at `sent_at` (monotonic), the next one
+    may go out `window` seconds later."""
+
+    window: float
+    sent_at: float
+
+    @property
+    def closes(self) -> float:
+        return self.sent_at + self.window
 
 
 @dataclass
@@ -97,6 +119,7 @@ class _Entry:
     size: int
     attempts: int = 0
     refused_since: float | None = None  # monotonic: first permanent refusal
+    grows: bool = False  # holds repeats within its key's window: sending it doubles it
     sealed: bool = False
     maybe_created: bool = False
 
@@ -199,7 +222,7 @@ class Publisher:
         self._ready: list[tuple[float, int, str]] = []  # heap: (ready_at, seq, name)
         self._sending: str | None = None
         self._bytes = 0
-        self._last_sent: dict[Key, float] = {}
+        self._paces: dict[Key, _Pace] = {}
         self._dirty: set[str] = set()
         self._gone: set[str] = set()
         self._bucket = _TokenBucket(self.config.rate, self.config.burst, self.clock)
@@ -239,8 +262,9 @@ class Publisher:
                 self._dirty.add(name)
                 self.metrics.aggregated.inc(n)
                 return
-            last = self._last_sent.get(key)
-            due = now if last is None else max(now, last + self.config.aggregation_window)
+            pace = self._paces.get(key)
+            grows = pace is not None and now < pace.closes  # else: quiet, start afresh
+            due = pace.closes if pace is not None and grows else now
             self._seq += 1
             name = crd.record_name(self.config.node, self._nonce, self._seq)
             body = crd.to_body(
@@ -253,6 +277,7 @@ class Publisher:
                 count=n,
             )
             entry = _Entry(name, key, body, n, wall, wall, due, size=len(json.dumps(body)))
+            entry.grows = grows
             if not self._admit(entry):
                 self.metrics.dropped.labels("spool_full").inc(n)
                 log.warning(
@@ -421,10 +446,10 @@ class Publisher:
         return None, 1.0
 
     def _prune(self, now: float) -> None:
-        """Forget keys quiet for a full window: they no longer delay anything."""
-        window = self.config.aggregation_window
-        for key in [k for k, t in self._last_sent.items() if now - t >= window]:
-            del self._last_sent[key]
+        """Forget keys quiet for their whole window: they start afresh. Lock held."""
+        quiet = [k for k, p in self._paces.items() if now >= p.closes and k not in self._open]
+        for key in quiet:
+            del self._paces[key]
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -456,13 +481,19 @@ class Publisher:
 
     def _close_window(self, entry: _Entry) -> None:
         """Repeats of its key now go to a new record, due a window after this one was
-        first sent (not after a retry). Lock held."""
+        first sent (not after a retry): twice the last window if this record held repeats
+        within it (up to the cap), else the first window. Lock held."""
         if self._open.get(entry.key) == entry.name:
             del self._open[entry.key]
             if entry.attempts == 0:
-                self._last_sent[entry.key] = self.clock()
-                if len(self._last_sent) > 4 * self.config.spool_size:
-                    self._prune(self.clock())
+                now, cfg = self.clock(), self.config
+                pace = self._paces.get(entry.key)
+                window = cfg.aggregation_window
+                if entry.grows and pace is not None:
+                    window = min(cfg.window_cap, 2 * pace.window)
+                self._paces[entry.key] = _Pace(window, now)
+                if len(self._paces) > 4 * cfg.spool_size:
+                    self._prune(now)
 
     def _send(self, entry: _Entry) -> None:
         entry.attempts += 1
