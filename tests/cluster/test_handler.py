@@ -215,6 +215,33 @@ def test_a_record_for_a_pod_that_does_not_exist_is_counted_but_not_believed(
     assert sample(handler, "execwatch_handler_records_total", result="pod_missing") == 2
 
 
+def test_a_failure_in_a_namespace_deleted_meanwhile_is_counted_without_an_event(
+    admin: client.ApiClient,
+    agent_api: client.ApiClient,
+    start_handler: StartHandler,
+    make_pod: PodFactory,
+    namespace: str,
+) -> None:
+    """The pod was seen, then its namespace went away: an Event can never be created
+    there (404), so the handler skips it and counts the failure, instead of retrying
+    the record forever."""
+    pod = make_pod()
+    handler = start_handler()
+    wait_until(handler.elector.is_leader)
+    core = client.CoreV1Api(admin)
+    core.delete_namespace(namespace)
+    # No namespace controller runs here: empty its finalizers, as it would when done.
+    core.replace_namespace_finalize(
+        namespace, client.V1Namespace(metadata={"name": namespace}, spec={"finalizers": []})
+    )
+    wait_until(lambda: namespace not in {n.metadata.name for n in core.list_namespace().items})
+    publish(agent_api, exec_failure(pod=pod, count=2))
+    wait_until(drained(admin, handler))
+    assert failures_total(handler, namespace=namespace, reason="ForeignArchitecture") == 2
+    assert sample(handler, "execwatch_handler_records_total", result="handled") == 1
+    assert sample(handler, "execwatch_handler_api_errors_total", verb="event", code="404") == 1
+
+
 def test_a_pod_recreated_under_the_same_name_is_not_blamed(
     admin: client.ApiClient,
     agent_api: client.ApiClient,

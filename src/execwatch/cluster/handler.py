@@ -418,6 +418,8 @@ class Handler:
             return False
         except EventConflict as exc:
             raise Retry(f"event: {exc}") from None
+        except errors.NotFoundError as err:
+            self._skip_gone("event", rec, pod, err)
         except errors.ApiError as err:
             self._skip_if_refused("event", rec, err)
         return True
@@ -435,6 +437,13 @@ class Handler:
             self.pods.forget(pod)  # gone or replaced since it was read: the Event is enough
         except errors.ApiError as err:
             self._skip_if_refused("label_pod", rec, err)
+
+    def _skip_gone(self, verb: str, rec: crd.Record, pod: Pod, err: errors.ApiError) -> None:
+        """The pod's namespace is gone (an Event cannot be created in it, ever again): the
+        failure still happened and is counted; retrying would only be refused again."""
+        self.metrics.api_errors.labels(verb, errors.code(err)).inc()
+        self.pods.forget(pod)
+        log.warning(f"{verb} skipped: namespace gone", extra={"kv": {"record": rec.name}})
 
     def _skip_if_refused(self, verb: str, rec: crd.Record, err: errors.ApiError) -> None:
         """The Event and the label are extras: a permanent refusal (400/403/422 from
