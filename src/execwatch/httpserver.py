@@ -1,15 +1,23 @@
 """The HTTP/1.1 server of every port execwatch opens: metrics, probes, the webhook.
 
-One thread serves every connection through epoll, one request per connection
-(`Connection: close`). What any peer that reaches the port can hold of the process is
-bounded (`ServerLimits`): past `max_connections`, the oldest connection still waiting for
-its request, of the address holding the most, is closed at once (or the new one, if every
-slot is busy answering); a request (TLS handshake, headers and body) must arrive within
-`read_timeout`, its answer be taken within `write_timeout`. Idle or slow peers cost a
-socket for a few seconds at most, never a thread. With an `ssl.SSLContext` the handshake
-runs in the same loop, non-blocking. An answer that needs another thread's work (a call to
-the API server) is `Deferred`: the loop goes on serving the others and writes that answer
-when the work is done, or at its deadline, whichever comes first.
+One thread serves every connection through epoll. Connections persist (HTTP/1.1
+keep-alive): after an answer the connection waits for its next request, one request at a
+time, bytes that came early kept for the next one; a client's `Connection: close`, an
+HTTP/1.0 request, a request the server cannot frame, or the `max_requests`-th answer end
+it (the answer says `Connection: close`). Over TLS only HTTP/1.1 is negotiated (ALPN), so
+a client that offers h2 (Go's net/http does) speaks HTTP/1.1.
+
+What any peer that reaches the port can hold of the process is bounded (`ServerLimits`):
+past `max_connections`, a connection still waiting for its request is closed at once
+(an idle kept-alive one first; of the address holding the most; the oldest), or the new
+one if every slot is busy answering; a request (TLS handshake, headers and body) must
+arrive within `read_timeout` of its first byte (of the connection, for the first one),
+its answer be taken within `write_timeout`; a kept-alive connection that sends nothing is
+closed after `idle_timeout`. Idle or slow peers cost a socket, never a thread. With an
+`ssl.SSLContext` the handshake runs in the same loop, non-blocking. An answer that needs
+another thread's work (a call to the API server) is `Deferred`: the loop goes on serving
+the others and writes that answer when the work is done, or at its deadline, whichever
+comes first.
 """
 
 from __future__ import annotations
@@ -40,6 +48,10 @@ class ServerLimits:
     write_timeout: float = 10.0
     max_request: int = 8192  # bytes of the request line and headers
     max_body: int = 0  # bytes of a request body; 0: no method with a body is served
+    # below the 90 s after which Go's clients (the API server's) drop an idle connection:
+    # the server closes first, and a client never writes into a connection closed long ago
+    idle_timeout: float = 60.0
+    max_requests: int = 1000  # answers per connection, then `Connection: close`
 
 
 @dataclass(frozen=True)
@@ -81,8 +93,9 @@ def response(
     method: str = "GET",
     extra: tuple[tuple[str, str], ...] = (),
 ) -> bytes:
+    """An answer; the server adds `Connection: close` when it is the connection's last."""
     head = [f"HTTP/1.1 {status}", f"Content-Type: {content_type}"]
-    head += [f"Content-Length: {len(body)}", "Connection: close"]
+    head += [f"Content-Length: {len(body)}"]
     head += [f"{k}: {v}" for k, v in extra]
     return ("\r\n".join(head) + "\r\n\r\n").encode() + (b"" if method == "HEAD" else body)
 
@@ -96,10 +109,19 @@ class _Conn:
     sock: socket.socket
     peer: str
     deadline: float
+    since: float  # when it began waiting for its current request: eviction takes the oldest
     handshaking: bool = False
     inbox: bytearray = field(default_factory=bytearray)
     outbox: memoryview | None = None
     deferred: Deferred | None = None  # unregistered from the selector while it waits
+    answered: int = 0  # requests taken (answered or being answered)
+    last: bool = False  # the answer being made ends the connection
+
+    @property
+    def idle(self) -> bool:
+        """Kept alive after an answer, and nothing of the next request has come."""
+        waiting = self.outbox is None and self.deferred is None
+        return waiting and self.answered > 0 and not self.inbox
 
 
 class BoundedServer:
@@ -127,6 +149,8 @@ class BoundedServer:
             self._listener.close()
             raise
         self._listener.setblocking(False)
+        if tls is not None:
+            tls.set_alpn_protocols(["http/1.1"])  # never h2, which this server does not speak
         self._answer = answer
         self._limits = limits
         self._dropped = dropped
@@ -137,6 +161,7 @@ class BoundedServer:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)  # a worker thread's wake-up never blocks
         self._done: collections.deque[_Conn] = collections.deque()  # deferred work done
+        self._buffered: collections.deque[_Conn] = collections.deque()  # next request came
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
@@ -170,8 +195,11 @@ class BoundedServer:
                 elif key.data.sock.fileno() >= 0:
                     self._serve(key.data, events)
             self._expire()
+            self._serve_buffered()
 
     def _next_timeout(self) -> float:
+        if self._buffered:
+            return 0.0
         if not self._conns:
             return 1.0
         soonest = min(c.deadline for c in self._conns.values())
@@ -193,20 +221,24 @@ class BoundedServer:
             sock.setblocking(False)
             if self._tls is not None:
                 sock = self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-            conn = _Conn(sock, str(peer[0]), time.monotonic() + self._limits.read_timeout)
+            now = time.monotonic()
+            conn = _Conn(sock, str(peer[0]), now + self._limits.read_timeout, now)
             conn.handshaking = self._tls is not None
             self._conns[sock.fileno()] = conn
             self._selector.register(sock, selectors.EVENT_READ, conn)
 
     def _evict(self) -> bool:
-        """Close the oldest connection still waiting for its request, of the address that
-        holds the most: a flood of idle connections cycles through its own slots, and
-        a probe or a caller from another address is answered."""
+        """Close a connection still waiting for its request: an idle kept-alive one if
+        there is one (its client reconnects at the cost of a handshake), the oldest of the
+        address that holds the most: a flood of idle connections cycles through its own
+        slots, and a probe or a caller from another address is answered."""
         waiting = [c for c in self._conns.values() if c.outbox is None and not c.deferred]
         if not waiting:
             return False
-        greediest = collections.Counter(c.peer for c in waiting).most_common(1)[0][0]
-        self._drop(next(c for c in waiting if c.peer == greediest), "over_cap")
+        pool = [c for c in waiting if c.idle] or waiting
+        greediest = collections.Counter(c.peer for c in pool).most_common(1)[0][0]
+        oldest = min((c for c in pool if c.peer == greediest), key=lambda c: c.since)
+        self._drop(oldest, "over_cap")
         return True
 
     def _serve(self, conn: _Conn, events: int) -> None:
@@ -226,6 +258,21 @@ class BoundedServer:
         except OSError:  # reset by the peer, a failed handshake
             self._close(conn)
 
+    def _serve_buffered(self) -> None:
+        """Take up the requests that came before the answer to the one before them was
+        written (pipelined): one per connection and turn of the loop, so that a peer's
+        many neither deepen the stack nor keep the loop from the others."""
+        for _ in range(len(self._buffered)):
+            conn = self._buffered.popleft()
+            live = self._conns.get(conn.sock.fileno()) is conn
+            if live and conn.outbox is None and conn.deferred is None and conn.inbox:
+                try:
+                    self._take(conn)
+                except (ssl.SSLWantWriteError, ssl.SSLWantReadError, BlockingIOError):
+                    pass  # _send registered it for EVENT_WRITE
+                except OSError:
+                    self._close(conn)
+
     def _handshake(self, conn: _Conn) -> None:
         assert isinstance(conn.sock, ssl.SSLSocket)
         conn.sock.do_handshake()
@@ -234,6 +281,7 @@ class BoundedServer:
         self._read(conn)
 
     def _read(self, conn: _Conn) -> None:
+        starting = conn.idle
         while True:
             data = conn.sock.recv(CHUNK)
             if not data:
@@ -242,6 +290,12 @@ class BoundedServer:
             conn.inbox += data
             if not (isinstance(conn.sock, ssl.SSLSocket) and conn.sock.pending()):
                 break
+        if starting:  # the next request has begun: it has read_timeout, not idle_timeout
+            conn.deadline = time.monotonic() + self._limits.read_timeout
+        self._take(conn)
+
+    def _take(self, conn: _Conn) -> None:
+        """Answer the request in the inbox once it is whole."""
         request = self._complete(conn)
         if request is None:
             return
@@ -252,7 +306,7 @@ class BoundedServer:
         self._send(conn, reply)
 
     def _send(self, conn: _Conn, reply: bytes) -> None:
-        conn.outbox = memoryview(reply)
+        conn.outbox = memoryview(_closing(reply) if conn.last else reply)
         conn.deadline = time.monotonic() + self._limits.write_timeout
         self._selector.modify(conn.sock, selectors.EVENT_WRITE, conn)
         self._write(conn)
@@ -298,26 +352,38 @@ class BoundedServer:
             self._close(conn)
 
     def _complete(self, conn: _Conn) -> Request | bytes | None:
-        """The request once whole (or the error answer); None: more is to come."""
+        """The request once whole (or the error answer, the connection's last), taken out
+        of the inbox; None: more is to come."""
         end = conn.inbox.find(b"\r\n\r\n")
         if end < 0 or end > self._limits.max_request:
             if end > self._limits.max_request or len(conn.inbox) > self._limits.max_request:
                 self._drop(conn, "oversize")
             return None
         head = _parse(bytes(conn.inbox[:end]))
-        if head is None:
-            return _BAD_REQUEST
-        method, path, headers = head
-        try:
-            length = int(headers.get("content-length") or 0)
-        except ValueError:
-            return _BAD_REQUEST
-        if length < 0 or length > self._limits.max_body:
-            return _TOO_LARGE
-        body = bytes(conn.inbox[end + 4 : end + 4 + length])
-        if len(body) < length:
+        length = _length(head[3]) if head is not None else None
+        if head is None or length is None:
+            return self._last(conn, _BAD_REQUEST)
+        if length > self._limits.max_body:
+            return self._last(conn, _TOO_LARGE)
+        whole = end + 4 + length
+        if len(conn.inbox) < whole:
             return None
+        method, path, version, headers = head
+        body = bytes(conn.inbox[end + 4 : whole])
+        del conn.inbox[:whole]
+        conn.answered += 1
+        conn.last = not _keeps_alive(version, headers) or (
+            conn.answered >= self._limits.max_requests
+        )
         return Request(method, path, headers, body)
+
+    def _last(self, conn: _Conn, reply: bytes) -> bytes:
+        """An answer after which the rest of the inbox cannot be framed: it ends the
+        connection."""
+        conn.answered += 1
+        conn.last = True
+        conn.inbox.clear()
+        return reply
 
     def _reply(self, request: Request) -> bytes | Deferred:
         try:
@@ -331,7 +397,22 @@ class BoundedServer:
         sent = conn.sock.send(conn.outbox)
         conn.outbox = conn.outbox[sent:]
         if not conn.outbox:
+            self._answered(conn)
+
+    def _answered(self, conn: _Conn) -> None:
+        """The answer is written: close, or wait for the next request."""
+        if conn.last:
             self._close(conn)
+            return
+        conn.outbox = None
+        now = time.monotonic()
+        conn.since = now
+        self._selector.modify(conn.sock, selectors.EVENT_READ, conn)
+        if conn.inbox:  # the next request has begun already
+            conn.deadline = now + self._limits.read_timeout
+            self._buffered.append(conn)
+        else:
+            conn.deadline = now + self._limits.idle_timeout
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -339,6 +420,8 @@ class BoundedServer:
             if conn.deferred is not None:  # its own answer to the deadline (a 503)
                 work = conn.deferred.work
                 self._resume(conn, work if work.done() else None)
+            elif conn.idle:  # every request it sent was answered: not a drop
+                self._close(conn)
             else:
                 self._drop(conn, "timeout")
 
@@ -354,7 +437,28 @@ class BoundedServer:
         conn.sock.close()
 
 
-def _parse(head: bytes) -> tuple[str, str, dict[str, str]] | None:
+def _closing(reply: bytes) -> bytes:
+    """`reply` with `Connection: close` after its status line."""
+    status_end = reply.index(b"\r\n") + 2
+    return reply[:status_end] + b"Connection: close\r\n" + reply[status_end:]
+
+
+def _keeps_alive(version: str, headers: dict[str, str]) -> bool:
+    """HTTP/1.1 persists unless the client says close; HTTP/1.0 is closed. A body sent
+    chunked is not read (only Content-Length frames one), so nothing after it can be."""
+    tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
+    return version == "HTTP/1.1" and "close" not in tokens and "transfer-encoding" not in headers
+
+
+def _length(headers: dict[str, str]) -> int | None:
+    """The body's Content-Length (0 without one); None if it is not a length."""
+    text = headers.get("content-length") or "0"
+    if not (text.isascii() and text.isdigit()):
+        return None
+    return int(text)
+
+
+def _parse(head: bytes) -> tuple[str, str, str, dict[str, str]] | None:
     """`METHOD PATH HTTP/1.x` and the headers, lower-cased; None if it is not that."""
     lines = head.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ")
@@ -366,4 +470,4 @@ def _parse(head: bytes) -> tuple[str, str, dict[str, str]] | None:
         if not sep:
             return None
         headers[name.strip().lower()] = value.strip()
-    return parts[0], urlsplit(parts[1]).path, headers
+    return parts[0], urlsplit(parts[1]).path, parts[2], headers
