@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.fleet_bench [--nodes 1000] [--pods 10000]
         [--burst-nodes 300] [--burst-seconds 10] [--crash-seconds 300] [--crash-every 10]
-        [--crash-window 60]
+        [--crash-window 60] [--crash-window-max 300] [--crash-steady 0] [--crash-warmup 430]
 
 The fleet: `--nodes` kwok nodes, 30 % arm64, the agent DaemonSet on every node, a
 Deployment `bad` with one pod on each of `--burst-nodes` arm64 nodes, and Deployments in
@@ -20,10 +20,19 @@ node-binding admission policy.
   leader is stopped (SIGTERM, as a rollout of the handler does): seconds until it exited
   and until the standby held the Lease. Latency = when a watch on the namespace sees the
   pod's Warning Event minus when the failure was handed to that node's publisher.
-- crash loop: every pod then fails again every `--crash-every` seconds for
-  `--crash-seconds` (aggregation window `--crash-window`), handled by the new leader.
-  API writes of the pipeline (records, Events, pod labels) counted by the API server
-  itself: per failure, and per crash-looping pod and minute.
+- crash loop: every pod then fails again every `--crash-every` seconds (the key of its
+  burst failure: the burst is the loop's first failure), handled by the new leader. Each
+  key's aggregation window starts at `--crash-window` and doubles while the key repeats,
+  up to `--crash-window-max` (at or below `--crash-window`: fixed). API writes of the
+  pipeline (records, Events, pod labels), counted by the API server itself, per failure
+  and per crash-looping pod and minute, over spans of the loop: `first`, its first
+  `--crash-seconds`; `steady` (with `--crash-steady S`), the S seconds from
+  `--crash-warmup` seconds into the loop, once the windows have grown (records at about
+  60, 180 and 420 s after a key's first one, then every 300 s: the default warm-up keeps
+  the 420-s record, and the handler's writes for it, out of the span). A span counts
+  the writes the API server saw in it, so repeats still held when it ends are not in it;
+  `whole_loop`: all the loop's writes, with what the publishers held when the loop
+  ended, published as they stop.
 - exact counts through the failover: the failures caused against what each replica
   counted. The stopped leader's count comes from its log (one `record handled` line per
   record it counted; the process is gone), the standby's from its
@@ -43,6 +52,7 @@ import argparse
 import collections
 import contextlib
 import json
+import math
 import shlex
 import shutil
 import signal
@@ -297,12 +307,14 @@ def worker_alive(publisher: Publisher) -> bool:
 
 
 def start_agents(
-    fleet: Fleet, agents: dict[str, Any], pods: list[Any], window: float
+    fleet: Fleet, agents: dict[str, Any], pods: list[Any], window: float, window_max: float
 ) -> list[NodeAgent]:
     def one(pod: Any) -> NodeAgent:
         node = pod["spec"]["nodeName"]
         api = fleet.cluster.lightkube(fleet.agent_token(agents[node]))
-        cfg = PublisherConfig(node=node, aggregation_window=window)
+        cfg = PublisherConfig(
+            node=node, aggregation_window=window, aggregation_window_max=window_max
+        )
         sink = CountingRecords(api, crd.DEFAULT_NAMESPACE)
         publisher = Publisher(cfg, sink)
         publisher.start()
@@ -368,7 +380,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             startup = start_up(fleet, agents_by_node, handler_cfg, work, replicas)
             startup["apiserver_idle_requests_per_s"] = idle_rate(fleet, 30.0)
             print("start-up", json.dumps(startup), flush=True)
-            agents = start_agents(fleet, agents_by_node, pods, args.crash_window)
+            agents = start_agents(
+                fleet, agents_by_node, pods, args.crash_window, args.crash_window_max
+            )
             return measure(args, fleet, replicas, agents) | {
                 "nodes": args.nodes,
                 "pods": args.pods,
@@ -497,20 +511,66 @@ def burst_with_failover(
     return burst, len(submitted)
 
 
+@dataclass(frozen=True)
+class Reading:
+    """The pipeline's writes so far, read at the start of a tick of the crash loop."""
+
+    at_s: float  # seconds into the loop
+    failures: int  # failures submitted before it
+    writes: dict[str, float]
+
+
+def writes_over(before: Reading, after: Reading, pods: int) -> dict[str, Any]:
+    """The pipeline's writes between two readings, per failure and per pod and minute."""
+    writes = diff(after.writes, before.writes)
+    total, failures = sum(writes.values()), after.failures - before.failures
+    seconds = after.at_s - before.at_s
+    return {
+        "from_s": round(before.at_s, 1),
+        "seconds": round(seconds, 1),
+        "failures": failures,
+        "api_writes": writes,
+        "writes_per_failure": round(total / failures, 4),
+        "writes_per_pod_minute": round(total / pods / (seconds / 60), 2),
+    }
+
+
+def crash_spans(args: argparse.Namespace) -> dict[str, tuple[int, int]]:
+    """The spans measured, as (first, end) tick numbers: a reading is taken at the start
+    of a tick, before its failures are submitted."""
+
+    every: float = args.crash_every
+
+    def tick(seconds: float) -> int:
+        return math.ceil(seconds / every - 1e-9)
+
+    spans = {"first": (0, tick(args.crash_seconds))}
+    if args.crash_steady > 0:
+        start = tick(args.crash_warmup)
+        spans["steady"] = (start, start + tick(args.crash_steady))
+    return spans
+
+
 def crash_loop(
     args: argparse.Namespace, fleet: Fleet, handler: Replica, agents: list[NodeAgent]
 ) -> tuple[dict[str, Any], int, int]:
     """(figures, failures caused, publishers whose worker died). The publishers are
     stopped at the end: everything they held is published."""
-    writes0, requests0 = pipeline_writes(fleet), all_requests(fleet)
-    cpu0, t0 = cpu_seconds(handler.pid), time.monotonic()
-    failures = 0
-    while time.monotonic() - t0 < args.crash_seconds:
-        tick = time.monotonic()
+    spans = crash_spans(args)
+    marks = {k for span in spans.values() for k in span}
+    ticks = max(marks)
+    readings: dict[int, Reading] = {}
+    requests0, cpu0 = all_requests(fleet), cpu_seconds(handler.pid)
+    t0 = time.monotonic()
+    for k in range(ticks + 1):
+        # Ticks on a fixed schedule: a slow reading delays one tick, not every later one.
+        time.sleep(max(0.0, t0 + k * args.crash_every - time.monotonic()))
+        if k in marks:
+            readings[k] = Reading(time.monotonic() - t0, k * len(agents), pipeline_writes(fleet))
+        if k == ticks:
+            break
         for a in agents:
             a.publisher.submit(exec_failure(pod=a.pod, node_arch="arm64", binary_arch="amd64"))
-            failures += 1
-        time.sleep(max(0.0, args.crash_every - (time.monotonic() - tick)))
     crash_s = time.monotonic() - t0
     # A publisher whose worker thread died (on an exception it does not handle) publishes
     # nothing more: what it held and what it is given after are lost.
@@ -520,21 +580,19 @@ def crash_loop(
     with fleet.cluster.client() as admin:
         wait_for(lambda: records_left(admin) == 0, 300, "records handled")
     time.sleep(1)
-    writes = diff(pipeline_writes(fleet), writes0)
-    total = sum(writes.values())
-    return (
-        {
-            "seconds": round(crash_s, 1),
-            "failures": failures,
-            "api_writes": writes,
-            "writes_per_failure": round(total / failures, 4),
-            "writes_per_pod_minute": round(total / len(agents) / (crash_s / 60), 2),
-            "apiserver_requests_per_s": round((all_requests(fleet) - requests0) / crash_s, 1),
-            "handler_cpu_s": round(cpu_seconds(handler.pid) - cpu0, 2),
-        },
-        failures,
-        dead,
-    )
+    failures = ticks * len(agents)
+    flushed = Reading(crash_s, failures, pipeline_writes(fleet))
+    figures: dict[str, Any] = {
+        "seconds": round(crash_s, 1),
+        "failures": failures,
+        "window_s": [args.crash_window, max(args.crash_window, args.crash_window_max)],
+    }
+    for name, (first, end) in spans.items():
+        figures[name] = writes_over(readings[first], readings[end], len(agents))
+    figures["whole_loop"] = writes_over(readings[0], flushed, len(agents))
+    figures["apiserver_requests_per_s"] = round((all_requests(fleet) - requests0) / crash_s, 1)
+    figures["handler_cpu_s"] = round(cpu_seconds(handler.pid) - cpu0, 2)
+    return figures, failures, dead
 
 
 def exact_counts(fleet: Fleet, stopped: Replica, standby: Replica, caused: int) -> dict[str, Any]:
@@ -571,12 +629,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burst-seconds", type=float, default=10.0)
     parser.add_argument("--crash-seconds", type=float, default=300.0)
     parser.add_argument("--crash-every", type=float, default=10.0)
-    parser.add_argument("--crash-window", type=float, default=60.0)
+    parser.add_argument("--crash-window", type=float, default=60.0, help="a key's first window")
+    parser.add_argument(
+        "--crash-window-max", type=float, default=300.0, help="the cap of a repeating key's window"
+    )
+    parser.add_argument(
+        "--crash-steady", type=float, default=0.0, help="seconds of the steady span (0: none)"
+    )
+    parser.add_argument(
+        "--crash-warmup", type=float, default=430.0, help="seconds into the loop it starts"
+    )
     args = parser.parse_args(argv)
     if args.burst_nodes > int(args.nodes * 0.3):
         parser.error(f"--burst-nodes: only {int(args.nodes * 0.3)} of {args.nodes} nodes are arm64")
     if args.burst_nodes < 2:
         parser.error("--burst-nodes: at least 2 (the leader stops half-way)")
+    if args.crash_seconds < args.crash_every or args.crash_every <= 0:
+        parser.error("--crash-seconds: at least one tick of --crash-every (> 0)")
+    if 0 < args.crash_steady < args.crash_every:
+        parser.error("--crash-steady: 0 or at least one tick of --crash-every")
     with tempfile.TemporaryDirectory(prefix="execwatch-fleet-bench-") as tmp:
         result = run(args, Path(tmp))
     print(json.dumps(result, indent=2))
