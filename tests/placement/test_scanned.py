@@ -40,6 +40,7 @@ from tests.placement.cluster import create_pod, gates, namespace, rest_for
 from tests.placement.observedpods import record_of, running_pod
 from tests.placement.test_controller import Seen, events, required_terms, stored
 from tests.placement.test_verdicts import crd, store
+from tests.registry.counting import CountingProxy
 from tests.registry.fixtures import arm64_root
 from tests.registry.server import PASSWORD, USER, Registry
 from tests.scan.imagebuild import Image, file, oci_layout, symlink
@@ -69,10 +70,10 @@ def placer(
 
 
 def pull_secret(
-    admin: client.ApiClient, ns: str, registry: Registry, password: str = PASSWORD
+    admin: client.ApiClient, ns: str, registry: Registry, password: str = PASSWORD, host: str = ""
 ) -> str:
     auth = base64.b64encode(f"{USER}:{password}".encode()).decode()
-    config = json.dumps({"auths": {registry.host: {"auth": auth}}}).encode()
+    config = json.dumps({"auths": {host or registry.host: {"auth": auth}}}).encode()
     client.CoreV1Api(admin).create_namespaced_secret(ns, {
         "metadata": {"name": "pull"},
         "type": "kubernetes.io/dockerconfigjson",
@@ -240,6 +241,35 @@ def test_the_service_accounts_pull_secret_is_used(
     outcome = placer(admin, registry, tmp_path).handle(pod)
 
     assert outcome is not None and outcome.action == "place", outcome
+
+
+def test_a_second_pod_of_a_digest_costs_one_head_of_its_tag(
+    registered: object,
+    admin: client.ApiClient,
+    registry: Registry,
+    built: dict[str, Path],
+    host_glibc: dict[str, bytes],
+    tmp_path: Path,
+) -> None:
+    proxy = CountingProxy(registry)
+    image = liar(registry, built, host_glibc, tmp_path / "liar").replace(registry.host, proxy.host)
+    ns = namespace(admin, "enforce")
+    secrets = [{"name": pull_secret(admin, ns, registry, host=proxy.host)}]
+    spec = {"imagePullSecrets": secrets, "containers": [{"name": "app", "image": image}]}
+    made = placer(admin, registry, tmp_path)
+    try:
+        first = made.handle(create_pod(admin, ns, metadata={"name": "first"}, **spec))
+        platforms = [p for m, p in proxy.asked("manifests") if m == "GET" and "sha256:" in p]
+        proxy.reset()
+        second = made.handle(create_pod(admin, ns, metadata={"name": "second"}, **spec))
+    finally:
+        proxy.close()
+
+    assert first is not None and second is not None
+    assert first.action == second.action == "place" and first.message == second.message
+    assert len(platforms) == 3  # the index and both platforms' manifests, by digest
+    assert proxy.asked() == [("HEAD", "/v2/team/liar/manifests/1")]  # with the pod's secret
+    assert proxy.connections == 0
 
 
 @pytest.mark.parametrize("secret", [None, "wrong password"])

@@ -76,7 +76,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--lease-duration", type=lease_seconds, default=15.0)
     p.add_argument("--renew-deadline", type=lease_seconds, default=10.0)
     p.add_argument("--retry-period", type=lease_seconds, default=2.0)
-    p.add_argument("--workers", type=cliargs.Count(1, 64), default=4, help="pods judged at once")
+    p.add_argument("--workers", type=cliargs.Count(1, 64), default=16, help="pods judged at once")
     p.add_argument(
         "--budget",
         type=cliargs.Number(0, 600),
@@ -262,6 +262,7 @@ def build(args: argparse.Namespace, kube: Any, registry: CollectorRegistry) -> R
     from execwatch.placement.webhook import http_handler
     from execwatch.runnable.limits import Limits
     from execwatch.scan.registry import RegistryOptions
+    from execwatch.scan.reuse import RegistryReuse, SessionPool
 
     lease = LeaseConfig(
         namespace=args.namespace,
@@ -280,6 +281,7 @@ def build(args: argparse.Namespace, kube: Any, registry: CollectorRegistry) -> R
         insecure=frozenset(args.insecure_registry),
         cache_dir=args.cache_dir,
         cache_bytes=args.cache_size,
+        reuse=RegistryReuse(sessions=SessionPool(connections=args.workers)),
     )
     writer = VerdictWriter(VerdictStore(rest, time.time), VerdictMetrics(registry))
     source = ScannedVerdicts(

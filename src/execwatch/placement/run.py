@@ -40,7 +40,7 @@ class _WatchMetrics:
 @dataclass(frozen=True)
 class ControllerConfig:
     lease: LeaseConfig  # the Lease execwatch-placement in execwatch's namespace
-    workers: int = 4
+    workers: int = 16
     request_timeout: float = 10.0
     retry_initial: float = 0.5
     retry_max: float = 10.0

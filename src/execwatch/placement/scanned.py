@@ -13,6 +13,10 @@ failure on a platform decides it for every container of that digest; a scan verd
 younger than `fresh_for` saves the scan of a container that starts what the image starts
 by default (no `command`, `args`, `env` nor `workingDir`), the only start a verdict per
 digest describes. Such scans are written back, off the placement path.
+
+Registry requests go through the process's `RegistryReuse`: a warm pod costs one HEAD of
+each image's reference with the pod's credentials, over a kept connection, with the token
+its credential obtained before; the manifests of a digest seen before come from memory.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from execwatch.scan import Check, ScanOptions, Severity, scan_image
 from execwatch.scan.errors import ScanInputError
 from execwatch.scan.isolated import ProcessLimits, run_isolated
 from execwatch.scan.registry import RegistryOptions, images_of, resolve
+from execwatch.scan.reuse import RegistryReuse
 from execwatch.scan.sources import ImageSource
 from execwatch.text import one_line
 
@@ -100,6 +105,10 @@ class ScannedVerdicts:
     memo: OrderedDict[tuple[str, str, Started], list[Seen]] = field(default_factory=OrderedDict)
     _touched: OrderedDict[str, float] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)  # the controller's workers
+
+    def __post_init__(self) -> None:
+        if self.registry.reuse is None:  # one memo, auth cache and session pool per process
+            self.registry = dataclasses.replace(self.registry, reuse=RegistryReuse())
 
     def judge(
         self, pod: Mapping[str, Any], container: Mapping[str, Any], deadline: float

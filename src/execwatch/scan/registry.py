@@ -27,6 +27,7 @@ from execwatch import cliargs
 from execwatch.runnable.limits import Limits
 from execwatch.scan.errors import ScanInputError
 from execwatch.scan.model import ImageResult
+from execwatch.scan.reuse import BASIC_TTL, Content, ContentMemo, RegistryReuse, token_ttl
 from execwatch.scan.sources import (
     INDEX_TYPES,
     LAYER_TYPES,
@@ -53,6 +54,8 @@ DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "registry-1.docker.io"
 ACCEPT = ", ".join(sorted(INDEX_TYPES | MANIFEST_TYPES))
 CHUNK = 1 << 20
+MAX_TOKEN_BYTES = 256 << 10
+USER_AGENT = "Docker-Client/19.03.2 (linux)"  # what dxf sends
 DEFAULT_CACHE_BYTES = 2 << 30
 TIMEOUT_SECONDS = 30.0
 
@@ -120,6 +123,8 @@ class RegistryOptions:
     cache_dir: str | None = None
     cache_bytes: int = DEFAULT_CACHE_BYTES
     timeout: float = TIMEOUT_SECONDS
+    # a long-lived process's memo, auth cache and sessions (placement); None: nothing kept
+    reuse: RegistryReuse | None = None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -364,13 +369,20 @@ class FetchStats:
 
 
 class RegistryClient:
-    """One repository of one registry; every failure becomes a one-line ScanInputError."""
+    """One repository of one registry; every failure becomes a one-line ScanInputError.
+
+    With `options.reuse` (a long-lived process, `scan.reuse`): requests go over the pooled
+    Session of the registry host and this credential, the Authorization header that worked
+    for the same host, repository and credential is sent first, and manifests and JSON
+    blobs named by digest come from the memo once verified."""
 
     def __init__(self, ref: Reference, options: RegistryOptions, limits: Limits) -> None:
         self.ref = ref
         self.limits = limits
         self.stats = FetchStats()
-        insecure = ref.registry in options.insecure
+        self.insecure = ref.registry in options.insecure
+        self.verify: bool | str = options.ca_file or True
+        self.timeout = options.timeout
         self.credentials = find_credentials(ref, credential_files(options.config_files), limits)
         self.cache = (
             BlobCache(options.cache_dir or default_cache_dir(), options.cache_bytes)
@@ -383,56 +395,197 @@ class RegistryClient:
             ref.api_host,
             ref.repository,
             auth=self._authenticate,
-            insecure=insecure,
-            tlsverify=options.ca_file or True,
+            insecure=self.insecure,
+            tlsverify=self.verify,
             timeout=options.timeout,
         )
+        self.reuse = options.reuse.here() if options.reuse else None
+        self._pid = os.getpid()
+        self.who = ""  # the credential's key in the auth cache and the session pool
+        if self.reuse is not None:
+            creds = self.credentials
+            self.who = self.reuse.credential_key(
+                creds.username if creds else None, creds.password if creds else None
+            )
+            # dxf sends every request over its first session (what `with dxf:` pushes)
+            self.dxf._sessions.insert(0, self.reuse.sessions.get((ref.api_host, self.who)))
+            header = self.reuse.auth.get(self._auth_key())
+            if header is not None:
+                self._send(header)
+
+    def _auth_key(self) -> tuple[str, str, str]:
+        return (self.ref.api_host, self.ref.repository, self.who)
+
+    def _shared(self) -> RegistryReuse | None:
+        """The process's memo, auth cache and sessions; None without, and in a forked child
+        (the scan's process), which then opens connections of its own: its parent's pooled
+        ones are the same sockets, and their locks may have been held at the fork."""
+        if self.reuse is not None and os.getpid() != self._pid:
+            from execwatch.scan.reuse import new_session
+
+            self.reuse, self._pid = None, os.getpid()
+            self.dxf._sessions[0] = new_session(1)
+        return self.reuse
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        self._shared()
+        r: requests.Response = self.dxf._request(method, path, **kwargs)  # type: ignore[no-untyped-call]
+        return r
+
+    def _send(self, header: str) -> None:
+        self.dxf._headers = {"Authorization": header}
 
     def _authenticate(self, dxf: DXFBase, response: requests.Response) -> None:
+        """Answer a 401: a bearer token from the challenge's realm for pull on this
+        repository, or basic auth; with the auth cache, what worked is kept for this host,
+        repository and credential only."""
         creds = self.credentials
-        dxf.authenticate(
-            creds.username if creds else None,
-            creds.password if creds else None,
-            actions=["pull"],
-            response=response,
-        )
+        user, password = (creds.username, creds.password) if creds else (None, None)
+        shared = self._shared()
+        challenge = _challenge(response)
+        if shared is None or self.insecure or challenge is None:
+            dxf.authenticate(user, password, actions=["pull"], response=response)
+            return
+        shared.auth.forget(self._auth_key())
+        if "bearer" in challenge:
+            header, ttl = self._token(challenge["bearer"], user, password)
+        else:
+            dxf.authenticate(user, password, actions=["pull"], response=response)
+            header, ttl = dxf._headers.get("Authorization", ""), BASIC_TTL
+        if header:
+            self._send(header)
+            shared.auth.put(self._auth_key(), header, ttl)
+
+    def _token(
+        self, info: dict[str, str], user: str | None, password: str | None
+    ) -> tuple[str, float]:
+        """A bearer token for pulling this repository, and how long it may be sent."""
+        from urllib.parse import parse_qsl, urlencode, urlparse
+
+        from dxf import exceptions as dxf_errors
+
+        realm = info.get("realm")
+        if not realm:
+            raise RegistryError(f"{self.ref}: the registry's bearer challenge names no realm")
+        parts = urlparse(realm)._replace(scheme="https")  # credentials never go plain
+        query = parse_qsl(parts.query)
+        if "service" in info:
+            query.append(("service", info["service"]))
+        query.append(("scope", f"repository:{self.ref.repository}:pull"))
+        headers = {"User-Agent": USER_AGENT}
+        if user is not None and password is not None:
+            pair = base64.b64encode(f"{user}:{password}".encode()).decode()
+            headers["Authorization"] = f"Basic {pair}"
+        session = self.dxf._sessions[0]
+        url = parts._replace(query=urlencode(query)).geturl()
+        deadline = time.monotonic() + self.timeout
+        r = session.get(url, headers=headers, verify=self.verify, timeout=self.timeout, stream=True)
+        with r:
+            if r.status_code == 401:
+                raise dxf_errors.DXFUnauthorizedError()
+            r.raise_for_status()
+            raw = _read_capped(r, MAX_TOKEN_BYTES + 1, deadline, self.ref)
+        try:
+            doc = json.loads(raw) if len(raw) <= MAX_TOKEN_BYTES else None
+        except (ValueError, RecursionError):
+            doc = None
+        token = (doc.get("access_token") or doc.get("token")) if isinstance(doc, dict) else None
+        if not isinstance(token, str) or not token.isprintable():
+            raise RegistryError(f"{self.ref}: the token server's answer holds no token")
+        assert isinstance(doc, dict)
+        return f"Bearer {token}", token_ttl(doc.get("expires_in"))
+
+    def top(self) -> tuple[dict[str, Any], str]:
+        """The manifest or index the reference names, and its digest.
+
+        With the memo, one HEAD with this client's credentials says which digest the
+        reference names now (a tag may have moved; it is never kept), and the body comes
+        from the memo when that digest was verified before; else it is fetched by digest."""
+        wanted = self.ref.digest or str(self.ref.tag)
+        if self._memo() is None:
+            return self.manifest(wanted)
+        digest = self.head(wanted)
+        return self.manifest(digest or wanted)
+
+    def head(self, reference: str) -> str | None:
+        """The digest the registry names for `reference` (a digest is returned as it is,
+        once the registry has answered for it); None when it names none usable."""
+        if ":" in reference:
+            valid_digest(reference, f"{self.ref}: manifest")
+        with self._errors(f"manifest {reference}"):
+            r = self._request("head", "manifests/" + reference, headers={"Accept": ACCEPT})
+            r.close()
+        if ":" in reference:
+            return reference
+        announced = r.headers.get("Docker-Content-Digest", "")
+        return announced if re.fullmatch(r"sha256:[a-f0-9]{64}", announced) else None
+
+    def _memo(self) -> ContentMemo | None:
+        shared = self._shared()
+        return shared.memo if shared is not None else None
 
     def manifest(self, reference: str) -> tuple[dict[str, Any], str]:
-        """A manifest or index by tag or digest, bounded, checked against a requested digest."""
+        """A manifest or index by tag or digest, bounded, checked against a requested digest
+        (and against the registry's Docker-Content-Digest when fetched by tag)."""
+        memo = self._memo()
         if ":" in reference:  # a digest (a tag has no colon): checked before it makes a URL
             valid_digest(reference, f"{self.ref}: manifest")
+            kept = memo.get(reference) if memo is not None else None
+            if kept is not None:
+                return self._parse(kept, reference), reference
         deadline = time.monotonic() + self.limits.max_image_seconds
         with self._errors(f"manifest {reference}"):
-            r = self.dxf._request(  # type: ignore[no-untyped-call]  # public getter: unbounded
+            r = self._request(  # the public getter reads unbounded
                 "get", "manifests/" + reference, headers={"Accept": ACCEPT}, stream=True
             )
             with r:
                 raw = _read_capped(r, self.limits.max_json_bytes + 1, deadline, self.ref)
                 media_type = r.headers.get("Content-Type", "").split(";")[0].strip()
+                announced = r.headers.get("Docker-Content-Digest", "")
         if len(raw) > self.limits.max_json_bytes:
             raise ScanInputError(f"{self.ref}: manifest larger than {self.limits.max_json_bytes}")
         digest = "sha256:" + hashlib.sha256(raw).hexdigest()
         if ":" in reference:
             check_digest(raw, reference, f"{self.ref}: manifest")
+            digest = reference
+        elif announced.startswith("sha256:") and announced != digest:
+            raise RegistryError(
+                f"{self.ref}: manifest {reference} does not match the digest the registry"
+                f" names for it ({announced[:80]})"
+            )
+        content = Content(raw, media_type)
+        doc = self._parse(content, reference)
+        if memo is not None:
+            memo.put(digest, content)
+        self.stats.fetched += len(raw)
+        return doc, digest
+
+    def _parse(self, content: Content, reference: str) -> dict[str, Any]:
         try:
-            doc = json.loads(raw)
+            doc = json.loads(content.raw)
         except (ValueError, RecursionError) as exc:
             raise ScanInputError(f"{self.ref}: manifest {reference} is not JSON") from exc
         if not isinstance(doc, dict):
             raise ScanInputError(f"{self.ref}: manifest {reference} is not an object")
-        if not isinstance(doc.get("mediaType"), str) and media_type:
-            doc["mediaType"] = media_type
-        self.stats.fetched += len(raw)
-        return doc, digest
+        if not isinstance(doc.get("mediaType"), str) and content.media_type:
+            doc["mediaType"] = content.media_type
+        return doc
 
     def json_blob(self, digest: str, size: int) -> Any:
         if size > self.limits.max_json_bytes:
             raise ScanInputError(
                 f"{self.ref}: blob {digest[:80]} larger than {self.limits.max_json_bytes}"
             )
-        with self.open_blob(digest, size) as f:
-            raw = f.read(size + 1)
-        check_digest(raw, digest, f"{self.ref}: blob")  # a cached copy is checked too
+        memo = self._memo()
+        kept = memo.get(digest) if memo is not None else None
+        if kept is not None and len(kept.raw) == size:
+            raw = kept.raw
+        else:
+            with self.open_blob(digest, size) as f:
+                raw = f.read(size + 1)
+            check_digest(raw, digest, f"{self.ref}: blob")  # a cached copy is checked too
+            if memo is not None:
+                memo.put(digest, Content(raw, ""))
         try:
             return json.loads(raw)
         except (ValueError, RecursionError) as exc:
@@ -449,7 +602,7 @@ class RegistryClient:
             self.stats.cached += size
             return cached
         with self._errors(f"blob {digest[:19]}"):
-            r = self.dxf._request("get", "blobs/" + digest, stream=True)  # type: ignore[no-untyped-call]
+            r = self._request("get", "blobs/" + digest, stream=True)
         announced = r.headers.get("Content-Length", "")
         encoded = r.headers.get("Content-Encoding", "identity") != "identity"
         if announced.isdigit() and int(announced) != size and not encoded:
@@ -462,6 +615,20 @@ class RegistryClient:
 
     def _errors(self, what: str) -> _Translate:
         return _Translate(self.ref, what, self.credentials)
+
+
+def _challenge(response: requests.Response) -> dict[str, dict[str, str]] | None:
+    """The 401's WWW-Authenticate, by scheme in lower case; None when it has none."""
+    import www_authenticate  # type: ignore[import-untyped]
+
+    header = response.headers.get("WWW-Authenticate")
+    if not header:
+        return None
+    try:
+        parsed = www_authenticate.parse(header)
+    except ValueError:
+        return None
+    return {str(k).lower(): dict(v or {}) for k, v in parsed.items()}
 
 
 class _Translate:
@@ -644,10 +811,11 @@ def registry_images(target: str, options: RegistryOptions, limits: Limits) -> Re
 def resolve(
     target: str, options: RegistryOptions, limits: Limits
 ) -> tuple[RegistryClient, dict[str, Any], str]:
-    """The top manifest or index the reference names, and its digest (one small request)."""
+    """The top manifest or index the reference names, and its digest (one small request;
+    with `options.reuse`, a HEAD, and a GET by digest only for a digest not seen before)."""
     ref = Reference.parse(target)
     client = RegistryClient(ref, options, limits)
-    top, digest = client.manifest(ref.digest or str(ref.tag))
+    top, digest = client.top()
     return client, top, digest
 
 

@@ -1,0 +1,221 @@
+"""What a long-lived process (the placement controller) keeps between registry requests.
+
+- `ContentMemo`: manifests and JSON blobs by digest, as verified when fetched. Content is
+  addressed by its digest, so an entry never goes stale; it is bounded in entries and bytes
+  and the least recently used goes first. A tag is never kept: it may move.
+- `AuthCache`: the Authorization header that worked, per registry host, repository and
+  credential (a keyed hash of user and password, never the password itself). A bearer
+  token is kept until its `expires_in` less a margin; a header obtained with one
+  credential is only ever sent with that same credential.
+- `SessionPool`: one `requests.Session` per registry host and credential, least recently
+  used closed first, each keeping at most `connections` idle connections per host, and
+  accepting no cookies: a cookie set for one pod's credential is never sent for another's.
+
+A forked child (the scan's process, `scan.isolated`) shares its parent's sockets and may
+have been forked while another thread held one of these locks: it uses none of them
+(`here()`), and opens its own connections.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import http.cookiejar
+import os
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import requests
+
+MEMO_ENTRIES = 4096
+MEMO_BYTES = 32 << 20
+AUTH_ENTRIES = 4096
+SESSIONS = 32
+CONNECTIONS = 8  # idle connections kept per session and host: the controller's workers
+TOKEN_DEFAULT_TTL = 60.0  # the distribution spec's default when `expires_in` is absent
+TOKEN_MARGIN = 10.0  # seconds before its expiry a token is no longer sent
+BASIC_TTL = 300.0  # how long "this registry takes basic auth" is remembered
+
+
+@dataclass(frozen=True)
+class Content:
+    raw: bytes
+    media_type: str  # the Content-Type it was served with ('' for a blob)
+
+
+@dataclass
+class ContentMemo:
+    """Verified manifests and JSON blobs by digest; bounded in entries and bytes."""
+
+    max_entries: int = MEMO_ENTRIES
+    max_bytes: int = MEMO_BYTES
+    _items: OrderedDict[str, Content] = field(default_factory=OrderedDict)
+    _bytes: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def get(self, digest: str) -> Content | None:
+        with self._lock:
+            found = self._items.get(digest)
+            if found is not None:
+                self._items.move_to_end(digest)
+            return found
+
+    def put(self, digest: str, content: Content) -> None:
+        """Keep `content`, which the caller has checked against `digest`."""
+        if len(content.raw) > self.max_bytes // 8:  # one entry never empties the memo
+            return
+        with self._lock:
+            old = self._items.pop(digest, None)
+            self._bytes -= len(old.raw) if old is not None else 0
+            self._items[digest] = content
+            self._bytes += len(content.raw)
+            while len(self._items) > self.max_entries or self._bytes > self.max_bytes:
+                _, out = self._items.popitem(last=False)
+                self._bytes -= len(out.raw)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+
+AuthKey = tuple[str, str, str]  # registry host, repository, credential key
+
+
+@dataclass
+class AuthCache:
+    """Authorization headers by (host, repository, credential), each until its expiry."""
+
+    max_entries: int = AUTH_ENTRIES
+    clock: Callable[[], float] = time.monotonic
+    _items: OrderedDict[AuthKey, tuple[str, float]] = field(default_factory=OrderedDict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def get(self, key: AuthKey) -> str | None:
+        with self._lock:
+            found = self._items.get(key)
+            if found is None:
+                return None
+            if found[1] <= self.clock():
+                del self._items[key]
+                return None
+            self._items.move_to_end(key)
+            return found[0]
+
+    def put(self, key: AuthKey, header: str, ttl: float) -> None:
+        if ttl <= 0:
+            return
+        with self._lock:
+            self._items.pop(key, None)
+            self._items[key] = (header, self.clock() + ttl)
+            while len(self._items) > self.max_entries:
+                self._items.popitem(last=False)
+
+    def forget(self, key: AuthKey) -> None:
+        with self._lock:
+            self._items.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def token_ttl(expires_in: object) -> float:
+    """Seconds a token may be sent again: its `expires_in` (the spec's 60 s when absent or
+    not a number) less a margin, so that a slow request does not carry an expired token."""
+    valid = isinstance(expires_in, int | float) and not isinstance(expires_in, bool)
+    seconds = float(expires_in) if valid else TOKEN_DEFAULT_TTL  # type: ignore[arg-type]
+    return min(seconds, 3600.0) - TOKEN_MARGIN
+
+
+class _NoCookies(http.cookiejar.DefaultCookiePolicy):
+    def set_ok(self, cookie: http.cookiejar.Cookie, request: object) -> bool:
+        return False
+
+    def return_ok(self, cookie: http.cookiejar.Cookie, request: object) -> bool:
+        return False
+
+
+def new_session(connections: int) -> requests.Session:
+    """A Session that keeps `connections` idle connections per host and no cookies."""
+    import requests
+    from requests.adapters import HTTPAdapter
+
+    session = requests.Session()
+    session.cookies.set_policy(_NoCookies())
+    adapter = HTTPAdapter(pool_connections=4, pool_maxsize=connections)
+    session.mount("https://", adapter)
+    session.mount("http://", adapter)
+    return session
+
+
+SessionKey = tuple[str, str]  # registry host, credential key
+
+
+@dataclass
+class SessionPool:
+    """One Session per (registry host, credential); past `max_sessions`, the least recently
+    used is closed. Closing is safe under a request in flight: urllib3 closes a connection
+    returned to a closed pool, and a later request opens a new one."""
+
+    max_sessions: int = SESSIONS
+    connections: int = CONNECTIONS
+    _items: OrderedDict[SessionKey, requests.Session] = field(default_factory=OrderedDict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def get(self, key: SessionKey) -> requests.Session:
+        with self._lock:
+            found = self._items.get(key)
+            if found is not None:
+                self._items.move_to_end(key)
+                return found
+            made = self._items[key] = new_session(self.connections)
+            evicted = []
+            while len(self._items) > self.max_sessions:
+                evicted.append(self._items.popitem(last=False)[1])
+        for session in evicted:
+            session.close()
+        return made
+
+    def close(self) -> None:
+        with self._lock:
+            sessions = list(self._items.values())
+            self._items.clear()
+        for session in sessions:
+            session.close()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+@dataclass
+class RegistryReuse:
+    """The memo, the auth cache and the sessions of one process, shared by its threads."""
+
+    memo: ContentMemo = field(default_factory=ContentMemo)
+    auth: AuthCache = field(default_factory=AuthCache)
+    sessions: SessionPool = field(default_factory=SessionPool)
+    _key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    _pid: int = field(default_factory=os.getpid)
+
+    def here(self) -> RegistryReuse | None:
+        """This, in the process that made it; None in a forked child."""
+        return self if os.getpid() == self._pid else None
+
+    def credential_key(self, username: str | None, password: str | None) -> str:
+        """Who asks: '' when anonymous, else a keyed hash of user and password, so that
+        the same secret in two namespaces is one credential and nothing reveals it."""
+        if username is None or password is None:
+            return ""
+        text = f"{username}\0{password}".encode()
+        return hmac.new(self._key, text, hashlib.sha256).hexdigest()
+
+    def close(self) -> None:
+        self.sessions.close()
