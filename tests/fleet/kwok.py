@@ -10,7 +10,8 @@ Running by kwok. Nothing runs: a failure on a node is published by the test, spe
 that node's agent with a token bound to the agent pod on that node (`agent_token`).
 
 `running_fleet(cluster, workdir, nodes)` is the context manager the fleet test, the
-fleet benchmark and the placement tests share; `python -m tests.fleet.kwok N` starts a
+fleet benchmark and the placement tests share; tests/node/placement.py runs `kwok_argv`
+with a few nodes beside the real node of tests/node; `python -m tests.fleet.kwok N` starts a
 control plane with N nodes and keeps it until Ctrl-C.
 """
 
@@ -111,7 +112,21 @@ def node_body(node: SimNode, taint: bool) -> dict[str, Any]:
     }
 
 
-def _node_ready(node: Any) -> bool:
+def kwok_argv(binary: Path, kubeconfig: Path) -> list[str]:
+    """kwok against the API server of `kubeconfig`, managing only the nodes annotated
+    MANAGED, with the Stages of stages.yaml."""
+    return [
+        str(binary),
+        f"--kubeconfig={kubeconfig}",
+        "--manage-all-nodes=false",
+        f"--manage-nodes-with-annotation-selector={MANAGED[0]}={MANAGED[1]}",
+        f"--config={STAGES}",
+        # A Lease per node, renewed every 10 s, as kubelets do (none without the flag).
+        "--node-lease-duration-seconds=40",
+    ]
+
+
+def node_ready(node: Any) -> bool:
     conds = {c.type: c.status for c in node.status.conditions or []}
     # The lifecycle controller lifts its not-ready taint a moment after Ready.
     taints = {t.key for t in node.spec.taints or []}
@@ -142,15 +157,7 @@ class Fleet:
             controller_manager_args=API_QPS,
             scheduler_args=API_QPS,
         )
-        argvs["kwok"] = [
-            str(self.bins["kwok"]),
-            f"--kubeconfig={kubeconfig}",
-            "--manage-all-nodes=false",
-            f"--manage-nodes-with-annotation-selector={MANAGED[0]}={MANAGED[1]}",
-            f"--config={STAGES}",
-            # A Lease per node, renewed every 10 s, as kubelets do (none without the flag).
-            "--node-lease-duration-seconds=40",
-        ]
+        argvs["kwok"] = kwok_argv(self.bins["kwok"], kubeconfig)
         for name, argv in argvs.items():
             self.procs[name] = Proc(name, argv, self.workdir / f"{name}.log")
             self.procs[name].start()
@@ -181,7 +188,7 @@ class Fleet:
             self.check_alive()
             with self.cluster.client() as api:
                 listed = client.CoreV1Api(api).list_node(label_selector=FLEET_LABEL).items
-            return names <= {n.metadata.name for n in listed if _node_ready(n)}
+            return names <= {n.metadata.name for n in listed if node_ready(n)}
 
         wait_for(f"{len(names)} kwok nodes Ready", ready, timeout, every=1.0)
 

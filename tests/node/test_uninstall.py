@@ -1,5 +1,6 @@
 """helm upgrade rolls the agent; helm uninstall leaves no BPF program or map behind, no record
-waiting for a label patch, and keeps the CRD as documented; the node leaves nothing behind.
+waiting for a label patch, no pod gated by placement (test_story_placement turned it on), and
+keeps the CRD as documented; the node leaves nothing behind.
 
 Runs last (file order): it ends the release and then the node itself."""
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from kubernetes import client
 
 from tests.deploy.chart import CHART
+from tests.node.images import WEB_V1
 from tests.node.install import (
     NAMESPACE,
     RELEASE,
@@ -23,9 +25,12 @@ from tests.node.install import (
     wait_workloads_ready,
 )
 from tests.node.node import Node, pod_ready, wait_for
+from tests.node.placement import GATE, WebhookRoute, gated, take_placement_lease
 from tests.node.test_install import container_pid
+from tests.node.workloads import container, ensure_namespace
 
 CRD = "execfailures.execwatch.io"
+GATED_NS = "gated"
 
 
 def bpf_objects(kind: str) -> list[dict[str, object]]:
@@ -106,6 +111,32 @@ def test_upgrade_to_a_changed_value_rolls_the_agent(node: Node, release: Release
         assert blind < 1.0, "with maxSurge the new agent is Ready before the old one stops"
 
 
+def test_pods_stay_gated_while_no_placement_controller_leads(node: Node, release: Release) -> None:
+    """With its Lease held by someone else, no replica places pods while every replica's
+    webhook still gates them: what `helm uninstall` must not leave behind."""
+    take_placement_lease(node)
+    ensure_namespace(node, GATED_NS)
+    core = node.core()
+    core.patch_namespace(GATED_NS, {"metadata": {"labels": {"execwatch.io/placement": "enforce"}}})
+    route = WebhookRoute()
+    try:
+        route.add(node)
+        for name in ("held-a", "held-b"):
+            core.create_namespaced_pod(
+                GATED_NS,
+                client.V1Pod(
+                    metadata=client.V1ObjectMeta(name=name),
+                    spec=client.V1PodSpec(containers=[container("web", WEB_V1)]),
+                ),
+            )
+    finally:
+        route.remove()
+    time.sleep(10)  # a leader places a pod within a second or two
+    pods = core.list_namespaced_pod(GATED_NS).items
+    assert len(pods) == 2
+    assert all(gated(p) and not p.spec.node_name for p in pods), [p.spec for p in pods]
+
+
 def test_uninstall_leaves_no_bpf_no_records_and_keeps_the_crd(node: Node, release: Release) -> None:
     pod = agent_pod(node)
     pid = container_pid(pod, "agent")
@@ -122,6 +153,15 @@ def test_uninstall_leaves_no_bpf_no_records_and_keeps_the_crd(node: Node, releas
         lambda: not core.list_namespaced_pod(NAMESPACE).items,
         120,
     )
+    # Placement's pre-delete hook ungated what no controller would have placed.
+    held = core.list_namespaced_pod(GATED_NS).items
+    assert held and not [p.metadata.name for p in held if gated(p)], f"{GATE} left"
+    for pod in held:
+        skipped = core.list_namespaced_event(
+            GATED_NS,
+            field_selector=f"involvedObject.name={pod.metadata.name},reason=PlacementSkipped",
+        ).items
+        assert any("execwatch placement is being removed" in e.message for e in skipped), skipped
     live_progs = {int(str(p["id"])) for p in bpf_objects("prog")}
     live_maps = {int(str(m["id"])) for m in bpf_objects("map")}
     assert not progs & live_progs, "BPF programs still attached after uninstall"
