@@ -299,6 +299,38 @@ def test_a_pod_without_valid_pull_credentials_is_ungated_unchanged(
     assert "\n" not in note
 
 
+@pytest.mark.parametrize("where", ["NETRC", ".netrc", ".docker/config.json"])
+def test_credentials_of_the_controllers_own_stop_it_from_judging(
+    registered: object,
+    admin: client.ApiClient,
+    registry: Registry,
+    toolbox: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    where: str,
+) -> None:
+    """A pod must pull with its own secrets only: a file the registry client would read
+    for credentials of its own (requests reads netrc for a request without any) means the
+    pod is placed unchanged, never judged with the controller's access."""
+    home = tmp_path / "home"
+    own = tmp_path / "netrc" if where == "NETRC" else home / where
+    own.parent.mkdir(parents=True, exist_ok=True)
+    own.write_text(f"machine {registry.host.split(':')[0]} login {USER} password {PASSWORD}\n")
+    monkeypatch.setenv("HOME", str(home))
+    if where == "NETRC":
+        monkeypatch.setenv("NETRC", str(own))
+    ns = namespace(admin, "enforce")
+    pod = create_pod(admin, ns, containers=[{"name": "app", "image": toolbox}])
+
+    outcome = placer(admin, registry, tmp_path).handle(pod)
+
+    now = stored(admin, pod)
+    assert outcome is not None and outcome.action == "fail-open", outcome
+    assert (gates(now), required_terms(now)) == ([], [])
+    [(_, reason, note)] = events(admin, now)
+    assert reason == "PlacementSkipped" and "credentials of its own" in note, note
+
+
 def test_an_unreachable_registry_ungates_the_pod_unchanged(
     registered: object, admin: client.ApiClient, registry: Registry, tmp_path: Path
 ) -> None:

@@ -1,5 +1,6 @@
 """The registry credentials a pod may pull with: its `imagePullSecrets`, then its
-ServiceAccount's, as the kubelet would use them, and nothing else.
+ServiceAccount's, as the kubelet would use them, and nothing else: a credentials file of
+the controller's own (Docker's, Podman's, a netrc file) stops it from judging at all.
 
 Only the secrets' `auths` are kept: a `credsStore` or `credHelpers` in a user's secret
 would make the controller run a program of the user's choosing. A secret that is named but
@@ -26,6 +27,14 @@ DOCKERCONFIGJSON = ".dockerconfigjson"
 DOCKERCFG = ".dockercfg"
 
 
+def netrc_files() -> list[str]:
+    """Where `requests` finds credentials for a request that carries none (`NETRC`, then
+    `~/.netrc` and `~/_netrc`): a registry that asks for basic auth would get them."""
+    home = os.path.expanduser("~")
+    named = [os.environ["NETRC"]] if os.environ.get("NETRC") else []
+    return [*named, os.path.join(home, ".netrc"), os.path.join(home, "_netrc")]
+
+
 @dataclass(frozen=True)
 class PullSecrets:
     rest: Rest
@@ -35,7 +44,7 @@ class PullSecrets:
         """Credential files, one per secret in the kubelet's order, that exist only for the
         duration of the block; raises VerdictUnavailable when a credential of the
         controller's own would be consulted as well."""
-        others = [f for f in credential_files([]) if os.path.exists(f)]
+        others = [f for f in [*credential_files([]), *netrc_files()] if os.path.exists(f)]
         if others:
             raise VerdictUnavailable(f"the controller has credentials of its own ({others[0]})")
         docs = self.configs(pod)
