@@ -22,12 +22,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlencode, urlparse
 
 from execwatch import cliargs
 from execwatch.runnable.limits import Limits
 from execwatch.scan.errors import ScanInputError
 from execwatch.scan.model import ImageResult
-from execwatch.scan.reuse import BASIC_TTL, Content, ContentMemo, RegistryReuse, token_ttl
+from execwatch.scan.reuse import (
+    BASIC_TTL,
+    Content,
+    ContentMemo,
+    RegistryReuse,
+    new_session,
+    token_ttl,
+)
 from execwatch.scan.sources import (
     INDEX_TYPES,
     LAYER_TYPES,
@@ -421,8 +429,6 @@ class RegistryClient:
         (the scan's process), which then opens connections of its own: its parent's pooled
         ones are the same sockets, and their locks may have been held at the fork."""
         if self.reuse is not None and os.getpid() != self._pid:
-            from execwatch.scan.reuse import new_session
-
             self.reuse, self._pid = None, os.getpid()
             self.dxf._sessions[0] = new_session(1)
         return self.reuse
@@ -460,8 +466,6 @@ class RegistryClient:
         self, info: dict[str, str], user: str | None, password: str | None
     ) -> tuple[str, float]:
         """A bearer token for pulling this repository, and how long it may be sent."""
-        from urllib.parse import parse_qsl, urlencode, urlparse
-
         from dxf import exceptions as dxf_errors
 
         realm = info.get("realm")
