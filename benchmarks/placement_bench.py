@@ -62,7 +62,13 @@ from tests.placement.test_cli import (
     loopback,
     own_env,
 )
-from tests.registry.server import PASSWORD, USER, Registry, TokenServer, running_registry
+from tests.registry.server import (
+    PASSWORD,
+    USER,
+    Registry,
+    running_registry,
+    running_token_registry,
+)
 from tests.scan.imagebuild import Image, file, oci_layout
 from tests.scan.test_checks import glibc_base
 
@@ -397,32 +403,17 @@ def timed_create(core: client.CoreV1Api, ns: str, name: str, gated: bool) -> flo
 # -- the run ---------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def token_registry(registry: Registry, work: Path) -> Iterator[Registry]:
-    """A second registry on `registry`'s storage that wants bearer tokens from a token
-    server, as public registries do. Its ca.crt also holds the first registry's CA, which
-    signs the token server's certificate: the one CA file the controller is given."""
-    tokens = TokenServer(work / "token-issuer", registry.pki)
-    options = {"storage": registry.workdir / "data", "token_realm": tokens.realm,
-               "token_cert": tokens.cert}  # fmt: skip
-    try:
-        with running_registry(work / "token-registry", **options) as made:
-            made.ca.write_text(made.ca.read_text() + registry.ca.read_text())
-            yield made
-    finally:
-        tokens.close()
-
-
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     port = free_port()
     with (
         running_registry(work / "registry") as registry,
-        token_registry(registry, work) as tokened,
+        running_token_registry(registry, work) as token_side,
         running_cluster(work / "kube") as kube,
     ):
         install_chart(kube, port)
         ungate = {}
         for i, auth in enumerate([] if args.only == "creates" else args.auth):
+            tokened = token_side.registry
             served = tokened if auth == "token" else registry
             # pushed through the token registry: htpasswd's bcrypt would cost seconds a push
             pushed = push_images(tokened, work / "images", args.first_seen, i * args.first_seen)

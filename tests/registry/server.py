@@ -308,6 +308,28 @@ class TokenServer:
         self.httpd.server_close()
 
 
+@dataclass(frozen=True)
+class TokenRegistry:
+    registry: Registry
+    tokens: TokenServer
+
+
+@contextlib.contextmanager
+def running_token_registry(origin: Registry, work: Path) -> Iterator[TokenRegistry]:
+    """A second registry on `origin`'s storage that wants bearer tokens from a token
+    server, as public registries do. Its ca.crt also holds `origin`'s CA, which signs the
+    token server's certificate: one CA file trusts the registry and its token server."""
+    tokens = TokenServer(work / "token-issuer", origin.pki)
+    options = {"storage": origin.workdir / "data", "token_realm": tokens.realm,
+               "token_cert": tokens.cert}  # fmt: skip
+    try:
+        with running_registry(work / "token-registry", **options) as made:
+            made.ca.write_text(made.ca.read_text() + origin.ca.read_text())
+            yield TokenRegistry(made, tokens)
+    finally:
+        tokens.close()
+
+
 @dataclass
 class Blob:
     """A blob as a hostile registry serves it: `data` sent `repeat` times, with or without

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,13 @@ from execwatch.scan.reuse import (
     token_ttl,
 )
 from tests.registry.counting import CountingProxy
-from tests.registry.server import PASSWORD, USER, Registry, TokenServer, running_registry
+from tests.registry.server import (
+    PASSWORD,
+    USER,
+    Registry,
+    TokenRegistry,
+    running_token_registry,
+)
 from tests.scan.imagebuild import Image, file, oci_layout
 
 
@@ -36,25 +41,13 @@ def proxy(registry: Registry) -> Iterator[CountingProxy]:
     made.close()
 
 
-@dataclass(frozen=True)
-class Tokened:
-    registry: Registry
-    tokens: TokenServer
-
-
 @pytest.fixture(scope="module")
-def tokened(registry: Registry, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tokened]:
+def tokened(
+    registry: Registry, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TokenRegistry]:
     """A registry on the same storage that wants bearer tokens from a token server."""
-    work = tmp_path_factory.mktemp("token-registry")
-    tokens = TokenServer(work / "issuer", registry.pki)
-    options = {"storage": registry.workdir / "data", "token_realm": tokens.realm,
-               "token_cert": tokens.cert}  # fmt: skip
-    try:
-        with running_registry(work / "registry", **options) as made:
-            made.ca.write_text(made.ca.read_text() + registry.ca.read_text())
-            yield Tokened(made, tokens)
-    finally:
-        tokens.close()
+    with running_token_registry(registry, tmp_path_factory.mktemp("token-registry")) as made:
+        yield made
 
 
 def options(
@@ -131,7 +124,7 @@ def test_a_moved_tag_is_followed(registry: Registry, proxy: CountingProxy, tmp_p
 
 
 def test_a_token_is_kept_for_its_credential_and_never_sent_for_another(
-    registry: Registry, pushed: dict[str, str], tokened: Tokened, tmp_path: Path
+    registry: Registry, pushed: dict[str, str], tokened: TokenRegistry, tmp_path: Path
 ) -> None:
     served, tokens, reuse = tokened.registry, tokened.tokens, RegistryReuse()
     ref = pushed["hello"].replace(registry.host, served.host)
@@ -159,7 +152,7 @@ def test_a_token_is_kept_for_its_credential_and_never_sent_for_another(
 
 
 def test_a_refused_kept_token_is_replaced(
-    registry: Registry, pushed: dict[str, str], tokened: Tokened, tmp_path: Path
+    registry: Registry, pushed: dict[str, str], tokened: TokenRegistry, tmp_path: Path
 ) -> None:
     served, tokens, reuse = tokened.registry, tokened.tokens, RegistryReuse()
     key = (served.host, "team/hello", reuse.credential_key(USER, PASSWORD))
