@@ -40,7 +40,7 @@ from tests.fleet.kwok import SimNode, kwok_argv, node_body, node_ready
 from tests.kube.cluster import Proc, binary_dir, free_port
 from tests.node.install import NAMESPACE, RELEASE, run_helm
 from tests.node.node import NAT_COMMENT, NODE_IP, Node, pod_ready, wait_for
-from tests.registry.server import registry_binary
+from tests.registry.server import serve_registry
 from tests.scan.imagebuild import (
     MEDIA,
     Blobs,
@@ -148,13 +148,7 @@ class NodeRegistry:
             "storage": {"filesystem": {"rootdirectory": str(self.workdir / "data")}},
             "http": {"addr": self.host},
         }
-        (self.workdir / "config.yml").write_text(json.dumps(config))  # YAML is a JSON superset
-        self.proc = Proc(
-            "registry",
-            [str(registry_binary()), "serve", str(self.workdir / "config.yml")],
-            self.workdir / "registry.log",
-        )
-        self.proc.start()
+        self.proc = serve_registry(self.workdir, config)
         wait_for(f"the registry on {self.host}", self._up, timeout, every=0.2)
 
     def _up(self) -> bool:

@@ -100,13 +100,7 @@ class Registry:
             },
             "auth": auth,
         }
-        (self.workdir / "config.yml").write_text(json.dumps(config))  # YAML is a JSON superset
-        self.proc = Proc(
-            "registry",
-            [str(registry_binary()), "serve", str(self.workdir / "config.yml")],
-            self.workdir / "registry.log",
-        )
-        self.proc.start()
+        self.proc = serve_registry(self.workdir, config)
         self._wait_ready()
 
     def _wait_ready(self, timeout: float = 30.0) -> None:
@@ -165,6 +159,18 @@ class Registry:
         ctx = ssl.create_default_context(cafile=str(self.ca))
         with urllib.request.urlopen(request, context=ctx, timeout=30) as response:
             return put or dict(json.loads(response.read()))
+
+
+def serve_registry(workdir: Path, config: dict[str, Any]) -> Proc:
+    """distribution's registry started with `config`, its files and log in `workdir`."""
+    (workdir / "config.yml").write_text(json.dumps(config))  # YAML is a JSON superset
+    proc = Proc(
+        "registry",
+        [str(registry_binary()), "serve", str(workdir / "config.yml")],
+        workdir / "registry.log",
+    )
+    proc.start()
+    return proc
 
 
 @contextlib.contextmanager
