@@ -311,7 +311,13 @@ class Consumer:
                 thread.join()
 
     def delivered(
-        self, err: int | str, reason: Reason, *, aggregated: bool, count: int = 1
+        self,
+        err: int | str,
+        reason: Reason,
+        *,
+        aggregated: bool,
+        count: int = 1,
+        cause: object = None,
     ) -> None:
         if err in (errno.ENOEXEC, "ENOEXEC"):
             self.delivered_count += count

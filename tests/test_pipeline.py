@@ -12,11 +12,21 @@ from types import MappingProxyType
 from typing import cast
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from execwatch.diagnosis import FileDiagnoser
+from execwatch.metrics import NodeMetrics, undiagnosed_summary
 from execwatch.pipeline import Heartbeat, NodePipeline, aggregation_key
 from execwatch.probe import events, layout
-from execwatch.record import Attribution, Diagnosis, ExecFailure, KernelEvent, Kind, Reason
+from execwatch.record import (
+    Attribution,
+    Diagnosis,
+    ExecFailure,
+    KernelEvent,
+    Kind,
+    Reason,
+    UndiagnosedCause,
+)
 from execwatch.repeatkey import RepeatKey
 from tests.support.pipeline import make_pipeline
 
@@ -149,7 +159,13 @@ class Observer:
         self.overruns: list[str] = []
 
     def delivered(
-        self, errno: int | str, reason: Reason, *, aggregated: bool, count: int = 1
+        self,
+        errno: int | str,
+        reason: Reason,
+        *,
+        aggregated: bool,
+        count: int = 1,
+        cause: object = None,
     ) -> None:
         self.seen.append((errno, reason, aggregated, count))
 
@@ -346,6 +362,7 @@ def test_a_crashing_diagnosis_degrades_the_record_instead_of_losing_it(
     settled(p)
     assert len(emitted) == 1
     assert emitted[0].diagnosis.reason is Reason.UNDIAGNOSED
+    assert emitted[0].diagnosis.cause is UndiagnosedCause.FAILED
     assert "diagnosis failed: RuntimeError('bug')" in emitted[0].diagnosis.detail
 
 
@@ -391,6 +408,7 @@ def test_a_hung_diagnosis_times_out_and_others_keep_flowing(
     by_path = {f.event.path: f.diagnosis for f in emitted}
     assert len(by_path) == 21
     assert by_path["/fuse/app"].reason is Reason.UNDIAGNOSED
+    assert by_path["/fuse/app"].cause is UndiagnosedCause.OVERRAN
     assert "overran its 0.3 s budget" in by_path["/fuse/app"].detail
     assert {d.reason for p_, d in by_path.items() if p_ != "/fuse/app"} == {
         Reason.FOREIGN_ARCHITECTURE
@@ -412,6 +430,7 @@ def test_a_full_queue_reports_undiagnosed_and_counts_the_drop(
         ("/dropped", "not diagnosed: the diagnosis queue was full")
     ]
     assert observer.drops == {"diagnosis_queue_full": 1}
+    assert emitted[0].diagnosis.cause is UndiagnosedCause.OVERLOADED
     diagnoser.release.set()
     settled(p)
     assert sorted(f.event.path for f in emitted) == ["/dropped", "/hang", "/queued"]
@@ -466,3 +485,23 @@ def test_a_diagnosis_that_is_only_slow_is_left_to_finish(
     settled(p)
     assert [f.diagnosis.reason for f in emitted] == [Reason.FOREIGN_ARCHITECTURE]
     assert observer.overruns == []
+
+
+def test_undiagnosed_failures_are_counted_by_cause_from_zero() -> None:
+    registry = CollectorRegistry()
+    metrics = NodeMetrics(registry)
+    for cause in UndiagnosedCause:  # a first one is an increase() from 0
+        assert registry.get_sample_value("execwatch_undiagnosed_total", {"cause": cause}) == 0
+    assert undiagnosed_summary(registry) == "0 failures seen, 0 undiagnosed"
+
+    metrics.delivered(8, Reason.FOREIGN_ARCHITECTURE, aggregated=False, count=5)
+    metrics.delivered(8, Reason.UNDIAGNOSED, aggregated=False, cause=UndiagnosedCause.OVERRAN)
+    metrics.delivered(
+        8, Reason.UNDIAGNOSED, aggregated=True, count=2, cause=UndiagnosedCause.SLOW_MOUNT
+    )
+
+    slow = {"cause": "slow_mount"}
+    assert registry.get_sample_value("execwatch_undiagnosed_total", slow) == 2
+    assert undiagnosed_summary(registry) == (
+        "8 failures seen, 3 undiagnosed (2 slow_mount, 1 overran)"
+    )

@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 
 from execwatch.binfmt.emulation import Emulator
 from execwatch.httpserver import BoundedServer, Deferred, Request, ServerLimits, response
-from execwatch.record import Reason
+from execwatch.record import Reason, UndiagnosedCause
 
 
 class KernelCounters(Protocol):
@@ -220,6 +220,15 @@ class NodeMetrics:
             ["type"],
             registry=registry,
         )
+        self.undiagnosed = Counter(
+            "execwatch_undiagnosed",
+            "Failures reported Undiagnosed, by cause (slow_mount, overran, killed, gone, ...: "
+            "docs/metrics.md). Every cause is exported from the start, at 0.",
+            ["cause"],
+            registry=registry,
+        )
+        for cause in UndiagnosedCause:
+            self.undiagnosed.labels(str(cause))
         self.overruns = Counter(
             "execwatch_pipeline_overruns",
             "Diagnosis or attribution calls that overran their time budget (a slow or hung "
@@ -227,14 +236,30 @@ class NodeMetrics:
             ["stage"],
             registry=registry,
         )
-        if probe is not None:
-            registry.register(KernelCollector(probe))
+        self._kernel = KernelCollector(probe) if probe is not None else None
+        if self._kernel is not None:
+            registry.register(self._kernel)
+
+    def detach_kernel(self) -> None:
+        """Stop reading the probe's maps (call before the probe is closed): the registry
+        keeps the user-space counters, which may still be read."""
+        if self._kernel is not None:
+            self.registry.unregister(self._kernel)
+            self._kernel = None
 
     def delivered(
-        self, errno: int | str, reason: Reason, *, aggregated: bool, count: int = 1
+        self,
+        errno: int | str,
+        reason: Reason,
+        *,
+        aggregated: bool,
+        count: int = 1,
+        cause: UndiagnosedCause | None = None,
     ) -> None:
         name = errno if isinstance(errno, str) else errno_name(errno)
         self.events.labels(name, str(reason)).inc(count)
+        if reason is Reason.UNDIAGNOSED:
+            self.undiagnosed.labels(str(cause or UndiagnosedCause.UNEXPLAINED)).inc(count)
         if aggregated:
             self.aggregated_events.inc(count)
 
@@ -243,3 +268,23 @@ class NodeMetrics:
 
     def overran(self, stage: str) -> None:
         self.overruns.labels(stage).inc()
+
+
+def undiagnosed_summary(registry: CollectorRegistry) -> str:
+    """One line: how many failures were delivered, and the Undiagnosed ones by cause."""
+    total = sum(
+        sample.value
+        for metric in registry.collect()
+        if metric.name == "execwatch_events"
+        for sample in metric.samples
+        if sample.name == "execwatch_events_total"
+    )
+    causes = {
+        str(cause): registry.get_sample_value("execwatch_undiagnosed_total", {"cause": str(cause)})
+        or 0.0
+        for cause in UndiagnosedCause
+    }
+    undiagnosed = sum(causes.values())
+    line = f"{total:.0f} failures seen, {undiagnosed:.0f} undiagnosed"
+    found = ", ".join(f"{n:.0f} {cause}" for cause, n in causes.items() if n)
+    return f"{line} ({found})" if found else line

@@ -94,20 +94,26 @@ class NodeStack:
                 if options.suspect_after is None
                 else SlowMounts(suspect_after=options.suspect_after)
             )
-            with NodePipeline(
-                options.diagnoser or FileDiagnoser.for_host(attributor, slow),
-                sink,
-                options.pipeline,
-                epoch_offset=boot_to_epoch_offset(),
-                attributor=attributor,
-                observer=options.observer or NodeMetrics(registry, probe),
-                slow=slow,
-                heartbeat=options.heartbeat,
-                folds=options.folds(probe) if options.folds else probe,
-            ) as pipeline:
-                tap, on_record = options.tap, pipeline.on_record
-                probe.open_ring_buffer(on_record if tap is None else lambda r: tap(r, on_record))
-                yield cls(probe, pipeline, registry, attributor)
+            observer = options.observer or NodeMetrics(registry, probe)
+            try:
+                with NodePipeline(
+                    options.diagnoser or FileDiagnoser.for_host(attributor, slow),
+                    sink,
+                    options.pipeline,
+                    epoch_offset=boot_to_epoch_offset(),
+                    attributor=attributor,
+                    observer=observer,
+                    slow=slow,
+                    heartbeat=options.heartbeat,
+                    folds=options.folds(probe) if options.folds else probe,
+                ) as pipeline:
+                    tap, on_record = options.tap, pipeline.on_record
+                    on = on_record if tap is None else lambda r: tap(r, on_record)
+                    probe.open_ring_buffer(on)
+                    yield cls(probe, pipeline, registry, attributor)
+            finally:  # the registry may outlive the probe: its maps are gone with it
+                if isinstance(observer, NodeMetrics):
+                    observer.detach_kernel()
 
     @property
     def heartbeat(self) -> Heartbeat:

@@ -30,6 +30,23 @@ PLATFORM_REASONS = frozenset(
 )
 
 
+class UndiagnosedCause(enum.StrEnum):
+    """Why a failure is reported Undiagnosed: the `cause` label of
+    execwatch_undiagnosed_total, and trace's summary when it stops."""
+
+    SLOW_MOUNT = "slow_mount"  # not read: a diagnosis there overran, or waits too long now
+    OVERRAN = "overran"  # this call overran its time budget (a hung file system)
+    KILLED = "killed"  # its worker was killed: CPU, memory, crash or deadline
+    NO_WORKER = "no_worker"  # no diagnosis worker was alive and none could be started
+    OVERLOADED = "overloaded"  # dropped before diagnosis: the pipeline was full
+    GONE = "gone"  # the task, and every root that could stand for its own, are gone
+    UNREADABLE = "unreadable"  # the file, or what it names, could not be read
+    UNEXPLAINED = "unexplained"  # read, and no rule explains it
+    STOPPING = "stopping"  # execwatch was stopping
+    FAILED = "failed"  # a bug: the diagnosis raised
+    EVICTED = "evicted"  # repeats counted after their record left the repeat table
+
+
 @dataclass(frozen=True, slots=True)
 class Diagnosis:
     """What user space found when it looked at the file the kernel refused to run."""
@@ -42,6 +59,11 @@ class Diagnosis:
     library: str | None = None  # the library the loader could not find or that lacks something
     symbol: str | None = None
     version: str | None = None  # a symbol version (GLIBC_2.38) or an ISA level (x86-64-v3)
+    cause: UndiagnosedCause | None = None  # Undiagnosed only: why
+
+
+def undiagnosed(cause: UndiagnosedCause, detail: str, node_arch: str = "") -> Diagnosis:
+    return Diagnosis(Reason.UNDIAGNOSED, node_arch, detail=detail, cause=cause)
 
 
 class AttributionStatus(enum.StrEnum):
@@ -181,6 +203,7 @@ class ExecFailure:
             "library": d.library,
             "symbol": d.symbol,
             "version": d.version,
+            "cause": None if d.cause is None else str(d.cause),
             "exit_code": e.exit_code,
             "signal": e.signal,
             "age_ms": e.age_ms,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -13,9 +14,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
+from prometheus_client import CollectorRegistry
+
 from execwatch import cliargs
 from execwatch.attribution import Attributor
-from execwatch.metrics import serve
+from execwatch.metrics import serve, undiagnosed_summary
 from execwatch.nodestack import NodeStack, StackOptions
 from execwatch.output import Printer
 from execwatch.pipeline import DIAGNOSIS_BUDGET_S, Budget, PipelineOptions
@@ -137,7 +140,9 @@ def stack_options(args: argparse.Namespace) -> StackOptions:
 
 def trace_loop(args: argparse.Namespace, stop: threading.Event) -> int:
     printer = Printer(sys.stdout, as_json=args.json)
-    with NodeStack.open(stack_options(args), printer) as stack:
+    registry = CollectorRegistry()
+    options = dataclasses.replace(stack_options(args), registry=registry)
+    with NodeStack.open(options, printer) as stack:
         address: tuple[str, int] | None = args.metrics_address
         where = f"{address[0]}:{address[1]}" if address else "off"
         try:
@@ -151,4 +156,6 @@ def trace_loop(args: argparse.Namespace, stop: threading.Event) -> int:
         finally:
             if server:
                 server.shutdown()
+    # After the stack is closed: the records still being diagnosed are counted too.
+    print(f"execwatch: {undiagnosed_summary(registry)}", file=sys.stderr)
     return 0

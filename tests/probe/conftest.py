@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,6 +19,8 @@ from execwatch.pipeline import PipelineOptions
 from execwatch.record import ExecFailure
 from tests.support.node import Running, node_stack
 from tests.support.wait import wait_until
+
+HUNG_FUSE = Path(__file__).with_name("hung_fuse.py")
 
 
 class Tracer:
@@ -122,3 +126,31 @@ def children() -> Iterator[Children]:
     runner = Children()
     yield runner
     runner.reap()
+
+
+@pytest.fixture
+def hello_arm64(foreign_root: Path) -> Path:
+    return foreign_root / "arm64/root/usr/bin/hello"
+
+
+@pytest.fixture
+def hung_mount(tmp_path: Path, hello_arm64: Path) -> Iterator[Path]:
+    mountpoint = tmp_path / "hung"
+    mountpoint.mkdir()
+    daemon = subprocess.Popen(
+        [sys.executable, HUNG_FUSE, mountpoint, hello_arm64, str(os.getpid())],
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 15
+    while not os.path.ismount(mountpoint):
+        if daemon.poll() is not None or time.monotonic() > deadline:
+            daemon.kill()
+            err = daemon.communicate()[1].decode(errors="replace")
+            pytest.fail(f"the FUSE file system did not mount: {err[-2000:]}", pytrace=False)
+        time.sleep(0.05)
+    try:
+        yield mountpoint
+    finally:
+        daemon.kill()  # blocked reads now fail with ENOTCONN; their threads end
+        daemon.wait()
+        subprocess.run(["umount", "-l", mountpoint], check=False, capture_output=True)

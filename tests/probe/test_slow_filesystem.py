@@ -8,10 +8,7 @@ answers the reads of this process, which runs the pipeline like the agent does.
 from __future__ import annotations
 
 import errno
-import os
 import shutil
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -31,36 +28,7 @@ from tests.probe.conftest import Children
 from tests.support.node import node_stack
 from tests.support.wait import wait_until
 
-HUNG_FUSE = Path(__file__).with_name("hung_fuse.py")
 BUDGET = 2.0
-
-
-@pytest.fixture
-def hello_arm64(foreign_root: Path) -> Path:
-    return foreign_root / "arm64/root/usr/bin/hello"
-
-
-@pytest.fixture
-def hung_mount(tmp_path: Path, hello_arm64: Path) -> Iterator[Path]:
-    mountpoint = tmp_path / "hung"
-    mountpoint.mkdir()
-    daemon = subprocess.Popen(
-        [sys.executable, HUNG_FUSE, mountpoint, hello_arm64, str(os.getpid())],
-        stderr=subprocess.PIPE,
-    )
-    deadline = time.monotonic() + 15
-    while not os.path.ismount(mountpoint):
-        if daemon.poll() is not None or time.monotonic() > deadline:
-            daemon.kill()
-            err = daemon.communicate()[1].decode(errors="replace")
-            pytest.fail(f"the FUSE file system did not mount: {err[-2000:]}", pytrace=False)
-        time.sleep(0.05)
-    try:
-        yield mountpoint
-    finally:
-        daemon.kill()  # blocked reads now fail with ENOTCONN; their threads end
-        daemon.wait()
-        subprocess.run(["umount", "-l", mountpoint], check=False, capture_output=True)
 
 
 class Agent:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from execwatch.probe import ProbeError, loader
+from tests.probe.roots import newer_package
 
 EXECWATCH = [sys.executable, "-m", "execwatch.cli"]
 
@@ -43,6 +45,8 @@ def programs_held_by(pid: int) -> set[int]:
 
 
 class TraceProcess:
+    stderr = ""
+
     def __init__(self, *args: str) -> None:
         self.proc = subprocess.Popen(
             [*EXECWATCH, "trace", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -58,8 +62,9 @@ class TraceProcess:
         raise AssertionError(f"trace did not start: {self.proc.stderr.read()}")
 
     def stop(self, sig: int = signal.SIGTERM) -> tuple[int, str]:
+        """The exit code and standard output; standard error is kept in `stderr`."""
         self.proc.send_signal(sig)
-        out, _ = self.proc.communicate(timeout=20)
+        out, self.stderr = self.proc.communicate(timeout=20)
         return self.proc.returncode, out
 
 
@@ -98,6 +103,36 @@ def test_json_lines_carry_the_documented_fields(
         "arm64",
     )
     assert first["ppid"] == os.getpid()
+
+
+def test_a_user_retrying_seconds_apart_gets_every_failure_diagnosed(
+    arm64_binary: Path, tmp_path: Path, start_trace: Callable[..., TraceProcess]
+) -> None:
+    """A broken binary run again 1.5 s later, four copies; a program needing GLIBC_2.38,
+    twice, 2.5 s apart: six diagnosed lines, and the summary on stopping."""
+    arms = [tmp_path / f"arm-{n}" for n in range(1, 5)]
+    hellos = [tmp_path / f"hello-{n}" for n in range(1, 3)]
+    for arm in arms:
+        shutil.copy(arm64_binary, arm)
+    for hello in hellos:
+        shutil.copy(newer_package("hello") / "usr/bin/hello", hello)
+    trace = start_trace("--json")
+    for arm in arms:
+        fail_n_times(arm, 1)
+        time.sleep(1.5)
+    for hello in hellos:
+        subprocess.run([hello], capture_output=True, check=False)
+        time.sleep(2.5)
+    code, out = trace.stop(signal.SIGINT)
+
+    assert code == 0
+    reasons = {r["path"]: (r["reason"], r["cause"]) for r in map(json.loads, out.splitlines())}
+    assert {str(b): reasons.get(str(b)) for b in arms + hellos} == {
+        **{str(arm): ("ForeignArchitecture", None) for arm in arms},
+        **{str(hello): ("MissingSymbolVersion", None) for hello in hellos},
+    }
+    summary = trace.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"execwatch: \d+ failures seen, \d+ undiagnosed( \(.*\))?", summary)
 
 
 def test_human_output_is_one_escaped_line_per_record(

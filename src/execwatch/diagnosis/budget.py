@@ -10,7 +10,9 @@ hands each call the mounts to refuse (Refusal), and the worker reports the mount
 
 from __future__ import annotations
 
+import enum
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -54,6 +56,45 @@ class Attempt:
     mount: Mount | None = None
     since: float = 0.0  # when it entered that mount (monotonic)
     tid: int = 0  # that thread's, to see whether the kernel holds it
+    started: float = 0.0  # when the call began: a mount entered before is another call's
+
+
+class Wait(enum.Enum):
+    """What a task is doing, as procfs tells it without touching any file system."""
+
+    RUNNING = "running"  # on a CPU or ready to, or waiting for a lock (a futex: the GIL)
+    IPC = "ipc"  # asleep on a pipe, socket, poll, child or timer: a worker waiting for work
+    FILES = "files"  # any other wait in the kernel: a file system's answer (FUSE, NFS)
+
+
+# Where a task sleeps (wchan) while it waits for another process or for time, never for a
+# file system. The fd check in _on_ipc_fd covers reads and writes on pipes and sockets
+# whatever the kernel calls its wait; these cover the calls whose first argument is no fd.
+IPC_WCHANS = frozenset(
+    {
+        "do_sys_poll",
+        "do_poll",
+        "do_select",
+        "core_sys_select",
+        "do_epoll_wait",
+        "ep_poll",
+        "do_wait",
+        "kernel_wait4",
+        "do_nanosleep",
+        "hrtimer_nanosleep",
+        "do_sigtimedwait",
+        "sigsuspend",
+        "pipe_read",
+        "pipe_write",
+        "anon_pipe_read",
+        "anon_pipe_write",
+        "unix_stream_read_generic",
+        "unix_stream_data_wait",
+        "sk_wait_data",
+        "wait_woken",
+        "inet_csk_accept",
+    }
+)
 
 
 class SlowMounts:
@@ -109,7 +150,8 @@ class SlowMounts:
 
     def refusals(self) -> tuple[Refusal, ...]:
         """What a call starting now must refuse: marked mounts, and those where another
-        call has been held by the kernel longer than `suspect_after`."""
+        call has waited for the file system longer than `suspect_after`. The caller's own
+        attempt is not tracked yet, so a call never counts against itself."""
         now = time.monotonic()
         with self._lock:
             marked = {
@@ -123,7 +165,7 @@ class SlowMounts:
             mount = attempt.mount
             if mount is None or mount.mount_id in marked or waited <= self._suspect_after:
                 continue
-            if self.held_by_kernel(attempt.tid):
+            if self.waits_on_files(attempt.tid):
                 why = f"another diagnosis there has been waiting for {waited:.1f} s"
                 marked[mount.mount_id] = Refusal(mount, why)
         return tuple(marked.values())
@@ -167,16 +209,24 @@ class SlowMounts:
             if other is attempt or other.mount is None or not _same(other.mount, mount):
                 continue
             waited = now - other.since
-            if waited > self._suspect_after and self.held_by_kernel(other.tid):
+            if waited > self._suspect_after and self.waits_on_files(other.tid):
                 return f"another diagnosis there has been waiting for {waited:.1f} s"
         return None
 
     def held_by_kernel(self, tid: int) -> bool:
-        """Blocked in the kernel on something other than a futex: a FUSE or NFS request
-        waits there; a thread parsing a file, or waiting for the GIL (a futex), does not,
-        so a slow parse never makes its mount look slow. A worker process's tid is its pid."""
+        """Waiting in the kernel, for anything but a lock: such a call cannot be hurried
+        (the executor's watchdog). A worker process's tid is its pid."""
+        return self._wait(tid) is not Wait.RUNNING
+
+    def waits_on_files(self, tid: int) -> bool:
+        """Waiting in the kernel for a file system (a FUSE or NFS request): what makes a
+        mount suspect. A thread parsing a file, waiting for the GIL, or a worker idle on
+        its pipe does not, so neither a slow parse nor an idle worker makes a mount slow."""
+        return self._wait(tid) is Wait.FILES
+
+    def _wait(self, tid: int) -> Wait:
         task = self._proc_self / "task" / str(tid)
-        return _blocked(task if task.exists() else Path("/proc") / str(tid))
+        return kernel_wait(task if task.exists() else Path("/proc") / str(tid))
 
     def mark(self, mount: Mount) -> None:
         now = time.monotonic()
@@ -224,17 +274,39 @@ class SlowMounts:
         return Mount(mount_id)  # another mount namespace's: its id is still unique
 
 
-def blocked_in_kernel(pid: int) -> bool:
-    """Whether process `pid`'s main thread waits in the kernel (see held_by_kernel)."""
-    return _blocked(Path("/proc") / str(pid))
+def process_wait(pid: int) -> Wait:
+    """What process `pid`'s main thread waits for (see kernel_wait)."""
+    return kernel_wait(Path("/proc") / str(pid))
 
 
-def _blocked(task: Path) -> bool:
+def kernel_wait(task: Path) -> Wait:
+    """`task` is a /proc/PID or /proc/PID/task/TID directory. wchan names where a sleeping
+    task waits; syscall names the call and its first argument, an fd for read and write."""
     try:
         wchan = (task / "wchan").read_text().strip()
     except OSError:
+        return Wait.RUNNING
+    if wchan in ("", "0") or "futex" in wchan:
+        return Wait.RUNNING
+    if wchan in IPC_WCHANS or _on_ipc_fd(task):
+        return Wait.IPC
+    return Wait.FILES
+
+
+def _on_ipc_fd(task: Path) -> bool:
+    """Whether the task's system call works on a pipe, socket or anonymous inode."""
+    try:
+        fields = (task / "syscall").read_text().split()
+        fd = int(fields[1], 16) if len(fields) > 2 else -1
+    except (OSError, ValueError):
         return False
-    return wchan not in ("", "0") and "futex" not in wchan
+    if not 0 <= fd < 1 << 20:  # running, blocked outside a call (-1), or no fd argument
+        return False
+    try:
+        target = os.readlink(task / "fd" / str(fd))
+    except OSError:
+        return False
+    return target.startswith(("pipe:", "socket:", "anon_inode:"))
 
 
 def _same(a: Mount, b: Mount) -> bool:

@@ -21,7 +21,7 @@ from execwatch.diagnosis.roots import RootLocator
 from execwatch.diagnosis.startup import StartupDiagnoser
 from execwatch.diagnosis.target import TargetOpener
 from execwatch.probe import events
-from execwatch.record import Diagnosis, KernelEvent, Reason
+from execwatch.record import Diagnosis, KernelEvent, Reason, UndiagnosedCause
 from execwatch.runnable.openat2 import Resolver
 
 
@@ -103,11 +103,16 @@ class FileDiagnoser:
             return self._examiner.result(
                 Reason.UNDIAGNOSED,
                 detail="the task is gone and no live task or rootfs has its root",
+                cause=UndiagnosedCause.GONE,
             )
         try:
             return self._diagnose_in(Context(root, event.errno), event)
         except SlowFileSystem as exc:
-            return self._examiner.result(Reason.UNDIAGNOSED, detail=f"not waited for: {exc}")
+            return self._examiner.result(
+                Reason.UNDIAGNOSED,
+                detail=f"not waited for: {exc}",
+                cause=UndiagnosedCause.SLOW_MOUNT,
+            )
         finally:
             root.close()
 

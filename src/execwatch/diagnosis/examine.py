@@ -23,7 +23,7 @@ from execwatch.binfmt import (
     sniff,
 )
 from execwatch.diagnosis import wording
-from execwatch.record import Diagnosis, Reason
+from execwatch.record import Diagnosis, Reason, UndiagnosedCause
 from execwatch.runnable import rules
 from execwatch.runnable.fs import HEAD_BYTES
 from execwatch.runnable.openat2 import NotRegularFile, Resolver, Root
@@ -56,13 +56,23 @@ class Examiner:
         """The file the exec named could not be opened again (target.py)."""
         if isinstance(exc, FileNotFoundError):
             reason = Reason.NOT_FOUND if ctx.err == errno.ENOENT else Reason.UNDIAGNOSED
-            return self.result(reason, detail="no such file")
+            return self.result(reason, detail="no such file", cause=UndiagnosedCause.GONE)
         if isinstance(exc, NotRegularFile):
-            return self.result(self.unreadable_reason(ctx), detail=exc.strerror or "")
-        return self.result(Reason.UNDIAGNOSED, detail=f"cannot open: {exc.strerror}")
+            return self.unreadable(ctx, detail=exc.strerror or "")
+        return self.unreadable(ctx, detail=f"cannot open: {exc.strerror}", denied=False)
 
-    def unreadable_reason(self, ctx: Context) -> Reason:
-        return Reason.PERMISSION_DENIED if ctx.err == errno.EACCES else Reason.UNDIAGNOSED
+    def unreadable(
+        self, ctx: Context, *, interpreter: str | None = None, detail: str, denied: bool = True
+    ) -> Diagnosis:
+        """A file the exec needs that cannot be read: the kernel's EACCES explains it."""
+        if denied and ctx.err == errno.EACCES:
+            return self.result(Reason.PERMISSION_DENIED, interpreter=interpreter, detail=detail)
+        return self.result(
+            Reason.UNDIAGNOSED,
+            interpreter=interpreter,
+            detail=detail,
+            cause=UndiagnosedCause.UNREADABLE,
+        )
 
     def _examine(self, ctx: Context, fd: int, path: str, depth: int) -> Diagnosis:
         if ctx.err == errno.EACCES and (denied := self._permission_problem(fd)):
@@ -80,7 +90,9 @@ class Examiner:
                 Reason.NO_SHEBANG,
                 detail="neither ELF nor #!: shells and execvp() retry such files with /bin/sh",
             )
-        return self.result(Reason.UNDIAGNOSED, detail="not ELF and no #! line")
+        return self.result(
+            Reason.UNDIAGNOSED, detail="not ELF and no #! line", cause=UndiagnosedCause.UNEXPLAINED
+        )
 
     def _examine_elf(self, ctx: Context, fd: int, path: str) -> Diagnosis:
         try:
@@ -101,7 +113,12 @@ class Examiner:
                 binary_arch=info.arch,
                 detail="the kernel rejected an ELF of its own architecture (bad program headers?)",
             )
-        return self.result(Reason.UNDIAGNOSED, binary_arch=info.arch, interpreter=info.interpreter)
+        return self.result(
+            Reason.UNDIAGNOSED,
+            binary_arch=info.arch,
+            interpreter=info.interpreter,
+            cause=UndiagnosedCause.UNEXPLAINED,
+        )
 
     def _check_loader(self, ctx: Context, path: str, info: ElfInfo) -> Diagnosis | None:
         loader = self._find_loader(ctx, info.interpreter or "")
@@ -144,13 +161,14 @@ class Examiner:
             missing = rules.shebang_fault(path, interpreter)
             return self._word(missing, f"the #! interpreter does not exist{crlf}")
         except OSError as exc:
-            return self.result(
-                self.unreadable_reason(ctx), interpreter=interpreter, detail=str(exc.strerror)
-            )
+            return self.unreadable(ctx, interpreter=interpreter, detail=str(exc.strerror))
         if depth >= MAX_INTERPRETER_DEPTH:
             os.close(fd)
             return self.result(
-                Reason.UNDIAGNOSED, interpreter=interpreter, detail="too many #! levels"
+                Reason.UNDIAGNOSED,
+                interpreter=interpreter,
+                detail="too many #! levels",
+                cause=UndiagnosedCause.UNEXPLAINED,
             )
         with os.fdopen(fd, "rb") as f:
             inner = self._examine(ctx, f.fileno(), interpreter, depth + 1)
@@ -185,5 +203,8 @@ class Examiner:
         binary_arch: str | None = None,
         interpreter: str | None = None,
         detail: str = "",
+        cause: UndiagnosedCause | None = None,
     ) -> Diagnosis:
-        return Diagnosis(reason, self.node_arch, binary_arch, interpreter, detail)
+        if reason is not Reason.UNDIAGNOSED:
+            cause = None
+        return Diagnosis(reason, self.node_arch, binary_arch, interpreter, detail, cause=cause)

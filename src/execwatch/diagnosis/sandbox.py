@@ -35,8 +35,8 @@ from multiprocessing.connection import Connection, Pipe, wait
 from multiprocessing.reduction import recv_handle, send_handle
 from typing import Protocol, runtime_checkable
 
-from execwatch.diagnosis.budget import Attempt, SlowMounts, blocked_in_kernel
-from execwatch.record import Diagnosis, KernelEvent, Reason
+from execwatch.diagnosis.budget import Attempt, Refusal, SlowMounts, Wait, process_wait
+from execwatch.record import Diagnosis, KernelEvent, UndiagnosedCause, undiagnosed
 from execwatch.rlimits import limit_cpu, limit_memory
 
 log = logging.getLogger(__name__)
@@ -45,8 +45,9 @@ MiB = 1024 * 1024
 START_TIMEOUT_S = 5.0
 RETRY_START_S = 1.0  # while capacity is gone, at most one start attempt per this long
 WORKER_NAME = "ew-diagnosis"  # its comm, as ps and /proc/PID/status show it
-# Where a worker is: (since, mount id) of the last mount it entered, in memory it shares
-# with the agent, read only when it looks stuck: no message (no wakeup) per file opened.
+# Where a worker is: (since, mount id) of the last mount its current call entered, in
+# memory it shares with the agent, read only when it looks stuck: no message (no wakeup)
+# per file opened. The worker zeroes it before it answers: an idle worker is nowhere.
 WHERE = struct.Struct("dQ")
 # A call running (not blocked in the kernel) is killed only after this many budgets.
 STARVED_FACTOR = 10
@@ -82,8 +83,8 @@ class Outcome:
     killed: str = ""
 
 
-def _undiagnosed(detail: str) -> Diagnosis:
-    return Diagnosis(Reason.UNDIAGNOSED, "", detail=detail)
+def _undiagnosed(detail: str, cause: UndiagnosedCause = UndiagnosedCause.KILLED) -> Diagnosis:
+    return undiagnosed(cause, detail)
 
 
 @dataclass(eq=False)
@@ -95,7 +96,8 @@ class _Worker:
     attempt: Attempt | None = None  # the call it runs
 
     def entered(self) -> tuple[float, int]:
-        """(since, mount id) of the mount its call entered last; mount id 0: none yet."""
+        """(since, mount id) of the mount its call entered last; mount id 0: none yet, or
+        no call running."""
         since, mount_id = WHERE.unpack_from(self.where)
         return float(since), int(mount_id)
 
@@ -176,14 +178,16 @@ class DiagnosisPool:
     def diagnose(self, event: KernelEvent) -> Outcome:
         worker = self._borrow()
         if worker is None:
-            return Outcome(_undiagnosed(f"not diagnosed: {self.problem() or 'stopping'}"))
-        attempt = Attempt(tid=worker.pid, since=time.monotonic())
-        worker.attempt = attempt
-        if self._slow is not None:
+            return Outcome(self._unavailable())
+        now = time.monotonic()
+        attempt = Attempt(tid=worker.pid, since=now, started=now)
+        refusals: tuple[Refusal, ...] = ()
+        if self._slow is not None:  # the other calls' waits, before this one is tracked
             self._locate_busy(self._slow)
+            refusals = self._slow.refusals()
             self._slow.track(attempt)
+        worker.attempt = attempt
         try:
-            refusals = self._slow.refusals() if self._slow is not None else ()
             if isinstance(self._diagnoser, Preparing):
                 event = self._diagnoser.prepare(event)
             try:
@@ -198,6 +202,7 @@ class DiagnosisPool:
             outcome = self._death(worker, exc)
             healthy = False
         finally:
+            worker.attempt = None
             if self._slow is not None:
                 self._slow.untrack(attempt)
         if healthy:
@@ -209,6 +214,12 @@ class DiagnosisPool:
             self._retire(worker)
             self._replace()
         return outcome
+
+    def _unavailable(self) -> Diagnosis:
+        problem = self.problem()
+        if problem is None:
+            return _undiagnosed("not diagnosed: stopping", UndiagnosedCause.STOPPING)
+        return _undiagnosed(f"not diagnosed: {problem}", UndiagnosedCause.NO_WORKER)
 
     def close(self) -> None:
         """Stops idle workers and kills busy ones (their calls are reported as stopped);
@@ -250,14 +261,17 @@ class DiagnosisPool:
                     return None  # capacity is gone: the caller reports it, never waits
 
     def _locate_busy(self, slow: SlowMounts) -> None:
-        """Where the other calls have waited long enough to make their mount suspect."""
+        """Where the calls running now have waited long enough to make their mount
+        suspect (a mount entered before a call began is not that call's)."""
         now = time.monotonic()
         with self._cond:
             busy = [w for w in self._busy if w.attempt is not None]
         for worker in busy:
             since, mount_id = worker.entered()
             attempt = worker.attempt
-            if attempt is None or not mount_id or now - since <= slow.suspect_after:
+            if attempt is None or not mount_id or since < attempt.started:
+                continue
+            if now - since <= slow.suspect_after:
                 continue
             if attempt.mount is None or attempt.mount.mount_id != mount_id:
                 attempt.mount = slow.mount_by_id(mount_id)
@@ -393,8 +407,9 @@ class DiagnosisPool:
             age = time.monotonic() - started
             if age <= self._budget:
                 continue
-            if blocked_in_kernel(worker.pid):
-                return self._blocked(worker), False
+            held = process_wait(worker.pid)
+            if held is not Wait.RUNNING:  # it will not hurry: give up on it now
+                return self._blocked(worker, on_files=held is Wait.FILES), False
             if age > self.deadline:
                 cause = f"diagnosis killed: over {self.deadline:g} s"
                 log.warning("diagnosis killed", extra={"kv": {"cause": cause}})
@@ -405,28 +420,32 @@ class DiagnosisPool:
             case ("done", Diagnosis() as diagnosis):
                 return Outcome(diagnosis), True
             case ("failed", str(text)):
-                return Outcome(_undiagnosed(f"diagnosis failed: {text}")), True
+                failed = _undiagnosed(f"diagnosis failed: {text}", UndiagnosedCause.FAILED)
+                return Outcome(failed), True
             case ("memory", int(limit)):
                 cause = f"diagnosis killed: over its memory budget ({limit // MiB} MiB)"
                 log.warning("diagnosis killed", extra={"kv": {"cause": cause}})
                 return Outcome(_undiagnosed(cause), "diagnosis_memory"), False
-        return Outcome(_undiagnosed(f"diagnosis failed: bad answer {message!r:.80}")), False
+        return Outcome(
+            _undiagnosed(f"diagnosis failed: bad answer {message!r:.80}", UndiagnosedCause.FAILED)
+        ), False
 
-    def _blocked(self, worker: _Worker) -> Outcome:
+    def _blocked(self, worker: _Worker, *, on_files: bool) -> Outcome:
         _, mount_id = worker.entered()
-        mount = self._slow.mount_by_id(mount_id) if self._slow and mount_id else None
+        on_mount = self._slow is not None and on_files and mount_id
+        mount = self._slow.mount_by_id(mount_id) if self._slow and on_mount else None
         where = f" in {mount}" if mount else ""
         cause = f"diagnosis overran its {self._budget:g} s budget{where}"
         log.warning("budget overran", extra={"kv": {"cause": cause}})
         if mount is not None and self._slow is not None:
             self._slow.mark(mount)
             cause += "; later events there are not waited for"
-        return Outcome(_undiagnosed(cause), "diagnosis")
+        return Outcome(_undiagnosed(cause, UndiagnosedCause.OVERRAN), "diagnosis")
 
     def _death(self, worker: _Worker, exc: OSError | None = None) -> Outcome:
         """Why a worker ended without answering (killed by close(): not counted)."""
         if self._closed:
-            return Outcome(_undiagnosed("not diagnosed: stopping"))
+            return Outcome(_undiagnosed("not diagnosed: stopping", UndiagnosedCause.STOPPING))
         wait([worker.pidfd], 0.5)
         status = worker.status()
         if status is not None and os.WIFSIGNALED(status):
@@ -486,18 +505,20 @@ def _serve(
         event, refusals = job
         if event.root_fd >= 0:
             event = dataclasses.replace(event, root_fd=recv_handle(conn))
-        WHERE.pack_into(where, 0, 0.0, 0)
         if slow is not None:
             slow.adopt(refusals)
         limit_cpu(cpu_s)
         try:
-            conn.send(("done", diagnoser.diagnose(event)))
+            answer: tuple[str, object] = ("done", diagnoser.diagnose(event))
         except MemoryError:
-            conn.send(("memory", memory))
-            return 3
+            answer = ("memory", memory)
         except Exception as exc:  # a bug degrades this record only
             log.exception("diagnosis failed", extra={"kv": {"path": event.path}})
-            conn.send(("failed", repr(exc)))
+            answer = ("failed", repr(exc))
         finally:
+            WHERE.pack_into(where, 0, 0.0, 0)  # the call is over: it is in no mount now
             if event.root_fd >= 0:
                 os.close(event.root_fd)
+        conn.send(answer)
+        if answer[0] == "memory":
+            return 3

@@ -25,7 +25,7 @@ from execwatch.binfmt.isa import read_cpu_levels
 from execwatch.diagnosis import wording
 from execwatch.diagnosis.budget import SlowFileSystem, SlowMounts
 from execwatch.diagnosis.roots import RootLocator
-from execwatch.record import Diagnosis, KernelEvent, Reason
+from execwatch.record import Diagnosis, KernelEvent, Reason, UndiagnosedCause, undiagnosed
 from execwatch.runnable import rules
 from execwatch.runnable.errors import InputError
 from execwatch.runnable.fs import FileSystem
@@ -94,13 +94,13 @@ class StartupDiagnoser:
             return self._diagnose_in_root(event), True
         except SlowFileSystem as exc:
             detail = f"not read: {exc}"
-            return Diagnosis(Reason.UNDIAGNOSED, self._node.architecture, detail=detail), False
+            return undiagnosed(UndiagnosedCause.SLOW_MOUNT, detail, self._node.architecture), False
         except _RootGone:
             why = "the task is gone and no live task has its root"
-            return self._unexplained(event, why), False
+            return self._unexplained(event, why, cause=UndiagnosedCause.GONE), False
         except (InputError, BinfmtError) as exc:  # over a budget, a symlink loop
             detail = f"not diagnosed: {exc}"
-            return Diagnosis(Reason.UNDIAGNOSED, self._node.architecture, detail=detail), True
+            return undiagnosed(UndiagnosedCause.UNREADABLE, detail, self._node.architecture), True
 
     def _diagnose_in_root(self, event: KernelEvent) -> Diagnosis:
         root = self._locator.open(event)
@@ -112,10 +112,13 @@ class StartupDiagnoser:
             if st is None or (
                 event.exe_ino and (st.st_ino, st.st_dev) != (event.exe_ino, event.exe_dev)
             ):
-                return self._unexplained(event, f"{event.path} is no longer the file that ran")
+                why = f"{event.path} is no longer the file that ran"
+                return self._unexplained(event, why, cause=UndiagnosedCause.GONE)
             node = fs.node(event.path)
             if node is None or node.elf is None:
-                return self._unexplained(event, "not a readable ELF file")
+                return self._unexplained(
+                    event, "not a readable ELF file", cause=UndiagnosedCause.UNREADABLE
+                )
             info = node.elf
             if info.platform is not None and not rules.runs_on(self._node, info):
                 return self._unexplained(event, f"an {info.arch} binary (binfmt_misc?)")
@@ -148,7 +151,12 @@ class StartupDiagnoser:
         return replace(wording.sigill(fault), interpreter=info.interpreter)
 
     def _unexplained(
-        self, event: KernelEvent, why: str, flavor: LibcFlavor | None = None
+        self,
+        event: KernelEvent,
+        why: str,
+        flavor: LibcFlavor | None = None,
+        *,
+        cause: UndiagnosedCause = UndiagnosedCause.UNEXPLAINED,
     ) -> Diagnosis:
         """A signal: the program's own crash. An exit: benign under musl, whose loader is
         also the libc every exit goes through; under glibc only a loader failure exits
@@ -161,4 +169,4 @@ class StartupDiagnoser:
         detail = f"exit {event.exit_code} from inside the ELF loader; {why}"
         if flavor == "musl":
             return Diagnosis(Reason.BENIGN_EXIT, arch, detail=detail)
-        return Diagnosis(Reason.UNDIAGNOSED, arch, detail=detail)
+        return undiagnosed(cause, detail, arch)

@@ -28,13 +28,18 @@ from execwatch.pipeline.executor import (
     Budget,
     BudgetedExecutor,
     Diagnoser,
-    undiagnosed,
 )
 from execwatch.pipeline.health import CountsPruner, Heartbeat
 from execwatch.pipeline.sink import Output, PipelineObserver, Sink
 from execwatch.probe import layout
 from execwatch.probe.events import decode_record
-from execwatch.record import Attribution, ExecFailure, KernelEvent
+from execwatch.record import (
+    Attribution,
+    ExecFailure,
+    KernelEvent,
+    UndiagnosedCause,
+    undiagnosed,
+)
 from execwatch.repeatkey import RepeatKey
 
 __all__ = [
@@ -149,7 +154,8 @@ class NodePipeline:
             self._output.dropped("diagnosis_queue_full")
             detail = "not diagnosed: the diagnosis queue was full"
             event = self._decode(raw)
-            self._settle(slot, ExecFailure(event, undiagnosed(detail), Attribution()))
+            diagnosis = undiagnosed(UndiagnosedCause.OVERLOADED, detail)
+            self._settle(slot, ExecFailure(event, diagnosis, Attribution()))
 
     def run(
         self, source: RecordSource, stop: threading.Event, deadline: float | None = None
@@ -237,7 +243,7 @@ class NodePipeline:
             return
         failure = ExecFailure(
             self._decode(slot.latest),
-            undiagnosed("not diagnosed: stopping"),
+            undiagnosed(UndiagnosedCause.STOPPING, "not diagnosed: stopping"),
             Attribution(),
             count=1 + pending,
         )

@@ -23,7 +23,14 @@ from execwatch.diagnosis.sandbox import STARVED_FACTOR, DiagnosisPool, SandboxLi
 from execwatch.pipeline.dedup import Slot
 from execwatch.pipeline.health import Heartbeat
 from execwatch.pipeline.sink import Output
-from execwatch.record import Attribution, Diagnosis, ExecFailure, KernelEvent, Reason
+from execwatch.record import (
+    Attribution,
+    Diagnosis,
+    ExecFailure,
+    KernelEvent,
+    UndiagnosedCause,
+    undiagnosed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +84,6 @@ class _Overdue:
     diagnosis: Diagnosis | None
     blocked: bool  # in the kernel (a FUSE or NFS wait), not running Python
     age: float
-
-
-def undiagnosed(detail: str) -> Diagnosis:
-    return Diagnosis(Reason.UNDIAGNOSED, "", detail=detail)
 
 
 class BudgetedExecutor:
@@ -180,7 +183,8 @@ class BudgetedExecutor:
             except Exception as exc:  # never lose a record, whatever broke
                 log.exception("building a record failed")
                 event = self._decode(slot.latest)
-                failure = ExecFailure(event, undiagnosed(f"failed: {exc!r}"), Attribution())
+                failed = undiagnosed(UndiagnosedCause.FAILED, f"failed: {exc!r}")
+                failure = ExecFailure(event, failed, Attribution())
             with self._lock:
                 worker.slot = None
                 if worker.abandoned:  # the watchdog settled this slot and replaced us
@@ -285,4 +289,5 @@ class BudgetedExecutor:
             cause += "; later events there are not waited for"
         diagnosis = late.diagnosis if stage == "attribution" else None
         event = self._decode(slot.latest)
-        self._settle(slot, ExecFailure(event, diagnosis or undiagnosed(cause)))
+        diagnosis = diagnosis or undiagnosed(UndiagnosedCause.OVERRAN, cause)
+        self._settle(slot, ExecFailure(event, diagnosis))

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from execwatch.record import QUIET_REASONS, ExecFailure, Kind, Reason
+from execwatch.record import QUIET_REASONS, ExecFailure, Kind, Reason, UndiagnosedCause
 from execwatch.repeatkey import RepeatKey
 
 Sink = Callable[[ExecFailure], None]
@@ -18,9 +18,16 @@ class PipelineObserver(Protocol):
     """What the pipeline reports about itself (metrics); see execwatch.metrics."""
 
     def delivered(
-        self, errno: int | str, reason: Reason, *, aggregated: bool, count: int = 1
+        self,
+        errno: int | str,
+        reason: Reason,
+        *,
+        aggregated: bool,
+        count: int = 1,
+        cause: UndiagnosedCause | None = None,
     ) -> None:
-        """errno: the number, or a name (EXIT127, SIGSEGV for an early death)."""
+        """errno: the number, or a name (EXIT127, SIGSEGV for an early death); cause: why
+        an Undiagnosed one is."""
 
     def dropped(self, kind: str, count: int = 1) -> None: ...
 
@@ -46,8 +53,9 @@ class Output:
 
     def counted(self, failure: ExecFailure, *, aggregated: bool, count: int) -> None:
         if self._observer:
+            d = failure.diagnosis
             self._observer.delivered(
-                failure.event.status, failure.diagnosis.reason, aggregated=aggregated, count=count
+                failure.event.status, d.reason, aggregated=aggregated, count=count, cause=d.cause
             )
 
     def counted_unknown(self, key: RepeatKey, count: int) -> None:
@@ -57,9 +65,16 @@ class Output:
             return
         if key.kind == Kind.EMULATED:
             status, reason = Kind.EMULATED.name, Reason.EMULATED
-        else:
-            status, reason = errno.errorcode.get(key.status, str(key.status)), Reason.UNDIAGNOSED
-        self._observer.delivered(status, reason, aggregated=True, count=count)
+            self._observer.delivered(status, reason, aggregated=True, count=count)
+            return
+        status = errno.errorcode.get(key.status, str(key.status))
+        self._observer.delivered(
+            status,
+            Reason.UNDIAGNOSED,
+            aggregated=True,
+            count=count,
+            cause=UndiagnosedCause.EVICTED,
+        )
 
     def dropped(self, kind: str) -> None:
         if self._observer:
