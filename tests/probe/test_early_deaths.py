@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -19,7 +20,7 @@ import pytest
 
 from execwatch.record import Reason
 from tests.probe.deaths import BY_NAME, EXITER, DeathTracer
-from tests.probe.roots import Keepers, build_musl, gcompat_root, keepers
+from tests.probe.roots import Keepers, build_musl, gcompat_root, keepers, needed_libraries
 from tests.probe.test_trace_cli import TraceProcess, start_trace
 
 __all__ = ["keepers", "start_trace"]
@@ -59,6 +60,27 @@ def test_debian_binary_without_one_of_its_libraries(
     assert e.mntns == os.stat("/proc/self/ns/mnt").st_ino and e.cgroup_id > 0
     assert record.to_json()["library"] == "libselinux.so.1"
     assert record.to_json()["exit_code"] == 127 and record.to_json()["errno"] == "EXIT127"
+
+
+def test_a_retry_after_fixing_one_library_names_the_next_one(
+    tracer: DeathTracer, keepers: Keepers, tmp_path: Path
+) -> None:
+    """The same binary in the same root dies again 3 s later, for another library: the
+    diagnosis of the first death is not reused for the second."""
+    root = BY_NAME["missing-library"].build(tmp_path)
+    first = keepers.run(["/usr/bin/ls", "/"], root=root)
+    assert tracer.for_pid(first.pid).diagnosis.library == "libselinux.so.1"
+
+    libraries = root / "usr/lib/x86_64-linux-gnu"
+    shutil.copy2(needed_libraries("/usr/bin/ls")["libselinux.so.1"], libraries)
+    (libraries / "libpcre2-8.so.0").unlink()  # what libselinux needs
+    time.sleep(3)
+    second = keepers.run(["/usr/bin/ls", "/"], root=root)
+
+    assert second.exit_code == 127
+    record = tracer.for_pid(second.pid)
+    assert record.diagnosis.reason is Reason.MISSING_LIBRARY
+    assert record.diagnosis.library == "libpcre2-8.so.0"
 
 
 def test_newer_debian_binary_against_the_hosts_older_glibc(

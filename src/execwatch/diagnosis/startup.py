@@ -17,6 +17,7 @@ loader: it dies of SIGILL at its first such instruction, which is then the expla
 from __future__ import annotations
 
 import signal
+import time
 from collections import OrderedDict
 from dataclasses import replace
 
@@ -33,6 +34,9 @@ from execwatch.runnable.liveroot import RootView
 from execwatch.runnable.rules import Fault
 
 CACHE_SIZE = 1024
+# A diagnosis is reused this long: enough to absorb a crash loop with no back-off, never a
+# user's retry after fixing one library and missing the next.
+CACHE_TTL_S = 2.0
 
 
 def explain(
@@ -64,9 +68,9 @@ class StartupDiagnoser:
         self._cpu_levels = (
             read_cpu_levels() if self._node.architecture in ("amd64", "386") else None
         )
-        self._cache: OrderedDict[tuple[int, int, int, int, int | None, int | None], Diagnosis] = (
-            OrderedDict()
-        )
+        self._cache: OrderedDict[
+            tuple[int, int, int, int, int | None, int | None], tuple[Diagnosis, float]
+        ] = OrderedDict()
 
     def diagnose(self, event: KernelEvent) -> Diagnosis:
         key = (
@@ -77,13 +81,15 @@ class StartupDiagnoser:
             event.exit_code,
             event.signal,
         )
+        now = time.monotonic()
         cached = self._cache.get(key)
-        if cached is not None:
+        if cached is not None and now - cached[1] < CACHE_TTL_S:
             self._cache.move_to_end(key)
-            return cached
+            return cached[0]
         diagnosis, settled = self._diagnose(event)
         if settled:  # a root not read this time may be readable the next
-            self._cache[key] = diagnosis
+            self._cache[key] = (diagnosis, now)
+            self._cache.move_to_end(key)
         while len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)
         return diagnosis
