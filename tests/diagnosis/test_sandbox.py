@@ -335,3 +335,42 @@ def test_workers_that_die_idle_are_replaced_by_the_health_check(make: Make) -> N
     assert len(children()) == 2 and not children() & old
     answers(p, emitted)
     assert observer.overruns == []  # no call was running: nothing to count
+
+
+class Prober:
+    """Reports what its worker process may do: its capability sets, and two attempts."""
+
+    def __init__(self, private: Path) -> None:
+        self.private = private  # a file in a 0700 directory of another user
+
+    def diagnose(self, event: KernelEvent) -> Diagnosis:
+        status = dict(
+            line.split(":\t", 1) for line in Path("/proc/self/status").read_text().splitlines()
+        )
+        sets = {k: int(status[k], 16) for k in ("CapEff", "CapPrm", "CapBnd", "CapInh", "CapAmb")}
+        try:
+            os.chown(self.private, 1, 1)  # CAP_CHOWN
+            chown = "allowed"
+        except PermissionError:
+            chown = "denied"
+        read = self.private.read_bytes().decode()  # CAP_DAC_READ_SEARCH
+        detail = f"{sets} {status['NoNewPrivs'].strip()} {chown} {read}"
+        return Diagnosis(Reason.FOREIGN_ARCHITECTURE, "amd64", "arm64", detail=detail)
+
+
+def test_a_worker_keeps_only_the_capabilities_diagnosis_needs(make: Make, tmp_path: Path) -> None:
+    """No BPF, PERFMON, CHOWN or anything else the agent holds; no_new_privs; what it
+    keeps (SYS_PTRACE, DAC_READ_SEARCH) still works."""
+    private = tmp_path / "home"
+    private.mkdir(mode=0o700)
+    (private / "secret").write_text("kept")
+    os.chown(private / "secret", 4242, 4242)
+    os.chown(private, 4242, 4242)
+    p, emitted, _ = make(Prober(private / "secret"), budget=5.0)
+
+    detail = diagnose(p, emitted, b"/bin/probe").detail
+
+    kept = (1 << 19) | (1 << 2)  # CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH
+    wanted = {"CapEff": kept, "CapPrm": kept, "CapBnd": kept, "CapInh": 0, "CapAmb": 0}
+    assert detail == f"{wanted} 1 denied kept"
+    assert os.stat(private / "secret").st_uid == 4242

@@ -36,6 +36,8 @@ from multiprocessing.reduction import recv_handle, send_handle
 from typing import Protocol, runtime_checkable
 
 from execwatch.diagnosis.budget import Attempt, Refusal, SlowMounts, Wait, process_wait
+from execwatch.probe import caps
+from execwatch.probe.caps import confine
 from execwatch.record import Diagnosis, KernelEvent, UndiagnosedCause, undiagnosed
 from execwatch.rlimits import limit_cpu, limit_memory
 
@@ -49,6 +51,10 @@ WORKER_NAME = "ew-diagnosis"  # its comm, as ps and /proc/PID/status show it
 # memory it shares with the agent, read only when it looks stuck: no message (no wakeup)
 # per file opened. The worker zeroes it before it answers: an idle worker is nowhere.
 WHERE = struct.Struct("dQ")
+# What a worker may still do: open /proc/PID/root of any task, and read files in
+# directories only their owner may search. Not BPF, PERFMON, nor anything the agent's
+# container was given for other parts (docs/privileges.md).
+WORKER_CAPABILITIES = frozenset({caps.CAP_SYS_PTRACE, caps.CAP_DAC_READ_SEARCH})
 # A call running (not blocked in the kernel) is killed only after this many budgets.
 STARVED_FACTOR = 10
 
@@ -489,6 +495,7 @@ def _serve(
     # agent replaces it) before the agent. Raising the score needs no capability.
     with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as score:
         score.write("1000")
+    confine(WORKER_CAPABILITIES)
     limit_memory(limits.memory)
     memory = limits.memory
     cpu_s = limits.cpu_s or math.ceil(deadline) + 1
