@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from execwatch.cluster.events import event_reason
-from execwatch.record import NOT_ALERTED, Reason
+from execwatch.record import NOT_ALERTED, Reason, UndiagnosedCause
 from tests.deploy.chart import REPO, find, render
 
 RULES = REPO / "deploy" / "prometheus" / "execwatch-rules.yaml"
@@ -93,6 +93,8 @@ def test_every_runbook_url_resolves_to_a_runbook_file_and_anchor() -> None:
             wanted = {r.lower() for r in REASONS_ALERTED}
         elif anchor == "exit-code-{{ $value }}":
             wanted = {f"exit-code-{c}" for c in (126, 127, 139)}
+        elif anchor == "{{ $labels.cause }}":
+            wanted = {str(c) for c in UndiagnosedCause}
         else:
             assert not anchor, f"{rule['alert']}: unexpected anchor {anchor}"
             continue
