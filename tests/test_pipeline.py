@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import MappingProxyType
 from typing import cast
 
@@ -15,6 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from execwatch.diagnosis import FileDiagnoser
+from execwatch.diagnosis.budget import Mount, SlowMounts
 from execwatch.metrics import NodeMetrics, undiagnosed_summary
 from execwatch.pipeline import Heartbeat, NodePipeline, aggregation_key
 from execwatch.probe import events, layout
@@ -505,3 +507,30 @@ def test_undiagnosed_failures_are_counted_by_cause_from_zero() -> None:
     assert undiagnosed_summary(registry) == (
         "8 failures seen, 3 undiagnosed (2 slow_mount, 1 overran)"
     )
+
+
+def test_a_failure_that_never_stops_repeating_is_diagnosed_again_in_time(
+    emitted: list[ExecFailure], pipeline: Callable[..., NodePipeline]
+) -> None:
+    """A loop failing every 0.1 s folds into one record, yet its diagnosis is not reused
+    past `rediagnose_after`: a file changed under the loop is diagnosed anew."""
+    diagnoser = CountingDiagnoser()
+    p = pipeline(diagnoser, emitted, window=0.2, rediagnose_after=0.5)
+    for _ in range(8):
+        p.on_record(raw_event(b"/app/server"))
+        settled(p)
+        time.sleep(0.1)
+    p.flush(final=True)
+
+    assert diagnoser.calls == 2
+    assert sum(f.count for f in emitted) == 8
+
+
+def test_a_slow_mount_mark_expires(tmp_path: Path) -> None:
+    """A mount marked slow is refused for `forget_after`, then tried again."""
+    slow = SlowMounts(forget_after=0.3)
+    mount = Mount(44, "0:53", str(tmp_path))
+    slow.mark(mount)
+    assert [r.mount for r in slow.refusals()] == [mount]
+    time.sleep(0.4)
+    assert slow.refusals() == ()

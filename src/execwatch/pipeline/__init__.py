@@ -83,6 +83,9 @@ class PipelineOptions:
 
     window: float = 1.0  # repeats within it are one record with a count (0: none are)
     max_slots: int = 8192  # repeat keys remembered
+    # A key's diagnosis is reused for at most this long, however often it repeats: a file
+    # changed under a loop that keeps failing is diagnosed again.
+    rediagnose_after: float = 60.0
     show_not_found: bool = False
     show_crashes: bool = False
     budget: Budget = dataclasses.field(default_factory=Budget)
@@ -111,7 +114,7 @@ class NodePipeline:
         self._budget = options.budget.seconds
         self._folds = folds
         self.heartbeat = heartbeat if heartbeat is not None else Heartbeat()
-        self._repeats = Repeats(options.window, options.max_slots)
+        self._repeats = Repeats(options.window, options.max_slots, options.rediagnose_after)
         self._output = Output(
             sink,
             observer,

@@ -27,17 +27,20 @@ class Slot:
     latest: bytes  # raw record of the newest repeat
     pending: int  # repeats not emitted yet
     last_seen: float
+    opened: float  # when its first occurrence came: its diagnosis is that old
     unreported: int = 0  # repeats that arrived before the diagnosis: counted once it is known
     closed: bool = False  # emitted without waiting for its diagnosis (shutdown)
 
 
 class Repeats:
-    """The slot table. A key idle for ten windows starts afresh (a new diagnosis); at most
-    `max_slots` keys, the oldest evicted. Thread-safe; never calls out under its lock."""
+    """The slot table. A key idle for ten windows, or diagnosed `rediagnose_after` seconds
+    ago, starts afresh (a new diagnosis); at most `max_slots` keys, the oldest evicted.
+    Thread-safe; never calls out under its lock."""
 
-    def __init__(self, window: float, max_slots: int) -> None:
+    def __init__(self, window: float, max_slots: int, rediagnose_after: float = 60.0) -> None:
         self.window = window
         self._max_slots = max_slots
+        self._rediagnose_after = rediagnose_after
         self._slots: OrderedDict[RepeatKey, Slot] = OrderedDict()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -49,6 +52,8 @@ class Repeats:
         with self._lock:
             slot = self._slots.get(key)
             if slot is None or now - slot.last_seen >= self.window * 10:
+                return False, None
+            if now - slot.opened >= self._rediagnose_after:
                 return False, None
             slot.pending += 1
             slot.latest = raw
@@ -62,7 +67,7 @@ class Repeats:
         with self._lock:
             stale = self._slots.pop(key, None)
             evicted = [stale] if stale is not None else []
-            slot = Slot(key, None, raw, 0, now)
+            slot = Slot(key, None, raw, 0, now, now)
             self._slots[key] = slot
             while len(self._slots) > self._max_slots:
                 evicted.append(self._slots.popitem(last=False)[1])
