@@ -52,6 +52,10 @@ class Hostile:
         if name.startswith("spin"):
             while True:
                 pass
+        if name.startswith("burn"):  # 0.4 CPU seconds, then an answer
+            until = time.process_time() + 0.4
+            while time.process_time() < until:
+                pass
         if name == "segv":
             os.kill(os.getpid(), signal.SIGSEGV)
         if name == "app" and self.root is not None:
@@ -180,6 +184,16 @@ def test_cpu_is_bounded_per_call_by_rlimit_cpu(make: Make) -> None:
     assert time.monotonic() - started < 30.0
     assert observer.overruns == ["diagnosis_cpu"]
     answers(p, emitted)
+
+
+def test_calls_whose_cpu_adds_up_past_the_limit_are_never_killed(make: Make) -> None:
+    """RLIMIT_CPU counts a process's whole life: it is set anew before each call, so a
+    long-lived worker's earlier calls never count against the next one."""
+    p, emitted, observer = make(Hostile(), budget=30.0, workers=1, limits=SandboxLimits(cpu_s=1))
+    for n in range(5):  # 2 CPU seconds in all, on one worker
+        d = diagnose(p, emitted, b"/burn-%d" % n)
+        assert d.reason is Reason.FOREIGN_ARCHITECTURE, d
+    assert observer.overruns == []
 
 
 def test_a_crashing_worker_is_reported_and_replaced(make: Make) -> None:
