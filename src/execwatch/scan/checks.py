@@ -4,9 +4,11 @@ The rules (execwatch.runnable.rules, the node's too) judge each executable; each
 reported under the check that spells its Reason (vocabulary.py), with a severity and the
 scan's wording (wording.py). `not-static`, `shebang-crlf` and `env-not-on-PATH` are the
 scan's own checks. Executables are regular files with an execute bit that are ELF
-programs or `#!` scripts.
+programs, `#!` scripts, or executables of another OS (Mach-O, PE, a.out: a warning).
 The image's entrypoint/cmd program (and its `#!` interpreter) is checked first and its
-findings are marked, because its failure crash-loops the pod.
+findings are marked, because its failure crash-loops the pod: there, a file that is
+neither ELF nor `#!` is an error (missing-shebang: the runtime's init does not retry it
+with /bin/sh as a shell does); elsewhere such a file is data, and silent.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from execwatch.binfmt.isa import platform_levels
 from execwatch.runnable import rules
 from execwatch.runnable.fs import FileSystem, Node, resolve
 from execwatch.runnable.linker import Linker
+from execwatch.runnable.reason import Reason
 from execwatch.runnable.rules import Fault
 from execwatch.scan import wording
 from execwatch.scan.model import Finding, Severity, Stats
@@ -127,6 +130,20 @@ class Checker:
             self.stats.scripts += 1
             self.stats.executables += 1
             self._check_script(path, node, entry)
+        else:
+            self._check_other(path, node, entry)
+
+    def _check_other(self, path: str, node: Node, entry: bool) -> None:
+        """Neither ELF nor `#!`: another OS's executable, or (started) a missing `#!`."""
+        if node.foreign is not None and (entry or node.foreign.executable):
+            self.stats.executables += 1
+            fault = rules.foreign_os(path, node.foreign)
+            severity = self._foreign_os_severity(entry)
+            self.report(fault, severity, wording.foreign_os(fault), entry)
+        elif entry:
+            self.stats.executables += 1
+            fault = rules.missing_shebang(path, node.head)
+            self.report(fault, Severity.ERROR, wording.missing_shebang(fault), entry)
 
     def _check_elf(self, path: str, node: Node, entry: bool) -> None:
         self.stats.elf += 1
@@ -139,8 +156,12 @@ class Checker:
         if not info.is_executable:
             return  # a shared library with an execute bit: checked through its users
         self.stats.executables += 1
-        self.binary_platforms[wording.platform_of(info)] += 1
         foreign = rules.foreign_architecture(path, info, self.t.platform)
+        if foreign is not None and foreign.reason is Reason.FOREIGN_OS:
+            severity = self._foreign_os_severity(entry)
+            self.report(foreign, severity, wording.foreign_os(foreign), entry)
+            return  # not an architecture the config could disagree with
+        self.binary_platforms[wording.platform_of(info)] += 1
         if foreign is not None:
             message = wording.foreign(info, self.platform)
             self.report(foreign, Severity.ERROR, message, entry)
@@ -152,6 +173,11 @@ class Checker:
         flavor = self._loader_check(path, info, entry)
         if flavor is not None:
             self._check_libraries(path, info, flavor, entry)
+
+    def _foreign_os_severity(self, entry: bool) -> Severity:
+        """An error for what the container starts (or a lone file), else a warning: an
+        image may carry other platforms' builds it never runs."""
+        return Severity.ERROR if entry or self.t.isolated else Severity.WARNING
 
     def _check_static(self, path: str, info: ElfInfo, entry: bool) -> None:
         if self.t.require_static and not info.is_static:
