@@ -129,3 +129,28 @@ def test_an_image_whose_entrypoint_exists_is_never_nothing_to_check(
     code, doc = scan(tmp_path, capsys, image)
     assert code == 1 and [f["check"] for f in doc["findings"]] == ["missing-shebang"]
     assert doc["warnings"] == []
+
+
+def test_the_first_program_of_sh_c_is_checked_and_a_missing_shebang_there_is_benign(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], foreign_os: dict[str, Path],
+    built: dict[str, Path],
+) -> None:  # fmt: skip
+    """`sh -c 'exec /app/server'` starts a macOS build: an error. `sh -c /app/run.sh` of a
+    script without #! is not: the shell retries it with /bin/sh."""
+    layer = [
+        file("bin/sh", built["musl-static"].read_bytes()),  # stands in for a static shell
+        file("app/server", foreign_os["hello-darwin-amd64"].read_bytes()),
+        file("app/run.sh", b"echo hello\n"),
+    ]
+    shell = ["/bin/sh", "-c"]
+    code, doc = scan(
+        tmp_path / "a", capsys, Image([layer], entrypoint=[*shell, "exec /app/server"])
+    )
+    assert code == 1
+    [finding] = doc["findings"]
+    assert (finding["check"], finding["path"], finding["entrypoint"]) == (
+        "foreign-os", "/app/server", True,
+    )  # fmt: skip
+    code, doc = scan(tmp_path / "b", capsys, Image([layer], entrypoint=[*shell, "/app/run.sh"]))
+    assert (code, doc["findings"][0]["path"]) == (0, "/app/server")  # a warning only
+    assert [f["severity"] for f in doc["findings"]] == ["warning"]

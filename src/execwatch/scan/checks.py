@@ -5,10 +5,11 @@ reported under the check that spells its Reason (vocabulary.py), with a severity
 scan's wording (wording.py). `not-static`, `shebang-crlf` and `env-not-on-PATH` are the
 scan's own checks. Executables are regular files with an execute bit that are ELF
 programs, `#!` scripts, or executables of another OS (Mach-O, PE, a.out: a warning).
-The image's entrypoint/cmd program (and its `#!` interpreter) is checked first and its
-findings are marked, because its failure crash-loops the pod: there, a file that is
-neither ELF nor `#!` is an error (missing-shebang: the runtime's init does not retry it
-with /bin/sh as a shell does); elsewhere such a file is data, and silent.
+The image's entrypoint/cmd program (and its `#!` interpreter, and the first program of an
+`sh -c` script) is checked first and its findings are marked, because its failure
+crash-loops the pod. There a file that is neither ELF nor `#!` is an error
+(missing-shebang: the runtime's init does not retry it with /bin/sh), except as the
+shell's program, which the shell retries; elsewhere such a file is data, and silent.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from execwatch.runnable.reason import Reason
 from execwatch.runnable.rules import Fault
 from execwatch.scan import wording
 from execwatch.scan.model import Finding, Severity, Stats
+from execwatch.scan.shell import shell_command
 from execwatch.scan.vocabulary import CHECK_OF_REASON, Check
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -68,6 +70,7 @@ class Checker:
         self.libc = None if target.isolated else rules.image_libc(target.fs)
         self.findings: list[Finding] = []
         self.checked: set[str] = set()
+        self._shell_started: set[str] = set()  # the first program of the entrypoint's sh -c
         self.stats = Stats()
         self.binary_platforms: Counter[str] = Counter()
         self.path = [
@@ -102,6 +105,21 @@ class Checker:
 
     def _check_entrypoint(self, argv: list[str]) -> None:
         program = argv[0]
+        found = self._program(program)
+        if found is None:
+            where = "" if "/" in program else f" on PATH {':'.join(self.path)}"
+            message = f"entrypoint program {program!r} not found{where}"
+            self.report(rules.not_found(program), Severity.ERROR, message, entry=True)
+            return
+        self._check_file(*found, entry=True)
+        word = shell_command(argv)
+        started = self._program(word) if word is not None else None
+        if started is not None:  # absent: a volume, a function or an alias may provide it
+            self._shell_started.add(started[0])
+            self._check_file(*started, entry=True)
+
+    def _program(self, program: str) -> tuple[str, Node] | None:
+        """The executable file `program` names, as the runtime's exec or a shell finds it."""
         candidates = (
             [posixpath.join(self.t.workdir, program)]
             if "/" in program
@@ -111,11 +129,8 @@ class Checker:
             real = resolve(self.t.fs, candidate)
             node = self.t.fs.node(real) if real else None
             if real and node is not None and node.kind == "file" and node.executable:
-                self._check_file(real, node, entry=True)
-                return
-        where = "" if "/" in program else f" on PATH {':'.join(self.path)}"
-        message = f"entrypoint program {program!r} not found{where}"
-        self.report(rules.not_found(program), Severity.ERROR, message, entry=True)
+                return real, node
+        return None
 
     # --- one executable ---------------------------------------------------------------------
 
@@ -140,7 +155,7 @@ class Checker:
             fault = rules.foreign_os(path, node.foreign)
             severity = self._foreign_os_severity(entry)
             self.report(fault, severity, wording.foreign_os(fault), entry)
-        elif entry:
+        elif entry and path not in self._shell_started:  # a shell retries it with /bin/sh
             self.stats.executables += 1
             fault = rules.missing_shebang(path, node.head)
             self.report(fault, Severity.ERROR, wording.missing_shebang(fault), entry)
