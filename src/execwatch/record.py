@@ -30,6 +30,12 @@ PLATFORM_REASONS = frozenset(
 )
 
 
+# Fail on every node whatever its architecture (no `#!` line its caller retries, another
+# OS's executable): never platform-class, so placement never narrows for them, and audit
+# reports them on every architecture.
+EVERY_ARCHITECTURE_REASONS = frozenset({Reason.MISSING_SHEBANG, Reason.FOREIGN_OS})
+
+
 @dataclass(frozen=True, slots=True)
 class Diagnosis:
     """What user space found when it looked at the file the kernel refused to run."""
