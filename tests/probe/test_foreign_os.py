@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from execwatch.output import human_line
 from execwatch.record import Reason
 from tests.probe.conftest import Tracer
 from tests.support.foreignos import universal
@@ -53,6 +54,8 @@ def test_another_os_executable_is_named_foreign_os(
     assert record.event.errno == want_errno and record.event.ppid == os.getpid()
     assert record.diagnosis.reason is Reason.FOREIGN_OS, record.diagnosis
     assert (record.diagnosis.binary_arch, record.diagnosis.detail) == (arch, detail)
+    line = human_line(record)
+    assert f" ForeignOS {binary} pid=" in line and line.endswith(f" — {detail}")
 
 
 def test_a_universal_mach_o_is_named_with_both_slices(
