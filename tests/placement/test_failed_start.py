@@ -96,3 +96,29 @@ def test_a_script_without_shebang_run_by_sh_c_is_no_failure(
         "PlacementUnchanged",
         "runs on every node architecture",
     )
+
+
+def test_a_crlf_shebang_is_judged_per_architecture_as_before(
+    registered: object, admin: client.ApiClient, registry: Registry, tmp_path: Path,
+    built: dict[str, Path], host_glibc: dict[str, bytes],
+) -> None:  # fmt: skip
+    """A scan-only check of the program (shebang-crlf, no Reason of its own) is not one of
+    the every-architecture reasons: it decides as any failure does, held everywhere."""
+    layer = [
+        file("app/run", b"#!/bin/sh\r\necho hi\r\n"),
+        file("usr/bin/sh", built["glibc"].read_bytes()),
+    ]
+    images = [
+        Image([glibc_base(host_glibc), layer], a, entrypoint=["/app/run"])
+        for a in ("amd64", "arm64")
+    ]
+    image = registry.push(oci_layout(tmp_path / "crlf", images), "team/crlf:1")
+    ns, secrets = enforced(admin, registry)
+    pod = create_pod(
+        admin, ns, imagePullSecrets=secrets, containers=[{"name": "app", "image": image}]
+    )
+
+    outcome = placer(admin, registry, tmp_path).handle(pod)
+
+    assert outcome is not None and outcome.action == "nowhere", outcome
+    assert "#! line ends in CR" in outcome.message

@@ -268,7 +268,7 @@ def _scan_programs(
             # A program absent from the image may come from a volume, on every architecture.
             starts = f.entrypoint and f.check is not Check.MISSING_ENTRYPOINT
             key = f"{f.path}\0{f.message}"
-            everywhere = starts and REASON_OF_CHECK[f.check] in EVERY_ARCHITECTURE_REASONS
+            everywhere = starts and REASON_OF_CHECK.get(f.check) in EVERY_ARCHITECTURE_REASONS
             if starts or key not in seen:
                 seen[key] = (f.path, f.message, starts, everywhere)
     return sorted(seen.values(), key=lambda s: (not s[2], s[0]))
