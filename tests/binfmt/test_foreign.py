@@ -228,6 +228,11 @@ def test_an_elf_names_its_os_by_os_abi_or_abi_note(
             ' bytes (first bytes: "\\xff\\xfe#\\x00!\\x00")',
         ),
         (b"", 'the file is empty (first bytes: "")'),
+        (
+            b"#!   \n",
+            "a #! line that names no interpreter (empty, or too long for the kernel)"
+            ' (first bytes: "#!   \\n")',
+        ),
     ],
 )
 def test_missing_shebang_cause_names_it_and_the_first_bytes_escaped(

@@ -38,6 +38,11 @@ CAUSES = {
         "a blank first line before #!: #! must be the file's first two bytes"
         ' (first bytes: "\\n#!/bin/sh\\necho hello\\n")',
     ),
+    "empty-shebang": (
+        b"#!\necho hello\n",
+        "a #! line that names no interpreter (empty, or too long for the kernel)"
+        ' (first bytes: "#!\\necho hello\\n")',
+    ),
     "crlf": (
         b"echo hello\r\n",
         'no #! interpreter line, and CRLF (Windows) line endings (first bytes: "echo hello\\r\\n")',

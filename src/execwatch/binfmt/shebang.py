@@ -99,6 +99,8 @@ def missing_shebang_cause(head: bytes) -> str:
 def _cause(head: bytes) -> str:
     if not head:
         return "the file is empty"
+    if head.startswith(b"#!"):  # parse_shebang refused it, as the kernel does
+        return "a #! line that names no interpreter (empty, or too long for the kernel)"
     if head.startswith(UTF16_BOMS):
         return "the file is UTF-16 (byte order mark): the kernel reads #! as bytes"
     if head.startswith(UTF8_BOM):

@@ -148,15 +148,16 @@ class Checker:
         else:
             self._check_other(path, node, entry)
 
-    def _check_other(self, path: str, node: Node, entry: bool) -> None:
-        """Neither ELF nor `#!`: another OS's executable, or (started) a missing `#!`."""
+    def _check_other(self, path: str, node: Node, entry: bool, counted: bool = False) -> None:
+        """Neither ELF nor `#!`: another OS's executable, or (started) a missing `#!`.
+        `counted`: a script, already counted as an executable."""
         if node.foreign is not None and (entry or node.foreign.executable):
-            self.stats.executables += 1
+            self.stats.executables += 0 if counted else 1
             fault = rules.foreign_os(path, node.foreign)
             severity = self._foreign_os_severity(entry)
             self.report(fault, severity, wording.foreign_os(fault), entry)
         elif entry and path not in self._shell_started:  # a shell retries it with /bin/sh
-            self.stats.executables += 1
+            self.stats.executables += 0 if counted else 1
             fault = rules.missing_shebang(path, node.head)
             self.report(fault, Severity.ERROR, wording.missing_shebang(fault), entry)
 
@@ -244,8 +245,9 @@ class Checker:
 
     def _check_script(self, path: str, node: Node, entry: bool) -> None:
         shebang = parse_shebang(node.head)
-        if shebang is None:
-            return  # ENOEXEC: shells rerun it with /bin/sh
+        if shebang is None:  # ENOEXEC: shells rerun it with /bin/sh, a runtime does not
+            self._check_other(path, node, entry, counted=True)
+            return
         if shebang.crlf:
             self.add(
                 Check.SHEBANG_CRLF,
