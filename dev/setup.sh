@@ -56,6 +56,7 @@ make -s bpf
 if [ "$test" = 1 ]; then
   dev/fetch-foreign.sh .cache/foreign
   dev/fetch-newer.sh .cache/newer
+  dev/build-foreign-os.sh .cache/foreign-os
   dev/fetch-kernels.sh .cache/kernels
   dev/fetch-emulators.sh .cache/emulators
   [ "$go_tools" = 1 ] && dev/go-tools.sh

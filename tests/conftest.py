@@ -122,3 +122,14 @@ def pipelines() -> Iterator[list[NodePipeline]]:
     yield made
     for p in made:
         p.close()
+
+
+@pytest.fixture(scope="session")
+def foreign_os() -> dict[str, Path]:
+    """Go cross-compiles for macOS, Windows and the BSDs (dev/build-foreign-os.sh)."""
+    from tests.support.foreignos import built
+
+    try:
+        return built()
+    except AssertionError as exc:
+        pytest.fail(str(exc))

@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any, TextIO
 
-from execwatch.record import ExecFailure
+from execwatch.record import ExecFailure, Reason
 from execwatch.text import safe_text
 
 
@@ -23,7 +23,7 @@ def human_line(failure: ExecFailure) -> str:
     stamp = time.strftime("%H:%M:%S", time.localtime(e.time)) + f".{int(e.time * 1000) % 1000:03d}"
     j = failure.to_json()
     parts = [stamp, j["errno"], str(d.reason), safe_text(e.path)]
-    if d.binary_arch:
+    if d.binary_arch and d.reason is not Reason.FOREIGN_OS:  # its detail names OS and arch
         parts.append(f"({d.binary_arch} on {d.node_arch})")
     if d.interpreter:
         parts.append(f"interpreter={safe_text(d.interpreter)}")

@@ -30,6 +30,12 @@ PLATFORM_REASONS = frozenset(
 )
 
 
+# Fail on every node whatever its architecture (no `#!` line its caller retries, another
+# OS's executable): never platform-class, so placement never narrows for them, and audit
+# reports them on every architecture.
+EVERY_ARCHITECTURE_REASONS = frozenset({Reason.MISSING_SHEBANG, Reason.FOREIGN_OS})
+
+
 class UndiagnosedCause(enum.StrEnum):
     """Why a failure is reported Undiagnosed: the `cause` label of
     execwatch_undiagnosed_total, and trace's summary when it stops."""

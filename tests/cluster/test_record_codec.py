@@ -86,6 +86,15 @@ def test_event_notes_fit_the_api_limit_in_bytes() -> None:
     assert fit_bytes("abc", 10) == "abc"
 
 
+def test_another_os_binary_is_named_by_its_detail_not_as_an_architecture() -> None:
+    detail = "a macOS arm64 executable (Mach-O): built with GOOS=darwin?"
+    rec = crd.parse(stored(reason="ForeignOS", path="/app/server", binary_arch="arm64",
+                           node_arch="amd64", interpreter=None, detail=detail))  # fmt: skip
+    note = note_for(rec)
+    assert "could not exec /app/server (ENOEXEC): on a amd64 node; node node-a; " in note
+    assert note.endswith(f"; {detail}") and "arm64 binary" not in note
+
+
 def test_label_values_are_checked() -> None:
     assert is_label_value("ExecFormatError")
     assert not is_label_value("a\nb") and not is_label_value("x" * 64)

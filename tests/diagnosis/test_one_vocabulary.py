@@ -28,12 +28,14 @@ FILES = {
     ("app", "/app/zsh.sh"): (errno.ENOENT, Reason.MISSING_SHEBANG_INTERPRETER),
     ("app", "/app/glibc"): (errno.ENOENT, Reason.MISSING_INTERPRETER),
     ("bad", "/app/glibc"): (errno.ELIBBAD, Reason.BAD_INTERPRETER),
+    ("app", "/app/macos"): (errno.ENOEXEC, Reason.FOREIGN_OS),
+    ("app", "/app/app.exe"): (errno.ENOEXEC, Reason.FOREIGN_OS),
 }
 
 
-def build_root(root: Path, foreign_root: Path, tmp: Path) -> None:
-    """/app: a glibc program whose loader is absent; /bad, a root of its own: one whose
-    loader is not ELF."""
+def build_root(root: Path, foreign_root: Path, foreign_os: dict[str, Path], tmp: Path) -> None:
+    """/app: a glibc program whose loader is absent, a macOS and a Windows build; /bad, a
+    root of its own: one whose loader is not ELF."""
     hello = compile_c(tmp / "hello", HELLO_C, "gcc")
     for top in ("app", "bad"):
         (root / top / "app").mkdir(parents=True)
@@ -41,6 +43,8 @@ def build_root(root: Path, foreign_root: Path, tmp: Path) -> None:
     shutil.copy(foreign_root / "arm64/root/usr/bin/busybox", root / "app/app/arm")
     (root / "app/app/corrupt").write_bytes(b"\x7fELF\x02\x01\x01" + bytes(9))
     (root / "app/app/zsh.sh").write_bytes(b"#!/bin/zsh\n")
+    shutil.copy(foreign_os["hello-darwin-arm64"], root / "app/app/macos")
+    shutil.copy(foreign_os["hello-windows-amd64.exe"], root / "app/app/app.exe")
     (root / "bad/lib64").mkdir()
     (root / "bad/lib64/ld-linux-x86-64.so.2").write_bytes(b"not an ELF loader\n")
     for path in root.rglob("*"):
@@ -49,9 +53,11 @@ def build_root(root: Path, foreign_root: Path, tmp: Path) -> None:
 
 
 @pytest.fixture
-def roots(tmp_path: Path, foreign_root: Path) -> Iterator[dict[str, tuple[int, Path]]]:
+def roots(
+    tmp_path: Path, foreign_root: Path, foreign_os: dict[str, Path]
+) -> Iterator[dict[str, tuple[int, Path]]]:
     """A live task chrooted into each root, as a crash-looping container's would be."""
-    build_root(tmp_path / "roots", foreign_root, tmp_path)
+    build_root(tmp_path / "roots", foreign_root, foreign_os, tmp_path)
     tasks = {}
     for top in ("app", "bad"):
         root = tmp_path / "roots" / top

@@ -163,3 +163,18 @@ def test_binaries_the_pod_does_not_start_are_named_but_do_not_decide() -> None:
         "runs on every node architecture;"
         " not deciding: arm64: container 'app': /usr/bin/tool is x86-64"
     )
+
+
+def test_what_fails_on_every_architecture_is_left_as_is_with_a_warning_naming_the_file() -> None:
+    """No `#!` or another OS's binary: narrowing cannot help, holding would not either."""
+    spec: dict[str, Any] = {"containers": [{"name": "app"}, {"name": "side"}]}
+    why = "/app/run.sh: neither ELF nor a #! script: ...; no #! interpreter line"
+    broken = ContainerVerdict("app", "r/app@sha256:ab", {"amd64": U, "arm64": U}, everywhere=why)
+
+    d = decide(spec, [broken, verdict(R, F, name="side")], CLUSTER)
+
+    assert (d.action, d.arches, d.warning) == (Action.LEAVE, (), True)
+    assert d.affinity(spec) is None
+    assert d.message == (
+        f"fails on every node architecture, left as is: container 'app' (r/app@sha256:ab): {why}"
+    )

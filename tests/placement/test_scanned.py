@@ -82,6 +82,18 @@ def pull_secret(
     return "pull"
 
 
+def left_as_is(
+    admin: client.ApiClient, pod: dict[str, Any], outcome: Placed | None
+) -> tuple[str, str, str]:
+    """The pod ungated unchanged, neither narrowed nor held: its one Event (type, reason,
+    note)."""
+    now = stored(admin, pod)
+    assert outcome is not None and outcome.action == "leave", outcome
+    assert (gates(now), required_terms(now)) == ([], [])
+    [event] = events(admin, now)
+    return event
+
+
 def enforced(admin: client.ApiClient, registry: Registry) -> tuple[str, list[dict[str, str]]]:
     ns = namespace(admin, "enforce")
     return ns, [{"name": pull_secret(admin, ns, registry)}]
@@ -205,10 +217,7 @@ def test_a_wrong_arch_helper_the_pod_never_starts_is_named_but_does_not_restrict
 
     outcome = placer(admin, registry, tmp_path).handle(pod)
 
-    now = stored(admin, pod)
-    assert outcome is not None and outcome.action == "leave", outcome
-    assert (gates(now), required_terms(now)) == ([], [])
-    [(kind, reason, note)] = events(admin, now)
+    kind, reason, note = left_as_is(admin, pod, outcome)
     assert (kind, reason) == ("Normal", "PlacementUnchanged")
     assert note.startswith("runs on every node architecture; not deciding: arm64: container 'app'")
     assert "/usr/bin/tool: " in note

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from execwatch.placement.started import Unresolved, shell_command, started
+from execwatch.placement.started import Unresolved, started
+from execwatch.scan.shell import shell_command
 
 IMAGE = {"config": {"Entrypoint": ["/entry"], "Cmd": ["--default"], "Env": ["PATH=/bin"]}}
 

@@ -22,6 +22,7 @@ def test_the_spellings_of_the_stable_reasons() -> None:
     """The JSON, SARIF and JUnit names of the reasons the scan predicts."""
     assert {str(r): str(c) for r, c in CHECK_OF_REASON.items()} == {
         "ForeignArchitecture": "arch-mismatch",
+        "ForeignOS": "foreign-os",
         "MissingInterpreter": "missing-interpreter",
         "BadInterpreter": "bad-interpreter",
         "MissingLibrary": "missing-library",
@@ -29,6 +30,7 @@ def test_the_spellings_of_the_stable_reasons() -> None:
         "MissingSymbol": "missing-symbol",
         "LibcMismatch": "libc-mismatch",
         "MissingShebangInterpreter": "missing-shebang-interpreter",
+        "MissingShebang": "missing-shebang",
         "NotFound": "missing-entrypoint",
         "CorruptBinary": "corrupt-binary",
         "UnsupportedCPU": "cpu-level",

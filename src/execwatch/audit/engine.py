@@ -29,6 +29,7 @@ from execwatch.audit.inventory import Inventory, Workload
 from execwatch.audit.scheduling import allowed_architectures
 from execwatch.binfmt import Platform
 from execwatch.placement.decision import Outcome
+from execwatch.record import EVERY_ARCHITECTURE_REASONS
 from execwatch.runnable.limits import Limits
 from execwatch.scan import Check, ScanOptions, scan_image
 from execwatch.scan.errors import ScanInputError
@@ -43,6 +44,7 @@ from execwatch.scan.registry import (
     resolve,
 )
 from execwatch.scan.sources import ImageSource
+from execwatch.scan.vocabulary import CHECK_OF_REASON
 from execwatch.text import one_line
 
 
@@ -146,9 +148,30 @@ class ImageAuditor:
         except Exception as exc:
             return Verdict(Status.ERROR, str(platform), message=_cause(exc))
         verdict = self._judged(reference, digest, platform)
+        if verdict.status is Status.MISSING_PLATFORM:
+            return self._fails_everywhere(reference, digest, verdict)
         if verdict.status is not Status.WOULD_FAIL or not emulates:
             return verdict
         return self._emulated(reference, digest, verdict, platform, emulates)
+
+    def _fails_everywhere(self, reference: str, digest: str, verdict: Verdict) -> Verdict:
+        """An image without this platform whose entrypoint fails on every architecture (no
+        `#!`, another OS's executable) would fail here as well: WOULD_FAIL, with those
+        findings of the platform it has. Else the MISSING_PLATFORM verdict as it is."""
+        try:
+            images = self._images(reference, digest)
+        except Exception:  # the verdict stands: it already says what the image lacks
+            return verdict
+        stated = [p for p in (i.platform or i.config_platform() for i in images) if p]
+        for other in stated[:1]:
+            judged = self._judged(reference, digest, other)
+            everywhere = [f for f in judged.findings if _every_architecture(f)]
+            if everywhere:
+                why = f"{verdict.message}; what it starts fails on every architecture"
+                return dataclasses.replace(
+                    verdict, status=Status.WOULD_FAIL, findings=everywhere, message=why
+                )
+        return verdict
 
     def _judged(
         self, reference: str, digest: str, platform: Platform, as_arch: str = ""
@@ -229,14 +252,17 @@ class ImageAuditor:
         self._store(digest, key, verdict)
         return verdict
 
-    def _select(self, reference: str, digest: str, platform: Platform) -> ImageSource | Verdict:
+    def _images(self, reference: str, digest: str) -> list[ImageSource]:
         if digest not in self.images:
             client, top, _ = self.resolved.get(reference) or (None, None, digest)
             if client is None or top is None:
                 pinned = Reference.parse(reference)
                 client, top, _ = resolve(str(pinned), self.options, self.limits)
             self.images[digest] = images_of(client, top, digest)
-        images = self.images[digest]
+        return self.images[digest]
+
+    def _select(self, reference: str, digest: str, platform: Platform) -> ImageSource | Verdict:
+        images = self._images(reference, digest)
         for image in images:
             if (image.platform or image.config_platform() or platform).matches(platform):
                 return image
@@ -274,6 +300,12 @@ class ImageAuditor:
             os.replace(tmp, self._path(digest, key))
         except OSError:
             return
+
+
+def _every_architecture(finding: dict[str, Any]) -> bool:
+    """A finding of what the container starts that no architecture escapes."""
+    checks = {str(CHECK_OF_REASON[r]) for r in EVERY_ARCHITECTURE_REASONS}
+    return bool(finding["entrypoint"]) and finding["check"] in checks
 
 
 def _key(platform: Platform, as_arch: str) -> str:

@@ -341,6 +341,8 @@ def _read(reader: _Reader) -> ElfInfo:
         isa_needed = _x86_isa_needed(reader, segments, little, bits)
     if arch.oci is not None:
         os_name = machines.os_from_osabi(ident[7])
+        if os_name == "linux":
+            os_name = _abi_note_os(reader, segments, little) or os_name
         variant = None
         if machine == machines.EM_ARM:
             float_abi = machines.arm_float_abi(flags)
@@ -421,6 +423,20 @@ def _x86_isa_needed(reader: _Reader, segments: list[_Segment], little: bool, bit
         if found is not None:
             return found
     return 0
+
+
+def _abi_note_os(reader: _Reader, segments: list[_Segment], little: bool) -> str | None:
+    """The OS an ABI tag note names (OpenBSD and NetBSD mark their ELF files with one and
+    OS/ABI 0), in the first MAX_NOTE_SEGMENTS PT_NOTE segments, MAX_NOTE_BYTES of each."""
+    for seg in [s for s in segments if s.kind == PT_NOTE][:MAX_NOTE_SEGMENTS]:
+        length = min(seg.filesz, isa.MAX_NOTE_BYTES, max(reader.size - seg.offset, 0))
+        try:
+            found = machines.abi_note_os(reader.read(seg.offset, length, "PT_NOTE"), little)
+        except TruncatedFile:
+            return None
+        if found is not None:
+            return found
+    return None
 
 
 def _file_offset(segments: list[_Segment], vaddr: int) -> int:

@@ -5,6 +5,7 @@ Kept apart from the reader so the mapping can be tested without building files.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 EM_386 = 3
@@ -29,6 +30,15 @@ EF_MIPS_ABI2 = 0x20
 EF_RISCV_FLOAT_ABI = 0x6
 
 _OS_BY_OSABI = {2: "netbsd", 6: "solaris", 9: "freebsd", 12: "openbsd"}
+NT_ABI_TAG = 1  # NT_GNU_ABI_TAG, NT_NETBSD_IDENT, NT_OPENBSD_IDENT, NT_FREEBSD_ABI_TAG
+_OS_BY_NOTE_NAME = {
+    b"NetBSD": "netbsd",
+    b"OpenBSD": "openbsd",
+    b"FreeBSD": "freebsd",
+    b"DragonFly": "dragonfly",
+}
+_OS_BY_GNU_ABI_TAG = {1: "hurd", 2: "solaris", 3: "freebsd"}  # 0 is Linux
+_NOTE_HEADER = {True: struct.Struct("<III"), False: struct.Struct(">III")}
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,29 @@ def classify(machine: int, elf_class: int, little_endian: bool, flags: int) -> A
 def os_from_osabi(osabi: int) -> str:
     """ELFOSABI_NONE (0) and ELFOSABI_GNU (3) both mean Linux in practice."""
     return _OS_BY_OSABI.get(osabi, "linux")
+
+
+def abi_note_os(data: bytes, little: bool) -> str | None:
+    """The OS an ABI tag note of one PT_NOTE segment names; None for Linux's or none. The
+    loop takes at least 12 bytes a note: bounded by len(data)."""
+    header = _NOTE_HEADER[little]
+    pos = 0
+    while pos + header.size <= len(data):
+        namesz, descsz, kind = header.unpack_from(data, pos)
+        name_at = pos + header.size
+        desc_at = name_at + _up4(namesz)
+        name = data[name_at : name_at + namesz].rstrip(b"\0")
+        if kind == NT_ABI_TAG and name in _OS_BY_NOTE_NAME:
+            return _OS_BY_NOTE_NAME[name]
+        if kind == NT_ABI_TAG and name == b"GNU" and descsz >= 4 and desc_at + 4 <= len(data):
+            tag = struct.unpack_from(header.format[0] + "I", data, desc_at)[0]
+            return _OS_BY_GNU_ABI_TAG.get(tag)
+        pos = desc_at + _up4(descsz)
+    return None
+
+
+def _up4(n: int) -> int:
+    return (n + 3) & ~3
 
 
 def arm_variant_from_cpu_arch(tag_cpu_arch: int) -> str:

@@ -10,6 +10,9 @@ from execwatch.binfmt.elf import ELF_MAGIC
 
 BINPRM_BUF_SIZE = 256
 _SPACETAB = b" \t"
+UTF8_BOM = b"\xef\xbb\xbf"
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+CAUSE_HEAD_BYTES = 32  # the first bytes a cause shows, escaped
 
 
 @dataclass(frozen=True)
@@ -84,3 +87,46 @@ def _next_terminator(buf: bytes, start: int, end: int) -> int | None:
 
 def _c_string(raw: bytes) -> str:
     return os.fsdecode(raw.split(b"\0", 1)[0])
+
+
+def missing_shebang_cause(head: bytes) -> str:
+    """Why a file the kernel refused (ENOEXEC, neither ELF nor `#!`) has no `#!` line, for
+    a person: a UTF-8 byte order mark or a blank first line before `#!`, leading spaces,
+    UTF-16, CRLF line endings, or no interpreter line at all; with its first bytes, escaped."""
+    return f"{_cause(head[:BINPRM_BUF_SIZE])} (first bytes: {_escaped(head[:CAUSE_HEAD_BYTES])})"
+
+
+def _cause(head: bytes) -> str:
+    if not head:
+        return "the file is empty"
+    if head.startswith(b"#!"):  # parse_shebang refused it, as the kernel does
+        return "a #! line that names no interpreter (empty, or too long for the kernel)"
+    if head.startswith(UTF16_BOMS):
+        return "the file is UTF-16 (byte order mark): the kernel reads #! as bytes"
+    if head.startswith(UTF8_BOM):
+        if head[len(UTF8_BOM) :].startswith(b"#!"):
+            return "a UTF-8 byte order mark (EF BB BF) before #!: the kernel sees no #!"
+        head = head[len(UTF8_BOM) :]
+    stripped = head.lstrip(b" \t\r\n")
+    if stripped.startswith(b"#!") and head[: len(head) - len(stripped)].strip(b" \t"):
+        crlf = " (CRLF line endings)" if b"\r\n" in head else ""
+        return f"a blank first line before #!{crlf}: #! must be the file's first two bytes"
+    if stripped.startswith(b"#!"):
+        return "spaces before #!: #! must be the file's first two bytes"
+    if b"\r\n" in head and b"\n" not in head.replace(b"\r\n", b""):
+        return "no #! interpreter line, and CRLF (Windows) line endings"
+    return "no #! interpreter line"
+
+
+def _escaped(data: bytes) -> str:
+    """Bytes as a double-quoted Python-style literal: printable ASCII as is, the rest \\xNN."""
+    out = []
+    for byte in data:
+        ch = chr(byte)
+        if ch in '\\"':
+            out.append("\\" + ch)
+        elif 0x20 <= byte < 0x7F:
+            out.append(ch)
+        else:
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(ch, f"\\x{byte:02x}"))
+    return '"' + "".join(out) + '"'

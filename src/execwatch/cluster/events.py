@@ -64,7 +64,7 @@ def note_for(rec: Record) -> str:
         return _fit(_emulated_note(rec))
     arch = (
         f"a {rec.binary_arch} binary on a {rec.node_arch} node"
-        if rec.binary_arch
+        if rec.binary_arch and rec.reason is not Reason.FOREIGN_OS  # its detail names the OS
         else f"on a {rec.node_arch} node"
     )
     parts = [f'container "{rec.container or "?"}" could not exec {rec.path} ({rec.errno}): {arch}']

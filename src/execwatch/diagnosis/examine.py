@@ -22,6 +22,7 @@ from execwatch.binfmt import (
     read_elf,
     sniff,
 )
+from execwatch.binfmt.foreign import identify_file
 from execwatch.diagnosis import wording
 from execwatch.record import Diagnosis, Reason, UndiagnosedCause
 from execwatch.runnable import rules
@@ -85,6 +86,9 @@ class Examiner:
             shebang = parse_shebang(head)
             if shebang is not None:
                 return self._examine_script(ctx, shebang, path, depth)
+        other_os = self._foreign_os(fd, path) if ctx.err == errno.ENOEXEC else None
+        if other_os is not None:
+            return other_os
         if ctx.err == errno.ENOEXEC:
             return self.result(
                 Reason.NO_SHEBANG,
@@ -93,6 +97,12 @@ class Examiner:
         return self.result(
             Reason.UNDIAGNOSED, detail="not ELF and no #! line", cause=UndiagnosedCause.UNEXPLAINED
         )
+
+    def _foreign_os(self, fd: int, path: str) -> Diagnosis | None:
+        """Mach-O, PE or a.out: no shell retry helps, on any Linux node."""
+        with os.fdopen(os.dup(fd), "rb") as f:
+            other = identify_file(f)
+        return None if other is None else self._word(rules.foreign_os(path, other))
 
     def _examine_elf(self, ctx: Context, fd: int, path: str) -> Diagnosis:
         try:

@@ -30,6 +30,9 @@ class ContainerVerdict:
     why: Mapping[str, str] = field(default_factory=dict)  # architecture -> one line
     # architecture -> binaries that fail there but that the container does not start
     reported: Mapping[str, str] = field(default_factory=dict)
+    # what the container starts that fails on every architecture (no #!, another OS's
+    # binary): placement cannot help, the pod is left as it is, with a warning
+    everywhere: str = ""
 
     def outcome(self, arch: str) -> Outcome:
         return self.outcomes.get(arch, Outcome.UNKNOWN)
@@ -60,11 +63,22 @@ def decide(spec: Spec, verdicts: Sequence[ContainerVerdict], arches: Iterable[st
     runs = [a for a in cluster if all(_starts(v.outcome(a)) for v in verdicts)]
     failing = {a: _first_failure(verdicts, a) for a in cluster if a not in runs}
     pin = user_pin(spec)
-    decision = _decide(pin.pinned, pin.allows, cluster, runs, failing)
+    decision = _everywhere(verdicts) or _decide(pin.pinned, pin.allows, cluster, runs, failing)
     also = _reported(verdicts, cluster)
     if not also:
         return decision
     return dataclasses.replace(decision, message=f"{decision.message}; not deciding: {also}")
+
+
+def _everywhere(verdicts: Sequence[ContainerVerdict]) -> Decision | None:
+    """A container that starts nothing any architecture runs: left unchanged, never
+    narrowed nor held, with a Warning that names the file."""
+    why = "; ".join(
+        f"container {v.container!r} ({v.image}): {v.everywhere}" for v in verdicts if v.everywhere
+    )
+    if not why:
+        return None
+    return Decision(Action.LEAVE, (), f"fails on every node architecture, left as is: {why}", True)
 
 
 def _decide(

@@ -46,6 +46,7 @@ from execwatch.placement.verdicts import (
     now_rfc3339,
 )
 from execwatch.placement.verdicts import MAX_WHY as STORED_WHY
+from execwatch.record import EVERY_ARCHITECTURE_REASONS
 from execwatch.runnable.limits import Limits
 from execwatch.scan import Check, ScanOptions, Severity, scan_image
 from execwatch.scan.errors import ScanInputError
@@ -53,6 +54,7 @@ from execwatch.scan.isolated import ProcessLimits, run_isolated
 from execwatch.scan.registry import RegistryOptions, images_of, resolve
 from execwatch.scan.reuse import RegistryReuse
 from execwatch.scan.sources import ImageSource
+from execwatch.scan.vocabulary import REASON_OF_CHECK
 from execwatch.text import one_line
 
 MAX_WHY = 3
@@ -60,8 +62,9 @@ MEMO_SIZE = 1024
 READ_TIMEOUT = 2.0  # seconds for the ImageVerdict read; past it the pod is scanned
 TOUCH_EVERY = 3600.0  # seconds: lastUsed of a verdict that decides is renewed this often
 
-# (path, message, whether the pod starts it): one failing binary on one platform
-Seen = tuple[str, str, bool]
+# (path, message, whether the pod starts it, whether it fails on every architecture): one
+# failing binary on one platform
+Seen = tuple[str, str, bool, bool]
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class _Verdict:
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     why: dict[str, str] = field(default_factory=dict)
     reported: dict[str, str] = field(default_factory=dict)
+    everywhere: str = ""
 
     def set(self, arch: str, outcome: Outcome, why: str) -> None:
         self.outcomes[arch] = outcome
@@ -90,7 +94,9 @@ class _Verdict:
             self.why[arch] = why
 
     def done(self) -> ContainerVerdict:
-        return ContainerVerdict(self.container, self.image, self.outcomes, self.why, self.reported)
+        return ContainerVerdict(
+            self.container, self.image, self.outcomes, self.why, self.reported, self.everywhere
+        )
 
 
 @dataclass
@@ -156,6 +162,11 @@ class ScannedVerdicts:
             verdict.set(arch, stored.outcome, _stored_lines(stored))
             return
         seen, scanned = self._scan(target.image, chosen, platform, programs, deadline)
+        everywhere = [s for s in seen if s[3]]
+        if everywhere:  # no architecture runs it: nothing to place by, nothing to store
+            verdict.everywhere = _lines(everywhere)
+            verdict.set(arch, Outcome.UNKNOWN, verdict.everywhere)
+            return
         deciding = [s for s in seen if s[2] or self.strict]
         others = [s for s in seen if not (s[2] or self.strict)]
         verdict.set(arch, Outcome.FAILS if deciding else Outcome.RUNS, _lines(deciding))
@@ -200,7 +211,7 @@ class ScannedVerdicts:
         if self.writer is None or not target.digest:
             return
         outcome = Outcome.FAILS if deciding else Outcome.RUNS
-        why = tuple(f"{path}: {message}" for path, message, _ in deciding[:STORED_WHY])
+        why = tuple(f"{path}: {message}" for path, message, _, _ in deciding[:STORED_WHY])
         now = now_rfc3339(time.time)
         news = (PlatformVerdict(platform, outcome, "scan", now, why, len(deciding)),)
         self.writer.offer(Write(target.digest, target.image, news, "scan"))
@@ -243,7 +254,8 @@ def _scan_programs(
     image: ImageSource, programs: Started, platform: Platform, limits: Limits
 ) -> list[Seen]:
     """Each program as the image's Entrypoint: the binaries it starts, then the others.
-    A program absent from the image is reported, never decisive: a volume may hold it."""
+    A program absent from the image is reported, never decisive: a volume may hold it. The
+    first word of `sh -c` without `#!` is no failure: the shell retries it with /bin/sh."""
     options = ScanOptions(limits=limits)
     seen: dict[str, Seen] = {}
     for i, config in enumerate(programs.configs(image.config)):
@@ -251,11 +263,14 @@ def _scan_programs(
         for f in result.findings:
             if f.severity < Severity.ERROR or (i > 0 and not f.entrypoint):
                 continue
+            if i > 0 and f.check is Check.MISSING_SHEBANG:
+                continue
             # A program absent from the image may come from a volume, on every architecture.
             starts = f.entrypoint and f.check is not Check.MISSING_ENTRYPOINT
             key = f"{f.path}\0{f.message}"
+            everywhere = starts and REASON_OF_CHECK.get(f.check) in EVERY_ARCHITECTURE_REASONS
             if starts or key not in seen:
-                seen[key] = (f.path, f.message, starts)
+                seen[key] = (f.path, f.message, starts, everywhere)
     return sorted(seen.values(), key=lambda s: (not s[2], s[0]))
 
 
@@ -267,7 +282,7 @@ def _select(images: list[ImageSource], platform: Platform) -> ImageSource | None
 
 
 def _lines(seen: list[Seen]) -> str:
-    text = "; ".join(f"{path}: {message}" for path, message, _ in seen[:MAX_WHY])
+    text = "; ".join(f"{path}: {message}" for path, message, _, _ in seen[:MAX_WHY])
     more = f" (and {len(seen) - MAX_WHY} more)" if len(seen) > MAX_WHY else ""
     return text + more
 

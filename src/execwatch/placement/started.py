@@ -9,25 +9,13 @@ to its loader and libraries.
 from __future__ import annotations
 
 import copy
-import posixpath
 import re
-import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-SHELLS = frozenset({"sh", "bash", "ash", "dash", "ksh", "mksh", "zsh"})
-# A first word that is not a program on PATH: the script's own logic, not a binary.
-# fmt: off
-SHELL_WORDS = frozenset({
-    "if", "then", "else", "elif", "fi", "case", "esac", "for", "while", "until", "do",
-    "done", "in", "function", "select", "time", "{", "}", "(", ")", "!", "[", "[[", ".",
-    ":", "source", "cd", "set", "unset", "export", "readonly", "eval", "exec", "trap",
-    "shift", "wait", "true", "false", "echo", "printf", "test", "read", "local", "return",
-    "exit", "ulimit", "umask", "alias", "command", "type",
-})
-# fmt: on
-PLAIN_WORD = re.compile(r"[A-Za-z0-9_./+,:@%-]+")
+from execwatch.scan.shell import shell_command
+
 VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
@@ -83,26 +71,6 @@ def effective_argv(container: Mapping[str, Any], cfg: Mapping[str, Any]) -> list
     if command:
         return [*_strings(command), *_strings(args)]
     return [*entrypoint, *(_strings(args) if args else cmd)]
-
-
-def shell_command(argv: Sequence[str]) -> str | None:
-    """The first program of `sh -c SCRIPT`, when the script begins with a plain command."""
-    if len(argv) < 3 or posixpath.basename(argv[0]) not in SHELLS:
-        return None
-    i = 1
-    while i < len(argv) and argv[i].startswith("-") and "c" not in argv[i]:
-        i += 1
-    if i + 1 >= len(argv) or not re.fullmatch(r"-[a-z]*c[a-z]*", argv[i]):
-        return None
-    try:
-        words = shlex.split(argv[i + 1], comments=True)
-    except ValueError:
-        return None
-    while words and (words[0] == "exec" or re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=\S*", words[0])):
-        words = words[1:]
-    if not words or words[0] in SHELL_WORDS or not PLAIN_WORD.fullmatch(words[0]):
-        return None
-    return words[0]
 
 
 def _expand(argv: list[str], env: Mapping[str, str]) -> list[str]:

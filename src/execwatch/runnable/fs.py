@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
 from execwatch.binfmt import BinfmtError, ElfInfo, read_elf, sniff
+from execwatch.binfmt.foreign import ForeignBinary, identify_stream
 from execwatch.binfmt.shebang import BINPRM_BUF_SIZE
 from execwatch.binfmt.symbols import DynamicSymbols, read_dynamic_symbols
 from execwatch.runnable.errors import InputError, LimitExceeded
@@ -29,7 +30,8 @@ MAX_WALK_STEPS = 8192  # path components walked by one resolution, links include
 
 @dataclass
 class Node:
-    """One entry of the merged filesystem. `elf` is filled for ELF files (or `elf_error`)."""
+    """One entry of the merged filesystem. `elf` is filled for ELF files (or `elf_error`),
+    `foreign` for other executables of another OS (Mach-O, PE, a.out)."""
 
     kind: str  # "file", "dir", "symlink", "other"
     mode: int = 0o644
@@ -39,6 +41,7 @@ class Node:
     elf: ElfInfo | None = None
     elf_error: str | None = None
     text: bytes | None = None  # kept for small loader configuration files (wants_text)
+    foreign: ForeignBinary | None = None
 
     @property
     def executable(self) -> bool:
@@ -154,6 +157,8 @@ def describe_file(path: str, data: BinaryIO, size: int, mode: int) -> Node:
     elif wants_text(path, size):
         data.seek(0)
         node.text = data.read(SMALL_TEXT_BYTES)
+    elif mode & 0o111:
+        node.foreign = identify_stream(head, data)
     return node
 
 

@@ -13,10 +13,12 @@ class Reason(enum.StrEnum):
     deploy tests compare those (and the docs tables) against this enum."""
 
     FOREIGN_ARCHITECTURE = "ForeignArchitecture"
+    FOREIGN_OS = "ForeignOS"  # an executable of another OS: Mach-O, PE, a.out, a BSD's ELF
     MISSING_INTERPRETER = "MissingInterpreter"
     BAD_INTERPRETER = "BadInterpreter"
     MISSING_SHEBANG_INTERPRETER = "MissingShebangInterpreter"
     NO_SHEBANG = "NoShebang"
+    MISSING_SHEBANG = "MissingShebang"  # no #! line, and the caller did not retry: a failed start
     CORRUPT_BINARY = "CorruptBinary"
     PERMISSION_DENIED = "PermissionDenied"
     NOT_FOUND = "NotFound"

@@ -21,7 +21,9 @@ from execwatch.binfmt import (
     libc_flavor,
     loader_flavor,
 )
+from execwatch.binfmt.foreign import ForeignBinary, of_elf
 from execwatch.binfmt.isa import first_shortfall
+from execwatch.binfmt.shebang import missing_shebang_cause
 from execwatch.runnable.fs import FileSystem, resolve
 from execwatch.runnable.linker import Linker, Resolution
 from execwatch.runnable.reason import Reason
@@ -73,10 +75,26 @@ def runs_on(platform: Platform, info: ElfInfo) -> bool:
 
 
 def foreign_architecture(path: str, info: ElfInfo, platform: Platform) -> Fault | None:
-    """binfmt_elf refuses an ELF of another machine, class, byte order or ABI (ENOEXEC)."""
+    """binfmt_elf refuses an ELF of another machine, class, byte order or ABI (ENOEXEC); an
+    ELF of another OS is named as such (a BSD's loader or system calls Linux lacks)."""
     if runs_on(platform, info):
         return None
+    other = of_elf(info)
+    if other is not None and platform.os == "linux":
+        return foreign_os(path, other)
     return Fault(Reason.FOREIGN_ARCHITECTURE, path, arch=info.arch)
+
+
+def foreign_os(path: str, binary: ForeignBinary) -> Fault:
+    """An executable of another OS: Mach-O, PE and a.out are refused (ENOEXEC) on every
+    Linux node, whatever its architecture."""
+    return Fault(Reason.FOREIGN_OS, path, binary.detail(), arch=binary.arch)
+
+
+def missing_shebang(path: str, head: bytes) -> Fault:
+    """Neither ELF nor `#!`, started by a caller that does not retry it with /bin/sh (a
+    container runtime's init): ENOEXEC on every node. The detail names the likely cause."""
+    return Fault(Reason.MISSING_SHEBANG, path, missing_shebang_cause(head))
 
 
 def find_loader(fs: FileSystem, interpreter: str) -> Loader:

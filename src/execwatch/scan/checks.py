@@ -4,9 +4,12 @@ The rules (execwatch.runnable.rules, the node's too) judge each executable; each
 reported under the check that spells its Reason (vocabulary.py), with a severity and the
 scan's wording (wording.py). `not-static`, `shebang-crlf` and `env-not-on-PATH` are the
 scan's own checks. Executables are regular files with an execute bit that are ELF
-programs or `#!` scripts.
-The image's entrypoint/cmd program (and its `#!` interpreter) is checked first and its
-findings are marked, because its failure crash-loops the pod.
+programs, `#!` scripts, or executables of another OS (Mach-O, PE, a.out: a warning).
+The image's entrypoint/cmd program (and its `#!` interpreter, and the first program of an
+`sh -c` script) is checked first and its findings are marked, because its failure
+crash-loops the pod. There a file that is neither ELF nor `#!` is an error
+(missing-shebang: the runtime's init does not retry it with /bin/sh), except as the
+shell's program, which the shell retries; elsewhere such a file is data, and silent.
 """
 
 from __future__ import annotations
@@ -31,9 +34,11 @@ from execwatch.binfmt.isa import platform_levels
 from execwatch.runnable import rules
 from execwatch.runnable.fs import FileSystem, Node, resolve
 from execwatch.runnable.linker import Linker
+from execwatch.runnable.reason import Reason
 from execwatch.runnable.rules import Fault
 from execwatch.scan import wording
 from execwatch.scan.model import Finding, Severity, Stats
+from execwatch.scan.shell import shell_command
 from execwatch.scan.vocabulary import CHECK_OF_REASON, Check
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -65,6 +70,7 @@ class Checker:
         self.libc = None if target.isolated else rules.image_libc(target.fs)
         self.findings: list[Finding] = []
         self.checked: set[str] = set()
+        self._shell_started: set[str] = set()  # the first program of the entrypoint's sh -c
         self.stats = Stats()
         self.binary_platforms: Counter[str] = Counter()
         self.path = [
@@ -99,6 +105,21 @@ class Checker:
 
     def _check_entrypoint(self, argv: list[str]) -> None:
         program = argv[0]
+        found = self._program(program)
+        if found is None:
+            where = "" if "/" in program else f" on PATH {':'.join(self.path)}"
+            message = f"entrypoint program {program!r} not found{where}"
+            self.report(rules.not_found(program), Severity.ERROR, message, entry=True)
+            return
+        self._check_file(*found, entry=True)
+        word = shell_command(argv)
+        started = self._program(word) if word is not None else None
+        if started is not None:  # absent: a volume, a function or an alias may provide it
+            self._shell_started.add(started[0])
+            self._check_file(*started, entry=True)
+
+    def _program(self, program: str) -> tuple[str, Node] | None:
+        """The executable file `program` names, as the runtime's exec or a shell finds it."""
         candidates = (
             [posixpath.join(self.t.workdir, program)]
             if "/" in program
@@ -108,11 +129,8 @@ class Checker:
             real = resolve(self.t.fs, candidate)
             node = self.t.fs.node(real) if real else None
             if real and node is not None and node.kind == "file" and node.executable:
-                self._check_file(real, node, entry=True)
-                return
-        where = "" if "/" in program else f" on PATH {':'.join(self.path)}"
-        message = f"entrypoint program {program!r} not found{where}"
-        self.report(rules.not_found(program), Severity.ERROR, message, entry=True)
+                return real, node
+        return None
 
     # --- one executable ---------------------------------------------------------------------
 
@@ -127,6 +145,21 @@ class Checker:
             self.stats.scripts += 1
             self.stats.executables += 1
             self._check_script(path, node, entry)
+        else:
+            self._check_other(path, node, entry)
+
+    def _check_other(self, path: str, node: Node, entry: bool, counted: bool = False) -> None:
+        """Neither ELF nor `#!`: another OS's executable, or (started) a missing `#!`.
+        `counted`: a script, already counted as an executable."""
+        if node.foreign is not None and (entry or node.foreign.executable):
+            self.stats.executables += 0 if counted else 1
+            fault = rules.foreign_os(path, node.foreign)
+            severity = self._foreign_os_severity(entry)
+            self.report(fault, severity, wording.foreign_os(fault), entry)
+        elif entry and path not in self._shell_started:  # a shell retries it with /bin/sh
+            self.stats.executables += 0 if counted else 1
+            fault = rules.missing_shebang(path, node.head)
+            self.report(fault, Severity.ERROR, wording.missing_shebang(fault), entry)
 
     def _check_elf(self, path: str, node: Node, entry: bool) -> None:
         self.stats.elf += 1
@@ -139,8 +172,12 @@ class Checker:
         if not info.is_executable:
             return  # a shared library with an execute bit: checked through its users
         self.stats.executables += 1
-        self.binary_platforms[wording.platform_of(info)] += 1
         foreign = rules.foreign_architecture(path, info, self.t.platform)
+        if foreign is not None and foreign.reason is Reason.FOREIGN_OS:
+            severity = self._foreign_os_severity(entry)
+            self.report(foreign, severity, wording.foreign_os(foreign), entry)
+            return  # not an architecture the config could disagree with
+        self.binary_platforms[wording.platform_of(info)] += 1
         if foreign is not None:
             message = wording.foreign(info, self.platform)
             self.report(foreign, Severity.ERROR, message, entry)
@@ -152,6 +189,11 @@ class Checker:
         flavor = self._loader_check(path, info, entry)
         if flavor is not None:
             self._check_libraries(path, info, flavor, entry)
+
+    def _foreign_os_severity(self, entry: bool) -> Severity:
+        """An error for what the container starts (or a lone file), else a warning: an
+        image may carry other platforms' builds it never runs."""
+        return Severity.ERROR if entry or self.t.isolated else Severity.WARNING
 
     def _check_static(self, path: str, info: ElfInfo, entry: bool) -> None:
         if self.t.require_static and not info.is_static:
@@ -203,8 +245,9 @@ class Checker:
 
     def _check_script(self, path: str, node: Node, entry: bool) -> None:
         shebang = parse_shebang(node.head)
-        if shebang is None:
-            return  # ENOEXEC: shells rerun it with /bin/sh
+        if shebang is None:  # ENOEXEC: shells rerun it with /bin/sh, a runtime does not
+            self._check_other(path, node, entry, counted=True)
+            return
         if shebang.crlf:
             self.add(
                 Check.SHEBANG_CRLF,

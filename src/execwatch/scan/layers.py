@@ -17,6 +17,7 @@ from typing import Any
 import zstandard
 
 from execwatch.binfmt import sniff
+from execwatch.binfmt.foreign import identify_stream
 from execwatch.runnable.fs import HEAD_BYTES, Node, describe_file, wants_text
 from execwatch.runnable.limits import Limits
 from execwatch.runnable.memory import MemoryFS
@@ -198,6 +199,8 @@ def _file_node(tar: tarfile.TarFile, member: tarfile.TarInfo, path: str) -> Node
         node = Node("file", mode, member.size, head=head)
         if wants_text(path, member.size):
             node.text = head + data.read(member.size)
+        elif mode & 0o111:
+            node.foreign = identify_stream(head, data)
         return node
     with tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY) as spool:
         spool.write(head)

@@ -19,6 +19,7 @@ class Check(enum.StrEnum):
     """Stable check ids: they appear in JSON, SARIF rule ids and JUnit test names."""
 
     ARCH_MISMATCH = "arch-mismatch"
+    FOREIGN_OS = "foreign-os"
     MISSING_INTERPRETER = "missing-interpreter"
     BAD_INTERPRETER = "bad-interpreter"
     MISSING_LIBRARY = "missing-library"
@@ -26,6 +27,7 @@ class Check(enum.StrEnum):
     MISSING_SYMBOL = "missing-symbol"
     LIBC_MISMATCH = "libc-mismatch"
     MISSING_SHEBANG_INTERPRETER = "missing-shebang-interpreter"
+    MISSING_SHEBANG = "missing-shebang"
     SHEBANG_CRLF = "shebang-crlf"
     ENV_NOT_ON_PATH = "env-not-on-PATH"
     NOT_STATIC = "not-static"
@@ -36,6 +38,7 @@ class Check(enum.StrEnum):
 
 CHECK_OF_REASON: dict[Reason, Check] = {
     Reason.FOREIGN_ARCHITECTURE: Check.ARCH_MISMATCH,
+    Reason.FOREIGN_OS: Check.FOREIGN_OS,
     Reason.MISSING_INTERPRETER: Check.MISSING_INTERPRETER,
     Reason.BAD_INTERPRETER: Check.BAD_INTERPRETER,
     Reason.MISSING_LIBRARY: Check.MISSING_LIBRARY,
@@ -43,6 +46,7 @@ CHECK_OF_REASON: dict[Reason, Check] = {
     Reason.MISSING_SYMBOL: Check.MISSING_SYMBOL,
     Reason.LIBC_MISMATCH: Check.LIBC_MISMATCH,
     Reason.MISSING_SHEBANG_INTERPRETER: Check.MISSING_SHEBANG_INTERPRETER,
+    Reason.MISSING_SHEBANG: Check.MISSING_SHEBANG,
     Reason.NOT_FOUND: Check.MISSING_ENTRYPOINT,
     Reason.CORRUPT_BINARY: Check.CORRUPT_BINARY,
     Reason.UNSUPPORTED_CPU: Check.CPU_LEVEL,
@@ -52,6 +56,7 @@ SCAN_ONLY = frozenset({Check.NOT_STATIC, Check.SHEBANG_CRLF, Check.ENV_NOT_ON_PA
 
 CHECK_DESCRIPTIONS: dict[Check, str] = {
     Check.ARCH_MISMATCH: "ELF machine, class, endianness or variant does not run on the platform",
+    Check.FOREIGN_OS: "an executable of another OS: Mach-O, PE, a.out or a BSD's ELF",
     Check.MISSING_INTERPRETER: "the ELF loader named in PT_INTERP is absent from the image",
     Check.BAD_INTERPRETER: "the ELF loader named in PT_INTERP is not an ELF of the binary's ABI",
     Check.MISSING_LIBRARY: "a DT_NEEDED library cannot be found by the image's loader rules",
@@ -59,6 +64,7 @@ CHECK_DESCRIPTIONS: dict[Check, str] = {
     Check.MISSING_SYMBOL: "an imported symbol no loaded library exports (a root on disk only)",
     Check.LIBC_MISMATCH: "a glibc binary on a musl image, or the reverse (gcompat included)",
     Check.MISSING_SHEBANG_INTERPRETER: "the #! interpreter is absent from the image",
+    Check.MISSING_SHEBANG: "a program the container starts is neither ELF nor a #! script",
     Check.SHEBANG_CRLF: "the #! line ends in CR: the kernel looks for an interpreter ending in \\r",
     Check.ENV_NOT_ON_PATH: "the command given to #!/usr/bin/env is not on the image's PATH",
     Check.NOT_STATIC: "the executable is dynamically linked but --require-static was given",

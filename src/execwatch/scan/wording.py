@@ -17,6 +17,19 @@ def foreign(info: ElfInfo, platform: str) -> str:
     return f"ELF for {platform_of(info)} cannot run on {platform} (exec format error)"
 
 
+def foreign_os(fault: Fault) -> str:
+    """Mach-O, PE, a.out or a BSD's ELF: no Linux node runs it, whatever its architecture."""
+    return f"{fault.detail} (it runs on no Linux node, of any architecture)"
+
+
+def missing_shebang(fault: Fault) -> str:
+    """The program a container starts is neither ELF nor `#!`: the runtime does not retry."""
+    return (
+        "neither ELF nor a #! script: the container runtime's exec fails (exec format"
+        f" error) on every node; {fault.detail}"
+    )
+
+
 def cpu_refused(fault: Fault, levels: int) -> str:
     """The nodes' level is stated (--cpu-level, amd64/vN) and below what it needs."""
     return (
