@@ -56,6 +56,7 @@ from tests.placement.test_cli import (
     NODES,
     NS,
     VERDICTS,
+    WEBHOOKS,
     Kubelet,
     ca_bundle_set,
     hold_lease,
@@ -91,7 +92,7 @@ def install_chart(kube: KubeCluster, port: int) -> None:
     made.append(find(docs, "CustomResourceDefinition", VERDICTS))
     made.append(find(docs, "Secret", f"{NAME}-tls"))
     made.append(find(docs, "Deployment", NAME))
-    made.append(loopback(find(docs, "MutatingWebhookConfiguration", NAME), port))
+    made.extend(loopback(find(docs, kind, NAME), port) for kind in WEBHOOKS)
     kube.apply(load_manifests())
     kube.apply(made)
     with kube.client() as api:
@@ -174,6 +175,8 @@ def start_placement(kube: KubeCluster, d: Path, port: int, ca: Path, workers: in
         "--service", "localhost", "--identity", d.name, "--workers", str(workers),
         "--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5",
         "--registry-ca", str(ca), "--cache-dir", str(d / "cache"),
+        # mutual TLS: only the API server's client certificate is accepted
+        "--webhook-client-ca", str(kube.webhook_client_ca),
     ]  # fmt: skip
     return Placement(ExecwatchProcess(args, d / "log", env=own_env(d)))
 

@@ -43,6 +43,7 @@ PLACEMENT = {
     ("ClusterRoleBinding", NAME),
     ("Secret", f"{NAME}-tls"),
     ("MutatingWebhookConfiguration", NAME),
+    ("ValidatingWebhookConfiguration", NAME),
     ("Deployment", NAME),
     ("PodDisruptionBudget", NAME),
     ("Service", NAME),
@@ -117,9 +118,13 @@ def test_the_crd_is_that_of_deploy_placement() -> None:
 
 
 def test_the_webhook_calls_only_opted_in_namespaces_and_never_blocks_a_pod() -> None:
-    config = find(render(ON), "MutatingWebhookConfiguration", NAME)
-    hooks = {h["name"]: h for h in config["webhooks"]}
-    assert set(hooks) == {"gate.placement.execwatch.io", "warn.placement.execwatch.io"}
+    """gate mutates; warn validates, so the pod has its final name and UID."""
+    docs = render(ON)
+    gate, warn = (find(docs, f"{kind}WebhookConfiguration", NAME)["webhooks"]
+                  for kind in ("Mutating", "Validating"))  # fmt: skip
+    hooks = {h["name"]: h for h in [*gate, *warn]}
+    assert [h["name"] for h in gate] == ["gate.placement.execwatch.io"]
+    assert [h["name"] for h in warn] == ["warn.placement.execwatch.io"]
     modes = {"gate": ["enforce", "mitigate"], "warn": ["warn"]}
     for hook in hooks.values():
         kind = hook["name"].split(".")[0]
@@ -156,7 +161,8 @@ def placement_parser() -> argparse.ArgumentParser:
 @pytest.mark.parametrize(
     "sets",
     [(), ("placement.strict=true", "placement.registry.insecure[0]=registry.local:5000",
-          "placement.registry.caConfigMap=registry-ca")],
+          "placement.registry.caConfigMap=registry-ca",
+          "placement.webhook.clientCAConfigMap=apiserver-client-ca")],
     ids=["defaults", "options"],
 )  # fmt: skip
 def test_the_deployment_runs_the_command_with_flags_it_accepts(sets: tuple[str, ...]) -> None:
@@ -165,14 +171,16 @@ def test_the_deployment_runs_the_command_with_flags_it_accepts(sets: tuple[str, 
     args = container["args"]
     assert args[1] == "placement"
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
-    ca = [a.split("=", 1)[1] for a in args if a.startswith("--registry-ca=")]
+    files = ("--registry-ca=", "--webhook-client-ca=")
+    ca = [a.split("=", 1)[1] for a in args if a.startswith(files)]
     assert all(path.rsplit("/", 1)[0] in mounts for path in ca)
-    # the CA file exists only in the pod: parse with one that exists here
-    here = [f"--registry-ca={__file__}" if a.startswith("--registry-ca=") else a for a in args]
+    # the CA files exist only in the pod: parse with one that exists here
+    here = [a.split("=", 1)[0] + f"={__file__}" if a.startswith(files) else a for a in args]
     parsed = cli.build_parser("placement").parse_args(here)
     assert parsed.tls_dir in mounts and parsed.cache_dir in mounts
     if sets:
-        assert parsed.strict and parsed.insecure_registry == ["registry.local:5000"] and ca
+        assert parsed.strict and parsed.insecure_registry == ["registry.local:5000"]
+        assert parsed.registry_ca and parsed.webhook_client_ca and len(ca) == 2
 
 
 def test_two_replicas_spread_with_a_disruption_budget() -> None:

@@ -25,7 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from execwatch.placement.affinity import ARCH_LABEL
 from execwatch.placement.cli import REMOVED
-from execwatch.placement.webhook import GATE, GATED_LABEL, GATED_VALUE, review
+from execwatch.placement.webhook import GATE, GATED_LABEL, GATED_VALUE, PodRef, review
 from tests.deploy.chart import Doc, find, render
 from tests.kube.cluster import KubeCluster, free_port
 from tests.kube.processes import ExecwatchProcess
@@ -38,6 +38,7 @@ from tests.support.wait import wait_until
 NAME = "execwatch-placement"
 NS = "execwatch"
 CHART_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
+WEBHOOKS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 VERDICTS = "imageverdicts.execwatch.io"
 NODES = {"placement-amd64": "amd64", "placement-arm64": "arm64"}
 
@@ -57,16 +58,15 @@ def port() -> int:
 
 @pytest.fixture(scope="module")
 def chart(kube: KubeCluster, port: int) -> Iterator[dict[str, Doc]]:
-    """The chart's placement objects in the API server (the webhook's at `port`), and
+    """The chart's placement objects in the API server (the webhooks' at `port`), and
     nodes of both architectures."""
     docs = render("placement.enabled=true")
     made = {kind: find(docs, kind, NAME) for kind in CHART_KINDS}
     made["CustomResourceDefinition"] = find(docs, "CustomResourceDefinition", VERDICTS)
     made["Secret"] = find(docs, "Secret", f"{NAME}-tls")
     made["Deployment"] = find(docs, "Deployment", NAME)
-    made["MutatingWebhookConfiguration"] = loopback(
-        find(docs, "MutatingWebhookConfiguration", NAME), port
-    )
+    for kind in WEBHOOKS:
+        made[kind] = loopback(find(docs, kind, NAME), port)
     kube.apply(list(made.values()))
     with kube.client() as api:
         core = client.CoreV1Api(api)
@@ -78,8 +78,10 @@ def chart(kube: KubeCluster, port: int) -> Iterator[dict[str, Doc]]:
             for node in NODES:
                 core.delete_node(node)
             admission = client.AdmissionregistrationV1Api(api)
-            with contextlib.suppress(ApiException):  # --release deletes it
+            with contextlib.suppress(ApiException):  # --release deletes them
                 admission.delete_mutating_webhook_configuration(NAME)
+            with contextlib.suppress(ApiException):
+                admission.delete_validating_webhook_configuration(NAME)
             rbac = client.RbacAuthorizationV1Api(api)
             rbac.delete_cluster_role_binding(NAME)
             rbac.delete_cluster_role(NAME)
@@ -124,6 +126,7 @@ class Replica:
             "--service", "localhost", "--identity", identity,
             "--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5",
             "--registry-ca", str(registry.ca), "--cache-dir", str(tmp / "cache"),
+            "--webhook-client-ca", str(kube.webhook_client_ca),
         ]  # fmt: skip
         self.process = ExecwatchProcess(args, tmp / "log", env=own_env(tmp))
 
@@ -287,8 +290,11 @@ def test_release_stops_the_gating_then_ungates_every_gated_pod(
         with pytest.raises(ApiException) as gone:
             admission.read_mutating_webhook_configuration(NAME)
         assert gone.value.status == 404
+        with pytest.raises(ApiException) as gone:
+            admission.read_validating_webhook_configuration(NAME)
+        assert gone.value.status == 404
     finally:
-        kube.apply([chart["MutatingWebhookConfiguration"]])
+        kube.apply([chart[kind] for kind in WEBHOOKS])
     for pod in pods:
         now = stored(admin, pod)
         assert gates(now) == []
@@ -333,6 +339,7 @@ def test_the_charts_rights_refuse_what_placement_never_does(
         (["--retry-period", "12"], "retry_period < renew_deadline < lease_duration"),
         (["--workers", "0"], "--workers: wants N in 1..64"),
         (["--tls-dir", "/nonexistent", "--webhook-address", "256.0.0.1:1"], "--webhook-address"),
+        (["--webhook-client-ca", "/etc/passwd"], "--webhook-client-ca /etc/passwd: no CA"),
     ],
 )
 def test_a_bad_flag_is_one_line_and_exit_2(
@@ -352,12 +359,13 @@ def test_a_bad_flag_is_one_line_and_exit_2(
 def test_a_dry_run_in_warn_mode_gets_the_warning_and_no_event() -> None:
     """The chart declares the warn webhook `sideEffects: NoneOnDryRun`: a dry run (e.g.
     `kubectl apply --dry-run=server`) must not post the Event."""
-    handed: list[str] = []
-    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "a", "image": "x"}]}}
+    handed: list[PodRef] = []
+    pod = {"metadata": {"name": "p", "uid": "pod-uid"},
+           "spec": {"containers": [{"name": "a", "image": "x"}]}}  # fmt: skip
     for dry in (True, False):
         request = {"uid": "u", "operation": "CREATE", "kind": {"kind": "Pod"},
                    "namespace": "team", "object": pod, "dryRun": dry}  # fmt: skip
         body = json.dumps({"request": request}).encode()
-        answer = json.loads(review(body, NS, lambda ns, p: handed.append(ns)))
+        answer = json.loads(review(body, NS, handed.append))
         assert answer["response"]["warnings"] and "patch" not in answer["response"]
-    assert handed == ["team"], "only the real create is handed on"
+    assert handed == [PodRef("team", "p", "pod-uid")], "only the real create is handed on"

@@ -66,6 +66,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="the webhook's HTTPS port (POST /gate, POST /warn)",
     )
     p.add_argument(
+        "--webhook-client-ca",
+        type=cliargs.readable_file,
+        metavar="FILE",
+        help="PEM CA: the webhook accepts only callers presenting a client certificate it "
+        "issued (the API server's, from its AdmissionConfiguration)",
+    )
+    p.add_argument(
         "--identity",
         default=f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}",
         help="this replica's Lease holder identity",
@@ -104,7 +111,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--webhook-configuration",
         type=name,
         default=NAME,
-        help="the MutatingWebhookConfiguration whose caBundle the leader sets",
+        help="the Mutating- and ValidatingWebhookConfiguration whose caBundle the leader sets",
     )
     p.add_argument(
         "--deployment",
@@ -295,12 +302,25 @@ def build(args: argparse.Namespace, kube: Any, registry: CollectorRegistry) -> R
         metrics.api_errors,
         leader_tasks=[expiry.run],
     )
-    worker = WarnWorker(placer)
+    worker = WarnWorker(placer, args.namespace)
     files = CertFiles(os.path.join(args.tls_dir, "tls.crt"), os.path.join(args.tls_dir, "tls.key"))
     handler = http_handler(args.namespace, worker.submit)
-    server = WebhookServer(args.webhook_address, handler, files.cert, files.key, registry)
+    server = WebhookServer(
+        args.webhook_address, handler, files.cert, files.key, registry,
+        client_ca=_client_ca(args.webhook_client_ca),
+    )  # fmt: skip
     rotator = _rotator(args, rest)
     return Replica(args, rest, controller, worker, writer, server, rotator, files)
+
+
+def _client_ca(cafile: str | None) -> str | None:
+    """`cafile` once it loads as a CA bundle. ValueError: a refusal to print."""
+    if cafile is not None:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(cafile=cafile)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"--webhook-client-ca {cafile}: no CA certificate: {exc}") from None
+    return cafile
 
 
 def _rotator(args: argparse.Namespace, rest: Rest) -> CertRotator:
@@ -379,22 +399,19 @@ def release(args: argparse.Namespace) -> int:
     """`--release` (the chart's pre-delete hook): delete the webhook configuration, so
     that no pod is gated any more, then ungate every gated pod unchanged. Exit 1 when
     either failed (Helm then reports the hook as failed)."""
-    from execwatch.cluster.rest import path
+    from execwatch.placement.tls import CONFIGURATIONS, configuration_path
 
     replica = _replica(args, CollectorRegistry())
     if isinstance(replica, int):
         return replica
-    where = path(
-        "apis", "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
-        args.webhook_configuration,
-    )  # fmt: skip
-    try:
-        replica.rest.call("DELETE", where)
-    except errors.NotFoundError:
-        pass
-    except errors.ApiError as err:
-        log.warning("webhook configuration not deleted", extra={"kv": errors.as_dict(err)})
-        return 1
+    for kind in CONFIGURATIONS:
+        try:
+            replica.rest.call("DELETE", configuration_path(kind, args.webhook_configuration))
+        except errors.NotFoundError:
+            pass
+        except errors.ApiError as err:
+            log.warning("webhook configuration not deleted", extra={"kv": errors.as_dict(err)})
+            return 1
     done = _ungate_all(replica)
     replica.rest.close()
     return 0 if done else 1
