@@ -51,7 +51,6 @@ from tests.deploy.chart import find, render
 from tests.kube.cluster import KubeCluster, free_port, load_manifests, running_cluster
 from tests.kube.processes import ExecwatchProcess
 from tests.placement.test_cli import (
-    CHART_KINDS,
     NAME,
     NODES,
     NS,
@@ -62,6 +61,7 @@ from tests.placement.test_cli import (
     hold_lease,
     loopback,
     own_env,
+    placement_rights,
 )
 from tests.registry.server import (
     PASSWORD,
@@ -88,7 +88,7 @@ TARGETS = {"webhook_added_p99_ms": 5.0, "burst_ungate_p99_s": 1.0}
 def install_chart(kube: KubeCluster, port: int) -> None:
     """The chart's placement objects, the webhook at `port` on loopback, and the nodes."""
     docs = render("placement.enabled=true")
-    made = [find(docs, kind, NAME) for kind in CHART_KINDS]
+    made = placement_rights(docs)
     made.append(find(docs, "CustomResourceDefinition", VERDICTS))
     made.append(find(docs, "Secret", f"{NAME}-tls"))
     made.append(find(docs, "Deployment", NAME))

@@ -41,6 +41,11 @@ PLACEMENT = {
     ("RoleBinding", NAME),
     ("ClusterRole", NAME),
     ("ClusterRoleBinding", NAME),
+    ("ClusterRole", f"{NAME}-pull-credentials"),
+    ("ValidatingAdmissionPolicy", f"{NAME}-pod-patches"),
+    ("ValidatingAdmissionPolicyBinding", f"{NAME}-pod-patches"),
+    ("ValidatingAdmissionPolicy", f"{NAME}-pull-credentials"),
+    ("ValidatingAdmissionPolicyBinding", f"{NAME}-pull-credentials"),
     ("Secret", f"{NAME}-tls"),
     ("MutatingWebhookConfiguration", NAME),
     ("ValidatingWebhookConfiguration", NAME),
@@ -50,6 +55,12 @@ PLACEMENT = {
     ("NetworkPolicy", NAME),
 }
 HOOK = ("Job", f"{NAME}-release")
+# The hook's own identity: with Helm only, as the hook.
+HOOK_RIGHTS = {
+    ("ServiceAccount", HOOK[1]),
+    ("ClusterRole", HOOK[1]),
+    ("ClusterRoleBinding", HOOK[1]),
+}
 FEEDBACK_NAME = "execwatch-handler-placement-feedback"
 FEEDBACK = {("ClusterRole", FEEDBACK_NAME), ("ClusterRoleBinding", FEEDBACK_NAME)}
 
@@ -67,8 +78,8 @@ def test_helm_lint_is_clean_with_placement_on() -> None:
 def test_off_by_default_and_on_it_adds_exactly_placement() -> None:
     off, on = names(render()), names(render(ON))
     assert not PLACEMENT & off
-    assert on - off == {*PLACEMENT, *FEEDBACK, HOOK}
-    assert names(render(ON, "placement.feedback=false")) - off == {*PLACEMENT, HOOK}
+    assert on - off == {*PLACEMENT, *FEEDBACK, HOOK, *HOOK_RIGHTS}
+    assert names(render(ON, "placement.feedback=false")) - off == {*PLACEMENT, HOOK, *HOOK_RIGHTS}
 
 
 def handler_args(*values: str) -> list[str]:
@@ -101,11 +112,11 @@ def test_the_handlers_feedback_rights_are_those_of_deploy_base_optional() -> Non
     }
 
 
-def test_the_uninstall_hook_stops_the_gating_then_ungates_with_placements_rights() -> None:
+def test_the_uninstall_hook_stops_the_gating_then_ungates_with_its_own_rights() -> None:
     job = find(render(ON), "Job", HOOK[1])
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
     spec = pod_spec(job)
-    assert spec["serviceAccountName"] == NAME
+    assert spec["serviceAccountName"] == f"{NAME}-release"
     parsed = cli.build_parser("placement").parse_args(spec["containers"][0]["args"])
     assert parsed.release and parsed.webhook_configuration == NAME
 
@@ -229,7 +240,7 @@ def test_the_schema_accepts_only_what_the_command_accepts(name: str, flag: str) 
 def test_the_api_server_accepts_it_and_the_pod_passes_restricted(admin: client.ApiClient) -> None:
     docs = render(ON)
     applied = dry_run_apply(admin, docs)
-    assert set(applied) >= {*PLACEMENT, HOOK}
+    assert set(applied) >= {*PLACEMENT, HOOK, *HOOK_RIGHTS}
     ns = namespace_enforcing(admin, "restricted")
     create_pod_dry_run(admin, pod_of(find(docs, "Deployment", NAME), ns))
 
@@ -238,7 +249,7 @@ def rules(docs: list[Doc]) -> list[dict[str, Any]]:
     return [
         rule
         for d in docs
-        if d["kind"] in ("Role", "ClusterRole") and d["metadata"]["name"] == NAME
+        if d["kind"] in ("Role", "ClusterRole") and d["metadata"]["name"].startswith(NAME)
         for rule in d["rules"]
     ]
 

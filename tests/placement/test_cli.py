@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
+from kubernetes import client, dynamic
 from kubernetes.client.exceptions import ApiException
 
 from execwatch.placement.affinity import ARCH_LABEL
@@ -37,7 +37,11 @@ from tests.support.wait import wait_until
 
 NAME = "execwatch-placement"
 NS = "execwatch"
-CHART_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
+# The chart's placement rights: its ServiceAccounts and roles, and the admission policies
+# that narrow them.
+CHART_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding",
+               "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")  # fmt: skip
+CLUSTER_KINDS = CHART_KINDS[3:]
 WEBHOOKS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 VERDICTS = "imageverdicts.execwatch.io"
 NODES = {"placement-amd64": "amd64", "placement-arm64": "arm64"}
@@ -56,12 +60,17 @@ def port() -> int:
     return free_port()
 
 
+def placement_rights(docs: list[Doc]) -> list[Doc]:
+    return [d for d in docs if d["kind"] in CHART_KINDS and d["metadata"]["name"].startswith(NAME)]
+
+
 @pytest.fixture(scope="module")
 def chart(kube: KubeCluster, port: int) -> Iterator[dict[str, Doc]]:
     """The chart's placement objects in the API server (the webhooks' at `port`), and
     nodes of both architectures."""
     docs = render("placement.enabled=true")
-    made = {kind: find(docs, kind, NAME) for kind in CHART_KINDS}
+    rights = placement_rights(docs)
+    made = {f"{d['kind']}/{d['metadata']['name']}": d for d in rights}
     made["CustomResourceDefinition"] = find(docs, "CustomResourceDefinition", VERDICTS)
     made["Secret"] = find(docs, "Secret", f"{NAME}-tls")
     made["Deployment"] = find(docs, "Deployment", NAME)
@@ -77,14 +86,12 @@ def chart(kube: KubeCluster, port: int) -> Iterator[dict[str, Doc]]:
         finally:
             for node in NODES:
                 core.delete_node(node)
-            admission = client.AdmissionregistrationV1Api(api)
-            with contextlib.suppress(ApiException):  # --release deletes them
-                admission.delete_mutating_webhook_configuration(NAME)
-            with contextlib.suppress(ApiException):
-                admission.delete_validating_webhook_configuration(NAME)
-            rbac = client.RbacAuthorizationV1Api(api)
-            rbac.delete_cluster_role_binding(NAME)
-            rbac.delete_cluster_role(NAME)
+            dyn = dynamic.DynamicClient(api)
+            for doc in [*(made[k] for k in WEBHOOKS), *rights]:
+                if doc["kind"] in (*CLUSTER_KINDS, *WEBHOOKS):
+                    res = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+                    with contextlib.suppress(ApiException):  # --release deletes webhooks
+                        res.delete(name=doc["metadata"]["name"])
 
 
 class Kubelet:
@@ -278,7 +285,8 @@ def test_release_stops_the_gating_then_ungates_every_gated_pod(
     """What the chart's pre-delete hook runs, with the chart's rights."""
     ns = namespace(admin, None)
     pods = [gated_pod(admin, ns, f"left-{i}") for i in range(2)]
-    kubeconfig = kube.kubeconfig(kube.service_account_token(NS, NAME), tmp_path / "kubeconfig")
+    token = kube.service_account_token(NS, f"{NAME}-release")  # the Job's own
+    kubeconfig = kube.kubeconfig(token, tmp_path / "kubeconfig")
     admission = client.AdmissionregistrationV1Api(admin)
     try:
         done = subprocess.run(

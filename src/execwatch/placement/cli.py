@@ -114,6 +114,20 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="the Mutating- and ValidatingWebhookConfiguration whose caBundle the leader sets",
     )
     p.add_argument(
+        "--service-account",
+        type=name,
+        default=NAME,
+        help="this replica's ServiceAccount, bound in each opted-in namespace to read its "
+        "pull secrets",
+    )
+    p.add_argument(
+        "--pull-credentials-role",
+        type=name,
+        default=f"{NAME}-pull-credentials",
+        help="the ClusterRole (get secrets, serviceaccounts) bound, by a RoleBinding of the "
+        "same name, in each opted-in namespace",
+    )
+    p.add_argument(
         "--deployment",
         type=name,
         default=NAME,
@@ -257,6 +271,7 @@ def build(args: argparse.Namespace, kube: Any, registry: CollectorRegistry) -> R
     """Every part of a replica, nothing started. ValueError: a refusal to print."""
     from execwatch.cluster.lease import LeaseConfig
     from execwatch.cluster.rest import Rest
+    from execwatch.placement.access import NamespaceAccess
     from execwatch.placement.controller import Placer
     from execwatch.placement.expiry import VerdictExpiry
     from execwatch.placement.pullsecrets import PullSecrets
@@ -291,8 +306,9 @@ def build(args: argparse.Namespace, kube: Any, registry: CollectorRegistry) -> R
         reuse=RegistryReuse(sessions=SessionPool(connections=args.workers)),
     )
     writer = VerdictWriter(VerdictStore(rest, time.time), VerdictMetrics(registry))
+    access = NamespaceAccess(rest, args.pull_credentials_role, args.namespace, args.service_account)
     source = ScannedVerdicts(
-        PullSecrets(rest), options, Limits(), arches, args.strict, writer=writer
+        PullSecrets(rest, access), options, Limits(), arches, args.strict, writer=writer
     )
     placer = Placer(rest, source, arches, metrics, budget=args.budget)
     expiry = VerdictExpiry(rest, registry=registry)
@@ -300,7 +316,7 @@ def build(args: argparse.Namespace, kube: Any, registry: CollectorRegistry) -> R
         ControllerConfig(lease, workers=args.workers),
         placer,
         metrics.api_errors,
-        leader_tasks=[expiry.run],
+        leader_tasks=[expiry.run, access.run],
     )
     worker = WarnWorker(placer, args.namespace)
     files = CertFiles(os.path.join(args.tls_dir, "tls.crt"), os.path.join(args.tls_dir, "tls.key"))
