@@ -6,6 +6,7 @@ pre-delete Job's own ServiceAccount (docs/privileges.md, "Placement")."""
 from __future__ import annotations
 
 import base64
+import json
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,7 +18,8 @@ from kubernetes.client.exceptions import ApiException
 from execwatch.cluster.rest import Rest
 from execwatch.placement.access import NamespaceAccess, NotOptedIn
 from execwatch.placement.affinity import narrowed_affinity
-from execwatch.placement.controller import JSON_PATCH, ungate_patch
+from execwatch.placement.controller import JSON_PATCH, VerdictUnavailable, ungate_patch
+from execwatch.placement.pullsecrets import PullSecrets
 from execwatch.placement.webhook import GATE, GATED_LABEL, GATED_VALUE, MODE_LABEL
 from tests.deploy.chart import Doc
 from tests.kube.cluster import KubeCluster
@@ -263,6 +265,36 @@ def test_a_namespace_that_opts_out_loses_the_binding_at_the_leaders_sweep(
         assert made.sweep() >= 1
 
         wait_until(lambda: read_secret(core, ns, secret) == 403)
+
+
+def test_a_replica_binds_again_when_a_namespace_opts_back_in(
+    kube: KubeCluster, admin: client.ApiClient, tokens: dict[str, str]
+) -> None:
+    """Another replica (warn mode runs on every one) still believes the namespace bound
+    after the leader's sweep: its failed read forgets that, and the next pod binds again."""
+    ns = namespace(admin, "warn")
+    pod = {"metadata": {"namespace": ns}, "spec": {"imagePullSecrets": [{"name": "pull"}]}}
+    auths = {"auths": {"r.example": {"auth": base64.b64encode(b"u:p").decode()}}}
+    client.CoreV1Api(admin).create_namespaced_secret(ns, {
+        "metadata": {"name": "pull"}, "type": "kubernetes.io/dockerconfigjson",
+        "data": {".dockerconfigjson": base64.b64encode(json.dumps(auths).encode()).decode()},
+    })  # fmt: skip
+    leader, rest = access(kube, tokens[NAME])
+    other = NamespaceAccess(rest, ROLE, NS, NAME)
+    with rest:
+        assert PullSecrets(rest, other).configs(pod) == [auths]
+        client.CoreV1Api(admin).patch_namespace(ns, {"metadata": {"labels": {MODE_LABEL: None}}})
+        assert leader.sweep() >= 1
+        client.CoreV1Api(admin).patch_namespace(ns, {"metadata": {"labels": {MODE_LABEL: "warn"}}})
+
+        wait_until(lambda: configs_or_none(PullSecrets(rest, other), pod) == [auths])
+
+
+def configs_or_none(secrets: PullSecrets, pod: dict[str, Any]) -> list[dict[str, Any]] | None:
+    try:
+        return secrets.configs(pod)
+    except VerdictUnavailable:
+        return None
 
 
 RELEASE_DENIED = {

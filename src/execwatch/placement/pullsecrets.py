@@ -64,9 +64,16 @@ class PullSecrets:
             yield written
 
     def configs(self, pod: Mapping[str, Any]) -> list[dict[str, Any]]:
-        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-        namespace = str(meta.get("namespace") or "")
+        namespace = str((pod.get("metadata") or {}).get("namespace") or "")
         since = self._authorized_from(namespace)
+        try:
+            return self._read(namespace, pod.get("spec") or {}, since)
+        except VerdictUnavailable:
+            if self.access is not None:  # the binding may be gone (swept): make it again
+                self.access.forget(namespace)
+            raise
+
+    def _read(self, namespace: str, spec: Mapping[str, Any], since: float) -> list[dict[str, Any]]:
         names = _names(spec.get("imagePullSecrets"))
         account = str(spec.get("serviceAccountName") or "default")
         where = path("api", "v1", "namespaces", namespace, "serviceaccounts", account)
