@@ -51,16 +51,17 @@ from tests.deploy.chart import find, render
 from tests.kube.cluster import KubeCluster, free_port, load_manifests, running_cluster
 from tests.kube.processes import ExecwatchProcess
 from tests.placement.test_cli import (
-    CHART_KINDS,
     NAME,
     NODES,
     NS,
     VERDICTS,
+    WEBHOOKS,
     Kubelet,
     ca_bundle_set,
     hold_lease,
     loopback,
     own_env,
+    placement_rights,
 )
 from tests.registry.server import (
     PASSWORD,
@@ -87,11 +88,11 @@ TARGETS = {"webhook_added_p99_ms": 5.0, "burst_ungate_p99_s": 1.0}
 def install_chart(kube: KubeCluster, port: int) -> None:
     """The chart's placement objects, the webhook at `port` on loopback, and the nodes."""
     docs = render("placement.enabled=true")
-    made = [find(docs, kind, NAME) for kind in CHART_KINDS]
+    made = placement_rights(docs)
     made.append(find(docs, "CustomResourceDefinition", VERDICTS))
     made.append(find(docs, "Secret", f"{NAME}-tls"))
     made.append(find(docs, "Deployment", NAME))
-    made.append(loopback(find(docs, "MutatingWebhookConfiguration", NAME), port))
+    made.extend(loopback(find(docs, kind, NAME), port) for kind in WEBHOOKS)
     kube.apply(load_manifests())
     kube.apply(made)
     with kube.client() as api:
@@ -174,6 +175,8 @@ def start_placement(kube: KubeCluster, d: Path, port: int, ca: Path, workers: in
         "--service", "localhost", "--identity", d.name, "--workers", str(workers),
         "--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5",
         "--registry-ca", str(ca), "--cache-dir", str(d / "cache"),
+        # mutual TLS: only the API server's client certificate is accepted
+        "--webhook-client-ca", str(kube.webhook_client_ca),
     ]  # fmt: skip
     return Placement(ExecwatchProcess(args, d / "log", env=own_env(d)))
 

@@ -45,6 +45,7 @@ HealthCheck = Callable[[], "str | None"]
 # The answer to a scrape that `serve()` would give if allowed, else an error answer, or a
 # Deferred one: cluster.metricsauth.MetricsAuth.answer.
 Guard = Callable[[Request, Callable[[], bytes]], "bytes | Deferred"]
+METRICS_PATH = "/metrics"  # the one path metrics are served on (and authorized for)
 
 
 @dataclass
@@ -76,8 +77,8 @@ def serve(
 
     /healthz answers 200, or with `health` 503 and its reason (the liveness probe);
     /readyz the same with `readiness` (the readiness probe: the agent is ready once its
-    probe is loaded). Neither is guarded. With `guard`, every other request passes it
-    (authenticated metrics); with `tls`, the port speaks HTTPS."""
+    probe is loaded). Neither is guarded. Any other path is 404. With `guard`, /metrics
+    passes it (authenticated metrics); with `tls`, the port speaks HTTPS."""
     answers = _Answers(registry, health, guard, readiness)
     dropped = ServerMetrics(registry).dropped
     limits = limits or ServerLimits()
@@ -107,6 +108,8 @@ class _Answers:
             return _check(self.health, method)
         if request.path == "/readyz" and self.readiness is not None:
             return _check(self.readiness, method)
+        if request.path != METRICS_PATH:
+            return response("404 Not Found", "text/plain", b"not found\n", method)
         if self.guard is not None:
             return self.guard(request, lambda: self._metrics(request))
         return self._metrics(request)

@@ -196,12 +196,21 @@ def test_no_token_or_a_token_the_api_server_does_not_know_is_unauthenticated(
     assert sample(r, "execwatch_metrics_auth_requests_total", result="unauthenticated") == 1
 
 
-def test_any_path_but_healthz_is_guarded_and_healthz_is_open(
+OTHER_PATHS = ["/version", "/api", "/livez", "/", "/metrics/extra", "/openapi/v2"]
+
+
+def test_metrics_are_served_on_metrics_alone_and_healthz_is_open(
     served: Served, rbac: dict[str, str]
 ) -> None:
+    """Every authenticated identity may `get` /version, /api, /livez (the built-in
+    discovery roles): were the review made for the path asked, any token would read the
+    metrics there. The stranger is bound to nothing."""
     assert served.scraper.get("/healthz") == (200, "ok\n")
-    assert served.scraper.get("/")[0] == 401
-    assert served.scraper.get("/metrics/extra", token=rbac["stranger"])[0] == 403
+    assert served.scraper.get(token=rbac["stranger"]) == (403, "forbidden\n")
+    assert served.scraper.get(token=rbac["prometheus"])[0] == 200
+    for token in (rbac["stranger"], rbac["prometheus"], None):
+        for path in OTHER_PATHS:
+            assert served.scraper.get(path, token=token) == (404, "not found\n"), (path, token)
 
 
 def test_the_port_speaks_only_tls(served: Served) -> None:

@@ -41,14 +41,26 @@ PLACEMENT = {
     ("RoleBinding", NAME),
     ("ClusterRole", NAME),
     ("ClusterRoleBinding", NAME),
+    ("ClusterRole", f"{NAME}-pull-credentials"),
+    ("ValidatingAdmissionPolicy", f"{NAME}-pod-patches"),
+    ("ValidatingAdmissionPolicyBinding", f"{NAME}-pod-patches"),
+    ("ValidatingAdmissionPolicy", f"{NAME}-pull-credentials"),
+    ("ValidatingAdmissionPolicyBinding", f"{NAME}-pull-credentials"),
     ("Secret", f"{NAME}-tls"),
     ("MutatingWebhookConfiguration", NAME),
+    ("ValidatingWebhookConfiguration", NAME),
     ("Deployment", NAME),
     ("PodDisruptionBudget", NAME),
     ("Service", NAME),
     ("NetworkPolicy", NAME),
 }
 HOOK = ("Job", f"{NAME}-release")
+# The hook's own identity: with Helm only, as the hook.
+HOOK_RIGHTS = {
+    ("ServiceAccount", HOOK[1]),
+    ("ClusterRole", HOOK[1]),
+    ("ClusterRoleBinding", HOOK[1]),
+}
 FEEDBACK_NAME = "execwatch-handler-placement-feedback"
 FEEDBACK = {("ClusterRole", FEEDBACK_NAME), ("ClusterRoleBinding", FEEDBACK_NAME)}
 
@@ -66,8 +78,8 @@ def test_helm_lint_is_clean_with_placement_on() -> None:
 def test_off_by_default_and_on_it_adds_exactly_placement() -> None:
     off, on = names(render()), names(render(ON))
     assert not PLACEMENT & off
-    assert on - off == {*PLACEMENT, *FEEDBACK, HOOK}
-    assert names(render(ON, "placement.feedback=false")) - off == {*PLACEMENT, HOOK}
+    assert on - off == {*PLACEMENT, *FEEDBACK, HOOK, *HOOK_RIGHTS}
+    assert names(render(ON, "placement.feedback=false")) - off == {*PLACEMENT, HOOK, *HOOK_RIGHTS}
 
 
 def handler_args(*values: str) -> list[str]:
@@ -100,11 +112,11 @@ def test_the_handlers_feedback_rights_are_those_of_deploy_base_optional() -> Non
     }
 
 
-def test_the_uninstall_hook_stops_the_gating_then_ungates_with_placements_rights() -> None:
+def test_the_uninstall_hook_stops_the_gating_then_ungates_with_its_own_rights() -> None:
     job = find(render(ON), "Job", HOOK[1])
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
     spec = pod_spec(job)
-    assert spec["serviceAccountName"] == NAME
+    assert spec["serviceAccountName"] == f"{NAME}-release"
     parsed = cli.build_parser("placement").parse_args(spec["containers"][0]["args"])
     assert parsed.release and parsed.webhook_configuration == NAME
 
@@ -117,9 +129,13 @@ def test_the_crd_is_that_of_deploy_placement() -> None:
 
 
 def test_the_webhook_calls_only_opted_in_namespaces_and_never_blocks_a_pod() -> None:
-    config = find(render(ON), "MutatingWebhookConfiguration", NAME)
-    hooks = {h["name"]: h for h in config["webhooks"]}
-    assert set(hooks) == {"gate.placement.execwatch.io", "warn.placement.execwatch.io"}
+    """gate mutates; warn validates, so the pod has its final name and UID."""
+    docs = render(ON)
+    gate, warn = (find(docs, f"{kind}WebhookConfiguration", NAME)["webhooks"]
+                  for kind in ("Mutating", "Validating"))  # fmt: skip
+    hooks = {h["name"]: h for h in [*gate, *warn]}
+    assert [h["name"] for h in gate] == ["gate.placement.execwatch.io"]
+    assert [h["name"] for h in warn] == ["warn.placement.execwatch.io"]
     modes = {"gate": ["enforce", "mitigate"], "warn": ["warn"]}
     for hook in hooks.values():
         kind = hook["name"].split(".")[0]
@@ -156,7 +172,8 @@ def placement_parser() -> argparse.ArgumentParser:
 @pytest.mark.parametrize(
     "sets",
     [(), ("placement.strict=true", "placement.registry.insecure[0]=registry.local:5000",
-          "placement.registry.caConfigMap=registry-ca")],
+          "placement.registry.caConfigMap=registry-ca",
+          "placement.webhook.clientCAConfigMap=apiserver-client-ca")],
     ids=["defaults", "options"],
 )  # fmt: skip
 def test_the_deployment_runs_the_command_with_flags_it_accepts(sets: tuple[str, ...]) -> None:
@@ -165,14 +182,16 @@ def test_the_deployment_runs_the_command_with_flags_it_accepts(sets: tuple[str, 
     args = container["args"]
     assert args[1] == "placement"
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
-    ca = [a.split("=", 1)[1] for a in args if a.startswith("--registry-ca=")]
+    files = ("--registry-ca=", "--webhook-client-ca=")
+    ca = [a.split("=", 1)[1] for a in args if a.startswith(files)]
     assert all(path.rsplit("/", 1)[0] in mounts for path in ca)
-    # the CA file exists only in the pod: parse with one that exists here
-    here = [f"--registry-ca={__file__}" if a.startswith("--registry-ca=") else a for a in args]
+    # the CA files exist only in the pod: parse with one that exists here
+    here = [a.split("=", 1)[0] + f"={__file__}" if a.startswith(files) else a for a in args]
     parsed = cli.build_parser("placement").parse_args(here)
     assert parsed.tls_dir in mounts and parsed.cache_dir in mounts
     if sets:
-        assert parsed.strict and parsed.insecure_registry == ["registry.local:5000"] and ca
+        assert parsed.strict and parsed.insecure_registry == ["registry.local:5000"]
+        assert parsed.registry_ca and parsed.webhook_client_ca and len(ca) == 2
 
 
 def test_two_replicas_spread_with_a_disruption_budget() -> None:
@@ -221,7 +240,7 @@ def test_the_schema_accepts_only_what_the_command_accepts(name: str, flag: str) 
 def test_the_api_server_accepts_it_and_the_pod_passes_restricted(admin: client.ApiClient) -> None:
     docs = render(ON)
     applied = dry_run_apply(admin, docs)
-    assert set(applied) >= {*PLACEMENT, HOOK}
+    assert set(applied) >= {*PLACEMENT, HOOK, *HOOK_RIGHTS}
     ns = namespace_enforcing(admin, "restricted")
     create_pod_dry_run(admin, pod_of(find(docs, "Deployment", NAME), ns))
 
@@ -230,7 +249,7 @@ def rules(docs: list[Doc]) -> list[dict[str, Any]]:
     return [
         rule
         for d in docs
-        if d["kind"] in ("Role", "ClusterRole") and d["metadata"]["name"] == NAME
+        if d["kind"] in ("Role", "ClusterRole") and d["metadata"]["name"].startswith(NAME)
         for rule in d["rules"]
     ]
 

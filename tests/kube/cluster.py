@@ -190,6 +190,12 @@ class KubeCluster:
     def ca(self) -> Path:
         return self.workdir / "pki" / "ca.crt"
 
+    @property
+    def webhook_client_ca(self) -> Path:
+        """The CA of the client certificate this API server presents to every webhook
+        (its AdmissionConfiguration): a webhook that requires one trusts this CA."""
+        return self.workdir / "webhook-client" / "ca.crt"
+
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         make_pki(self.workdir / "pki")
@@ -216,6 +222,7 @@ class KubeCluster:
         self.etcd.start()
         self.port = free_port()
         pki = self.workdir / "pki"
+        admission = self._admission_configuration()
         self.apiserver = Proc(
             "kube-apiserver",
             [
@@ -237,6 +244,7 @@ class KubeCluster:
                 "--service-cluster-ip-range=10.96.0.0/24",
                 # No controller-manager creates "default" ServiceAccounts in new namespaces.
                 "--disable-admission-plugins=ServiceAccount",
+                f"--admission-control-config-file={admission}",
                 # The "kubernetes" Service endpoint may not be a loopback address.
                 "--endpoint-reconciler-type=none",
                 "--profiling=false",
@@ -245,6 +253,30 @@ class KubeCluster:
             self.workdir / "kube-apiserver.log",
         )
         self._start_apiserver()
+
+    def _admission_configuration(self) -> Path:
+        """An AdmissionConfiguration giving the webhook plugins a client certificate for
+        every webhook (kubeconfig user `*`), of a CA of its own: what a cluster that calls
+        its webhooks over mutual TLS configures."""
+        d = self.workdir / "webhook-client"
+        make_pki(d)
+        cert, key = client_cert(d, "apiserver", "/CN=kube-apiserver-webhook-client")
+        users = {"users": [{"name": "*", "user": {"client-certificate": str(cert),
+                                                   "client-key": str(key)}}]}  # fmt: skip
+        kubeconfig = d / "kubeconfig.yaml"
+        kubeconfig.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", **users}))
+        plugins = [
+            {"name": plugin, "configuration": {
+                "apiVersion": "apiserver.config.k8s.io/v1",
+                "kind": "WebhookAdmissionConfiguration",
+                "kubeConfigFile": str(kubeconfig)}}
+            for plugin in ("MutatingAdmissionWebhook", "ValidatingAdmissionWebhook")
+        ]  # fmt: skip
+        config = d / "admission.yaml"
+        config.write_text(yaml.safe_dump({"apiVersion": "apiserver.config.k8s.io/v1",
+                                          "kind": "AdmissionConfiguration",
+                                          "plugins": plugins}))  # fmt: skip
+        return config
 
     def _start_apiserver(self, timeout: float = 90.0) -> None:
         assert self.apiserver is not None

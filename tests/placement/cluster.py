@@ -17,8 +17,8 @@ OWN_NAMESPACE = "execwatch"
 
 
 def configuration(port: int, ca: Path | None, name: str, host: str = "127.0.0.1") -> dict[str, Any]:
-    """The chart's MutatingWebhookConfiguration, pointed at a webhook on loopback (no
-    caBundle with `ca` None: the controller sets it)."""
+    """The chart's MutatingWebhookConfiguration (gate), pointed at a webhook on loopback
+    (no caBundle with `ca` None: the controller sets it)."""
     bundle = {} if ca is None else {"caBundle": base64.b64encode(ca.read_bytes()).decode()}
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
@@ -26,8 +26,22 @@ def configuration(port: int, ca: Path | None, name: str, host: str = "127.0.0.1"
         "metadata": {"name": name},
         "webhooks": [
             _webhook("gate", f"https://{host}:{port}/gate", bundle, ["enforce", "mitigate"]),
-            _webhook("warn", f"https://{host}:{port}/warn", bundle, ["warn"]),
         ],
+    }
+
+
+def warn_configuration(
+    port: int, ca: Path | None, name: str, host: str = "127.0.0.1"
+) -> dict[str, Any]:
+    """The chart's ValidatingWebhookConfiguration (warn), as `configuration`."""
+    bundle = {} if ca is None else {"caBundle": base64.b64encode(ca.read_bytes()).decode()}
+    warn = _webhook("warn", f"https://{host}:{port}/warn", bundle, ["warn"])
+    warn["sideEffects"] = "NoneOnDryRun"
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [warn],
     }
 
 

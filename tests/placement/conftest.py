@@ -33,7 +33,11 @@ def rest(kube: KubeCluster) -> Iterator[Rest]:
 
 
 @pytest.fixture(scope="module")
-def webhook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[WebhookServer, Path]]:
+def webhook(
+    kube: KubeCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[WebhookServer, Path]]:
+    """The gate webhook over mutual TLS: it accepts only the API server's client
+    certificate (the API server's AdmissionConfiguration gives it one)."""
     pki = tmp_path_factory.mktemp("webhook-pki")
     make_pki(pki)
     server = WebhookServer(
@@ -41,6 +45,7 @@ def webhook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[WebhookS
         http_handler(OWN_NAMESPACE),
         str(pki / "serving.crt"),
         str(pki / "serving.key"),
+        client_ca=str(kube.webhook_client_ca),
     )
     server.start()
     try:

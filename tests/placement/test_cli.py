@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
+from kubernetes import client, dynamic
 from kubernetes.client.exceptions import ApiException
 
 from execwatch.placement.affinity import ARCH_LABEL
 from execwatch.placement.cli import REMOVED
-from execwatch.placement.webhook import GATE, GATED_LABEL, GATED_VALUE, review
+from execwatch.placement.webhook import GATE, GATED_LABEL, GATED_VALUE, PodRef, review
 from tests.deploy.chart import Doc, find, render
 from tests.kube.cluster import KubeCluster, free_port
 from tests.kube.processes import ExecwatchProcess
@@ -37,7 +37,12 @@ from tests.support.wait import wait_until
 
 NAME = "execwatch-placement"
 NS = "execwatch"
-CHART_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
+# The chart's placement rights: its ServiceAccounts and roles, and the admission policies
+# that narrow them.
+CHART_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding",
+               "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")  # fmt: skip
+CLUSTER_KINDS = CHART_KINDS[3:]
+WEBHOOKS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 VERDICTS = "imageverdicts.execwatch.io"
 NODES = {"placement-amd64": "amd64", "placement-arm64": "arm64"}
 
@@ -55,18 +60,22 @@ def port() -> int:
     return free_port()
 
 
+def placement_rights(docs: list[Doc]) -> list[Doc]:
+    return [d for d in docs if d["kind"] in CHART_KINDS and d["metadata"]["name"].startswith(NAME)]
+
+
 @pytest.fixture(scope="module")
 def chart(kube: KubeCluster, port: int) -> Iterator[dict[str, Doc]]:
-    """The chart's placement objects in the API server (the webhook's at `port`), and
+    """The chart's placement objects in the API server (the webhooks' at `port`), and
     nodes of both architectures."""
     docs = render("placement.enabled=true")
-    made = {kind: find(docs, kind, NAME) for kind in CHART_KINDS}
+    rights = placement_rights(docs)
+    made = {f"{d['kind']}/{d['metadata']['name']}": d for d in rights}
     made["CustomResourceDefinition"] = find(docs, "CustomResourceDefinition", VERDICTS)
     made["Secret"] = find(docs, "Secret", f"{NAME}-tls")
     made["Deployment"] = find(docs, "Deployment", NAME)
-    made["MutatingWebhookConfiguration"] = loopback(
-        find(docs, "MutatingWebhookConfiguration", NAME), port
-    )
+    for kind in WEBHOOKS:
+        made[kind] = loopback(find(docs, kind, NAME), port)
     kube.apply(list(made.values()))
     with kube.client() as api:
         core = client.CoreV1Api(api)
@@ -77,12 +86,12 @@ def chart(kube: KubeCluster, port: int) -> Iterator[dict[str, Doc]]:
         finally:
             for node in NODES:
                 core.delete_node(node)
-            admission = client.AdmissionregistrationV1Api(api)
-            with contextlib.suppress(ApiException):  # --release deletes it
-                admission.delete_mutating_webhook_configuration(NAME)
-            rbac = client.RbacAuthorizationV1Api(api)
-            rbac.delete_cluster_role_binding(NAME)
-            rbac.delete_cluster_role(NAME)
+            dyn = dynamic.DynamicClient(api)
+            for doc in [*(made[k] for k in WEBHOOKS), *rights]:
+                if doc["kind"] in (*CLUSTER_KINDS, *WEBHOOKS):
+                    res = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+                    with contextlib.suppress(ApiException):  # --release deletes webhooks
+                        res.delete(name=doc["metadata"]["name"])
 
 
 class Kubelet:
@@ -124,6 +133,7 @@ class Replica:
             "--service", "localhost", "--identity", identity,
             "--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5",
             "--registry-ca", str(registry.ca), "--cache-dir", str(tmp / "cache"),
+            "--webhook-client-ca", str(kube.webhook_client_ca),
         ]  # fmt: skip
         self.process = ExecwatchProcess(args, tmp / "log", env=own_env(tmp))
 
@@ -275,7 +285,8 @@ def test_release_stops_the_gating_then_ungates_every_gated_pod(
     """What the chart's pre-delete hook runs, with the chart's rights."""
     ns = namespace(admin, None)
     pods = [gated_pod(admin, ns, f"left-{i}") for i in range(2)]
-    kubeconfig = kube.kubeconfig(kube.service_account_token(NS, NAME), tmp_path / "kubeconfig")
+    token = kube.service_account_token(NS, f"{NAME}-release")  # the Job's own
+    kubeconfig = kube.kubeconfig(token, tmp_path / "kubeconfig")
     admission = client.AdmissionregistrationV1Api(admin)
     try:
         done = subprocess.run(
@@ -287,8 +298,11 @@ def test_release_stops_the_gating_then_ungates_every_gated_pod(
         with pytest.raises(ApiException) as gone:
             admission.read_mutating_webhook_configuration(NAME)
         assert gone.value.status == 404
+        with pytest.raises(ApiException) as gone:
+            admission.read_validating_webhook_configuration(NAME)
+        assert gone.value.status == 404
     finally:
-        kube.apply([chart["MutatingWebhookConfiguration"]])
+        kube.apply([chart[kind] for kind in WEBHOOKS])
     for pod in pods:
         now = stored(admin, pod)
         assert gates(now) == []
@@ -333,6 +347,7 @@ def test_the_charts_rights_refuse_what_placement_never_does(
         (["--retry-period", "12"], "retry_period < renew_deadline < lease_duration"),
         (["--workers", "0"], "--workers: wants N in 1..64"),
         (["--tls-dir", "/nonexistent", "--webhook-address", "256.0.0.1:1"], "--webhook-address"),
+        (["--webhook-client-ca", "/etc/passwd"], "--webhook-client-ca /etc/passwd: no CA"),
     ],
 )
 def test_a_bad_flag_is_one_line_and_exit_2(
@@ -352,12 +367,13 @@ def test_a_bad_flag_is_one_line_and_exit_2(
 def test_a_dry_run_in_warn_mode_gets_the_warning_and_no_event() -> None:
     """The chart declares the warn webhook `sideEffects: NoneOnDryRun`: a dry run (e.g.
     `kubectl apply --dry-run=server`) must not post the Event."""
-    handed: list[str] = []
-    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "a", "image": "x"}]}}
+    handed: list[PodRef] = []
+    pod = {"metadata": {"name": "p", "uid": "pod-uid"},
+           "spec": {"containers": [{"name": "a", "image": "x"}]}}  # fmt: skip
     for dry in (True, False):
         request = {"uid": "u", "operation": "CREATE", "kind": {"kind": "Pod"},
                    "namespace": "team", "object": pod, "dryRun": dry}  # fmt: skip
         body = json.dumps({"request": request}).encode()
-        answer = json.loads(review(body, NS, lambda ns, p: handed.append(ns)))
+        answer = json.loads(review(body, NS, handed.append))
         assert answer["response"]["warnings"] and "patch" not in answer["response"]
-    assert handed == ["team"], "only the real create is handed on"
+    assert handed == [PodRef("team", "p", "pod-uid")], "only the real create is handed on"

@@ -27,6 +27,7 @@ from tests.placement.cluster import (
     gates,
     namespace,
     rest_for,
+    warn_configuration,
 )
 
 NAMES = ["localhost"]
@@ -71,6 +72,9 @@ def env(admin: client.ApiClient, tmp_path: Path) -> Iterator[Env]:
     config = configuration(port, None, name, host="localhost")
     admission = client.AdmissionregistrationV1Api(admin)
     admission.create_mutating_webhook_configuration(config)
+    admission.create_validating_webhook_configuration(
+        warn_configuration(port, None, name, host="localhost")
+    )
     made = Env(admin, CertRotator(rest_for(admin), "execwatch", name, name, NAMES), files, port)
     try:
         yield made
@@ -78,13 +82,18 @@ def env(admin: client.ApiClient, tmp_path: Path) -> Iterator[Env]:
         if made.server is not None:
             made.server.stop()
         admission.delete_mutating_webhook_configuration(name)
+        admission.delete_validating_webhook_configuration(name)
         with contextlib.suppress(ApiException):
             client.CoreV1Api(admin).delete_namespaced_secret(name, "execwatch")
 
 
 def ca_bundle(admin: client.ApiClient, name: str) -> bytes:
-    config = client.AdmissionregistrationV1Api(admin).read_mutating_webhook_configuration(name)
-    return base64.b64decode(config.webhooks[0].client_config.ca_bundle or "")
+    """The caBundle of the gate and the warn webhook, when they are the same."""
+    admission = client.AdmissionregistrationV1Api(admin)
+    configs = (admission.read_mutating_webhook_configuration(name),
+               admission.read_validating_webhook_configuration(name))  # fmt: skip
+    [bundle] = {c.webhooks[0].client_config.ca_bundle or "" for c in configs}
+    return base64.b64decode(bundle)
 
 
 def test_the_api_server_trusts_the_webhook_once_the_ca_bundle_is_set(

@@ -4,7 +4,10 @@ What the API server stores is what the scheduler will see."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import socket
+import ssl
 import uuid
 from pathlib import Path
 from typing import Any
@@ -14,7 +17,7 @@ from kubernetes import client
 
 from execwatch.placement.serving import WebhookServer
 from execwatch.placement.webhook import GATE, GATED_LABEL, MODE_LABEL, BadReview, review
-from tests.kube.cluster import KubeCluster
+from tests.kube.cluster import KubeCluster, client_cert
 from tests.placement.cluster import OWN_NAMESPACE, configuration, create_pod, gates, namespace
 
 
@@ -106,3 +109,38 @@ def test_idle_connections_never_stop_the_webhook(
 def test_a_body_that_is_no_admission_review_is_refused(body: bytes) -> None:
     with pytest.raises(BadReview):
         review(body, OWN_NAMESPACE)
+
+
+def post_review(port: int, server_ca: Path, cert: tuple[Path, Path] | None) -> int:
+    """POST a gate review as any pod could, presenting `cert` (None: no certificate);
+    the HTTP status, or 0 when the connection is refused before an answer."""
+    ctx = ssl.create_default_context(cafile=str(server_ca))
+    if cert is not None:
+        ctx.load_cert_chain(str(cert[0]), str(cert[1]))
+    request = {"uid": "u", "operation": "CREATE", "kind": {"kind": "Pod"}, "namespace": "team",
+               "object": {"metadata": {"name": "p"}, "spec": {"containers": []}}}  # fmt: skip
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=10)
+    try:
+        conn.request("POST", "/gate", json.dumps({"request": request}).encode())
+        return conn.getresponse().status
+    except (ssl.SSLError, ConnectionError, http.client.HTTPException):
+        return 0
+    finally:
+        conn.close()
+
+
+def test_only_the_api_servers_client_certificate_is_let_in(
+    kube: KubeCluster, registered: WebhookServer, webhook: tuple[WebhookServer, Path]
+) -> None:
+    """With `--webhook-client-ca` the handshake requires a certificate of the CA the API
+    server's AdmissionConfiguration takes its client certificate from: a pod's plain POST,
+    or one with a certificate of another CA (here the API server's own client CA), is
+    refused before any HTTP; the API server's calls go on (the other tests here)."""
+    _, server_ca = webhook
+    other = client_cert(kube.workdir / "pki", "stranger", "/CN=system:admin")
+    apiservers = kube.webhook_client_ca.parent
+    theirs = (apiservers / "apiserver.crt", apiservers / "apiserver.key")
+
+    assert post_review(registered.port, server_ca, None) == 0
+    assert post_review(registered.port, server_ca, other) == 0
+    assert post_review(registered.port, server_ca, theirs) == 200

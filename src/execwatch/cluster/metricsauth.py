@@ -3,9 +3,11 @@
 What controller-runtime's `filters.WithAuthenticationAndAuthorization` and kube-rbac-proxy
 do, on execwatch's bounded server. Every scrape carries `Authorization: Bearer <token>`;
 the API server says who the token belongs to (TokenReview, authentication.k8s.io/v1) and
-whether that identity may `get` the non-resource URL of the request (SubjectAccessReview,
-authorization.k8s.io/v1). No or an invalid token: 401; not allowed: 403. /healthz stays
-open (the kubelet's probes carry no token).
+whether that identity may `get` the non-resource URL /metrics (SubjectAccessReview,
+authorization.k8s.io/v1), the one path metrics are served on: every other path is 404
+before any review, so a right every user has (`get /version`, `/livez`: the built-in
+discovery roles) never reads the metrics. No or an invalid token: 401; not allowed: 403.
+/healthz stays open (the kubelet's probes carry no token).
 
 The reviews never hold up the server's loop: they run on at most `max_inflight` worker
 threads (concurrent scrapes with one token share one review), and the answer is
@@ -35,6 +37,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 
 from execwatch.httpserver import Deferred, Request, response
+from execwatch.metrics import METRICS_PATH
 from execwatch.text import one_line
 
 log = logging.getLogger(__name__)
@@ -163,7 +166,7 @@ class MetricsAuth:
         self._pool = ThreadPoolExecutor(self.config.max_inflight, "metrics-auth")
 
     def answer(self, request: Request, serve: Callable[[], bytes]) -> bytes | Deferred:
-        outcome = self.check(request.headers.get("authorization", ""), request.path)
+        outcome = self.check(request.headers.get("authorization", ""))
         if isinstance(outcome, Verdict):
             return self._finish(request, serve, outcome)
 
@@ -173,13 +176,13 @@ class MetricsAuth:
 
         return Deferred(outcome, self.clock() + self.config.budget, finish)
 
-    def check(self, authorization: str, path: str) -> Verdict | Future[Verdict]:
-        """The cached verdict for this token and path, else the review under way."""
+    def check(self, authorization: str) -> Verdict | Future[Verdict]:
+        """The cached verdict for this token on /metrics, else the review under way."""
         scheme, _, token = authorization.strip().partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
             return Verdict.UNAUTHENTICATED
-        key = hashlib.sha256(f"{path}\0{token}".encode()).digest()
+        key = hashlib.sha256(token.encode()).digest()
         now = self.clock()
         with self._lock:
             cached = self._cache.get(key)
@@ -192,7 +195,7 @@ class MetricsAuth:
                 return work
             if len(self._inflight) >= self.config.max_inflight:
                 return Verdict.BUSY
-            work = self._pool.submit(self._review, key, token, path)
+            work = self._pool.submit(self._review, key, token)
             self._inflight[key] = work
             return work
 
@@ -207,10 +210,10 @@ class MetricsAuth:
         text = f"{verdict.value}\n".encode()
         return response(status, "text/plain", text, request.method, extra)
 
-    def _review(self, key: bytes, token: str, path: str) -> Verdict:
+    def _review(self, key: bytes, token: str) -> Verdict:
         deadline = self.clock() + self.config.budget
         try:
-            verdict = self._verdict(token, path, deadline)
+            verdict = self._verdict(token, deadline)
         except Exception as exc:  # lightkube's ApiError, httpx2's transport errors
             log.warning("metrics auth review failed: %s", one_line(f"{type(exc).__name__}: {exc}"))
             verdict = Verdict.TIMEOUT if _timed_out(exc) else Verdict.ERROR
@@ -224,7 +227,7 @@ class MetricsAuth:
                     self._cache.popitem(last=False)
         return verdict
 
-    def _verdict(self, token: str, path: str, deadline: float) -> Verdict:
+    def _verdict(self, token: str, deadline: float) -> Verdict:
         self.metrics.reviews.labels("token").inc()
         who = self._reviews.identity(token)
         if who is None:
@@ -232,7 +235,7 @@ class MetricsAuth:
         if self.clock() > deadline:  # the scrape got its 503; do not start another call
             return Verdict.TIMEOUT
         self.metrics.reviews.labels("access").inc()
-        return Verdict.ALLOWED if self._reviews.allowed(who, path) else Verdict.FORBIDDEN
+        return Verdict.ALLOWED if self._reviews.allowed(who, METRICS_PATH) else Verdict.FORBIDDEN
 
 
 @dataclass

@@ -66,6 +66,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="the webhook's HTTPS port (POST /gate, POST /warn)",
     )
     p.add_argument(
+        "--webhook-client-ca",
+        type=cliargs.readable_file,
+        metavar="FILE",
+        help="PEM CA: the webhook accepts only callers presenting a client certificate it "
+        "issued (the API server's, from its AdmissionConfiguration)",
+    )
+    p.add_argument(
         "--identity",
         default=f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}",
         help="this replica's Lease holder identity",
@@ -104,7 +111,21 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--webhook-configuration",
         type=name,
         default=NAME,
-        help="the MutatingWebhookConfiguration whose caBundle the leader sets",
+        help="the Mutating- and ValidatingWebhookConfiguration whose caBundle the leader sets",
+    )
+    p.add_argument(
+        "--service-account",
+        type=name,
+        default=NAME,
+        help="this replica's ServiceAccount, bound in each opted-in namespace to read its "
+        "pull secrets",
+    )
+    p.add_argument(
+        "--pull-credentials-role",
+        type=name,
+        default=f"{NAME}-pull-credentials",
+        help="the ClusterRole (get secrets, serviceaccounts) bound, by a RoleBinding of the "
+        "same name, in each opted-in namespace",
     )
     p.add_argument(
         "--deployment",
@@ -250,6 +271,7 @@ def build(args: argparse.Namespace, kube: Any, registry: CollectorRegistry) -> R
     """Every part of a replica, nothing started. ValueError: a refusal to print."""
     from execwatch.cluster.lease import LeaseConfig
     from execwatch.cluster.rest import Rest
+    from execwatch.placement.access import NamespaceAccess
     from execwatch.placement.controller import Placer
     from execwatch.placement.expiry import VerdictExpiry
     from execwatch.placement.pullsecrets import PullSecrets
@@ -284,8 +306,9 @@ def build(args: argparse.Namespace, kube: Any, registry: CollectorRegistry) -> R
         reuse=RegistryReuse(sessions=SessionPool(connections=args.workers)),
     )
     writer = VerdictWriter(VerdictStore(rest, time.time), VerdictMetrics(registry))
+    access = NamespaceAccess(rest, args.pull_credentials_role, args.namespace, args.service_account)
     source = ScannedVerdicts(
-        PullSecrets(rest), options, Limits(), arches, args.strict, writer=writer
+        PullSecrets(rest, access), options, Limits(), arches, args.strict, writer=writer
     )
     placer = Placer(rest, source, arches, metrics, budget=args.budget)
     expiry = VerdictExpiry(rest, registry=registry)
@@ -293,14 +316,27 @@ def build(args: argparse.Namespace, kube: Any, registry: CollectorRegistry) -> R
         ControllerConfig(lease, workers=args.workers),
         placer,
         metrics.api_errors,
-        leader_tasks=[expiry.run],
+        leader_tasks=[expiry.run, access.run],
     )
-    worker = WarnWorker(placer)
+    worker = WarnWorker(placer, args.namespace)
     files = CertFiles(os.path.join(args.tls_dir, "tls.crt"), os.path.join(args.tls_dir, "tls.key"))
     handler = http_handler(args.namespace, worker.submit)
-    server = WebhookServer(args.webhook_address, handler, files.cert, files.key, registry)
+    server = WebhookServer(
+        args.webhook_address, handler, files.cert, files.key, registry,
+        client_ca=_client_ca(args.webhook_client_ca),
+    )  # fmt: skip
     rotator = _rotator(args, rest)
     return Replica(args, rest, controller, worker, writer, server, rotator, files)
+
+
+def _client_ca(cafile: str | None) -> str | None:
+    """`cafile` once it loads as a CA bundle. ValueError: a refusal to print."""
+    if cafile is not None:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(cafile=cafile)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"--webhook-client-ca {cafile}: no CA certificate: {exc}") from None
+    return cafile
 
 
 def _rotator(args: argparse.Namespace, rest: Rest) -> CertRotator:
@@ -379,22 +415,19 @@ def release(args: argparse.Namespace) -> int:
     """`--release` (the chart's pre-delete hook): delete the webhook configuration, so
     that no pod is gated any more, then ungate every gated pod unchanged. Exit 1 when
     either failed (Helm then reports the hook as failed)."""
-    from execwatch.cluster.rest import path
+    from execwatch.placement.tls import CONFIGURATIONS, configuration_path
 
     replica = _replica(args, CollectorRegistry())
     if isinstance(replica, int):
         return replica
-    where = path(
-        "apis", "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
-        args.webhook_configuration,
-    )  # fmt: skip
-    try:
-        replica.rest.call("DELETE", where)
-    except errors.NotFoundError:
-        pass
-    except errors.ApiError as err:
-        log.warning("webhook configuration not deleted", extra={"kv": errors.as_dict(err)})
-        return 1
+    for kind in CONFIGURATIONS:
+        try:
+            replica.rest.call("DELETE", configuration_path(kind, args.webhook_configuration))
+        except errors.NotFoundError:
+            pass
+        except errors.ApiError as err:
+            log.warning("webhook configuration not deleted", extra={"kv": errors.as_dict(err)})
+            return 1
     done = _ungate_all(replica)
     replica.rest.close()
     return 0 if done else 1

@@ -1,6 +1,8 @@
 """The registry credentials a pod may pull with: its `imagePullSecrets`, then its
 ServiceAccount's, as the kubelet would use them, and nothing else: a credentials file of
 the controller's own (Docker's, Podman's, a netrc file) stops it from judging at all.
+With `access` (the controller's), they are read only in a namespace that opted in
+(access.py): a pod of any other is not judged.
 
 Only the secrets' `auths` are kept: a `credsStore` or `credHelpers` in a user's secret
 would make the controller run a program of the user's choosing. A secret that is named but
@@ -13,6 +15,7 @@ import base64
 import json
 import os
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,6 +23,7 @@ from typing import Any
 
 from execwatch.cluster import errors
 from execwatch.cluster.rest import Rest, path
+from execwatch.placement.access import NamespaceAccess, NotOptedIn
 from execwatch.placement.controller import VerdictUnavailable
 from execwatch.scan.registry import credential_files
 
@@ -38,6 +42,7 @@ def netrc_files() -> list[str]:
 @dataclass(frozen=True)
 class PullSecrets:
     rest: Rest
+    access: NamespaceAccess | None = None
 
     @contextmanager
     def files(self, pod: Mapping[str, Any]) -> Iterator[list[str]]:
@@ -59,28 +64,54 @@ class PullSecrets:
             yield written
 
     def configs(self, pod: Mapping[str, Any]) -> list[dict[str, Any]]:
-        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-        namespace = str(meta.get("namespace") or "")
+        namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+        since = self._authorized_from(namespace)
+        try:
+            return self._read(namespace, pod.get("spec") or {}, since)
+        except VerdictUnavailable:
+            if self.access is not None:  # the binding may be gone (swept): make it again
+                self.access.forget(namespace)
+            raise
+
+    def _read(self, namespace: str, spec: Mapping[str, Any], since: float) -> list[dict[str, Any]]:
         names = _names(spec.get("imagePullSecrets"))
         account = str(spec.get("serviceAccountName") or "default")
-        sa = self._get(path("api", "v1", "namespaces", namespace, "serviceaccounts", account))
+        where = path("api", "v1", "namespaces", namespace, "serviceaccounts", account)
+        sa = self._get(where, since)
         names += [n for n in _names((sa or {}).get("imagePullSecrets")) if n not in names]
         docs = []
         for name in names:
-            secret = self._get(path("api", "v1", "namespaces", namespace, "secrets", name))
+            secret = self._get(path("api", "v1", "namespaces", namespace, "secrets", name), since)
             doc = _auths(secret) if secret is not None else None
             if doc is not None:
                 docs.append(doc)
         return docs
 
-    def _get(self, url: str) -> dict[str, Any] | None:
+    def _authorized_from(self, namespace: str) -> float:
+        """When reads in `namespace` are authorized (0: always)."""
+        if self.access is None:
+            return 0.0
         try:
-            got: dict[str, Any] = self.rest.call("GET", url)
-        except errors.NotFoundError:
-            return None
+            return self.access.ensure(namespace)
+        except NotOptedIn as exc:
+            raise VerdictUnavailable(str(exc)) from None
         except errors.ApiError as err:
             raise VerdictUnavailable(f"pull secrets not readable: {err}") from None
-        return got
+
+    def _get(self, url: str, since: float) -> dict[str, Any] | None:
+        """The object, None when absent; a 403 is tried again until `since` (a binding
+        the API server's authorizer has not seen yet)."""
+        while True:
+            try:
+                got: dict[str, Any] = self.rest.call("GET", url)
+            except errors.NotFoundError:
+                return None
+            except errors.ApiError as err:
+                if err.status == 403 and time.monotonic() < since:
+                    time.sleep(0.05)
+                    continue
+                raise VerdictUnavailable(f"pull secrets not readable: {err}") from None
+            return got
 
 
 def _names(refs: object) -> list[str]:

@@ -4,6 +4,11 @@ The API server calls the webhook with a timeout of a few seconds and `failurePol
 Ignore`, so a slow answer only costs the gate; what any pod that reaches the port can
 hold of the process is bounded as for the metrics port: connections, handshake and
 request deadlines, a 3 MiB body (the API server's own object limit).
+
+With `client_ca` (`--webhook-client-ca`) the handshake requires a client certificate
+issued by that CA: the one the API server presents to webhooks when its
+AdmissionConfiguration gives it one (`kubeConfigFile`, docs/placement.md). Anything else
+that reaches the port is refused before a byte of HTTP is read.
 """
 
 from __future__ import annotations
@@ -46,11 +51,15 @@ class WebhookServer:
     key: str
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     limits: ServerLimits = LIMITS
+    client_ca: str | None = None  # PEM: callers must present a certificate it issued
     serving: bool = False
 
     def start(self) -> None:
         self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self._tls.minimum_version = ssl.TLSVersion.TLSv1_2
+        if self.client_ca is not None:  # an unreadable CA fails here, before serving
+            self._tls.load_verify_locations(cafile=self.client_ca)
+            self._tls.verify_mode = ssl.CERT_REQUIRED
         dropped = webhook_drops(self.registry)
         self._server = BoundedServer(
             self.address, self._answer, self.limits, dropped, self._tls, "webhook"

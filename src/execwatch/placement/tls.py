@@ -3,7 +3,8 @@
 The leader runs `CertRotator.sync()` at start and periodically: it renews the Secret when
 `certs.renewal` says so (optimistic concurrency on the Secret's resourceVersion, so two
 replicas never write different certificates) and sets every webhook's `caBundle` of the
-configuration to the Secret's CA. Every replica serves the files of the mounted Secret
+configurations (the mutating `/gate` and the validating `/warn`, one name) to the
+Secret's CA. Every replica serves the files of the mounted Secret
 and reloads them when they change (`CertFiles`).
 """
 
@@ -22,6 +23,12 @@ from execwatch.placement.certs import Bundle, renewal
 
 KEYS = ("ca.crt", "ca.key", "tls.crt", "tls.key")  # cert-manager's layout, plus the CA key
 JSON_PATCH = "application/json-patch+json"
+# The two kinds of configuration placement registers under one name.
+CONFIGURATIONS = ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")
+
+
+def configuration_path(kind: str, name: str) -> str:
+    return path("apis", "admissionregistration.k8s.io", "v1", kind, name)
 
 
 @dataclass
@@ -29,7 +36,7 @@ class CertRotator:
     rest: Rest
     namespace: str
     secret: str
-    configuration: str  # the MutatingWebhookConfiguration whose caBundle we own
+    configuration: str  # the webhook configurations' name (both kinds), whose caBundle we own
     names: list[str]
     now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
 
@@ -41,7 +48,8 @@ class CertRotator:
             self._write(fresh, version)
         bundle = fresh or current
         assert bundle is not None
-        return self._set_ca_bundle(bundle.ca_cert) or fresh is not None
+        written = [self._set_ca_bundle(kind, bundle.ca_cert) for kind in CONFIGURATIONS]
+        return any(written) or fresh is not None
 
     def _secret_path(self, name: str | None = None) -> str:
         parts = ("api", "v1", "namespaces", self.namespace, "secrets")
@@ -76,12 +84,14 @@ class CertRotator:
             body["metadata"]["resourceVersion"] = version  # a 409 if another wrote first
             self.rest.call("PUT", self._secret_path(self.secret), body=body)
 
-    def _set_ca_bundle(self, ca: bytes) -> bool:
-        where = path(
-            "apis", "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
-            self.configuration,
-        )  # fmt: skip
-        config = self.rest.call("GET", where)
+    def _set_ca_bundle(self, kind: str, ca: bytes) -> bool:
+        where = configuration_path(kind, self.configuration)
+        try:
+            config = self.rest.call("GET", where)
+        except errors.NotFoundError:
+            if kind == CONFIGURATIONS[0]:
+                raise
+            return False  # no warn webhook registered (an older manifest): nothing to set
         wanted = base64.b64encode(ca).decode()
         ops: list[dict[str, Any]] = []
         for i, hook in enumerate(config.get("webhooks") or []):

@@ -1,9 +1,15 @@
-"""The mutating admission webhook: a scheduling gate on new pods of opted-in namespaces.
+"""The admission webhooks: a scheduling gate on new pods of opted-in namespaces.
 
-The API server calls it only for namespaces labelled `execwatch.io/placement` (the
-webhook configuration's namespaceSelector) and only on pod CREATE. It answers within
+The API server calls them only for namespaces labelled `execwatch.io/placement` (the
+webhook configurations' namespaceSelector) and only on pod CREATE: the mutating `/gate`
+for `enforce` and `mitigate`, the validating `/warn` for `warn`. They answer within
 milliseconds from the request alone: no API call, no registry. The controller does the
 slow part while the pod waits, gated, for the scheduler.
+
+Nothing in a request is believed beyond the answer to it: `/gate` only answers with a
+patch for the caller, and `/warn` hands on only the pod's namespace, name and UID, which
+the warn worker reads again from the API server (warnmode.py). A POST that is not the API
+server's therefore changes nothing and reads nothing.
 """
 
 from __future__ import annotations
@@ -34,13 +40,22 @@ class Skip:
     why: str
 
 
-Warned = Callable[[str, Mapping[str, Any]], None]  # (namespace, pod): must not block
+@dataclass(frozen=True)
+class PodRef:
+    """Which pod a warn-mode review was about; nothing else of the request is kept."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+Warned = Callable[[PodRef], None]  # must not block
 
 
 def review(body: bytes, own_namespace: str, warn: Warned | None = None) -> bytes:
     """The AdmissionReview answer to `body`: always allowed, with a patch when gated. In
-    warn mode (`warn` set) an admission warning, never a patch, and the pod handed to
-    `warn` for its Event unless the request is a dry run."""
+    warn mode (`warn` set) an admission warning, never a patch, and the pod's reference
+    handed to `warn` for its Event unless the request is a dry run."""
     if len(body) > MAX_REVIEW_BYTES:
         raise BadReview("admission review over 3 MiB")
     try:
@@ -52,8 +67,9 @@ def review(body: bytes, own_namespace: str, warn: Warned | None = None) -> bytes
     pod = request.get("object") if isinstance(request.get("object"), dict) else None
     if pod is not None and warn and skip_reason(request, pod, own_namespace) is None:
         response["warnings"] = [WARNING]
-        if not request.get("dryRun"):  # a dry run has no side effect: no Event
-            warn(str(request.get("namespace") or ""), pod)
+        ref = pod_ref(request, pod)
+        if ref is not None and not request.get("dryRun"):  # a dry run: no Event
+            warn(ref)
     elif pod is not None and skip_reason(request, pod, own_namespace) is None:
         patch = gate_patch(pod)
         response["patchType"] = "JSONPatch"
@@ -62,15 +78,29 @@ def review(body: bytes, own_namespace: str, warn: Warned | None = None) -> bytes
     return json.dumps(answer).encode()
 
 
+def pod_ref(request: Mapping[str, Any], pod: Mapping[str, Any]) -> PodRef | None:
+    """The namespace, name and UID of the pod under review: all three are set when the
+    validating webhook is called (the API server names the pod and gives it its UID
+    before validation), else None."""
+    meta = pod.get("metadata") or {}
+    namespace = str(request.get("namespace") or "")
+    ref = PodRef(namespace, str(meta.get("name") or ""), str(meta.get("uid") or ""))
+    return ref if ref.namespace and ref.name and ref.uid else None
+
+
 def skip_reason(request: Mapping[str, Any], pod: Mapping[str, Any], own: str) -> Skip | None:
     """Why this pod is not gated, or None to gate it."""
-    namespace = str(request.get("namespace") or "")
-    spec = pod.get("spec") or {}
-    meta = pod.get("metadata") or {}
     if request.get("operation") != "CREATE" or (request.get("kind") or {}).get("kind") != "Pod":
         return Skip("not a pod create")
     if request.get("subResource"):
         return Skip("a subresource")
+    return pod_skip_reason(str(request.get("namespace") or ""), pod, own)
+
+
+def pod_skip_reason(namespace: str, pod: Mapping[str, Any], own: str) -> Skip | None:
+    """Why this pod of `namespace` is never placed, or None."""
+    spec = pod.get("spec") or {}
+    meta = pod.get("metadata") or {}
     if namespace.startswith("kube-") or namespace == own:
         return Skip(f"namespace {namespace} is never gated")
     if spec.get("nodeName"):
@@ -100,10 +130,10 @@ def gate_patch(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def http_handler(
-    own_namespace: str, warned: Warned = lambda namespace, pod: None
+    own_namespace: str, warned: Warned = lambda ref: None
 ) -> Callable[[str, bytes], tuple[int, bytes]]:
     """The webhook's HTTP routes: POST /gate (enforce and mitigate namespaces) and POST
-    /warn (warn namespaces, whose pods go to `warned`) answer AdmissionReviews."""
+    /warn (warn namespaces, whose pods' references go to `warned`) answer AdmissionReviews."""
 
     def handle(url_path: str, body: bytes) -> tuple[int, bytes]:
         route = url_path.split("?", 1)[0]
