@@ -81,6 +81,10 @@ class Kind(enum.IntEnum):
     EXEC_FAILED = 1  # an exec the kernel refused
     EARLY_DEATH = 2  # a process that died in its loader or by a fatal signal right after exec
     EMULATED = 3  # an exec a binfmt_misc emulator ran
+    # A task that exited within the death window of an exec refused with ENOEXEC, with no
+    # successful exec since: never diagnosed, it decides the fate of the failed exec's record
+    # (pipeline.fates).
+    ENOEXEC_EXIT = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,13 +122,16 @@ class KernelEvent:
     base_ino: int = 0  # (dirfd or cwd) a relative path resolves against
     base_mnt_id: int = 0
     base_path: str | None = None  # the base's path inside the caller's root, when whole
-    exit_code: int | None = None  # early death: exit_group status from inside the loader
-    signal: int | None = None  # early death: fatal signal with its default action
-    age_ms: float | None = None  # early death: time since the task started
+    # early death: exit_group status from inside the loader; enoexec exit: any status
+    exit_code: int | None = None
+    signal: int | None = None  # early death, enoexec exit: fatal signal, default action
+    age_ms: float | None = None  # early death: time since the task started (enoexec exit:
+    # since the failed exec)
     exe_ino: int = 0  # early death: the executable's inode and device (os.makedev form)
     exe_dev: int = 0
     emulator: str | None = None  # emulated: the binfmt_misc interpreter that ran path
     emulated_arch: str | None = None  # emulated: the architecture its entry selects
+    failed_time: float | None = None  # enoexec exit: the time of the failed exec it follows
     # The container the agent's live inventory names for cgroup_id, looked up in the agent
     # before the event goes to a diagnosis worker, whose copy of the inventory is as old as
     # the worker ("": looked up, none; None: not looked up).

@@ -39,6 +39,7 @@ class Tracer:
     def wait_for(self, match: Callable[[ExecFailure], bool], timeout: float = 5.0) -> ExecFailure:
         def found() -> ExecFailure | None:
             self.probe.poll(50)
+            self.pipeline.flush()  # as the consume loop does each window: held fates expire
             return next((r for r in self.records if match(r)), None)
 
         def seen() -> str:

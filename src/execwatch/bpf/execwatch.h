@@ -44,6 +44,7 @@ enum ew_kind {
 	EW_KIND_EXEC_FAILED = 1, /* struct ew_event */
 	EW_KIND_EARLY_DEATH = 2, /* struct ew_death */
 	EW_KIND_EMULATED = 3,    /* struct ew_emulated */
+	EW_KIND_ENOEXEC_EXIT = 4, /* struct ew_enoexec_exit */
 };
 
 /* Who and where, first in every record. */
@@ -182,6 +183,30 @@ struct ew_death {
 };
 
 #define EW_EXE_PATH_OK 0x1
+
+/* ---- After an ENOEXEC: did the task go on to run something? ----
+ * The same death window, counted from a failed exec instead of the task's start. A task
+ * whose exec the kernel refused with ENOEXEC, once its record is sent, is remembered in
+ * enoexec_tasks (by tgid, LRU) with the failure's time and its exec count. If it exits
+ * (exit_group, or a fatal signal) within death_window_ns of the failure with no successful
+ * exec since (self_exec_id unchanged), an ew_enoexec_exit record says how, in the deaths
+ * ring: a runtime's init gives up at once (runc exits 1 or 255), a shell that runs the
+ * file itself exits with the script's status. A task that execs something else (a shell
+ * or execvp() retrying with /bin/sh) or lives on sends nothing; user space waits the
+ * window for it. */
+#define EW_ENOEXEC_TASKS 4096
+
+struct ew_enoexec_task {      /* enoexec_tasks' value */
+	__u64 failed_ns;      /* the failed exec's record's head.ktime_ns */
+	__u64 exec_id;        /* the task's self_exec_id then */
+};
+
+struct ew_enoexec_exit {
+	struct ew_head head;  /* kind EW_KIND_ENOEXEC_EXIT; ktime_ns is the exit's */
+	__u64 failed_ns;      /* the failed exec's record's head.ktime_ns */
+	__s32 exit_code;      /* exit_group status, or -1 for a signal */
+	__s32 signal;         /* fatal signal number, or 0 */
+};
 
 /* ---- Emulation: a successful exec handed to a binfmt_misc interpreter ----
  * User space fills `emulators` from the node's binfmt_misc table with the interpreter of

@@ -75,11 +75,8 @@ class Examiner:
             shebang = parse_shebang(head)
             if shebang is not None:
                 return self._examine_script(ctx, shebang, path, depth)
-        if ctx.err == errno.ENOEXEC:
-            return self.result(
-                Reason.NO_SHEBANG,
-                detail="neither ELF nor #!: shells and execvp() retry such files with /bin/sh",
-            )
+        if ctx.err == errno.ENOEXEC:  # benign or fatal by what its caller does next
+            return self.result(Reason.NO_SHEBANG, detail=wording.no_shebang(head))
         return self.result(Reason.UNDIAGNOSED, detail="not ELF and no #! line")
 
     def _examine_elf(self, ctx: Context, fd: int, path: str) -> Diagnosis:

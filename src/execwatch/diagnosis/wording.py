@@ -3,10 +3,14 @@ faults in scan/wording.py)."""
 
 from __future__ import annotations
 
+import signal
 from dataclasses import replace
 
 from execwatch.record import Reason
 from execwatch.runnable.rules import Fault
+
+SHOWN_HEAD_BYTES = 24  # of a file with no #!, in its detail
+UTF8_BOM = b"\xef\xbb\xbf"
 
 
 def exec_detail(fault: Fault, node_arch: str) -> str:
@@ -52,3 +56,43 @@ def sigill(fault: Fault) -> Fault:
     return replace(
         fault, detail=f"{fault.detail}: no loader checks it, the CPU stops it with SIGILL"
     )
+
+
+def missing_shebang_cause(head: bytes) -> str:
+    """Why a file the kernel refused is neither ELF nor #!: what most likely took its #!."""
+    if head.startswith(UTF8_BOM + b"#!"):
+        return "a UTF-8 byte order mark before #!: the kernel needs #! as the first two bytes"
+    first, _, rest = head.partition(b"\n")
+    if not first.strip() and rest.lstrip().startswith(b"#!"):
+        return "a blank first line before #!: the kernel reads #! on the first line only"
+    if head[:2] != b"#!" and head.lstrip().startswith(b"#!"):
+        return "blank space before #!: the kernel needs #! as the first two bytes"
+    if b"\r\n" in head:
+        return "Windows line endings (CRLF) and no #! line"
+    return "no #! interpreter line at all"
+
+
+def file_head(head: bytes) -> str:
+    """A file's first bytes, quoted, as a detail holds them: bytes beyond ASCII as
+    surrogate escapes, which safe_text shows as \\xNN (as it does controls) wherever the
+    detail is printed or published."""
+    shown = head[:SHOWN_HEAD_BYTES].decode("ascii", "surrogateescape")
+    more = "…" if len(head) > SHOWN_HEAD_BYTES else ""
+    return f'"{shown}"{more}'
+
+
+def no_shebang(head: bytes) -> str:
+    """A file that is neither ELF nor #! (ENOEXEC): what it starts with, and the likely cause.
+    The pipeline adds what its caller did next (pipeline.fates)."""
+    return f"neither ELF nor #!: starts with {file_head(head)} ({missing_shebang_cause(head)})"
+
+
+def exit_status(exit_code: int | None, signal_number: int | None) -> str:
+    """How a task ended, as a detail says it."""
+    if signal_number:
+        try:
+            name = signal.Signals(signal_number).name
+        except ValueError:
+            name = f"signal {signal_number}"
+        return f"was killed by {name}"
+    return f"exited with status {exit_code}"

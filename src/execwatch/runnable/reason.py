@@ -17,6 +17,7 @@ class Reason(enum.StrEnum):
     BAD_INTERPRETER = "BadInterpreter"
     MISSING_SHEBANG_INTERPRETER = "MissingShebangInterpreter"
     NO_SHEBANG = "NoShebang"
+    MISSING_SHEBANG = "MissingShebang"
     CORRUPT_BINARY = "CorruptBinary"
     PERMISSION_DENIED = "PermissionDenied"
     NOT_FOUND = "NotFound"
