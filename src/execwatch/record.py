@@ -81,9 +81,8 @@ class Kind(enum.IntEnum):
     EXEC_FAILED = 1  # an exec the kernel refused
     EARLY_DEATH = 2  # a process that died in its loader or by a fatal signal right after exec
     EMULATED = 3  # an exec a binfmt_misc emulator ran
-    # A task that exited within the death window of an exec refused with ENOEXEC, with no
-    # successful exec since: never diagnosed, it decides the fate of the failed exec's record
-    # (pipeline.fates).
+    # A task that exited within the death window of an exec refused with ENOEXEC: never
+    # diagnosed, it decides the fate of the failed exec's record (pipeline.fates).
     ENOEXEC_EXIT = 4
 
 
@@ -132,6 +131,7 @@ class KernelEvent:
     emulator: str | None = None  # emulated: the binfmt_misc interpreter that ran path
     emulated_arch: str | None = None  # emulated: the architecture its entry selects
     failed_time: float | None = None  # enoexec exit: the time of the failed exec it follows
+    execed: bool = False  # enoexec exit: a successful exec came between
     # The container the agent's live inventory names for cgroup_id, looked up in the agent
     # before the event goes to a diagnosis worker, whose copy of the inventory is as old as
     # the worker ("": looked up, none; None: not looked up).

@@ -827,15 +827,17 @@ static __noinline int on_loader_exit(int code)
 /* The record's own fields. A call: its signature puts struct ew_enoexec_exit in the
  * object's BTF, which the loader checks. */
 static __noinline void fill_enoexec_exit(struct ew_enoexec_exit *e, __u64 failed_ns, int code,
-					 int sig)
+					 int sig, bool execed)
 {
 	e->failed_ns = failed_ns;
 	e->exit_code = sig ? -1 : code;
 	e->signal = sig;
+	e->execed = execed;
+	e->pad = 0;
 }
 
 /* An exit (`sig` 0: exit_group with `code`) of a task remembered by remember_enoexec: a
- * record when it comes within the window of the failure with no exec since. */
+ * record when it comes within the window of the failure, saying whether it exec'd since. */
 static __noinline int on_enoexec_exit(int code, int sig)
 {
 	__u32 zero = 0, tgid = bpf_get_current_pid_tgid() >> 32;
@@ -844,6 +846,7 @@ static __noinline int on_enoexec_exit(int code, int sig)
 	struct task_struct *task;
 	struct ew_enoexec_exit *e;
 	__u64 now, failed_ns, exec_id, cgroup_id, mntns, root_ino;
+	bool execed;
 
 	if (!until || !*until)
 		return 0;
@@ -856,16 +859,17 @@ static __noinline int on_enoexec_exit(int code, int sig)
 	failed_ns = t->failed_ns;
 	exec_id = t->exec_id;
 	bpf_map_delete_elem(&enoexec_tasks, &tgid);
+	if (now - failed_ns >= cfg.death_window_ns)
+		return 0; /* it went on for the whole window */
 	task = current_task();
-	if (now - failed_ns >= cfg.death_window_ns || exec_id != BPF_CORE_READ(task, self_exec_id))
-		return 0; /* too late, or it ran something since: it went on */
+	execed = exec_id != BPF_CORE_READ(task, self_exec_id);
 	cgroup_id = current_cgroup_id(task);
 	e = reserve_record(&deaths, sizeof(*e), EW_STAT_DEATH_DROPS, false, cgroup_id, now);
 	if (!e)
 		return 0;
 	caller_root(task, &mntns, &root_ino);
 	fill_head(&e->head, EW_KIND_ENOEXEC_EXIT, task, now, cgroup_id, mntns, root_ino);
-	fill_enoexec_exit(e, failed_ns, code, sig);
+	fill_enoexec_exit(e, failed_ns, code, sig, execed);
 	bpf_ringbuf_submit(e, wakeup_flag(now, cgroup_id));
 	return 0;
 }

@@ -188,12 +188,11 @@ struct ew_death {
  * The same death window, counted from a failed exec instead of the task's start. A task
  * whose exec the kernel refused with ENOEXEC, once its record is sent, is remembered in
  * enoexec_tasks (by tgid, LRU) with the failure's time and its exec count. If it exits
- * (exit_group, or a fatal signal) within death_window_ns of the failure with no successful
- * exec since (self_exec_id unchanged), an ew_enoexec_exit record says how, in the deaths
- * ring: a runtime's init gives up at once (runc exits 1 or 255), a shell that runs the
- * file itself exits with the script's status. A task that execs something else (a shell
- * or execvp() retrying with /bin/sh) or lives on sends nothing; user space waits the
- * window for it. */
+ * (exit_group, or a fatal signal) within death_window_ns of the failure, an ew_enoexec_exit
+ * record says how, in the deaths ring: a runtime's init gives up at once with no exec since
+ * (runc exits 1 or 255), a shell that runs the file itself exits with the script's status,
+ * one that retried it with /bin/sh (or execvp() did) exits after an exec (self_exec_id
+ * moved on). A task that lives on sends nothing; user space waits the window for it. */
 #define EW_ENOEXEC_TASKS 4096
 
 struct ew_enoexec_task {      /* enoexec_tasks' value */
@@ -206,6 +205,8 @@ struct ew_enoexec_exit {
 	__u64 failed_ns;      /* the failed exec's record's head.ktime_ns */
 	__s32 exit_code;      /* exit_group status, or -1 for a signal */
 	__s32 signal;         /* fatal signal number, or 0 */
+	__u32 execed;         /* 1: a successful exec since the failure */
+	__u32 pad;
 };
 
 /* ---- Emulation: a successful exec handed to a binfmt_misc interpreter ----

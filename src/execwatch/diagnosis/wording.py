@@ -68,7 +68,7 @@ def missing_shebang_cause(head: bytes) -> str:
     if head[:2] != b"#!" and head.lstrip().startswith(b"#!"):
         return "blank space before #!: the kernel needs #! as the first two bytes"
     if b"\r\n" in head:
-        return "Windows line endings (CRLF) and no #! line"
+        return "CRLF (Windows) line endings and no #! line"
     return "no #! interpreter line at all"
 
 

@@ -4,15 +4,16 @@ The kernel refuses such a file with ENOEXEC either way. A shell or glibc's execv
 runs it with /bin/sh (dash, busybox and execvp() exec a shell; bash reads it itself) and
 all is well; a container runtime's init (runc, crun) gives up and exits, and the container
 never starts: `exec /app/run.sh: exec format error`. The probe remembers each task whose
-ENOEXEC record went out and, when it exits within the death window of the failure with no
-successful exec since, sends an enoexec exit (Kind.ENOEXEC_EXIT) saying how.
+ENOEXEC record went out and, when it exits within the death window of the failure, sends
+an enoexec exit (Kind.ENOEXEC_EXIT) saying how, and whether it exec'd since.
 
 So a diagnosed NoShebang is held here until its caller's fate is known, at most the
-window: an exit with a failing status or a fatal signal makes it MissingShebang (alerted);
-an exit 0, an exec or a task still running when the window ends leave it NoShebang. The
-exit usually comes first (runc exits 0.1 ms after the failure, the diagnosis takes a
-millisecond), so exits are kept too, for as long. Both tables are bounded: a failure
-released unjudged, or an exit forgotten, is counted as a drop.
+window: an exit with a failing status or a fatal signal and no exec since makes it
+MissingShebang (alerted); an exec, an exit 0 or a task still running when the window ends
+leave it NoShebang. The exit usually comes first (runc exits 0.1 ms after the failure, the
+diagnosis takes a millisecond), so exits are kept too, for as long. Both tables are
+bounded: a failure released unjudged, an exit forgotten, or a caller gone with no word
+from the kernel (a ring full, SIGKILL) is counted as a drop.
 """
 
 from __future__ import annotations
@@ -157,10 +158,7 @@ class Fates(Generic[T]):
         return _LOST
 
 
-_CARRIED_ON = (
-    "its caller went on: it ran something else or kept running for {window:g} s"
-    " (as a shell or execvp() does, running the file with /bin/sh)"
-)
+_CARRIED_ON = "its caller went on: it kept running for {window:g} s"
 _LOST = "its caller is gone and the kernel's word on how it ended was lost"
 
 
@@ -178,11 +176,18 @@ def went_on(failure: ExecFailure, fate: str) -> ExecFailure:
 
 
 def judge(failure: ExecFailure, exit_: KernelEvent) -> ExecFailure:
-    """The verdict of an exit within the window, with no exec since the failure: a failing
+    """The verdict of an exit within the window: after an exec, its caller retried (a shell
+    or execvp() running the file with /bin/sh); with no exec since the failure, a failing
     status or a fatal signal is MissingShebang (its caller gave up, as a runtime's init
-    does); status 0 means it ran the file itself (bash does) and all went well."""
+    does), and status 0 means it ran the file itself (bash does) and all went well."""
     how = wording.exit_status(exit_.exit_code, exit_.signal)
     after = f"{exit_.age_ms or 0.0:.1f} ms later"
+    if exit_.execed:
+        fate = (
+            f"its caller ran another program next (as a shell or execvp() does, retrying"
+            f" it with /bin/sh) and {how} {after}"
+        )
+        return went_on(failure, fate)
     if exit_.exit_code == 0:
         fate = f"its caller ran it itself (as bash does) and {how} {after}"
         return went_on(failure, fate)

@@ -120,6 +120,7 @@ def decode_enoexec_exit(raw: bytes, epoch_offset: float) -> KernelEvent:
         signal=r.signal if by_signal else None,
         age_ms=(r.ktime_ns - r.failed_ns) / 1e6,
         failed_time=epoch_offset + r.failed_ns / 1e9,
+        execed=bool(r.execed),
     )
 
 

@@ -140,14 +140,15 @@ class EnoexecTask(ctypes.Structure):
 
 
 class EnoexecExit(ctypes.Structure):
-    """A task that exited within the death window of its ENOEXEC, with no exec since
-    (EW_KIND_ENOEXEC_EXIT)."""
+    """A task that exited within the death window of its ENOEXEC (EW_KIND_ENOEXEC_EXIT)."""
 
     _fields_ = (
         ("head", Head),
         ("failed_ns", ctypes.c_uint64),
         ("exit_code", ctypes.c_int32),
         ("signal", ctypes.c_int32),
+        ("execed", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
     )
 
 
