@@ -117,6 +117,9 @@ class KernelEvent:
     root_dev: int = 0  # st_dev of the caller's root directory
     root_mnt_id: int = 0
     root_path: str | None = None  # the root's path in its mount namespace, when whole
+    # When the root is its mount namespace's (a container's): its path inside its own
+    # filesystem (st_dev root_dev), which a mount of that filesystem elsewhere shows.
+    root_fs_path: str | None = None
     base_dev: int = 0  # the base: the fd's file for fexecve, else the directory
     base_ino: int = 0  # (dirfd or cwd) a relative path resolves against
     base_mnt_id: int = 0

@@ -274,11 +274,13 @@ enum walk_end {
 	WALK_CUT = 0,     /* too deep or too long, detached, or unreadable */
 	WALK_AT_STOP = 1, /* reached `stop` */
 	WALK_AT_NS_ROOT = 2, /* reached the root of the mount namespace first */
+	WALK_AT_FS_ROOT = 3, /* no vfsmount given: reached the root of the dentry's filesystem */
 };
 
 /* The names from d up to `stop` (a dentry on stop_mnt) or to the root of its mount
  * namespace, whichever comes first, crossing mounts as d_path() does; leaf first, each
- * name followed by '/', into path_scratch. The one dentry walk: every path in a record
+ * name followed by '/', into path_scratch. With no vfsmount, the names up to the root of
+ * d's own filesystem, crossing no mount. The one dentry walk: every path in a record
  * comes from here. Returns an enum walk_end.
  * Global, so the verifier checks its loop once, not once per caller's state. */
 __noinline int walk_path(__u64 dentry, __u64 vfsmount, __u64 stop, __u64 stop_mnt)
@@ -298,7 +300,7 @@ __noinline int walk_path(__u64 dentry, __u64 vfsmount, __u64 stop, __u64 stop_mn
 			end = WALK_AT_STOP;
 			break;
 		}
-		if (d == BPF_CORE_READ(vm, mnt_root)) {
+		if (vm && d == BPF_CORE_READ(vm, mnt_root)) {
 			parent = BPF_CORE_READ(mnt, mnt_parent);
 			if (parent == mnt) { /* the namespace's root mount */
 				end = WALK_AT_NS_ROOT;
@@ -310,6 +312,10 @@ __noinline int walk_path(__u64 dentry, __u64 vfsmount, __u64 stop, __u64 stop_mn
 			continue;
 		}
 		up = BPF_CORE_READ(d, d_parent);
+		if (up == d && !vm) {
+			end = WALK_AT_FS_ROOT;
+			break;
+		}
 		if (up == d || off >= EW_DPATH_LEN)
 			break; /* detached from any mount, or too long */
 		n = bpf_probe_read_kernel_str(buf + (off & (EW_DPATH_LEN - 1)), EW_DPATH_LEN,
@@ -362,6 +368,11 @@ static __noinline void read_paths(struct task_struct *task, struct ew_event *e)
 	e->root_mnt_id = BPF_CORE_READ(real_mount(root_mnt), mnt_id);
 	e->path_flags = read_path(root, root_mnt, 0, 0, e->root_path) == WALK_AT_NS_ROOT ?
 				EW_ROOT_PATH_OK : 0;
+	/* The root of its mount namespace, as a container's is after pivot_root: once the
+	 * container is gone that says nothing, where the root lies in its filesystem does. */
+	if (e->path_flags && !e->root_path[0])
+		e->path_flags = read_path(root, 0, 0, 0, e->root_path) == WALK_AT_FS_ROOT ?
+					EW_ROOT_IN_FS : 0;
 	e->pad = 0;
 	if (e->filename[0] != '/' && e->syscall == EW_EXECVEAT && e->dirfd != AT_FDCWD) {
 		f = fd_file(task, e->dirfd);

@@ -14,6 +14,8 @@
 #define EW_ROOT_PATH_OK 0x1 /* root_path is whole: it reaches its mount namespace's root */
 #define EW_BASE_SET 0x2     /* the base_* fields are filled */
 #define EW_BASE_IN_ROOT 0x4 /* base_path is whole and inside the caller's root */
+#define EW_ROOT_IN_FS 0x8   /* root_path is whole, inside the root's own filesystem: the */
+			    /* root is its mount namespace's (a container's, after pivot_root) */
 
 enum ew_syscall {
 	EW_EXECVE = 0,

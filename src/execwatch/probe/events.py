@@ -68,12 +68,21 @@ def decode_exec_failed(raw: bytes, epoch_offset: float) -> KernelEvent:
         via_fd=via_fd,
         root_dev=user_dev(r.root_dev),
         root_mnt_id=r.root_mnt_id,
-        root_path=leaf_first(r.root_path) if r.path_flags & layout.ROOT_PATH_OK else None,
+        root_path=_root_path(r.path_flags, r.root_path),
+        root_fs_path=leaf_first(r.root_path) if r.path_flags & layout.ROOT_IN_FS else None,
         base_dev=user_dev(r.base_dev),
         base_ino=r.base_ino,
         base_mnt_id=r.base_mnt_id,
         base_path=leaf_first(r.base_path) if r.path_flags & layout.BASE_IN_ROOT else None,
     )
+
+
+def _root_path(flags: int, raw: bytes) -> str | None:
+    """The root's path in its mount namespace: "/" when the kernel says the root is the
+    namespace's own (and root_path holds its place in its filesystem instead)."""
+    if flags & layout.ROOT_IN_FS:
+        return "/"
+    return leaf_first(raw) if flags & layout.ROOT_PATH_OK else None
 
 
 def decode_early_death(raw: bytes, epoch_offset: float) -> KernelEvent:
