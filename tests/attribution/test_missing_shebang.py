@@ -69,39 +69,29 @@ def runc_script(runc: Runc) -> str:
     return f"/bin/{name}"
 
 
-def assert_attributed(record: ExecFailure, cgroup: KubeletCgroup) -> None:
-    assert record.attribution.container_id == cgroup.container_id
-    assert record.attribution.pod_uid == cgroup.pod_uid
-
-
-def test_runc_entrypoint_without_shebang_is_missing_shebang(runc: Runc, host_tracer: Stack) -> None:
-    path = runc_script(runc)
-    cgroup = KubeletCgroup.new("cgroupfs")
-    try:
-        assert runc.run(cgroup, [path]) != 0  # exec format error: the container never ran
-
-        record = host_tracer.wait_for(
-            lambda r: r.event.path == path and r.attribution.container_id == cgroup.container_id,
-            timeout=15,
-        )
-    finally:
-        remove_pod_cgroups(cgroup.pod_path)
-
-    assert record.diagnosis.reason is Reason.MISSING_SHEBANG
-    assert record.event.comm == "runc:[2:INIT]"
-    assert_attributed(record, cgroup)
-    detail = record.diagnosis.detail
-    assert detail.startswith('neither ELF nor #!: starts with "echo hello\n" (no #! interpreter')
-    assert "runc:[2:INIT] exited with status" in detail
-
-
-def test_runc_shell_running_a_script_without_shebang_is_no_shebang(
-    runc: Runc, host_tracer: Stack
+@pytest.mark.parametrize(
+    ("shell", "container_exit", "reason", "comm", "fate"),
+    [
+        ([], 1, Reason.MISSING_SHEBANG, "runc:[2:INIT]", "exited with status 1"),
+        (["/bin/sh", "-c"], 0, Reason.NO_SHEBANG, "sh", "its caller ran another program next"),
+    ],
+    ids=["entrypoint", "shell"],
+)
+def test_runc_container_whose_program_lacks_a_shebang(
+    runc: Runc,
+    host_tracer: Stack,
+    shell: list[str],
+    container_exit: int,
+    reason: Reason,
+    comm: str,
+    fate: str,
 ) -> None:
     path = runc_script(runc)
     cgroup = KubeletCgroup.new("cgroupfs")
     try:
-        assert runc.run(cgroup, ["/bin/sh", "-c", path]) == 0  # busybox ran it
+        # The entrypoint: runc says "exec format error" and the container never runs.
+        # The shell: busybox runs the file itself.
+        assert runc.run(cgroup, [*shell, path]) == container_exit
 
         record = host_tracer.wait_for(
             lambda r: r.event.path == path and r.attribution.container_id == cgroup.container_id,
@@ -110,10 +100,12 @@ def test_runc_shell_running_a_script_without_shebang_is_no_shebang(
     finally:
         remove_pod_cgroups(cgroup.pod_path)
 
-    assert record.diagnosis.reason is Reason.NO_SHEBANG
-    assert record.event.comm == "sh"
-    assert_attributed(record, cgroup)
-    assert "its caller ran another program next" in record.diagnosis.detail
+    assert record.diagnosis.reason is reason
+    assert record.event.comm == comm
+    assert record.attribution.pod_uid == cgroup.pod_uid
+    detail = record.diagnosis.detail
+    assert detail.startswith('neither ELF nor #!: starts with "echo hello\n" (no #! interpreter')
+    assert fate in detail
 
 
 @pytest.fixture(scope="module")
