@@ -14,10 +14,12 @@ from typing import Any
 from execwatch.runnable.reason import Reason as Reason  # the vocabulary every record speaks
 
 # Counted in metrics but not reported unless asked for: noise or the program's own bug.
-QUIET_REASONS = frozenset({Reason.NOT_FOUND, Reason.BENIGN_EXIT, Reason.STARTUP_CRASH})
+QUIET_REASONS = frozenset(
+    {Reason.NOT_FOUND, Reason.BENIGN_EXIT, Reason.STARTUP_CRASH, Reason.NO_SHEBANG}
+)
 # Not a platform problem: alerts and the Argo analysis leave these out (their selectors are
 # tested against this set).
-NOT_ALERTED = frozenset({*QUIET_REASONS, Reason.NO_SHEBANG, Reason.EMULATED})
+NOT_ALERTED = frozenset({*QUIET_REASONS, Reason.EMULATED})
 # The image does not run on the node's platform: the handler's feedback to placement (an
 # observed `fails` for the image digest and the node's architecture) speaks only of these.
 PLATFORM_REASONS = frozenset(

@@ -50,7 +50,8 @@ class Stack:
 
 
 def running_stack(attributor: Attributor) -> Iterator[Stack]:
-    options = StackOptions(pipeline=PipelineOptions(window=0.05), attributor=attributor)
+    pipeline = PipelineOptions(window=0.05, show_no_shebang=True)
+    options = StackOptions(pipeline=pipeline, attributor=attributor)
     with node_stack(options, loop="run") as running:
         yield Stack(running)
 

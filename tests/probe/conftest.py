@@ -31,7 +31,8 @@ class Tracer:
     @contextmanager
     def open(cls, attributor: Attributor | None = None) -> Iterator[Tracer]:
         options = StackOptions(
-            pipeline=PipelineOptions(window=0.05, show_not_found=True), attributor=attributor
+            pipeline=PipelineOptions(window=0.05, show_not_found=True, show_no_shebang=True),
+            attributor=attributor,
         )
         with node_stack(options) as running:
             yield cls(running)

@@ -63,6 +63,7 @@ def of_pid(tracer: Tracer, pid: int, timeout: float = 10.0) -> ExecFailure:
 def test_trace_tells_bash_running_the_file_from_a_caller_that_exits(
     start_trace: Callable[..., TraceProcess], tmp_path: Path
 ) -> None:
+    """The benign one is quiet (counted, not printed, unless --show-no-shebang)."""
     script(tmp_path)
     trace = start_trace("--json", "--no-attribution")
 
@@ -77,18 +78,28 @@ def test_trace_tells_bash_running_the_file_from_a_caller_that_exits(
     assert code == 0
     records = [json.loads(line) for line in out.splitlines()]
     mine = [r for r in records if r["path"] == "./noshebang"]
-    benign = [r for r in mine if r["comm"] == "bash"]
-    fatal = [r for r in mine if r["pid"] == gave_up]
-    assert [r["reason"] for r in benign] == ["NoShebang"]
-    assert "ran it itself (as bash does) and exited with status 0" in benign[0]["detail"]
-    assert "retr" not in benign[0]["detail"]  # nothing retried it: bash read it
-    assert [r["reason"] for r in fatal] == ["MissingShebang"]
-    assert fatal[0]["errno"] == "ENOEXEC"
-    assert fatal[0]["detail"].startswith(
+    assert [r["pid"] for r in mine] == [gave_up]  # bash's failure: benign, not printed
+    (fatal,) = mine
+    assert (fatal["reason"], fatal["errno"]) == ("MissingShebang", "ENOEXEC")
+    assert fatal["detail"].startswith(
         'neither ELF nor #!: starts with "echo hello\\x0a" (no #! interpreter line at all); '
     )
-    assert "exited with status 1" in fatal[0]["detail"]
-    assert "nothing retried it with a shell" in fatal[0]["detail"]
+    assert "exited with status 1" in fatal["detail"]
+    assert "nothing retried it with a shell" in fatal["detail"]
+
+
+def test_bash_running_the_file_itself_is_no_shebang(tracer: Tracer, tmp_path: Path) -> None:
+    script(tmp_path)
+
+    bash = subprocess.run(
+        ["bash", "-c", "./noshebang"], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+
+    assert bash.stdout == "hello\n"
+    record = tracer.wait_for(lambda r: r.event.path == "./noshebang" and r.event.comm == "bash")
+    assert record.diagnosis.reason is Reason.NO_SHEBANG
+    assert "ran it itself (as bash does) and exited with status 0" in record.diagnosis.detail
+    assert "retr" not in record.diagnosis.detail  # nothing retried it: bash read it
 
 
 @pytest.mark.parametrize(

@@ -84,6 +84,7 @@ class PipelineOptions:
     max_slots: int = 8192  # repeat keys remembered
     show_not_found: bool = False
     show_crashes: bool = False
+    show_no_shebang: bool = False  # a file with no #! that its caller went on from
     budget: Budget = dataclasses.field(default_factory=Budget)
     # The probe's death window: how long a file with no #! waits for its caller's fate.
     death_window: float = 2.0
@@ -118,6 +119,7 @@ class NodePipeline:
             observer,
             show_not_found=options.show_not_found,
             show_crashes=options.show_crashes,
+            show_no_shebang=options.show_no_shebang,
         )
         self._executor = BudgetedExecutor(
             diagnoser,
