@@ -38,15 +38,10 @@ class FileDiagnoser:
     def for_host(
         cls, containers: ContainerIds | None, slow: SlowMounts | None = None
     ) -> FileDiagnoser:
-        """Also looks at a dead container's rootfs when no task is left: found from its id,
-        or where the kernel placed the root in its filesystem."""
-        rootfs = ContainerRootfs()
-
-        def in_filesystem(event: KernelEvent) -> Iterator[Candidate]:
-            return rootfs.in_filesystem(event.root_dev, event.root_fs_path, parent=event.ppid)
-
+        """Also looks at a dead container's rootfs, found from its id, when no task is left."""
         if containers is None:
-            return cls(RootLocator(extra=[in_filesystem]), slow=slow)
+            return cls(slow=slow)
+        rootfs = ContainerRootfs()
 
         def container_rootfs(event: KernelEvent) -> Iterator[Candidate]:
             container_id = event.container_id
@@ -54,7 +49,7 @@ class FileDiagnoser:
                 container_id = _container_of(containers, event)
             return rootfs.candidates(container_id or None, parent=event.ppid)
 
-        made = cls(RootLocator(extra=[container_rootfs, in_filesystem]), slow=slow)
+        made = cls(RootLocator(extra=[container_rootfs]), slow=slow)
         made._containers = containers
         return made
 
