@@ -61,9 +61,9 @@ __all__ = [
 # this timeout, so they wait at most this long. Idle, it wakes only every IDLE_POLL_MS
 # (and for each window's flush): an idle agent's cost is its wakeups.
 POLL_TIMEOUT_MS = 50
-_ENOEXEC_EXIT = Kind.ENOEXEC_EXIT.value
 IDLE_POLL_MS = 500
 BUSY_S = 0.2
+_ENOEXEC_EXIT = Kind.ENOEXEC_EXIT.value  # decided by the pipeline itself (fates.py)
 
 
 class RecordSource(Protocol):
