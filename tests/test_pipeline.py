@@ -333,14 +333,20 @@ def test_a_new_kind_of_record_is_one_entry(
 
 def test_every_kind_has_one_entry_the_diagnoser_dispatches_on() -> None:
     """Each kind of record the probe sends: decoded with its kind, keyed with it, and
-    diagnosed by the method its entry names (none of them by the fields it has set)."""
+    diagnosed by the method its entry names (none of them by the fields it has set), but
+    an enoexec exit, which only decides a held failure's fate."""
     assert sorted(events.KINDS) == sorted(Kind)
     for kind, entry in events.KINDS.items():
         raw = entry.layout.pack(cgroup_id=7, mntns=MNTNS, root_ino=2)
         assert events.decode_record(raw, 0.0).kind is Kind(kind)
         assert events.repeat_key(raw).kind == kind
-        assert callable(getattr(FileDiagnoser, entry.diagnose))
+        if kind == Kind.ENOEXEC_EXIT:
+            assert entry.diagnose is None
+        else:
+            assert entry.diagnose is not None
+            assert callable(getattr(FileDiagnoser, entry.diagnose))
     assert not events.KINDS[Kind.EMULATED].reads_files
+    assert not events.KINDS[Kind.ENOEXEC_EXIT].reads_files
 
 
 def test_not_found_is_emitted_when_asked(

@@ -94,12 +94,13 @@ class NodeStack:
                 if options.suspect_after is None
                 else SlowMounts(suspect_after=options.suspect_after)
             )
+            death_window = options.probe.death_window_ms / 1000
             observer = options.observer or NodeMetrics(registry, probe)
             try:
                 with NodePipeline(
                     options.diagnoser or FileDiagnoser.for_host(attributor, slow),
                     sink,
-                    options.pipeline,
+                    dataclasses.replace(options.pipeline, death_window=death_window),
                     epoch_offset=boot_to_epoch_offset(),
                     attributor=attributor,
                     observer=observer,

@@ -14,10 +14,12 @@ from typing import Any
 from execwatch.runnable.reason import Reason as Reason  # the vocabulary every record speaks
 
 # Counted in metrics but not reported unless asked for: noise or the program's own bug.
-QUIET_REASONS = frozenset({Reason.NOT_FOUND, Reason.BENIGN_EXIT, Reason.STARTUP_CRASH})
+QUIET_REASONS = frozenset(
+    {Reason.NOT_FOUND, Reason.BENIGN_EXIT, Reason.STARTUP_CRASH, Reason.NO_SHEBANG}
+)
 # Not a platform problem: alerts and the Argo analysis leave these out (their selectors are
 # tested against this set).
-NOT_ALERTED = frozenset({*QUIET_REASONS, Reason.NO_SHEBANG, Reason.EMULATED})
+NOT_ALERTED = frozenset({*QUIET_REASONS, Reason.EMULATED})
 # The image does not run on the node's platform: the handler's feedback to placement (an
 # observed `fails` for the image digest and the node's architecture) speaks only of these.
 PLATFORM_REASONS = frozenset(
@@ -109,6 +111,9 @@ class Kind(enum.IntEnum):
     EXEC_FAILED = 1  # an exec the kernel refused
     EARLY_DEATH = 2  # a process that died in its loader or by a fatal signal right after exec
     EMULATED = 3  # an exec a binfmt_misc emulator ran
+    # A task that exited within the death window of an exec refused with ENOEXEC: never
+    # diagnosed, it decides the fate of the failed exec's record (pipeline.fates).
+    ENOEXEC_EXIT = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,17 +147,24 @@ class KernelEvent:
     root_dev: int = 0  # st_dev of the caller's root directory
     root_mnt_id: int = 0
     root_path: str | None = None  # the root's path in its mount namespace, when whole
+    # When the root is its mount namespace's (a container's): its path inside its own
+    # filesystem (st_dev root_dev), which a mount of that filesystem elsewhere shows.
+    root_fs_path: str | None = None
     base_dev: int = 0  # the base: the fd's file for fexecve, else the directory
     base_ino: int = 0  # (dirfd or cwd) a relative path resolves against
     base_mnt_id: int = 0
     base_path: str | None = None  # the base's path inside the caller's root, when whole
-    exit_code: int | None = None  # early death: exit_group status from inside the loader
-    signal: int | None = None  # early death: fatal signal with its default action
-    age_ms: float | None = None  # early death: time since the task started
+    # early death: exit_group status from inside the loader; enoexec exit: any status
+    exit_code: int | None = None
+    signal: int | None = None  # early death, enoexec exit: fatal signal, default action
+    age_ms: float | None = None  # early death: time since the task started (enoexec exit:
+    # since the failed exec)
     exe_ino: int = 0  # early death: the executable's inode and device (os.makedev form)
     exe_dev: int = 0
     emulator: str | None = None  # emulated: the binfmt_misc interpreter that ran path
     emulated_arch: str | None = None  # emulated: the architecture its entry selects
+    failed_time: float | None = None  # enoexec exit: the time of the failed exec it follows
+    execed: bool = False  # enoexec exit: a successful exec came between
     # The container the agent's live inventory names for cgroup_id, looked up in the agent
     # before the event goes to a diagnosis worker, whose copy of the inventory is as old as
     # the worker ("": looked up, none; None: not looked up).

@@ -52,6 +52,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         " explains (the program's own bug; always counted)",
     )
     p.add_argument(
+        "--show-no-shebang",
+        action="store_true",
+        help="also print NoShebang: a file with neither ELF header nor #! that its caller"
+        " went on from (a shell ran it; always counted)",
+    )
+    p.add_argument(
         "--death-window",
         type=cliargs.Number(0, 3600),
         default=2.0,
@@ -129,6 +135,7 @@ def stack_options(args: argparse.Namespace) -> StackOptions:
             window=args.window,
             show_not_found=args.show_not_found,
             show_crashes=args.show_crashes,
+            show_no_shebang=args.show_no_shebang,
             budget=Budget(seconds=args.diagnosis_budget),
         ),
         make_attributor=None if args.no_attribution else Attributor,

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from execwatch.cluster.events import event_reason
-from execwatch.record import NOT_ALERTED, Reason, UndiagnosedCause
+from execwatch.record import NOT_ALERTED, PLATFORM_REASONS, Reason, UndiagnosedCause
 from tests.deploy.chart import REPO, find, render
 
 RULES = REPO / "deploy" / "prometheus" / "execwatch-rules.yaml"
@@ -117,6 +117,15 @@ def test_every_reason_selector_leaves_out_exactly_the_reasons_not_alerted() -> N
     assert selectors, "no reason selector found"
     for selector in selectors:
         assert set(selector.split("|")) == {str(r) for r in NOT_ALERTED}, selector
+
+
+def test_a_runtime_giving_up_on_a_file_without_shebang_alerts_and_is_never_platform() -> None:
+    """MissingShebang fails on every architecture: alerted, never placement's business; the
+    shell's retry of such a file (NoShebang) is neither."""
+    assert Reason.MISSING_SHEBANG not in NOT_ALERTED
+    assert Reason.MISSING_SHEBANG not in PLATFORM_REASONS
+    assert Reason.NO_SHEBANG in NOT_ALERTED
+    assert event_reason(Reason.MISSING_SHEBANG) == "MissingShebang"
 
 
 def test_every_reason_has_its_own_event_reason() -> None:

@@ -187,6 +187,30 @@ def test_exec_failure_query_counts_only_new_failures_of_the_canary(tmp_path: Pat
     )
 
 
+def test_exec_failure_query_fails_a_canary_whose_entrypoint_nothing_retried(
+    tmp_path: Path,
+) -> None:
+    """MissingShebang (the runtime gave up on a file with no #!) fails the analysis; the
+    benign NoShebang (a shell ran such a file) does not."""
+
+    def failures(reason: str) -> str:
+        return (
+            'execwatch_exec_failures_total{job="execwatch-handler",instance="h",node="n",'
+            f'node_arch="amd64",binary_arch="",reason="{reason}",container="c",'
+            f'namespace="shop",workload="{ROLLOUT}-{CANARY}"}}'
+        )
+
+    promtool_fires(
+        tmp_path,
+        query_of(template("execwatch-exec-failures")),
+        [
+            {"series": failures("NoShebang"), "values": "_x4 1+1x76"},
+            {"series": failures("MissingShebang"), "values": "_x20 1+1x60"},
+        ],
+        [("4m", False), ("5m15s", True)],
+    )
+
+
 def test_restart_query_counts_restarts_of_canary_pods_only(tmp_path: Path) -> None:
     def restarts(pod: str) -> str:
         return (

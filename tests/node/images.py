@@ -7,7 +7,9 @@
   web:v1 (a healthy busybox httpd), web:v2-arm64 (the same, with an arm64 entrypoint:
   exec format error), web:v2-musl (an alpine-like musl root whose entrypoint is a glibc
   binary: its ELF loader is missing), side:v1 (a healthy shell that execs an arm64
-  binary every few seconds).
+  binary every few seconds), web:v2-noshebang (its entrypoint /app/run.sh has no #!
+  line: runc gives up on it), side:noshebang (a healthy shell that runs a script without
+  #! every few seconds: busybox runs it itself).
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ WEB_V2_ARM64 = "docker.io/execwatch-test/web:v2-arm64"
 WEB_V2_MUSL = "docker.io/execwatch-test/web:v2-musl"
 SIDE = "docker.io/execwatch-test/side:v1"
 SIDE_FOREIGN = "/opt/tools/report"  # the arm64 binary the side process keeps trying
+WEB_V2_NOSHEBANG = "docker.io/execwatch-test/web:v2-noshebang"
+SIDE_NOSHEBANG = "docker.io/execwatch-test/side:noshebang"
+NOSHEBANG_ENTRYPOINT = "/app/run.sh"
+SIDE_SCRIPT = "/opt/tools/plain"  # no #!: the side process's shell runs it
 
 SERVER_C = '#include <stdio.h>\nint main(void) { puts("v2"); return 0; }\n'
 
@@ -68,6 +74,10 @@ def build_workloads(workdir: Path) -> list[Path]:
     src.write_text(SERVER_C)
     # A glibc binary: its PT_INTERP is /lib64/ld-linux-x86-64.so.2, absent from a musl root.
     subprocess.run(["gcc", "-O2", "-o", str(server), str(src)], check=True)
+    run_sh = workdir / "run.sh"  # no #! line: what its author meant never runs
+    run_sh.write_text(f"exec /bin/busybox httpd -f -p {WEB_PORT} -h /www\n")
+    plain = workdir / "plain"  # no #! line either: a shell runs it
+    plain.write_text("echo ok\n")
     httpd = ["/bin/busybox", "httpd", "-f", "-p", str(WEB_PORT), "-h", "/www"]
     web = {"bin/busybox": HOST_BUSYBOX, "www/index.html": index}
     return [
@@ -85,6 +95,20 @@ def build_workloads(workdir: Path) -> list[Path]:
             {**web, "lib/ld-musl-x86_64.so.1": MUSL_LOADER, "usr/local/bin/server": server},
             _busybox_applets(),
             ["/usr/local/bin/server"],
+        ),
+        oci_archive(
+            workdir / "web-v2-noshebang.tar",
+            WEB_V2_NOSHEBANG,
+            {**web, NOSHEBANG_ENTRYPOINT.lstrip("/"): run_sh},
+            _busybox_applets(),
+            [NOSHEBANG_ENTRYPOINT],
+        ),
+        oci_archive(
+            workdir / "side-noshebang.tar",
+            SIDE_NOSHEBANG,
+            {"bin/busybox": HOST_BUSYBOX, SIDE_SCRIPT.lstrip("/"): plain},
+            _busybox_applets(),
+            ["/bin/sh", "-c", f"while true; do {SIDE_SCRIPT} >/dev/null; sleep 3; done"],
         ),
         oci_archive(
             workdir / "side.tar",

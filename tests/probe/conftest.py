@@ -35,7 +35,8 @@ class Tracer:
     @contextmanager
     def open(cls, attributor: Attributor | None = None) -> Iterator[Tracer]:
         options = StackOptions(
-            pipeline=PipelineOptions(window=0.05, show_not_found=True), attributor=attributor
+            pipeline=PipelineOptions(window=0.05, show_not_found=True, show_no_shebang=True),
+            attributor=attributor,
         )
         with node_stack(options) as running:
             yield cls(running)
@@ -43,6 +44,7 @@ class Tracer:
     def wait_for(self, match: Callable[[ExecFailure], bool], timeout: float = 5.0) -> ExecFailure:
         def found() -> ExecFailure | None:
             self.probe.poll(50)
+            self.pipeline.flush()  # as the consume loop does each window: held fates expire
             return next((r for r in self.records if match(r)), None)
 
         def seen() -> str:

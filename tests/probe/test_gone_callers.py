@@ -110,6 +110,38 @@ def test_a_chrooted_shell_that_execs_a_glibc_binary_in_a_musl_root(
     assert record.diagnosis.interpreter == GLIBC_LOADER[platform.machine()]
 
 
+def test_a_pivot_rooted_caller_gone_with_its_mount_namespace(
+    records: Records, tmp_path: Path
+) -> None:
+    """A container's case without a runtime that keeps its rootfs mounted: the caller
+    pivot_root'ed into a directory in a mount namespace of its own and exited, and the
+    namespace went with it. Its root's path in its namespace is "/", which says nothing;
+    its place in its file system, through a mount of that device, finds it again."""
+    root = tmp_path / "bundle-rootfs"
+    for d in ("bin", "app", "old"):
+        (root / d).mkdir(parents=True)
+    shutil.copy("/bin/busybox", root / "bin/busybox")  # static
+    shutil.copy("/usr/bin/true", root / "app/glibc-binary")  # its loader is not in the root
+    inside = "/bin/busybox umount -l /old; exec /app/glibc-binary"
+    run = subprocess.run(
+        [
+            "unshare", "--mount", "--propagation", "private", "sh", "-c",
+            f'mount --bind {root} {root} && cd {root} && pivot_root . old'
+            f' && exec /bin/busybox sh -c "{inside}"',
+        ],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert run.returncode == 127, run.stderr
+
+    record = records.of("/app/glibc-binary")
+    assert record.event.mntns != os.stat("/proc/self/ns/mnt").st_ino
+    assert record.event.root_path == "/"
+    assert record.event.root_fs_path == str(root)  # tmp_path is on the root file system
+    assert record.diagnosis.reason is Reason.MISSING_INTERPRETER, record.diagnosis
+    assert record.diagnosis.interpreter == GLIBC_LOADER[platform.machine()]
+
+
 def test_a_chroot_that_was_replaced_is_not_trusted(records: Records, tmp_path: Path) -> None:
     """The recorded path now names another directory: no diagnosis against it."""
     root = tmp_path / "jail"

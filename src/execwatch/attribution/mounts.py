@@ -44,7 +44,7 @@ class CgroupMounts:
     v1: dict[str, HierarchyMount] = field(default_factory=dict)  # controller or name=x -> mount
 
 
-def _unescape(field_: str) -> str:
+def unescape_mountinfo(field_: str) -> str:
     """mountinfo escapes space, tab, newline and backslash as octal."""
     out, i = [], 0
     while i < len(field_):
@@ -70,7 +70,7 @@ def parse_mountinfo(text: str) -> CgroupMounts:
         if sep < 6 or sep + 3 >= len(fields):
             continue
         fstype, superopts = fields[sep + 1], fields[sep + 3]
-        mount = HierarchyMount(Path(_unescape(fields[4])), _unescape(fields[3]))
+        mount = HierarchyMount(Path(unescape_mountinfo(fields[4])), unescape_mountinfo(fields[3]))
         if fstype == "cgroup2":
             unified.append(mount)
         elif fstype == "cgroup":

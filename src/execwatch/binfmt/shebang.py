@@ -93,10 +93,13 @@ def missing_shebang_cause(head: bytes) -> str:
     """Why a file the kernel refused (ENOEXEC, neither ELF nor `#!`) has no `#!` line, for
     a person: a UTF-8 byte order mark or a blank first line before `#!`, leading spaces,
     UTF-16, CRLF line endings, or no interpreter line at all; with its first bytes, escaped."""
-    return f"{_cause(head[:BINPRM_BUF_SIZE])} (first bytes: {_escaped(head[:CAUSE_HEAD_BYTES])})"
+    return f"{why_no_shebang(head)} (first bytes: {_escaped(head[:CAUSE_HEAD_BYTES])})"
 
 
-def _cause(head: bytes) -> str:
+def why_no_shebang(head: bytes) -> str:
+    """The cause alone, for a medium that shows the bytes its own way (the node's details
+    hold them raw, and each output escapes them)."""
+    head = head[:BINPRM_BUF_SIZE]
     if not head:
         return "the file is empty"
     if head.startswith(b"#!"):  # parse_shebang refused it, as the kernel does

@@ -274,11 +274,13 @@ enum walk_end {
 	WALK_CUT = 0,     /* too deep or too long, detached, or unreadable */
 	WALK_AT_STOP = 1, /* reached `stop` */
 	WALK_AT_NS_ROOT = 2, /* reached the root of the mount namespace first */
+	WALK_AT_FS_ROOT = 3, /* no vfsmount given: reached the root of the dentry's filesystem */
 };
 
 /* The names from d up to `stop` (a dentry on stop_mnt) or to the root of its mount
  * namespace, whichever comes first, crossing mounts as d_path() does; leaf first, each
- * name followed by '/', into path_scratch. The one dentry walk: every path in a record
+ * name followed by '/', into path_scratch. With no vfsmount, the names up to the root of
+ * d's own filesystem, crossing no mount. The one dentry walk: every path in a record
  * comes from here. Returns an enum walk_end.
  * Global, so the verifier checks its loop once, not once per caller's state. */
 __noinline int walk_path(__u64 dentry, __u64 vfsmount, __u64 stop, __u64 stop_mnt)
@@ -298,7 +300,7 @@ __noinline int walk_path(__u64 dentry, __u64 vfsmount, __u64 stop, __u64 stop_mn
 			end = WALK_AT_STOP;
 			break;
 		}
-		if (d == BPF_CORE_READ(vm, mnt_root)) {
+		if (vm && d == BPF_CORE_READ(vm, mnt_root)) {
 			parent = BPF_CORE_READ(mnt, mnt_parent);
 			if (parent == mnt) { /* the namespace's root mount */
 				end = WALK_AT_NS_ROOT;
@@ -310,6 +312,10 @@ __noinline int walk_path(__u64 dentry, __u64 vfsmount, __u64 stop, __u64 stop_mn
 			continue;
 		}
 		up = BPF_CORE_READ(d, d_parent);
+		if (up == d && !vm) {
+			end = WALK_AT_FS_ROOT;
+			break;
+		}
 		if (up == d || off >= EW_DPATH_LEN)
 			break; /* detached from any mount, or too long */
 		n = bpf_probe_read_kernel_str(buf + (off & (EW_DPATH_LEN - 1)), EW_DPATH_LEN,
@@ -362,6 +368,11 @@ static __noinline void read_paths(struct task_struct *task, struct ew_event *e)
 	e->root_mnt_id = BPF_CORE_READ(real_mount(root_mnt), mnt_id);
 	e->path_flags = read_path(root, root_mnt, 0, 0, e->root_path) == WALK_AT_NS_ROOT ?
 				EW_ROOT_PATH_OK : 0;
+	/* The root of its mount namespace, as a container's is after pivot_root: once the
+	 * container is gone that says nothing, where the root lies in its filesystem does. */
+	if (e->path_flags && !e->root_path[0])
+		e->path_flags = read_path(root, 0, 0, 0, e->root_path) == WALK_AT_FS_ROOT ?
+					EW_ROOT_IN_FS : 0;
 	e->pad = 0;
 	if (e->filename[0] != '/' && e->syscall == EW_EXECVEAT && e->dirfd != AT_FDCWD) {
 		f = fd_file(task, e->dirfd);
@@ -558,6 +569,39 @@ static __always_inline void fold_arm(struct ew_fold_set *set, __u32 set_idx, int
 	set->way[way & (EW_FOLD_WAYS - 1)].epoch = epoch;
 }
 
+/* ---- After an ENOEXEC: see ew_enoexec_exit in execwatch.h ---- */
+
+/* Tasks whose ENOEXEC record went out, by tgid; an exit removes its task's entry, the LRU
+ * the entries of tasks that never exit through a hook (SIGKILL). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, EW_ENOEXEC_TASKS);
+	__type(key, __u32);
+	__type(value, struct ew_enoexec_task);
+} enoexec_tasks SEC(".maps");
+
+/* When the last remembered failure's window ends: until then an exit looks its task up;
+ * after it, every exit costs one array load and a compare. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} enoexec_armed SEC(".maps");
+
+/* A call, off the fold path: it runs only after an ENOEXEC's record was sent. */
+static __noinline void remember_enoexec(struct task_struct *task, __u64 now)
+{
+	struct ew_enoexec_task t = { .failed_ns = now };
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32, zero = 0;
+	__u64 *until = bpf_map_lookup_elem(&enoexec_armed, &zero);
+
+	t.exec_id = BPF_CORE_READ(task, self_exec_id);
+	bpf_map_update_elem(&enoexec_tasks, &tgid, &t, BPF_ANY);
+	if (until && *until < now + cfg.death_window_ns)
+		*until = now + cfg.death_window_ns; /* racing CPUs: a later store can only be close */
+}
+
 /* Not inlined: the success path then runs in a program with no stack frame to set up. */
 static __noinline int on_failure(long ret, enum ew_syscall sc)
 {
@@ -621,6 +665,8 @@ static __noinline int on_failure(long ret, enum ew_syscall sc)
 		read_fd_name(task, e->dirfd, e->fd_name, sizeof(e->fd_name));
 	read_paths(task, e);
 	bpf_ringbuf_submit(e, wakeup_flag(now, cgroup_id));
+	if (ret == -ENOEXEC)
+		remember_enoexec(task, now);
 	return 0;
 }
 
@@ -789,11 +835,62 @@ static __noinline int on_loader_exit(int code)
 	return report_death(&d);
 }
 
+/* The record's own fields. A call: its signature puts struct ew_enoexec_exit in the
+ * object's BTF, which the loader checks. */
+static __noinline void fill_enoexec_exit(struct ew_enoexec_exit *e, __u64 failed_ns, int code,
+					 int sig, bool execed)
+{
+	e->failed_ns = failed_ns;
+	e->exit_code = sig ? -1 : code;
+	e->signal = sig;
+	e->execed = execed;
+	e->pad = 0;
+}
+
+/* An exit (`sig` 0: exit_group with `code`) of a task remembered by remember_enoexec: a
+ * record when it comes within the window of the failure, saying whether it exec'd since. */
+static __noinline int on_enoexec_exit(int code, int sig)
+{
+	__u32 zero = 0, tgid = bpf_get_current_pid_tgid() >> 32;
+	__u64 *until = bpf_map_lookup_elem(&enoexec_armed, &zero);
+	struct ew_enoexec_task *t;
+	struct task_struct *task;
+	struct ew_enoexec_exit *e;
+	__u64 now, failed_ns, exec_id, cgroup_id, mntns, root_ino;
+	bool execed;
+
+	if (!until || !*until)
+		return 0;
+	now = bpf_ktime_get_boot_ns();
+	if (now >= *until)
+		return 0;
+	t = bpf_map_lookup_elem(&enoexec_tasks, &tgid);
+	if (!t)
+		return 0;
+	failed_ns = t->failed_ns;
+	exec_id = t->exec_id;
+	bpf_map_delete_elem(&enoexec_tasks, &tgid);
+	if (now - failed_ns >= cfg.death_window_ns)
+		return 0; /* it went on for the whole window */
+	task = current_task();
+	execed = exec_id != BPF_CORE_READ(task, self_exec_id);
+	cgroup_id = current_cgroup_id(task);
+	e = reserve_record(&deaths, sizeof(*e), EW_STAT_DEATH_DROPS, false, cgroup_id, now);
+	if (!e)
+		return 0;
+	caller_root(task, &mntns, &root_ino);
+	fill_head(&e->head, EW_KIND_ENOEXEC_EXIT, task, now, cgroup_id, mntns, root_ino);
+	fill_enoexec_exit(e, failed_ns, code, sig, execed);
+	bpf_ringbuf_submit(e, wakeup_flag(now, cgroup_id));
+	return 0;
+}
+
 SEC("tracepoint/syscalls/sys_enter_exit_group")
 int enter_exit_group(struct sys_enter_exit_group_ctx *ctx)
 {
 	__u32 code = (__u32)ctx->error_code & 0xff;
 
+	on_enoexec_exit((int)code, 0);
 	/* glibc's loader exits 127 (missing library or symbol) or 1 (missing version); musl's 127. */
 	return code == 127 || code == 1 ? on_loader_exit(code) : 0;
 }
@@ -817,6 +914,7 @@ int signal_deliver(struct signal_deliver_ctx *ctx)
 
 	if (ctx->sa_handler != 0 || sig <= 0 || sig >= 32 || !((1u << sig) & FATAL_SIGNALS))
 		return 0; /* handled, ignored or not fatal: SIG_DFL is 0 */
+	on_enoexec_exit(-1, sig);
 	return on_fatal_signal(sig);
 }
 

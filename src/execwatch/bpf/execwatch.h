@@ -14,6 +14,8 @@
 #define EW_ROOT_PATH_OK 0x1 /* root_path is whole: it reaches its mount namespace's root */
 #define EW_BASE_SET 0x2     /* the base_* fields are filled */
 #define EW_BASE_IN_ROOT 0x4 /* base_path is whole and inside the caller's root */
+#define EW_ROOT_IN_FS 0x8   /* root_path is whole, inside the root's own filesystem: the */
+			    /* root is its mount namespace's (a container's, after pivot_root) */
 
 enum ew_syscall {
 	EW_EXECVE = 0,
@@ -44,6 +46,7 @@ enum ew_kind {
 	EW_KIND_EXEC_FAILED = 1, /* struct ew_event */
 	EW_KIND_EARLY_DEATH = 2, /* struct ew_death */
 	EW_KIND_EMULATED = 3,    /* struct ew_emulated */
+	EW_KIND_ENOEXEC_EXIT = 4, /* struct ew_enoexec_exit */
 };
 
 /* Who and where, first in every record. */
@@ -182,6 +185,31 @@ struct ew_death {
 };
 
 #define EW_EXE_PATH_OK 0x1
+
+/* ---- After an ENOEXEC: did the task go on to run something? ----
+ * The same death window, counted from a failed exec instead of the task's start. A task
+ * whose exec the kernel refused with ENOEXEC, once its record is sent, is remembered in
+ * enoexec_tasks (by tgid, LRU) with the failure's time and its exec count. If it exits
+ * (exit_group, or a fatal signal) within death_window_ns of the failure, an ew_enoexec_exit
+ * record says how, in the deaths ring: a runtime's init gives up at once with no exec since
+ * (runc exits 1 or 255), a shell that runs the file itself exits with the script's status,
+ * one that retried it with /bin/sh (or execvp() did) exits after an exec (self_exec_id
+ * moved on). A task that lives on sends nothing; user space waits the window for it. */
+#define EW_ENOEXEC_TASKS 4096
+
+struct ew_enoexec_task {      /* enoexec_tasks' value */
+	__u64 failed_ns;      /* the failed exec's record's head.ktime_ns */
+	__u64 exec_id;        /* the task's self_exec_id then */
+};
+
+struct ew_enoexec_exit {
+	struct ew_head head;  /* kind EW_KIND_ENOEXEC_EXIT; ktime_ns is the exit's */
+	__u64 failed_ns;      /* the failed exec's record's head.ktime_ns */
+	__s32 exit_code;      /* exit_group status, or -1 for a signal */
+	__s32 signal;         /* fatal signal number, or 0 */
+	__u32 execed;         /* 1: a successful exec since the failure */
+	__u32 pad;
+};
 
 /* ---- Emulation: a successful exec handed to a binfmt_misc interpreter ----
  * User space fills `emulators` from the node's binfmt_misc table with the interpreter of

@@ -23,6 +23,7 @@ from itertools import islice
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
+from execwatch.attribution.mounts import unescape_mountinfo
 from execwatch.runnable.openat2 import Resolver, Root
 
 CONTAINER_ID = re.compile(r"^[0-9a-f]{12,128}$")
@@ -59,6 +60,15 @@ class ContainerRootfs:
             yield from self._from_mounts(view, container_id)
             yield from self._from_crio(view, container_id)
 
+    def in_filesystem(self, dev: int, fs_path: str | None, parent: int = 0) -> Iterator[Candidate]:
+        """Where a root the kernel placed in its filesystem (`fs_path` on device `dev`, as
+        st_dev) shows through a mount of that filesystem: a runtime's directory rootfs
+        (runc's bundle, a snapshot) outlives the container whose root it was."""
+        if not dev or fs_path is None:
+            return
+        for view in self._views(parent):
+            yield from islice(self._from_filesystem(view, dev, fs_path), MAX_CANDIDATES)
+
     def _views(self, parent: int) -> Iterator[Path]:
         """/proc/PID of each reachable task with a mount namespace not seen before."""
         seen: set[int] = set()
@@ -88,6 +98,24 @@ class ContainerRootfs:
         for mountpoint in found:
             yield _inside(view, mountpoint.decode(errors="surrogateescape").replace("\\040", " "))
 
+    def _from_filesystem(self, view: Path, dev: int, fs_path: str) -> Iterator[Candidate]:
+        """Mounts of device `dev` whose mounted subtree (mountinfo's root field) holds
+        fs_path, and where fs_path shows in each."""
+        wanted = f"{os.major(dev)}:{os.minor(dev)}".encode()
+        try:
+            with open(view / "mountinfo", "rb") as f:
+                found = [
+                    (_field(fields[3]), _field(fields[4]))
+                    for line in _lines(f, MAX_MOUNTINFO_BYTES)
+                    if len(fields := line.split(b" ", 5)) > 4 and fields[2] == wanted
+                ]
+        except OSError:
+            return
+        for subtree, mountpoint in found:
+            inside = _below(fs_path, subtree)
+            if inside is not None:
+                yield _inside(view, f"{mountpoint.rstrip('/')}/{inside}")
+
     def _from_crio(self, view: Path, container_id: str) -> Iterator[Candidate]:
         """The config is read inside the view's root: a parent's may be a tenant's, whose
         symlinks must not lead to the node's files, nor a FIFO block the read."""
@@ -114,6 +142,20 @@ def _lines(f: BinaryIO, budget: int) -> Iterator[bytes]:
     while budget > 0 and (line := f.readline(min(budget, 1 << 16))):
         budget -= len(line)
         yield line.rstrip(b"\n")
+
+
+def _field(raw: bytes) -> str:
+    return unescape_mountinfo(raw.decode(errors="surrogateescape"))
+
+
+def _below(path: str, top: str) -> str | None:
+    """`path` relative to `top` ("" for top itself), or None when it is not inside it."""
+    top = top.rstrip("/")
+    if path == top or (not top and path == "/"):
+        return ""
+    if path.startswith(top + "/"):
+        return path[len(top) + 1 :]
+    return None
 
 
 def _inside(view: Path, path: str) -> Candidate:

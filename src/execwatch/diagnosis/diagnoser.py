@@ -88,7 +88,10 @@ class FileDiagnoser:
 
     def diagnose(self, event: KernelEvent) -> Diagnosis:
         """By the event's kind: the entry point its probe.events.KINDS entry names."""
-        entry: Callable[[KernelEvent], Diagnosis] = getattr(self, events.KINDS[event.kind].diagnose)
+        name = events.KINDS[event.kind].diagnose
+        if name is None:
+            raise ValueError(f"{event.kind.name} records are not diagnosed")
+        entry: Callable[[KernelEvent], Diagnosis] = getattr(self, name)
         return entry(event)
 
     def early_death(self, event: KernelEvent) -> Diagnosis:

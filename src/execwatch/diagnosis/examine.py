@@ -89,11 +89,8 @@ class Examiner:
         other_os = self._foreign_os(fd, path) if ctx.err == errno.ENOEXEC else None
         if other_os is not None:
             return other_os
-        if ctx.err == errno.ENOEXEC:
-            return self.result(
-                Reason.NO_SHEBANG,
-                detail="neither ELF nor #!: shells and execvp() retry such files with /bin/sh",
-            )
+        if ctx.err == errno.ENOEXEC:  # benign or fatal by what its caller does next
+            return self.result(Reason.NO_SHEBANG, detail=wording.no_shebang(head))
         return self.result(
             Reason.UNDIAGNOSED, detail="not ELF and no #! line", cause=UndiagnosedCause.UNEXPLAINED
         )

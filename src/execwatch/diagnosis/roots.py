@@ -3,7 +3,9 @@
 The caller of a failed exec is often gone by the time user space looks: a container
 whose entrypoint fails exits at once. So the failing task itself is tried first, then
 its parent, then whatever extra locators the host offers (a container's rootfs, found
-from its id), then any live task with the same root. A stand-in is
+from its id), then where the kernel placed the root in its file system (recorded when the
+root is its mount namespace's own, as a container's is) through a mount of that device,
+then any live task with the same root. A stand-in is
 used only if its root directory is the very inode the kernel saw as the caller's root,
 so a chroot'ed caller is never diagnosed against its parent's filesystem.
 """
@@ -16,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from execwatch.diagnosis.container_rootfs import Candidate
+from execwatch.diagnosis.container_rootfs import Candidate, ContainerRootfs
 from execwatch.record import KernelEvent
 from execwatch.runnable.openat2 import Resolver, Root
 
@@ -31,6 +33,7 @@ class RootLocator:
         self._proc = proc
         self._extra = list(extra)
         self._resolver = Resolver()
+        self._rootfs = ContainerRootfs(proc)
         self._peer_by_root: OrderedDict[tuple[int, int], int] = OrderedDict()  # bounded LRU
 
     def open(self, event: KernelEvent) -> Root | None:
@@ -47,6 +50,10 @@ class RootLocator:
             for candidate in locate(event):
                 if root := self._open_rootfs(candidate, event):
                     return root
+        found = self._rootfs.in_filesystem(event.root_dev, event.root_fs_path, event.ppid)
+        for candidate in found:
+            if root := self._open_rootfs(candidate, event):
+                return root
         peer = self._find_peer(event)
         if peer is not None and (root := self._open_pid_root(peer, event)):
             return Root(root.fd, f"root of pid {peer}, a live task with the same root")

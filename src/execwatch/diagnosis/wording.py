@@ -3,8 +3,10 @@ faults in scan/wording.py)."""
 
 from __future__ import annotations
 
+import signal
 from dataclasses import replace
 
+from execwatch.binfmt.shebang import CAUSE_HEAD_BYTES, why_no_shebang
 from execwatch.record import Reason
 from execwatch.runnable.rules import Fault
 
@@ -52,3 +54,22 @@ def sigill(fault: Fault) -> Fault:
     return replace(
         fault, detail=f"{fault.detail}: no loader checks it, the CPU stops it with SIGILL"
     )
+
+
+def no_shebang(head: bytes) -> str:
+    """A file that is neither ELF nor #! (ENOEXEC): what it starts with, and the likely cause.
+    The pipeline adds what its caller did next (pipeline.fates)."""
+    shown = head[:CAUSE_HEAD_BYTES].decode("ascii", "surrogateescape")  # escaped by each output
+    more = "…" if len(head) > CAUSE_HEAD_BYTES else ""
+    return f'neither ELF nor #!: {why_no_shebang(head)} (first bytes: "{shown}"{more})'
+
+
+def exit_status(exit_code: int | None, signal_number: int | None) -> str:
+    """How a task ended, as a detail says it."""
+    if signal_number:
+        try:
+            name = signal.Signals(signal_number).name
+        except ValueError:
+            name = f"signal {signal_number}"
+        return f"was killed by {name}"
+    return f"exited with status {exit_code}"

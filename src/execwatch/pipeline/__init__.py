@@ -7,7 +7,9 @@ with their exact count per window). The budgeted executor (`executor`: worker th
 diagnosis worker processes and a watchdog) turns each queued record into an ExecFailure.
 The output (`sink`) counts every failure and passes those worth showing to the sink.
 The kernel folds a PATH search's repeated misses itself (see ew_fold_slot): their counts
-are credited, once per window, to the slot of the record each followed.
+are credited, once per window, to the slot of the record each followed. A file with no
+`#!` is held, diagnosed, until its caller's fate is known (`fates`): the kernel's word on
+how the caller exited, or the death window's end.
 
 `execwatch.nodestack.NodeStack` assembles the pipeline with the probe; use that.
 """
@@ -29,6 +31,7 @@ from execwatch.pipeline.executor import (
     BudgetedExecutor,
     Diagnoser,
 )
+from execwatch.pipeline.fates import Fates, awaits_fate
 from execwatch.pipeline.health import CountsPruner, Heartbeat
 from execwatch.pipeline.sink import Output, PipelineObserver, Sink
 from execwatch.probe import layout
@@ -37,6 +40,7 @@ from execwatch.record import (
     Attribution,
     ExecFailure,
     KernelEvent,
+    Kind,
     UndiagnosedCause,
     undiagnosed,
 )
@@ -65,6 +69,7 @@ __all__ = [
 POLL_TIMEOUT_MS = 50
 IDLE_POLL_MS = 500
 BUSY_S = 0.2
+_ENOEXEC_EXIT = Kind.ENOEXEC_EXIT.value  # decided by the pipeline itself (fates.py)
 
 
 class RecordSource(Protocol):
@@ -88,7 +93,10 @@ class PipelineOptions:
     rediagnose_after: float = 60.0
     show_not_found: bool = False
     show_crashes: bool = False
+    show_no_shebang: bool = False  # a file with no #! that its caller went on from
     budget: Budget = dataclasses.field(default_factory=Budget)
+    # The probe's death window: how long a file with no #! waits for its caller's fate.
+    death_window: float = 2.0
 
 
 class NodePipeline:
@@ -120,6 +128,7 @@ class NodePipeline:
             observer,
             show_not_found=options.show_not_found,
             show_crashes=options.show_crashes,
+            show_no_shebang=options.show_no_shebang,
         )
         self._executor = BudgetedExecutor(
             diagnoser,
@@ -132,6 +141,7 @@ class NodePipeline:
             heartbeat=self.heartbeat,
         )
         self.slow = self._executor.slow
+        self._fates: Fates[Slot] = Fates(options.death_window, dropped=self._output.dropped)
         self._closed = False
 
     def __enter__(self) -> NodePipeline:
@@ -142,8 +152,12 @@ class NodePipeline:
 
     def on_record(self, raw: bytes) -> None:
         """The consume loop's whole job per record: fold it, or queue it for diagnosis."""
-        key = aggregation_key(raw)
         now = time.monotonic()
+        if layout.KIND.unpack_from(raw)[0] == _ENOEXEC_EXIT:
+            self.heartbeat.beat(now)
+            self._release(self._fates.exited(self._decode(raw), now))
+            return
+        key = aggregation_key(raw)
         self.heartbeat.beat(now)
         folded, known = self._repeats.repeat(key, raw, now)
         if folded:
@@ -209,6 +223,7 @@ class NodePipeline:
         if self._folds is not None:
             self._absorb(self._folds.take_folds())
         now = time.monotonic()
+        self._release(self._fates.expire(now, final=final))
         for slot in self._repeats.slots():
             if final and slot.failure is None:
                 self._close_unsettled(slot)
@@ -229,16 +244,31 @@ class NodePipeline:
         return decode_record(raw, self._epoch_offset)
 
     def _settle(self, slot: Slot, failure: ExecFailure) -> None:
+        if awaits_fate(failure) and self._repeats.hold(slot):
+            ready = self._fates.hold(slot, failure, time.monotonic())
+            self._repeats.settled()  # diagnosed: nothing left for the executor
+            self._release(ready)
+            return
         unreported = self._repeats.settle(slot, failure)
         if unreported is None:
             return
+        self._emit_first(slot, failure, unreported)
+        self._repeats.settled()
+
+    def _release(self, verdicts: list[tuple[Slot, ExecFailure]]) -> None:
+        """Held failures whose caller's fate is known (or no longer waited for)."""
+        for slot, failure in verdicts:
+            unreported = self._repeats.release(slot, failure)
+            if unreported is not None:
+                self._emit_first(slot, failure, unreported)
+
+    def _emit_first(self, slot: Slot, failure: ExecFailure, unreported: int) -> None:
         self._output.counted(failure, aggregated=False, count=1)
         if unreported:
             self._output.counted(failure, aggregated=True, count=unreported)
         self._output.emit(failure)
         if self._repeats.evicted(slot):  # its repeats are not flushed by anyone else
             self._emit_pending(slot)
-        self._repeats.settled()
 
     def _close_unsettled(self, slot: Slot) -> None:
         pending = self._repeats.close(slot)

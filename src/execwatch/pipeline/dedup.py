@@ -30,6 +30,7 @@ class Slot:
     opened: float  # when its first occurrence came: its diagnosis is that old
     unreported: int = 0  # repeats that arrived before the diagnosis: counted once it is known
     closed: bool = False  # emitted without waiting for its diagnosis (shutdown)
+    held: bool = False  # diagnosed, its reason waiting for its caller's fate (fates.py)
 
 
 class Repeats:
@@ -90,8 +91,27 @@ class Repeats:
         """Record the first occurrence's diagnosis: the repeats it now accounts for, or
         None when the slot was settled already (by the watchdog, or at shutdown)."""
         with self._lock:
-            if slot.failure is not None or slot.closed:
+            if slot.failure is not None or slot.closed or slot.held:
                 return None
+            slot.failure = failure
+            unreported, slot.unreported = slot.unreported, 0
+            return unreported
+
+    def hold(self, slot: Slot) -> bool:
+        """The first occurrence is diagnosed but its reason waits (fates.py): its repeats
+        stay unreported until `release`. False when the slot was settled already."""
+        with self._lock:
+            if slot.failure is not None or slot.closed or slot.held:
+                return False
+            slot.held = True
+            return True
+
+    def release(self, slot: Slot, failure: ExecFailure) -> int | None:
+        """A held slot's verdict: as `settle`."""
+        with self._lock:
+            if not slot.held:
+                return None
+            slot.held = False
             slot.failure = failure
             unreported, slot.unreported = slot.unreported, 0
             return unreported
@@ -110,7 +130,7 @@ class Repeats:
         """Give up waiting for `slot`'s diagnosis (shutdown): its repeats, or None when it
         was settled already."""
         with self._idle:
-            if slot.failure is not None or slot.closed:
+            if slot.failure is not None or slot.closed or slot.held:
                 return None
             slot.closed = True
             self._unsettled -= 1

@@ -35,8 +35,8 @@ class PipelineObserver(Protocol):
 
 
 class Output:
-    """The sink and the observer. Quiet reasons (NotFound, StartupCrash) are counted, and
-    printed or published only when asked for."""
+    """The sink and the observer. Quiet reasons (NotFound, StartupCrash, NoShebang) are
+    counted, and printed or published only when asked for."""
 
     def __init__(
         self,
@@ -45,10 +45,15 @@ class Output:
         *,
         show_not_found: bool = False,
         show_crashes: bool = False,
+        show_no_shebang: bool = False,
     ) -> None:
         self._sink = sink
         self._observer = observer
-        self._show = {Reason.NOT_FOUND: show_not_found, Reason.STARTUP_CRASH: show_crashes}
+        self._show = {
+            Reason.NOT_FOUND: show_not_found,
+            Reason.STARTUP_CRASH: show_crashes,
+            Reason.NO_SHEBANG: show_no_shebang,
+        }
         self._lock = threading.Lock()  # one record at a time into the sink
 
     def counted(self, failure: ExecFailure, *, aggregated: bool, count: int) -> None:

@@ -8,6 +8,7 @@ kind of record is one entry there (and that entry point's method).
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -67,12 +68,21 @@ def decode_exec_failed(raw: bytes, epoch_offset: float) -> KernelEvent:
         via_fd=via_fd,
         root_dev=user_dev(r.root_dev),
         root_mnt_id=r.root_mnt_id,
-        root_path=leaf_first(r.root_path) if r.path_flags & layout.ROOT_PATH_OK else None,
+        root_path=_root_path(r.path_flags, r.root_path),
+        root_fs_path=leaf_first(r.root_path) if r.path_flags & layout.ROOT_IN_FS else None,
         base_dev=user_dev(r.base_dev),
         base_ino=r.base_ino,
         base_mnt_id=r.base_mnt_id,
         base_path=leaf_first(r.base_path) if r.path_flags & layout.BASE_IN_ROOT else None,
     )
+
+
+def _root_path(flags: int, raw: bytes) -> str | None:
+    """The root's path in its mount namespace: "/" when the kernel says the root is the
+    namespace's own (and root_path holds its place in its filesystem instead)."""
+    if flags & layout.ROOT_IN_FS:
+        return "/"
+    return leaf_first(raw) if flags & layout.ROOT_PATH_OK else None
 
 
 def decode_early_death(raw: bytes, epoch_offset: float) -> KernelEvent:
@@ -106,6 +116,23 @@ def decode_emulated(raw: bytes, epoch_offset: float) -> KernelEvent:
     )
 
 
+def decode_enoexec_exit(raw: bytes, epoch_offset: float) -> KernelEvent:
+    r = layout.ENOEXEC_EXIT.unpack(raw)
+    by_signal = r.signal != 0
+    return KernelEvent(
+        **_head(r, epoch_offset),
+        kind=Kind.ENOEXEC_EXIT,
+        errno=0,
+        path="",
+        syscall="signal" if by_signal else "exit_group",
+        exit_code=None if by_signal else r.exit_code,
+        signal=r.signal if by_signal else None,
+        age_ms=(r.ktime_ns - r.failed_ns) / 1e6,
+        failed_time=epoch_offset + r.failed_ns / 1e9,
+        execed=bool(r.execed),
+    )
+
+
 def leaf_first(raw: bytes) -> str:
     """The BPF program's "c/b/a/" (names from the dentry chain, leaf first) as "/a/b/c"."""
     names = c_string(raw).split("/")
@@ -118,23 +145,31 @@ def user_dev(kernel_dev: int) -> int:
 
 
 _EXEC_FAILED_KEY = layout.EXEC_FAILED.picker(
-    "cgroup_id", "mntns", "root_ino", "err", "filename", "fd_name"
+    "cgroup_id", "mntns", "root_ino", "comm", "err", "filename", "fd_name"
 )
 _EARLY_DEATH_KEY = layout.EARLY_DEATH.picker(
     "cgroup_id", "mntns", "root_ino", "exe_ino", "exe_dev", "exit_code", "signal"
 )
 _EMULATED_KEY = layout.EMULATED.picker("cgroup_id", "mntns", "root_ino", "filename")
+_ENOEXEC_EXIT_KEY = layout.ENOEXEC_EXIT.picker(
+    "cgroup_id", "mntns", "root_ino", "tgid", "failed_ns"
+)
 _new_key = tuple.__new__  # RepeatKey._make without its method call: the hot path
 _EXEC_FAILED = Kind.EXEC_FAILED.value
 _EARLY_DEATH = Kind.EARLY_DEATH.value
 _EMULATED = Kind.EMULATED.value
+_ENOEXEC_EXIT = Kind.ENOEXEC_EXIT.value
 
 
 def exec_failed_key(raw: bytes) -> RepeatKey:
-    """Its errno, filename and fd name. Strings are cut at their NUL: the ring buffer
+    """Its errno, filename and fd name; for ENOEXEC also the caller's comm: a file with
+    no #! is fatal or benign by what its caller does next (pipeline.fates), so a shell's
+    failure is not a repeat of a runtime's. Strings are cut at their NUL: the ring buffer
     does not zero what follows it."""
-    cgroup, mntns, root, err, filename, fd_name = _EXEC_FAILED_KEY.unpack_from(raw)
+    cgroup, mntns, root, comm, err, filename, fd_name = _EXEC_FAILED_KEY.unpack_from(raw)
     name, detail = filename.split(b"\0", 1)[0], fd_name.split(b"\0", 1)[0]
+    if err == errno.ENOEXEC:
+        detail += b"\0" + comm.split(b"\0", 1)[0]
     return _new_key(RepeatKey, (cgroup, mntns, root, _EXEC_FAILED, err, name, detail, 0, 0))
 
 
@@ -152,6 +187,12 @@ def emulated_key(raw: bytes) -> RepeatKey:
     return _new_key(RepeatKey, (cgroup, mntns, root, _EMULATED, 0, name, b"", 0, 0))
 
 
+def enoexec_exit_key(raw: bytes) -> RepeatKey:
+    """Its task and failed exec: each is one of a kind (the pipeline never folds these)."""
+    cgroup, mntns, root, tgid, failed_ns = _ENOEXEC_EXIT_KEY.unpack_from(raw)
+    return _new_key(RepeatKey, (cgroup, mntns, root, _ENOEXEC_EXIT, tgid, b"", b"", 0, failed_ns))
+
+
 @dataclass(frozen=True)
 class RecordKind:
     """One kind of ring-buffer record: its layout, decoder, repeat key and diagnosis."""
@@ -159,7 +200,9 @@ class RecordKind:
     layout: layout.Record
     decode: Callable[[bytes, float], KernelEvent]
     repeat_key: Callable[[bytes], RepeatKey]
-    diagnose: str  # the name of the diagnosis.diagnoser.FileDiagnoser method for it
+    # The name of the diagnosis.diagnoser.FileDiagnoser method for it; None: not diagnosed,
+    # the pipeline's own (an enoexec exit decides a held failure's fate: pipeline.fates).
+    diagnose: str | None
     # Whether its diagnosis reads the caller's files (FileDiagnoser.prepare opens its root).
     reads_files: bool = True
 
@@ -172,6 +215,9 @@ KINDS: Mapping[int, RecordKind] = MappingProxyType(
             RecordKind(layout.EARLY_DEATH, decode_early_death, early_death_key, "early_death"),
             RecordKind(
                 layout.EMULATED, decode_emulated, emulated_key, "emulated_exec", reads_files=False
+            ),
+            RecordKind(
+                layout.ENOEXEC_EXIT, decode_enoexec_exit, enoexec_exit_key, None, reads_files=False
             ),
         )
     }

@@ -33,6 +33,7 @@ FOLD_SLOTS = FOLD_SETS * FOLD_WAYS  # per CPU
 ROOT_PATH_OK = 0x1
 BASE_SET = 0x2
 BASE_IN_ROOT = 0x4
+ROOT_IN_FS = 0x8
 EXE_PATH_OK = 0x1
 SYSCALLS = ("execve", "execveat")
 STAT_RINGBUF_DROPS = 0
@@ -52,6 +53,8 @@ DEATH_SIGNAL = 1
 KIND_EXEC_FAILED = Kind.EXEC_FAILED.value  # enum ew_kind
 KIND_EARLY_DEATH = Kind.EARLY_DEATH.value
 KIND_EMULATED = Kind.EMULATED.value
+KIND_ENOEXEC_EXIT = Kind.ENOEXEC_EXIT.value
+ENOEXEC_TASKS = 4096  # entries of the enoexec_tasks map
 ARCH_LEN = 16
 EMULATORS = 256  # entries of the emulators map (binfmt.emulation.MAX_ENTRIES)
 
@@ -128,6 +131,25 @@ class Death(ctypes.Structure):
         ("cause", ctypes.c_uint32),
         ("exe_flags", ctypes.c_uint32),
         ("exe_path", ctypes.c_char * DPATH_LEN),
+    )
+
+
+class EnoexecTask(ctypes.Structure):
+    """enoexec_tasks' value: a task whose ENOEXEC record went out."""
+
+    _fields_ = (("failed_ns", ctypes.c_uint64), ("exec_id", ctypes.c_uint64))
+
+
+class EnoexecExit(ctypes.Structure):
+    """A task that exited within the death window of its ENOEXEC (EW_KIND_ENOEXEC_EXIT)."""
+
+    _fields_ = (
+        ("head", Head),
+        ("failed_ns", ctypes.c_uint64),
+        ("exit_code", ctypes.c_int32),
+        ("signal", ctypes.c_int32),
+        ("execed", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
     )
 
 
@@ -218,6 +240,8 @@ DECLARED: tuple[tuple[type[ctypes.Structure], str], ...] = (
     (Event, "ew_event"),
     (Death, "ew_death"),
     (Emulated, "ew_emulated"),
+    (EnoexecTask, "ew_enoexec_task"),
+    (EnoexecExit, "ew_enoexec_exit"),
     (FileId, "ew_file_id"),
     (EmulatorEntry, "ew_emulator"),
     (EmulatedKey, "ew_emulated_key"),
@@ -336,7 +360,8 @@ class Record:
 EXEC_FAILED = Record(KIND_EXEC_FAILED, "EW_KIND_EXEC_FAILED", Event)
 EARLY_DEATH = Record(KIND_EARLY_DEATH, "EW_KIND_EARLY_DEATH", Death)
 EMULATED = Record(KIND_EMULATED, "EW_KIND_EMULATED", Emulated)
-RECORDS = (EXEC_FAILED, EARLY_DEATH, EMULATED)
+ENOEXEC_EXIT = Record(KIND_ENOEXEC_EXIT, "EW_KIND_ENOEXEC_EXIT", EnoexecExit)
+RECORDS = (EXEC_FAILED, EARLY_DEATH, EMULATED, ENOEXEC_EXIT)
 KIND = Struct("=I")  # every record's first field
 
 
