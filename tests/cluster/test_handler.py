@@ -557,7 +557,7 @@ def feedback_rbac(admin: client.ApiClient) -> Any:
     rbac.delete_cluster_role(name)
 
 
-def test_with_placement_feedback_a_platform_failure_becomes_an_observed_verdict(
+def test_with_placement_feedback_a_platform_failure_becomes_a_sighting(
     admin: client.ApiClient,
     agent_api: client.ApiClient,
     start_handler: StartHandler,
@@ -566,6 +566,8 @@ def test_with_placement_feedback_a_platform_failure_becomes_an_observed_verdict(
     feedback_rbac: None,
 ) -> None:
     digest = "sha256:" + "5e" * 32
+    opted_in = {"metadata": {"labels": {"execwatch.io/placement": "enforce"}}}
+    client.CoreV1Api(admin).patch_namespace(namespace, opted_in)  # only these feed placement
     pod = make_pod()
     meta = pod["metadata"]
     pulled = {"name": "app", "imageID": f"registry.example/app@{digest}"}  # merged by name
@@ -581,13 +583,14 @@ def test_with_placement_feedback_a_platform_failure_becomes_an_observed_verdict(
     got = client.CustomObjectsApi(admin).get_cluster_custom_object(
         "execwatch.io", "v1alpha1", "imageverdicts", digest.replace(":", "-")
     )
-    [seen] = got["status"]["platforms"]
-    assert (seen["platform"], seen["outcome"], seen["source"]) == (
+    assert "platforms" not in got["status"] or got["status"]["platforms"] == []
+    [seen] = got["status"]["observed"]
+    assert (seen["platform"], seen["namespace"], seen["path"]) == (
         "linux/amd64",
-        "fails",
-        "observed",
+        namespace,
+        "/usr/local/bin/server",
     )
-    assert seen["why"][0].startswith("ForeignArchitecture: /usr/local/bin/server")
+    assert seen["why"].startswith("ForeignArchitecture: /usr/local/bin/server")
     assert (
         sample(handler, "execwatch_verdict_writes_total", source="observed", result="written") == 1
     )

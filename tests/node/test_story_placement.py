@@ -8,8 +8,8 @@ real registry.
   real amd64 node and crash-loops, and execwatch says why.
 - Runtime feedback and mitigation: an image whose entrypoint runs an arm64 program from a
   ConfigMap, which no static verdict sees ("runs" everywhere). Its first pod keeps failing on
-  the real node; the handler turns the verdict to `fails (observed)` on amd64; in a
-  `mitigate` namespace the pod is evicted and its replacement is placed on arm64.
+  the real node; the handler writes a sighting on amd64 for its namespace and ReplicaSet;
+  in a `mitigate` namespace the pod is evicted and its replacement is placed on arm64.
 
 Both Deployments prefer the real node (a preferred node affinity), so that without placement
 the scheduler's choice among the four nodes is the real one.
@@ -198,8 +198,10 @@ def verdict(node: Node, digest: str) -> dict[str, Any] | None:
     return got
 
 
-def platform(found: dict[str, Any] | None, name: str) -> dict[str, Any]:
-    for entry in ((found or {}).get("status") or {}).get("platforms") or []:
+def platform(found: dict[str, Any] | None, name: str, kind: str = "platforms") -> dict[str, Any]:
+    """The verdict's entry for platform `name` among its scans (`platforms`) or its
+    sightings (`observed`)."""
+    for entry in ((found or {}).get("status") or {}).get(kind) or []:
         if entry["platform"] == name:
             return dict(entry)
     return {}
@@ -283,22 +285,17 @@ def test_a_foreign_program_from_a_configmap_is_observed_and_mitigated_onto_arm64
     unchanged = event(node, MITIGATE, first.metadata.name, PLACER, "PlacementUnchanged")
     assert "runs on every node architecture" in unchanged.message  # the static verdict
 
-    # The agent sees the exec fail, the handler posts it and writes the observed verdict.
+    # The agent sees the exec fail, the handler posts it and writes the sighting.
     failed = event(node, MITIGATE, first.metadata.name, HANDLER, "ExecFormatError")
     assert f"could not exec {TOOL} (ENOEXEC)" in failed.message
     observed = wait_for(
-        "fails (observed) for linux/amd64",
-        lambda: (
-            p
-            if (p := platform(verdict(node, story.looper.digest), "linux/amd64")).get("source")
-            == "observed"
-            else None
-        ),
+        "a sighting on linux/amd64",
+        lambda: platform(verdict(node, story.looper.digest), "linux/amd64", "observed") or None,
         120,
         every=1.0,
     )
-    assert observed["outcome"] == "fails"
-    assert any(TOOL in why for why in observed.get("why") or []), observed
+    assert observed["namespace"] == MITIGATE and observed["owner"].startswith("ReplicaSet/")
+    assert TOOL in observed["why"], observed
 
     # Mitigation: the pod is evicted, its ReplicaSet recreates it, placement sends it to arm64.
     mitigated = event(node, MITIGATE, first.metadata.name, PLACER, "PlacementMitigated")
@@ -321,5 +318,5 @@ def test_a_foreign_program_from_a_configmap_is_observed_and_mitigated_onto_arm64
     assert arch_terms(replacement) == [["arm64"]]
     placed = event(node, MITIGATE, replacement.metadata.name, PLACER, "Placed")
     assert "placed on arm64 only: amd64: container 'tool'" in placed.message
-    assert "observed failing on a node" in placed.message
+    assert "observed failing in this workload" in placed.message
     print(f"observed, evicted and placed on arm64 in {time.monotonic() - t0:.1f}s")

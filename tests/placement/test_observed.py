@@ -1,6 +1,7 @@
 """The handler's feedback on the real API server: a platform-class failure the handler
-counted becomes `fails (observed)` for the container's image digest and the node's
-architecture; nothing else does; a full queue drops and counts."""
+counted in a namespace that opted in becomes a sighting in the verdict of the container's
+image digest, on the node's architecture, scoped to the pod's namespace and owner;
+nothing else does; a full queue drops and counts."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client
 
-from execwatch.placement.decision import Outcome
 from execwatch.placement.observed import Feedback, FeedbackConfig
-from execwatch.placement.verdicts import VerdictStore
+from execwatch.placement.verdicts import Sighting, VerdictStore
 from execwatch.record import NOT_ALERTED, PLATFORM_REASONS, Reason
 from tests.placement.cluster import namespace, rest_for
 from tests.placement.observedpods import record_of, running_pod
@@ -44,24 +44,41 @@ def test_the_platform_class_is_the_four_reasons_and_each_is_alerted() -> None:
     assert not PLATFORM_REASONS & NOT_ALERTED
 
 
-def test_a_foreign_architecture_failure_becomes_fails_observed_for_the_digest_and_arch(
-    store: VerdictStore, admin: client.ApiClient, feedback: Feedback
+@pytest.mark.parametrize("mode", ["enforce", "mitigate"])
+def test_a_foreign_architecture_failure_becomes_a_sighting_of_its_workload(
+    store: VerdictStore, admin: client.ApiClient, feedback: Feedback, mode: str
 ) -> None:
-    pod = running_pod(admin, namespace(admin, None), IMAGE_ID)
+    ns = namespace(admin, mode)
+    pod = running_pod(admin, ns, IMAGE_ID)
 
     feedback.offer(record_of(pod, node_arch="arm64", count=2))
     wait_until(feedback.idle)
 
     got = store.get(D)
     assert got is not None and got.image == "registry.example/team/app:1"
-    [seen] = got.platforms.values()
-    assert (seen.platform, seen.outcome, seen.source, seen.count) == (
-        "linux/arm64", Outcome.FAILS, "observed", 2,
+    assert got.platforms == {}, "a sighting is no verdict of the image's"
+    [seen] = got.observed
+    assert seen == Sighting(
+        "linux/arm64", ns, "ReplicaSet/app-7d9f8b6c5d", "/opt/tool", seen.time,
+        "ForeignArchitecture: /opt/tool: an amd64 binary cannot run on this arm64 node", 2,
     )  # fmt: skip
-    assert seen.why == ("ForeignArchitecture: /opt/tool: an amd64 binary cannot run on this "
-                        "arm64 node",)  # fmt: skip
     assert (
         sample(feedback, "execwatch_verdict_writes_total", source="observed", result="written") == 1
+    )
+
+
+@pytest.mark.parametrize("mode", [None, "warn", "off"])
+def test_a_namespace_that_did_not_opt_in_feeds_nothing(
+    store: VerdictStore, admin: client.ApiClient, feedback: Feedback, mode: str | None
+) -> None:
+    pod = running_pod(admin, namespace(admin, mode), IMAGE_ID)
+
+    feedback.offer(record_of(pod, node_arch="arm64"))
+    wait_until(feedback.idle)
+
+    assert store.get(D) is None
+    assert (
+        sample(feedback, "execwatch_verdict_writes_total", source="observed", result="ignored") == 1
     )
 
 
@@ -83,7 +100,7 @@ def test_other_failures_write_nothing(
     image_id: str,
     node_arch: str,
 ) -> None:
-    pod = running_pod(admin, namespace(admin, None), image_id or "registry.example/team/app")
+    pod = running_pod(admin, namespace(admin, "enforce"), image_id or "registry.example/team/app")
     if not image_id:
         core = client.CoreV1Api(admin)
         meta = pod["metadata"]
@@ -100,7 +117,7 @@ def test_other_failures_write_nothing(
 def test_a_record_of_a_pod_replaced_under_its_name_writes_nothing(
     store: VerdictStore, admin: client.ApiClient, feedback: Feedback
 ) -> None:
-    pod = running_pod(admin, namespace(admin, None), IMAGE_ID)
+    pod = running_pod(admin, namespace(admin, "enforce"), IMAGE_ID)
     rec = dataclasses.replace(record_of(pod), pod_uid="6f1c0a52-0000-4000-8000-000000000000")
 
     feedback.offer(rec)
@@ -112,7 +129,7 @@ def test_a_record_of_a_pod_replaced_under_its_name_writes_nothing(
 def test_a_full_queue_drops_and_counts_without_waiting(
     store: VerdictStore, admin: client.ApiClient
 ) -> None:
-    pod = running_pod(admin, namespace(admin, None), IMAGE_ID)
+    pod = running_pod(admin, namespace(admin, "enforce"), IMAGE_ID)
     fb = Feedback(rest_for(admin), FeedbackConfig(queue=1))  # not started: nothing is taken off
 
     for _ in range(3):
@@ -123,4 +140,4 @@ def test_a_full_queue_drops_and_counts_without_waiting(
     wait_until(fb.idle)
     fb.stop()
     got = store.get(D)
-    assert got is not None and got.platforms["linux/arm64"].source == "observed"
+    assert got is not None and [s.platform for s in got.observed] == ["linux/arm64"]

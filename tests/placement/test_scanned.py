@@ -60,12 +60,14 @@ def placer(
     strict: bool = False,
     writer: VerdictWriter | None = None,
     fresh_for: float = 86400.0,
+    observed_for: float = 86400.0,
 ) -> Placer:
     options = RegistryOptions(ca_file=str(registry.ca), cache_dir=str(tmp / "cache"))
     rest = rest_for(admin)
     source = ScannedVerdicts(
-        PullSecrets(rest), options, Limits(), lambda: ARCHES, strict, writer, fresh_for
-    )
+        PullSecrets(rest), options, Limits(), lambda: ARCHES, strict, writer, fresh_for,
+        observed_for,
+    )  # fmt: skip
     return Placer(rest, source, lambda: ARCHES, Seen())
 
 
@@ -469,7 +471,7 @@ def test_a_fresh_stored_verdict_decides_without_a_scan_a_stale_one_does_not(
         assert outcome.action == "leave" and reads(writer, "fresh") == 1
 
 
-def test_an_observed_failure_sends_new_pods_of_the_digest_elsewhere(
+def test_an_observed_failure_sends_new_pods_of_its_workload_elsewhere(
     registered: object,
     admin: client.ApiClient,
     registry: Registry,
@@ -490,13 +492,14 @@ def test_an_observed_failure_sends_new_pods_of_the_digest_elsewhere(
     feedback.stop()
 
     command = {"name": "app", "image": pushed["hello"], "command": ["/usr/bin/hello"]}
-    new = create_pod(admin, ns, metadata={"name": "new"}, **{**first.spec, "containers": [command]})
+    owned = {"name": "new", "ownerReferences": ran["metadata"]["ownerReferences"]}
+    new = create_pod(admin, ns, metadata=owned, **{**first.spec, "containers": [command]})
     outcome = placer(admin, registry, tmp_path, writer=writer).handle(new)
 
     assert outcome is not None and outcome.action == "place", outcome
     assert required_terms(stored(admin, new)) == AMD64_ONLY
     assert "arm64: container 'app'" in outcome.message
-    assert "observed failing on a node: ForeignArchitecture: /data/tool" in outcome.message
+    assert "observed failing in this workload: ForeignArchitecture: /data/tool" in outcome.message
     assert reads(writer, "observed") == 1
     got = store.get(digest)
-    assert got is not None and got.platforms["linux/arm64"].source == "observed"
+    assert got is not None and [s.path for s in got.observed] == ["/data/tool"]

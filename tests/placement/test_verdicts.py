@@ -1,5 +1,5 @@
-"""ImageVerdict objects on the real API server: the schema, the merge of scan and
-observed verdicts, and concurrent writers."""
+"""ImageVerdict objects on the real API server: the schema, the merge of scan verdicts
+and of sightings (scoped to a namespace and owner, bounded), and concurrent writers."""
 
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ from kubernetes.client.exceptions import ApiException
 from execwatch.placement.decision import Outcome
 from execwatch.placement.verdicts import (
     GROUP,
+    MAX_SIGHTINGS,
     PLURAL,
     VERSION,
     PlatformVerdict,
+    Sighting,
     VerdictStore,
     object_name,
 )
@@ -83,18 +85,36 @@ def test_kubectl_get_shows_where_an_image_runs(
     assert got is not None and got.platforms["linux/arm64"].why == ("/app is x86-64",)
 
 
-def test_an_observed_failure_outranks_a_later_scan(store: VerdictStore) -> None:
+def sighting(namespace: str, path: str = "/opt/tool", time: str = T) -> Sighting:
+    return Sighting("linux/arm64", namespace, "ReplicaSet/app-1", path, time, "exec format", 1)
+
+
+def test_sightings_are_kept_apart_from_scans_per_namespace_owner_and_path(
+    store: VerdictStore,
+) -> None:
     store.record(DIGEST, "r/app:1", [scan("linux/arm64", Outcome.RUNS)])
-    seen = PlatformVerdict("linux/arm64", Outcome.FAILS, "observed", T, ("exec format error",), 1)
-    store.record(DIGEST, "r/app:1", [seen])
-    store.record(
-        DIGEST, "r/app:1", [scan("linux/arm64", Outcome.RUNS), scan("linux/amd64", Outcome.RUNS)]
-    )
+    store.record(DIGEST, "r/app:1", [], [sighting("team-a"), sighting("team-b")])
+    later = sighting("team-a", time="2026-12-03T13:00:00Z")
+    store.record(DIGEST, "r/app:1", [scan("linux/amd64", Outcome.RUNS)], [later])
 
     got = store.get(DIGEST)
     assert got is not None
-    assert got.platforms["linux/arm64"] == seen
-    assert got.platforms["linux/amd64"].outcome is Outcome.RUNS
+    assert {p: v.outcome for p, v in got.platforms.items()} == {
+        "linux/arm64": Outcome.RUNS, "linux/amd64": Outcome.RUNS,
+    }  # fmt: skip
+    assert set(got.observed) == {later, sighting("team-b")}
+
+
+def test_the_newest_sightings_are_kept_within_the_bound(store: VerdictStore) -> None:
+    many = [
+        sighting("team", f"/tmp/x{i}", f"2026-12-03T12:{i // 60:02d}:{i % 60:02d}Z")
+        for i in range(MAX_SIGHTINGS + 5)
+    ]
+    for start in range(0, len(many), 8):
+        store.record(DIGEST, "r/app:1", [], many[start : start + 8])
+
+    got = store.get(DIGEST)
+    assert got is not None and set(got.observed) == set(many[5:])
 
 
 def test_concurrent_writers_merge_instead_of_overwriting(store: VerdictStore) -> None:
@@ -121,6 +141,11 @@ def test_concurrent_writers_merge_instead_of_overwriting(store: VerdictStore) ->
         {"spec": {"digest": DIGEST}, "status": {"platforms": [
             {"platform": "linux/arm64", "outcome": "runs", "source": "scan", "time": T,
              "why": ["x"] * 9}]}},
+        {"spec": {"digest": DIGEST}, "status": {"observed": [
+            {"platform": "linux/arm64", "namespace": "a", "owner": "Pod/p", "time": T}]}},
+        {"spec": {"digest": DIGEST}, "status": {"observed": [
+            {"platform": "linux/arm64", "namespace": "a", "owner": "Pod/p", "path": "/x",
+             "time": T}] * 33}},
     ],
 )  # fmt: skip
 def test_the_schema_refuses_what_no_writer_of_ours_writes(

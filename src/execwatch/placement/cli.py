@@ -310,7 +310,7 @@ def build(args: argparse.Namespace, kube: Any, registry: CollectorRegistry) -> R
     source = ScannedVerdicts(
         PullSecrets(rest, access), options, Limits(), arches, args.strict, writer=writer
     )
-    placer = Placer(rest, source, arches, metrics, budget=args.budget)
+    placer = Placer(rest, source, arches, metrics, budget=args.budget, own_namespace=args.namespace)
     expiry = VerdictExpiry(rest, registry=registry)
     controller = PlacementController(
         ControllerConfig(lease, workers=args.workers),

@@ -1,10 +1,12 @@
 """The placement controller's decision for one gated pod, written back to the API server.
 
-For each pod the webhook gated: judge what every container and init container starts on
-each node architecture of the cluster, narrow the pod's required node affinity to where
-all of them run, lift the gate, and say why in an Event. Any failure to judge (registry
-unreachable, credentials refused, the deadline) lifts the gate with the pod unchanged:
-placement never keeps a pod from running that it would have run without execwatch.
+For each pod the webhook gated in a namespace that opted in (modes.py; a pod that gated
+itself anywhere else is left as it is, never judged): judge what every container and
+init container starts on each node architecture of the cluster, narrow the pod's
+required node affinity to where all of them run, lift the gate, and say why in an Event.
+Any failure to judge (registry unreachable, credentials refused, the deadline) lifts the
+gate with the pod unchanged: placement never keeps a pod from running that it would have
+run without execwatch.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from execwatch.cluster import errors
+from execwatch.cluster import crd, errors
 from execwatch.cluster.rest import Rest, path
 from execwatch.cluster.safe import fit_bytes, printable
 from execwatch.placement.decision import Action, ContainerVerdict, decide
+from execwatch.placement.modes import NamespaceModes
 from execwatch.placement.webhook import GATE, GATED_LABEL
 
 log = logging.getLogger(__name__)
@@ -68,13 +71,20 @@ class Placer:
     observer: Observer
     budget: float = 30.0  # seconds from the pod's creation to a decision, else fail open
     clock: Callable[[], float] = time.time
+    own_namespace: str = crd.DEFAULT_NAMESPACE
+    modes: NamespaceModes | None = None  # made from `rest` when None
+
+    def __post_init__(self) -> None:
+        if self.modes is None:
+            self.modes = NamespaceModes(self.rest, self.own_namespace)
 
     def handle(self, pod: Mapping[str, Any]) -> Outcome | None:
-        """Decide for a gated pod and lift its gate; None when it is not gated (any more)."""
+        """Decide for a gated pod and lift its gate; None when it is not gated (any more)
+        or not in a namespace placement serves, which is left as it is."""
         spec = pod.get("spec") or {}
-        if _gate_index(spec) is None:
+        if _gate_index(spec) is None or not self.serves(pod):
             return None
-        deadline = _created(pod) + self.budget
+        deadline = self.deadline(pod)
         try:
             verdicts = self._judge(pod, spec, deadline)
         except VerdictUnavailable as exc:
@@ -84,6 +94,21 @@ class Placer:
         self._event(pod, EVENT_REASONS[decision.action], decision.message, decision.warning)
         self.observer.decided(str(decision.action), max(0.0, self.clock() - _created(pod)))
         return Outcome(str(decision.action), decision.message)
+
+    def serves(self, pod: Mapping[str, Any]) -> bool:
+        """Whether the pod's namespace opted in (enforce, mitigate); a namespace that cannot
+        be read raises the API's error, and the pod is tried again."""
+        assert self.modes is not None
+        namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+        if self.modes.placed(namespace):
+            return True
+        log.info("gated pod left alone: its namespace did not opt in to placement",
+                 extra={"kv": {"namespace": namespace}})  # fmt: skip
+        return False
+
+    def deadline(self, pod: Mapping[str, Any]) -> float:
+        """When the pod's budget ends (the clock's seconds): a decision or fail open."""
+        return _created(pod) + self.budget
 
     def warn(self, namespace: str, pod: Mapping[str, Any]) -> Outcome | None:
         """Warn mode: the Event an enforced pod would get, on the pod as admitted (on its

@@ -25,11 +25,9 @@ from prometheus_client import CollectorRegistry, Counter
 from execwatch.cluster import errors
 from execwatch.cluster.rest import Rest, path
 from execwatch.placement.controller import Note, post_event
-from execwatch.placement.webhook import MODE_LABEL
+from execwatch.placement.modes import MITIGATE, NamespaceModes, never_placed
 
 log = logging.getLogger(__name__)
-
-MITIGATE = "mitigate"
 
 
 @dataclass(frozen=True)
@@ -44,6 +42,7 @@ class Observation:
     reason: str
     why: str  # one line: what failed and how
     count: int
+    path: str = ""  # the file that failed, as the agent recorded the exec
 
 
 @dataclass(frozen=True)
@@ -102,9 +101,15 @@ class Mitigator:
     _windows: OrderedDict[str, deque[tuple[float, int]]] = field(default_factory=OrderedDict)
     _done: OrderedDict[str, None] = field(default_factory=OrderedDict)
     _pending: OrderedDict[str, _Pending] = field(default_factory=OrderedDict)
-    _modes: dict[str, tuple[str, float]] = field(default_factory=dict)
+    modes: NamespaceModes | None = None  # shared with the feedback; made when None
     _tokens: float = -1.0
     _refilled: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.modes is None:
+            self.modes = NamespaceModes(
+                self.rest, self.own_namespace, self.config.namespace_ttl, clock=self.clock
+            )
 
     def observed(self, obs: Observation, pod: Mapping[str, Any]) -> None:
         """One more failure of `pod` (as read after it): evict it when it keeps failing."""
@@ -149,21 +154,14 @@ class Mitigator:
 
     def _mode(self, namespace: str) -> str:
         """The namespace's placement mode ('' when none or unreadable: nothing is evicted)."""
-        known = self._modes.get(namespace)
-        if known is not None and self.clock() - known[1] < self.config.namespace_ttl:
-            return known[0]
+        assert self.modes is not None
         try:
-            ns = self.rest.call("GET", path("api", "v1", "namespaces", namespace))
+            return self.modes.mode(namespace)
         except errors.ApiError as err:
             log.warning(
                 "namespace not read", extra={"kv": {"namespace": namespace, **errors.as_dict(err)}}
             )
             return ""
-        mode = str(((ns.get("metadata") or {}).get("labels") or {}).get(MODE_LABEL) or "")
-        if len(self._modes) >= self.config.max_pods:
-            self._modes.clear()
-        self._modes[namespace] = (mode, self.clock())
-        return mode
 
     def _take(self, now: float) -> bool:
         cfg = self.config
@@ -256,7 +254,6 @@ def _controller(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
 def _exempt(pod: Mapping[str, Any], own: str) -> bool:
     """Pods the gate never places: eviction would bring them back where they were."""
     meta = pod.get("metadata") or {}
-    namespace = str(meta.get("namespace") or "")
     owner = _controller(pod)
     daemon = owner is not None and owner.get("kind") == "DaemonSet"
-    return daemon or namespace.startswith("kube-") or namespace == own
+    return daemon or never_placed(str(meta.get("namespace") or ""), own)

@@ -1,12 +1,14 @@
-"""The handler's feedback to placement: what it saw fail, as observed verdicts.
+"""The handler's feedback to placement: what it saw fail, as sightings in ImageVerdicts.
 
 When the handler counts a record whose reason is platform-class (`PLATFORM_REASONS`) for a
 pod's container, it offers it here (`Feedback.offer` never waits: a bounded queue, drops
-counted). One thread then reads the pod for the container's image digest (its status'
-`imageID`), writes `fails (observed)` for that digest on `linux/<node architecture>` (the
-record's `nodeArch`: the agent's own node), and hands the failure to the mitigator
-(mitigate.py). New pods of that digest in enforce and mitigate namespaces then avoid that
-architecture, whatever their image's manifest claims.
+counted). One thread then reads the pod, keeps it only when its namespace is labelled
+enforce or mitigate (modes.py), reads the container's image digest (its status'
+`imageID`), writes a sighting for that digest on `linux/<node architecture>` (the
+record's `nodeArch`: the agent's own node) scoped to the pod's namespace and owner, and
+hands the failure to the mitigator (mitigate.py). New pods of that workload then avoid
+that architecture; pods of other workloads only when the controller's own scan of the
+image confirms the failing file is the image's (scanned.py).
 """
 
 from __future__ import annotations
@@ -22,15 +24,16 @@ from prometheus_client import CollectorRegistry
 from execwatch.binfmt.platform import OCI_ARCHITECTURES
 from execwatch.cluster import crd, errors
 from execwatch.cluster.rest import Rest, path
-from execwatch.placement.decision import Outcome
 from execwatch.placement.mitigate import MitigateConfig, MitigateMetrics, Mitigator, Observation
+from execwatch.placement.modes import NamespaceModes
 from execwatch.placement.verdicts import (
     DIGEST,
     Lane,
-    PlatformVerdict,
+    Sighting,
     VerdictMetrics,
     VerdictStore,
     now_rfc3339,
+    owner_of,
 )
 from execwatch.record import PLATFORM_REASONS
 
@@ -55,6 +58,7 @@ def observation(rec: crd.Record) -> Observation | None:
         return None
     why = f"{rec.reason}: {rec.path}: {rec.detail}" if rec.detail else f"{rec.reason}: {rec.path}"
     return Observation(
+        path=rec.path,
         namespace=rec.namespace,
         pod=rec.pod,
         pod_uid=rec.pod_uid,
@@ -87,18 +91,23 @@ class Feedback:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     wall: Callable[[], float] = time.time
     clock: Callable[[], float] = time.monotonic
-    _written: OrderedDict[tuple[str, str], float] = field(default_factory=OrderedDict)
+    _written: OrderedDict[tuple[str, ...], float] = field(default_factory=OrderedDict)
 
     def __post_init__(self) -> None:
         self.metrics = VerdictMetrics(self.registry)
         self.store = VerdictStore(self.rest, self.wall)
+        cfg = self.config
+        self.modes = NamespaceModes(
+            self.rest, cfg.own_namespace, cfg.mitigate.namespace_ttl, clock=self.clock
+        )
         self.mitigator = Mitigator(
             self.rest,
-            self.config.mitigate,
+            cfg.mitigate,
             MitigateMetrics(self.registry),
             clock=self.clock,
             wall=self.wall,
-            own_namespace=self.config.own_namespace,
+            own_namespace=cfg.own_namespace,
+            modes=self.modes,
         )
         self.lane: Lane[Observation] = Lane(
             self._handle, "placement-feedback", self._dropped, self.config.queue,
@@ -122,11 +131,22 @@ class Feedback:
 
     def _handle(self, obs: Observation) -> None:
         pod = self._pod(obs)
-        if pod is None:
+        if pod is None or not self._opted_in(obs.namespace):
             return
         digest, image = image_digest(pod, obs.container)
-        if digest and self._write(digest, image, obs):
+        if digest and self._write(digest, image, obs, owner_of(pod)):
             self.mitigator.observed(obs, pod)
+
+    def _opted_in(self, namespace: str) -> bool:
+        """Only a namespace labelled enforce or mitigate feeds placement."""
+        try:
+            placed = self.modes.placed(namespace)
+        except errors.ApiError:
+            self.metrics.writes.labels("observed", "failed").inc()
+            return False
+        if not placed:
+            self.metrics.writes.labels("observed", "ignored").inc()
+        return placed
 
     def _pod(self, obs: Observation) -> dict[str, Any] | None:
         url = path("api", "v1", "namespaces", obs.namespace, "pods", obs.pod)
@@ -137,17 +157,17 @@ class Feedback:
             return None
         return pod if (pod.get("metadata") or {}).get("uid") == obs.pod_uid else None
 
-    def _write(self, digest: str, image: str, obs: Observation) -> bool:
-        """Write `fails (observed)` unless written lately; whether the verdict says so."""
-        platform = f"linux/{obs.node_arch}"
-        key, now = (digest, platform), self.clock()
+    def _write(self, digest: str, image: str, obs: Observation, owner: str) -> bool:
+        """Write the sighting unless written lately; whether the verdict holds it."""
+        seen = Sighting(
+            f"linux/{obs.node_arch}", obs.namespace, owner, obs.path,
+            now_rfc3339(self.wall), obs.why, obs.count,
+        )  # fmt: skip
+        key, now = (digest, *seen.key), self.clock()
         if now - self._written.get(key, -self.config.rewrite_after) < self.config.rewrite_after:
             return True
-        seen = PlatformVerdict(
-            platform, Outcome.FAILS, "observed", now_rfc3339(self.wall), (obs.why,), obs.count
-        )
         try:
-            self.store.record(digest, image, [seen])
+            self.store.record(digest, image, [], [seen])
         except errors.ApiError:
             self.metrics.writes.labels("observed", "failed").inc()
             return False

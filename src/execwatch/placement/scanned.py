@@ -8,11 +8,14 @@ platform's image, in a process of its own; its findings decide, other binaries' 
 are reported and decide only with `strict`. Verdicts are memoised per image digest,
 platform and programs.
 
-With a `VerdictWriter`, the ImageVerdict of the resolved digest is read first: an observed
-failure on a platform decides it for every container of that digest; a scan verdict
-younger than `fresh_for` saves the scan of a container that starts what the image starts
-by default (no `command`, `args`, `env` nor `workingDir`), the only start a verdict per
-digest describes. Such scans are written back, off the placement path.
+With a `VerdictWriter`, the ImageVerdict of the resolved digest is read first. A sighting
+(a failure the handler saw, younger than `observed_for`) decides its platform for the
+pods of its own namespace and owner; for any other pod only when the scan of the image's
+own file at the sighting's path fails on that platform too, so a file a tenant wrote or
+mounted never decides for another. A scan verdict younger than `fresh_for` saves the
+scan of a container that starts what the image starts by default (no `command`, `args`,
+`env` nor `workingDir`), the only start a verdict per digest describes. Such scans are
+written back, off the placement path.
 
 Registry requests go through the process's `RegistryReuse`: a warm pod costs one HEAD of
 each image's reference with the pod's credentials, over a kept connection, with the token
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import posixpath
 import threading
 import time
 from collections import OrderedDict
@@ -39,11 +43,14 @@ from execwatch.placement.pullsecrets import PullSecrets
 from execwatch.placement.started import Started, Unresolved, started
 from execwatch.placement.verdicts import (
     DIGEST,
+    SIGHTING_TTL,
     ImageVerdict,
     PlatformVerdict,
+    Sighting,
     VerdictWriter,
     Write,
     now_rfc3339,
+    owner_of,
 )
 from execwatch.placement.verdicts import MAX_WHY as STORED_WHY
 from execwatch.record import EVERY_ARCHITECTURE_REASONS
@@ -58,6 +65,7 @@ from execwatch.scan.vocabulary import REASON_OF_CHECK
 from execwatch.text import one_line
 
 MAX_WHY = 3
+MAX_CONFIRM = 3  # sightings of other workloads checked against the image, per platform
 MEMO_SIZE = 1024
 READ_TIMEOUT = 2.0  # seconds for the ImageVerdict read; past it the pod is scanned
 TOUCH_EVERY = 3600.0  # seconds: lastUsed of a verdict that decides is renewed this often
@@ -75,6 +83,7 @@ class Target:
     digest: str  # sha256 of what the reference resolved to, '' when it is not one
     images: list[ImageSource]
     book: ImageVerdict | None
+    workload: tuple[str, str]  # the pod's namespace and owner (owner_of)
 
 
 @dataclass
@@ -108,6 +117,7 @@ class ScannedVerdicts:
     strict: bool = False
     writer: VerdictWriter | None = None  # the ImageVerdict store: read first, scans written
     fresh_for: float = 86400.0  # seconds a stored scan verdict saves a scan
+    observed_for: float = SIGHTING_TTL  # seconds a sighting decides from when it was written
     memo: OrderedDict[tuple[str, str, Started], list[Seen]] = field(default_factory=OrderedDict)
     _touched: OrderedDict[str, float] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)  # the controller's workers
@@ -126,10 +136,10 @@ class ScannedVerdicts:
             images, digest = self._images(image, options)
         verdict = _Verdict(str(container.get("name") or ""), image)
         book = self._book(digest, deadline)
+        workload = (str((pod.get("metadata") or {}).get("namespace") or ""), owner_of(pod))
+        target = Target(image, digest, images, book, workload)
         for arch in self.arches():
-            self._judge_arch(
-                verdict, Target(image, digest, images, book), container, arch, deadline
-            )
+            self._judge_arch(verdict, target, container, arch, deadline)
         return verdict.done()
 
     def _judge_arch(
@@ -141,14 +151,20 @@ class ScannedVerdicts:
         deadline: float,
     ) -> None:
         platform = Platform("linux", arch)
-        seen_failing = _observed(target.book, str(platform))
-        if seen_failing is not None:
+        sightings = self._sightings(target.book, str(platform))
+        own = [s for s in sightings if (s.namespace, s.owner) == target.workload]
+        if own:
             self._used(target, "observed")
-            verdict.set(arch, Outcome.FAILS, seen_failing)
+            verdict.set(arch, Outcome.FAILS, "observed failing in this workload: " + _seen(own))
             return
         chosen = _select(target.images, platform)
         if chosen is None:
             verdict.set(arch, Outcome.FAILS, f"the image has no {platform}")
+            return
+        confirmed = self._confirmed(target, chosen, platform, sightings, deadline)
+        if confirmed:
+            self._used(target, "observed")
+            verdict.set(arch, Outcome.FAILS, confirmed)
             return
         try:
             programs = started(container, chosen.config)
@@ -185,6 +201,32 @@ class ScannedVerdicts:
         except (errors.ApiError, ValueError):
             self.writer.metrics.reads.labels("failed").inc()
             return None
+
+    def _sightings(self, book: ImageVerdict | None, platform: str) -> list[Sighting]:
+        """The digest's sightings on `platform` younger than `observed_for`."""
+        now = time.time()
+        found = book.observed if book is not None else ()
+        return [s for s in found if s.platform == platform and s.fresh(now, self.observed_for)]
+
+    def _confirmed(
+        self,
+        target: Target,
+        image: ImageSource,
+        platform: Platform,
+        sightings: list[Sighting],
+        deadline: float,
+    ) -> str:
+        """Why the image fails on `platform` by its own files, when another workload's
+        sighting names a file that the scan of this image finds failing there too ('' when
+        none does: a file written at run time or on a volume is not the image's)."""
+        for file in _most_seen(sightings)[:MAX_CONFIRM]:
+            program = Started(((file,),), (), None)
+            seen, _ = self._scan(target.image, image, platform, program, deadline)
+            failing = [s for s in seen if s[2]]
+            if failing:
+                why = _lines(failing)
+                return f"observed failing on a node, and the image's own {file} fails there: {why}"
+        return ""
 
     def _fresh(self, book: ImageVerdict | None, platform: str) -> PlatformVerdict | None:
         found = book.platforms.get(platform) if book is not None else None
@@ -300,12 +342,21 @@ def _is_default(programs: Started, image_config: Mapping[str, Any]) -> bool:
         return False
 
 
-def _observed(book: ImageVerdict | None, platform: str) -> str | None:
-    """Why the digest fails on `platform`, when a node saw it fail there."""
-    found = book.platforms.get(platform) if book is not None else None
-    if found is None or found.source != "observed" or found.outcome is not Outcome.FAILS:
-        return None
-    return "observed failing on a node: " + (_stored_lines(found) or "a platform failure")
+def _most_seen(sightings: list[Sighting]) -> list[str]:
+    """The absolute paths sighted, those most workloads saw fail first."""
+    workloads: dict[str, set[tuple[str, str]]] = {}
+    for s in sightings:
+        if s.path.startswith("/"):
+            workloads.setdefault(posixpath.normpath(s.path), set()).add((s.namespace, s.owner))
+    return sorted(workloads, key=lambda path: (-len(workloads[path]), path))
+
+
+def _seen(sightings: list[Sighting]) -> str:
+    """What the workload's own sightings say, newest first."""
+    newest = sorted(sightings, key=lambda s: s.time, reverse=True)
+    text = "; ".join(s.why or s.path for s in newest[:MAX_WHY])
+    more = len(newest) - MAX_WHY
+    return text + (f" (and {more} more)" if more > 0 else "")
 
 
 def _stored_lines(verdict: PlatformVerdict) -> str:

@@ -1,10 +1,13 @@
 """ImageVerdict objects: the one cache of what each image digest runs on, per platform.
 
-The placement controller writes what its scans found, the handler writes what it saw
-fail on a node (`observed`), and both read. An observed failure outranks a scan that
-says "runs" for the same platform: it is what no static scan sees (a binary fetched at
-run time, one on a volume). Writes are read-modify-write under the object's
-resourceVersion, so concurrent writers merge instead of overwriting each other.
+The placement controller writes what its scans found (`platforms`), the handler writes
+what it saw fail on a node (`observed`: sightings, each scoped to the namespace and owner
+of the pod that failed), and both read. A sighting is a tenant's word, not the image's:
+the controller lets it decide for the pods of its own namespace and owner only, or for
+others once its own scan of the image's file at that path confirms it (scanned.py), and
+for `SIGHTING_TTL` seconds from when it was written, which no read renews. Writes are
+read-modify-write under the object's resourceVersion, so concurrent writers merge
+instead of overwriting each other.
 
 Nothing that places or handles waits on these writes: they go through a `Lane`, a bounded
 queue with one writer thread, paced, whose drops and failures are counted
@@ -36,6 +39,9 @@ GROUP, VERSION, PLURAL = "execwatch.io", "v1alpha1", "imageverdicts"
 DIGEST = re.compile(r"sha256:[a-f0-9]{64}")
 MAX_WHY = 8
 MAX_WHY_TEXT = 1024  # characters of each `why` line (the schema's maxLength)
+MAX_SIGHTINGS = 32  # per digest; past it the oldest go first
+MAX_SIGHTING_TEXT = 512  # characters of a sighting's namespace, owner, path and why
+SIGHTING_TTL = 86400.0  # seconds a sighting counts from when it was written
 WRITE_ATTEMPTS = 16
 
 log = logging.getLogger(__name__)
@@ -85,25 +91,81 @@ class PlatformVerdict:
 
 
 @dataclass(frozen=True)
+class Sighting:
+    """A platform-class failure the handler saw in a pod of an opted-in namespace: the
+    tenant's word about its own workload, whatever file it ran."""
+
+    platform: str  # linux/<the node's architecture>
+    namespace: str
+    owner: str  # the pod's controller as Kind/name, else Pod/<name> (owner_of)
+    path: str  # the file that failed, as the agent recorded the exec
+    time: str  # RFC 3339: when it was last written; a read never renews it
+    why: str = ""
+    count: int = 0
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.platform, self.namespace, self.owner, self.path)
+
+    def fresh(self, now: float, ttl: float) -> bool:
+        written = parse_time(self.time)
+        return written is not None and now - written < ttl
+
+    def to_api(self) -> dict[str, Any]:
+        cut = MAX_SIGHTING_TEXT
+        return {
+            "platform": self.platform,
+            "namespace": self.namespace[:cut],
+            "owner": self.owner[:cut],
+            "path": self.path[:cut],
+            "time": self.time,
+            "why": self.why[:cut],
+            "count": self.count,
+        }
+
+    @classmethod
+    def from_api(cls, obj: Mapping[str, Any]) -> Sighting:
+        return cls(
+            str(obj["platform"]),
+            str(obj["namespace"]),
+            str(obj["owner"]),
+            str(obj["path"]),
+            str(obj["time"]),
+            str(obj.get("why") or ""),
+            int(obj.get("count") or 0),
+        )
+
+
+def owner_of(pod: Mapping[str, Any]) -> str:
+    """Whose workload a pod is: its controller as Kind/name, else the bare pod's name."""
+    meta = pod.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller"):
+            return f"{ref.get('kind') or ''}/{ref.get('name') or ''}"
+    return f"Pod/{meta.get('name') or ''}"
+
+
+@dataclass(frozen=True)
 class ImageVerdict:
     digest: str
     image: str
     platforms: Mapping[str, PlatformVerdict] = field(default_factory=dict)
     last_used: float | None = None  # seconds since the epoch, None when never written
+    observed: tuple[Sighting, ...] = ()
 
-    def merged(self, news: Iterable[PlatformVerdict]) -> ImageVerdict:
+    def merged(
+        self, news: Iterable[PlatformVerdict], sightings: Iterable[Sighting] = ()
+    ) -> ImageVerdict:
+        """The scans' verdicts per platform replaced by `news`; `sightings` replacing those
+        of the same platform, namespace, owner and path, the newest MAX_SIGHTINGS kept."""
         out = dict(self.platforms)
         for new in news:
-            old = out.get(new.platform)
-            keeps_observed = (
-                old is not None
-                and old.source == "observed"
-                and old.outcome is Outcome.FAILS
-                and new.source == "scan"
-            )
-            if not keeps_observed:
-                out[new.platform] = new
-        return replace(self, platforms=out)
+            out[new.platform] = new
+        seen = {s.key: s for s in self.observed}
+        for sighting in sightings:
+            seen[sighting.key] = sighting
+        newest = sorted(seen.values(), key=lambda s: s.time, reverse=True)[:MAX_SIGHTINGS]
+        return replace(self, platforms=out, observed=tuple(newest))
 
     def status(self, last_used: str) -> dict[str, Any]:
         def which(outcome: Outcome) -> str:
@@ -115,6 +177,7 @@ class ImageVerdict:
             "fails": which(Outcome.FAILS),
             "lastUsed": last_used,
             "platforms": [self.platforms[p].to_api() for p in sorted(self.platforms)],
+            "observed": [s.to_api() for s in self.observed],
         }
 
 
@@ -134,13 +197,20 @@ class VerdictStore:
         obj = self._read(object_name(digest), timeout)
         return None if obj is None else _parse(obj)
 
-    def record(self, digest: str, image: str, news: Iterable[PlatformVerdict]) -> ImageVerdict:
-        """Merge `news` into the digest's verdict and write it; returns what was written."""
-        name, news = object_name(digest), list(news)
+    def record(
+        self,
+        digest: str,
+        image: str,
+        news: Iterable[PlatformVerdict],
+        sightings: Iterable[Sighting] = (),
+    ) -> ImageVerdict:
+        """Merge `news` and `sightings` into the digest's verdict and write it; returns
+        what was written."""
+        name, news, sightings = object_name(digest), list(news), list(sightings)
         for attempt in range(WRITE_ATTEMPTS):
             obj = self._read(name)
             base = ImageVerdict(digest, image) if obj is None else _parse(obj)
-            verdict = base.merged(news)
+            verdict = base.merged(news, sightings)
             body: dict[str, Any] = {
                 "apiVersion": f"{GROUP}/{VERSION}",
                 "kind": "ImageVerdict",
@@ -174,6 +244,7 @@ def _parse(obj: Mapping[str, Any]) -> ImageVerdict:
         str(spec.get("image") or ""),
         {p.platform: p for p in platforms},
         parse_time(status.get("lastUsed")),
+        tuple(Sighting.from_api(s) for s in status.get("observed") or []),
     )
 
 
@@ -188,7 +259,8 @@ class VerdictMetrics:
             "execwatch_verdict_writes",
             "ImageVerdict writes, by source (scan, observed, touch: lastUsed only) and result "
             "(written; failed: the API refused or did not answer, counted once per write; "
-            "dropped: the writer's queue was full).",
+            "dropped: the writer's queue was full; ignored: observed in a namespace that "
+            "did not opt in to placement).",
             ["source", "result"],
             registry=self.registry,
         )
