@@ -174,6 +174,7 @@ def start_placement(kube: KubeCluster, d: Path, port: int, ca: Path, workers: in
         "--service", "localhost", "--identity", d.name, "--workers", str(workers),
         "--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5",
         "--registry-ca", str(ca), "--cache-dir", str(d / "cache"),
+        "--registry-allow-private", "127.0.0.0/8",  # the test registry is on loopback
     ]  # fmt: skip
     return Placement(ExecwatchProcess(args, d / "log", env=own_env(d)))
 

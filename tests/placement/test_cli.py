@@ -124,6 +124,7 @@ class Replica:
             "--service", "localhost", "--identity", identity,
             "--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5",
             "--registry-ca", str(registry.ca), "--cache-dir", str(tmp / "cache"),
+            "--registry-allow-private", "127.0.0.0/8",  # the test registry is on loopback
         ]  # fmt: skip
         self.process = ExecwatchProcess(args, tmp / "log", env=own_env(tmp))
 

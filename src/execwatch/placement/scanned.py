@@ -50,7 +50,7 @@ from execwatch.runnable.limits import Limits
 from execwatch.scan import Check, ScanOptions, Severity, scan_image
 from execwatch.scan.errors import ScanInputError
 from execwatch.scan.isolated import ProcessLimits, run_isolated
-from execwatch.scan.registry import RegistryOptions, images_of, resolve
+from execwatch.scan.registry import RegistryOptions, resolve_images
 from execwatch.scan.reuse import RegistryReuse
 from execwatch.scan.sources import ImageSource
 from execwatch.text import one_line
@@ -114,13 +114,19 @@ class ScannedVerdicts:
         self, pod: Mapping[str, Any], container: Mapping[str, Any], deadline: float
     ) -> ContainerVerdict:
         image = str(container.get("image") or "")
+        arches = list(self.arches())
         with self.secrets.files(pod) as files:
-            timeout = min(self.registry.timeout, max(1.0, deadline - time.time()))
-            options = dataclasses.replace(self.registry, config_files=files, timeout=timeout)
-            images, digest = self._images(image, options)
+            left = max(1.0, deadline - time.time())
+            options = dataclasses.replace(
+                self.registry,
+                config_files=files,
+                timeout=min(self.registry.timeout, left),
+                deadline=left,  # the resolution's, whatever the registry does
+            )
+            images, digest = self._images(image, options, arches)
         verdict = _Verdict(str(container.get("name") or ""), image)
         book = self._book(digest, deadline)
-        for arch in self.arches():
+        for arch in arches:
             self._judge_arch(
                 verdict, Target(image, digest, images, book), container, arch, deadline
             )
@@ -205,15 +211,20 @@ class ScannedVerdicts:
         news = (PlatformVerdict(platform, outcome, "scan", now, why, len(deciding)),)
         self.writer.offer(Write(target.digest, target.image, news, "scan"))
 
-    def _images(self, image: str, options: RegistryOptions) -> tuple[list[ImageSource], str]:
-        """The image's platform images, and the digest it resolved to ('' if not sha256)."""
+    def _images(
+        self, image: str, options: RegistryOptions, arches: list[str]
+    ) -> tuple[list[ImageSource], str]:
+        """The platform images of the nodes' architectures, and the digest the image
+        resolved to ('' if not sha256)."""
+        platforms = [Platform("linux", arch) for arch in arches]
         try:
-            client, top, digest = resolve(image, options, self.limits)
-            return images_of(client, top, digest), _sha256(digest)
+            _, images, digest = resolve_images(image, options, self.limits, platforms)
+            return images, _sha256(digest)
         except ScanInputError as exc:
             raise VerdictUnavailable(one_line(str(exc))) from None
         except Exception as exc:  # a bug or a hostile answer: fail open, never stuck
-            raise VerdictUnavailable(one_line(f"{image}: {type(exc).__name__}: {exc}")) from None
+            # its class only: an exception's text may quote what a registry answered
+            raise VerdictUnavailable(f"{image[:200]}: {type(exc).__name__}") from None
 
     def _scan(
         self, label: str, image: ImageSource, platform: Platform, programs: Started, deadline: float
