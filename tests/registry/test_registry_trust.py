@@ -110,8 +110,9 @@ def test_an_index_of_16_manifests_sharing_a_4_mib_config_of_empty_objects_stays_
     1,594 MiB in 2 s, each manifest's copy of the config parsed in full. Registry JSON
     now goes through the token-bounded parser: the resolution fails on the first config,
     with one line, and the resolving process never grows past a few dozen MiB."""
-    count = (Limits().max_json_bytes - 2) // 3
-    config = push_blob(registry, "bomb/config", b"[" + b"{}," * count + b"{}]", OCI_CONFIG)
+    count = (Limits().max_json_bytes - 10) // 3
+    empties = b'{"a":[' + b"{}," * count + b"{}]}"
+    config = push_blob(registry, "bomb/config", empties, OCI_CONFIG)
     assert config["size"] <= Limits().max_json_bytes
     ref = index(registry, "bomb/config", "1", [("linux/amd64", config)] * 16)
     peak_mib, message = _resolve_in_a_process(registry, tmp_path, ref)
@@ -190,18 +191,22 @@ def test_the_bytes_of_manifests_and_configs_are_capped_per_resolution(
 
 
 @pytest.mark.parametrize("where", ["headers", "body"])
+@pytest.mark.parametrize("pooled", [False, True], ids=["command-line", "placement"])
 def test_a_registry_dripping_a_byte_every_half_second_meets_the_deadline(
-    where: str, tmp_path: Path
+    where: str, pooled: bool, tmp_path: Path
 ) -> None:
     """Issue 34, reproduction 3: one header byte every 0.5 s kept resolve() blocked for
     more than 40 s with a 2 s timeout, since each byte restarts a socket read's timeout.
     The resolution's deadline shuts its connections down: 2 s, whatever the registry
-    does, and the failure says the registry timed out."""
+    does, and the failure says the registry timed out. Placement's pooled sessions (a
+    `HEAD` first) obey it as well."""
+    reuse = RegistryReuse() if pooled else None
     with closing(Dripping(where)) as slow:
         ref = f"{slow.host}/slow/loris:1"
         opts = RegistryOptions(
-            insecure=frozenset({slow.host}), cache_bytes=0, timeout=2.0, deadline=2.0
-        )
+            insecure=frozenset({slow.host}), cache_bytes=0, timeout=2.0, deadline=2.0,
+            reuse=reuse, egress=LOOPBACK if pooled else None,
+        )  # fmt: skip
         start = time.monotonic()
         with pytest.raises(RegistryError) as caught:
             resolve_images(ref, opts, Limits())

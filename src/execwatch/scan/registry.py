@@ -81,7 +81,7 @@ TIMEOUT_SECONDS = 30.0
 # how a registry failure is named (an Event quotes it): its class, never what was answered
 REGISTRY_TIMED_OUT = "registry timed out"
 REDIRECT_REFUSED = "the registry answered with a redirect, which is not followed"
-DESTINATION_REFUSED = "destination refused"
+DESTINATION_REFUSED = "registry destination refused"
 
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _DOMAIN = (
@@ -808,7 +808,7 @@ def describe_error(exc: BaseException, ref: Reference, creds: Credentials | None
     if isinstance(exc, requests.exceptions.TooManyRedirects):
         return REDIRECT_REFUSED
     if isinstance(exc, requests.exceptions.SSLError):
-        return f"TLS failure talking to {ref.api_host} (use --registry-ca FILE)"
+        return f"TLS failure talking to the registry {ref.api_host} (use --registry-ca FILE)"
     if isinstance(exc, requests.Timeout | urllib3.exceptions.ReadTimeoutError | TimeoutError):
         return REGISTRY_TIMED_OUT
     if isinstance(exc, requests.RequestException | urllib3.exceptions.HTTPError | OSError):
@@ -840,7 +840,7 @@ def _connection_failure(exc: BaseException) -> str:
         if isinstance(each, socket.gaierror):
             return "the registry's host name did not resolve"
         if isinstance(each, ssl.SSLError):
-            return "TLS failure"
+            return "TLS failure talking to the registry"
         if isinstance(each, TimeoutError):
             return REGISTRY_TIMED_OUT
         if isinstance(each, OSError) and each.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH):
