@@ -48,6 +48,7 @@ from execwatch.placement.verdicts import (
 from execwatch.placement.verdicts import MAX_WHY as STORED_WHY
 from execwatch.runnable.limits import Limits
 from execwatch.scan import Check, ScanOptions, Severity, scan_image
+from execwatch.scan.egress import Egress
 from execwatch.scan.errors import ScanInputError
 from execwatch.scan.isolated import ProcessLimits, run_isolated
 from execwatch.scan.registry import RegistryOptions, resolve_images
@@ -109,6 +110,8 @@ class ScannedVerdicts:
     def __post_init__(self) -> None:
         if self.registry.reuse is None:  # one memo, auth cache and session pool per process
             self.registry = dataclasses.replace(self.registry, reuse=RegistryReuse())
+        if self.registry.egress is None:  # placement never reaches a private address unasked
+            self.registry = dataclasses.replace(self.registry, egress=Egress())
 
     def judge(
         self, pod: Mapping[str, Any], container: Mapping[str, Any], deadline: float
