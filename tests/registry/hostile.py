@@ -103,6 +103,7 @@ class Dripping:
     def __init__(self, where: str, interval: float = 0.5) -> None:
         self.where, self.interval = where, interval
         self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
         self.host = f"127.0.0.1:{self.listener.getsockname()[1]}"
         self.accepted = 0
         self.closed_by_client = threading.Event()
@@ -110,7 +111,6 @@ class Dripping:
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
-        self.listener.settimeout(0.2)
         while not self._stop.is_set():
             try:
                 conn, _ = self.listener.accept()

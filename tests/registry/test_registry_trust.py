@@ -122,9 +122,11 @@ def test_an_index_of_16_manifests_sharing_a_4_mib_config_of_empty_objects_stays_
 
 def _resolve_in_a_process(registry: Registry, tmp: Path, ref: str) -> tuple[float, str]:
     """resolve_images(ref) in a fresh Python limited to 1 GiB of address space: its peak
-    RSS in MiB, and what it printed (the error)."""
+    RSS in MiB (its own VmHWM: a forked child's ru_maxrss counts the parent's pages), and
+    what it printed (the error)."""
     auth = registry.auth_file(tmp / "auth.json")
     code = textwrap.dedent(f"""
+        import re
         from execwatch.runnable.limits import Limits
         from execwatch.scan.registry import RegistryOptions, resolve_images
         options = RegistryOptions(config_files=[{str(auth)!r}], ca_file={str(registry.ca)!r},
@@ -134,6 +136,8 @@ def _resolve_in_a_process(registry: Registry, tmp: Path, ref: str) -> tuple[floa
             print("resolved")
         except Exception as exc:
             print(exc)
+        status = open("/proc/self/status").read()
+        print(re.search(r"VmHWM:\\s+(\\d+) kB", status).group(1))
     """)
     gib = 1 << 30
 
@@ -141,14 +145,12 @@ def _resolve_in_a_process(registry: Registry, tmp: Path, ref: str) -> tuple[floa
         resource.setrlimit(resource.RLIMIT_AS, (gib, gib))
 
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    with subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, preexec_fn=limit, env=env
-    ) as child:
-        assert child.stdout is not None
-        out = child.stdout.read().decode()
-        _, status, usage = os.wait4(child.pid, 0)
-        child.returncode = os.waitstatus_to_exitcode(status)
-    return usage.ru_maxrss / 1024, out.strip()
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, preexec_fn=limit, env=env, check=False
+    )
+    lines = done.stdout.decode().strip().splitlines()
+    assert len(lines) == 2 and lines[1].isdigit(), done.stdout + done.stderr
+    return int(lines[1]) / 1024, lines[0]
 
 
 @pytest.fixture(scope="module")

@@ -468,8 +468,9 @@ class RegistryClient:
     def _shared(self) -> RegistryReuse | None:
         """The process's memo, auth cache and sessions; None without, and in a forked child
         (the scan's process), which then opens connections of its own: its parent's pooled
-        ones are the same sockets, and their locks may have been held at the fork."""
-        if self.reuse is not None and os.getpid() != self._pid:
+        ones are the same sockets (its own Session's too: a TLS connection two processes
+        write to breaks), and their locks may have been held at the fork."""
+        if os.getpid() != self._pid:
             self.reuse, self._pid = None, os.getpid()
             self.dxf._sessions[0] = new_session(1)
         return self.reuse
@@ -578,8 +579,8 @@ class RegistryClient:
             r.raise_for_status()
             raw = _read_capped(r, MAX_TOKEN_BYTES + 1, deadline, self.ref)
         try:
-            doc = json.loads(raw) if len(raw) <= MAX_TOKEN_BYTES else None
-        except (ValueError, RecursionError):
+            doc = parse_json(raw, "token", self.limits) if len(raw) <= MAX_TOKEN_BYTES else None
+        except ScanInputError:
             doc = None
         token = (doc.get("access_token") or doc.get("token")) if isinstance(doc, dict) else None
         if not isinstance(token, str) or not token.isprintable():
