@@ -177,6 +177,7 @@ def start_placement(kube: KubeCluster, d: Path, port: int, ca: Path, workers: in
         "--registry-ca", str(ca), "--cache-dir", str(d / "cache"),
         # mutual TLS: only the API server's client certificate is accepted
         "--webhook-client-ca", str(kube.webhook_client_ca),
+        "--registry-allow-private", "127.0.0.0/8",  # the test registry is on loopback
     ]  # fmt: skip
     return Placement(ExecwatchProcess(args, d / "log", env=own_env(d)))
 

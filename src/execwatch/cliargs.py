@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 # binfmt (40 ms) loads only in the option types that use it.
 if TYPE_CHECKING:
     from execwatch.binfmt.platform import Platform
+    from execwatch.scan.egress import Network as IPNetwork
 
 
 class Parser(argparse.ArgumentParser):
@@ -151,6 +152,16 @@ def architecture(text: str) -> str:
     """An architecture as Kubernetes' `kubernetes.io/arch` label spells it: `aarch64` is
     `arm64`, and a name no OCI image uses is refused instead of checked as a CPU."""
     return platform(text).architecture
+
+
+def network(text: str) -> IPNetwork:
+    """An address or a CIDR (`127.0.0.0/8`, `10.1.2.3`, `fd00::/8`)."""
+    from execwatch.scan.egress import parse_network
+
+    try:
+        return parse_network(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"wants an address or a CIDR, got {text!r}") from exc
 
 
 def readable_file(text: str) -> str:

@@ -427,7 +427,7 @@ def test_images_that_cannot_be_checked_are_errors_and_exit_2(
         for w in json.loads(out)["workloads"]
     }
     assert statuses(json.loads(out)) == {f"Deployment/{n}": {"amd64": "error"} for n in images}
-    assert "connection to" in messages["down"]
+    assert "connection refused by the registry" in messages["down"]
     assert "not found in the registry" in messages["absent"]
     assert "not a valid image reference" in messages["typo"]
 

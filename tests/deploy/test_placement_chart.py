@@ -5,6 +5,7 @@ tests/placement/test_cli.py runs the command with these very RBAC rules."""
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import re
 from typing import Any
@@ -53,6 +54,7 @@ PLACEMENT = {
     ("PodDisruptionBudget", NAME),
     ("Service", NAME),
     ("NetworkPolicy", NAME),
+    ("NetworkPolicy", f"{NAME}-egress"),
 }
 HOOK = ("Job", f"{NAME}-release")
 # The hook's own identity: with Helm only, as the hook.
@@ -173,7 +175,8 @@ def placement_parser() -> argparse.ArgumentParser:
     "sets",
     [(), ("placement.strict=true", "placement.registry.insecure[0]=registry.local:5000",
           "placement.registry.caConfigMap=registry-ca",
-          "placement.webhook.clientCAConfigMap=apiserver-client-ca")],
+          "placement.webhook.clientCAConfigMap=apiserver-client-ca",
+          "placement.registry.allowPrivate[0]=10.1.0.0/16")],
     ids=["defaults", "options"],
 )  # fmt: skip
 def test_the_deployment_runs_the_command_with_flags_it_accepts(sets: tuple[str, ...]) -> None:
@@ -192,6 +195,9 @@ def test_the_deployment_runs_the_command_with_flags_it_accepts(sets: tuple[str, 
     if sets:
         assert parsed.strict and parsed.insecure_registry == ["registry.local:5000"]
         assert parsed.registry_ca and parsed.webhook_client_ca and len(ca) == 2
+        assert parsed.registry_allow_private == [ipaddress.ip_network("10.1.0.0/16")]
+    else:
+        assert parsed.registry_allow_private == []  # every non-global address refused
 
 
 def test_two_replicas_spread_with_a_disruption_budget() -> None:
@@ -210,6 +216,29 @@ def test_the_network_policy_opens_the_webhook_port_and_metrics_to_monitoring_onl
     narrowed = render(ON, "placement.webhookFrom[0].ipBlock.cidr=10.0.0.1/32")
     first = find(narrowed, "NetworkPolicy", NAME)["spec"]["ingress"][0]
     assert first["from"] == [{"ipBlock": {"cidr": "10.0.0.1/32"}}]
+
+
+def test_the_egress_policy_allows_dns_the_api_server_and_global_registries() -> None:
+    """Issue 34, item 6: egress was open. Registries are reached at global addresses on
+    443, and at a private network only when placement.registry.allowPrivate lists it."""
+    policy = find(render(ON), "NetworkPolicy", f"{NAME}-egress")["spec"]
+    assert policy["policyTypes"] == ["Egress"]
+    dns, api, registries = policy["egress"]
+    assert {(p["port"], p["protocol"]) for p in dns["ports"]} == {(53, "UDP"), (53, "TCP")}
+    assert [p["port"] for p in api["ports"]] == [443, 6443]
+    assert [p["port"] for p in registries["ports"]] == [443]
+    v4 = registries["to"][0]["ipBlock"]
+    assert v4["cidr"] == "0.0.0.0/0"
+    for private in ("10.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12"):
+        assert private in v4["except"]
+    listed = render(ON, "placement.registry.allowPrivate[0]=10.1.0.0/16")
+    allowed = find(listed, "NetworkPolicy", f"{NAME}-egress")["spec"]["egress"][3]
+    assert allowed == {"to": [{"ipBlock": {"cidr": "10.1.0.0/16"}}]}
+    narrowed = render(ON, "placement.egress.apiServer[0].ipBlock.cidr=10.0.0.1/32")
+    api = find(narrowed, "NetworkPolicy", f"{NAME}-egress")["spec"]["egress"][1]
+    assert api["to"] == [{"ipBlock": {"cidr": "10.0.0.1/32"}}]
+    with pytest.raises(RuntimeError, match="allowPrivate"):
+        render(ON, "placement.registry.allowPrivate[0]=not-a-network")
 
 
 SCHEMA_FLAGS = [

@@ -303,7 +303,13 @@ class WebhookRoute:
 
 
 def placement_values(registry: NodeRegistry) -> list[str]:
-    return ["placement.enabled=true", f"placement.registry.insecure={{{registry.host}}}"]
+    """Placement on, the node's registry spoken to over plain HTTP and allowed at its
+    private address (every other private destination stays refused)."""
+    return [
+        "placement.enabled=true",
+        f"placement.registry.insecure={{{registry.host}}}",
+        f"placement.registry.allowPrivate={{{NODE_IP}/32}}",
+    ]
 
 
 def enable_placement(node: Node, registry: NodeRegistry, timeout: float = 240) -> None:

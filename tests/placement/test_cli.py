@@ -134,6 +134,7 @@ class Replica:
             "--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5",
             "--registry-ca", str(registry.ca), "--cache-dir", str(tmp / "cache"),
             "--webhook-client-ca", str(kube.webhook_client_ca),
+            "--registry-allow-private", "127.0.0.0/8",  # the test registry is on loopback
         ]  # fmt: skip
         self.process = ExecwatchProcess(args, tmp / "log", env=own_env(tmp))
 

@@ -10,10 +10,11 @@ waits on."""
 
 from __future__ import annotations
 
+import ipaddress
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +23,14 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry, Counter
 
 from execwatch.cluster.lease import LeaseConfig
-from execwatch.placement.controller import Placer
+from execwatch.placement.controller import Placer, VerdictSource
+from execwatch.placement.decision import ContainerVerdict
 from execwatch.placement.pullsecrets import PullSecrets
 from execwatch.placement.run import ControllerConfig, PlacementController
 from execwatch.placement.scanned import ScannedVerdicts
 from execwatch.placement.webhook import GATE, GATED_LABEL, GATED_VALUE
 from execwatch.runnable.limits import Limits
+from execwatch.scan.egress import Egress
 from execwatch.scan.registry import RegistryOptions
 from tests.placement.cluster import create_pod, gates, namespace, rest_for
 from tests.placement.drip import DripRegistry, drip_registry
@@ -52,13 +55,19 @@ def controller(
     tmp: Path,
     config: dict[str, Any],
     budget: float = BUDGET,
+    source: VerdictSource | None = None,
 ) -> PlacementController:
-    """The controller with the scan engine, for the real registry and the dripping one."""
+    """The controller with the scan engine, for the real registry and the dripping one
+    (or with `source`)."""
     rest = rest_for(admin)
     options = RegistryOptions(
-        ca_file=str(registry.ca), insecure=frozenset({drip.host}), cache_dir=str(tmp / "cache")
+        ca_file=str(registry.ca),
+        insecure=frozenset({drip.host}),
+        cache_dir=str(tmp / "cache"),
+        egress=Egress((ipaddress.ip_network("127.0.0.0/8"),)),  # both registries on loopback
     )
-    source = ScannedVerdicts(PullSecrets(rest), options, Limits(), lambda: ARCHES)
+    if source is None:
+        source = ScannedVerdicts(PullSecrets(rest), options, Limits(), lambda: ARCHES)
     placer = Placer(rest, source, lambda: ARCHES, Seen(), budget=budget)
     lease = LeaseConfig(
         namespace="execwatch", name=f"placement-{uuid.uuid4().hex[:6]}", identity="fair",
@@ -121,6 +130,24 @@ def test_sixteen_pods_on_a_dripping_registry_do_not_delay_another_namespaces_pod
     assert drip.holding() >= 16
 
 
+class Stuck:
+    """A verdict source whose calls return only when released: a worker stuck past every
+    deadline the registry client has (the reaper's case, whatever the worker waits on)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self._lock = threading.Lock()
+        self.holding = 0
+
+    def judge(
+        self, pod: Mapping[str, Any], container: Mapping[str, Any], deadline: float
+    ) -> ContainerVerdict:
+        with self._lock:
+            self.holding += 1
+        self.release.wait()
+        return ContainerVerdict(str(container.get("name")), str(container.get("image")), {})
+
+
 def test_the_reaper_ungates_pods_past_budget_whatever_their_workers_wait_on(
     registered: object,
     admin: client.ApiClient,
@@ -130,20 +157,24 @@ def test_the_reaper_ungates_pods_past_budget_whatever_their_workers_wait_on(
     tmp_path: Path,
 ) -> None:
     budget, grace = 4.0, 1.0
+    stuck = Stuck()
     slow = slow_pods(admin, drip, 3)
-    c = controller(admin, registry, drip, tmp_path, {"workers": 4, "grace": grace}, budget)
+    config = {"workers": 4, "grace": grace}
+    c = controller(admin, registry, drip, tmp_path, config, budget, source=stuck)
     running.append(c)
     c.start()
+    try:
+        wait_until(lambda: all(decided(admin, p) for p in slow), timeout=budget + grace + 10)
 
-    wait_until(lambda: all(decided(admin, p) for p in slow), timeout=budget + grace + 10)
-
-    for pod in slow:
-        now = stored(admin, pod)
-        assert not now["spec"].get("affinity")
-        [(kind, reason, note)] = events(admin, now)
-        assert (kind, reason) == ("Warning", "PlacementSkipped")
-        assert note == "placed without a verdict: no verdict within 4 s of the pod's creation"
-    assert drip.holding() == 3, "the workers still wait on the registry"
+        for pod in slow:
+            now = stored(admin, pod)
+            assert not now["spec"].get("affinity")
+            [(kind, reason, note)] = events(admin, now)
+            assert (kind, reason) == ("Warning", "PlacementSkipped")
+            assert note == "placed without a verdict: no verdict within 4 s of the pod's creation"
+        assert stuck.holding == 3, "the workers are still stuck"
+    finally:
+        stuck.release.set()
 
 
 def at_once(placer: Placer, pod: dict[str, Any]) -> list[object]:

@@ -358,9 +358,24 @@ class HostileRegistry:
         self.blobs: dict[str, Blob] = {}  # digest -> body
         self.requested: list[str] = []
         self.sent: dict[str, int] = {}
+        self.heads: dict[str, str] = {}  # "repo/ref" -> the digest a HEAD announces
         registry = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            def do_HEAD(self) -> None:
+                registry.requested.append("HEAD " + self.path)
+                rest, _, ref = self.path.removeprefix("/v2/").rpartition("/")
+                name = rest.removesuffix("/manifests")
+                digest = registry.heads.get(f"{name}/{ref}")
+                if digest is None and f"{name}/{ref}" in registry.manifests:
+                    body = registry.manifests[f"{name}/{ref}"][1]
+                    digest = "sha256:" + hashlib.sha256(body).hexdigest()
+                self.send_response(404 if digest is None else 200)
+                if digest is not None:
+                    self.send_header("Docker-Content-Digest", digest)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
             def do_GET(self) -> None:
                 registry.requested.append(self.path)
                 rest, _, ref = self.path.removeprefix("/v2/").rpartition("/")

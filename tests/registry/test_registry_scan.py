@@ -153,7 +153,7 @@ def test_tls_and_network_errors_are_one_line(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = f"127.0.0.1:{s.getsockname()[1]}"
-    assert "connection to" in scan_error(capsys, f"{closed}/team/ready:1")
+    assert "connection refused by the registry" in scan_error(capsys, f"{closed}/team/ready:1")
 
 
 @pytest.mark.parametrize(

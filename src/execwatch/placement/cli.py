@@ -157,6 +157,15 @@ def _registry_arguments(p: argparse.ArgumentParser) -> None:
         metavar="HOST[:PORT]",
         help="speak plain HTTP to this registry (never sends credentials)",
     )
+    g.add_argument(
+        "--registry-allow-private",
+        type=cliargs.network,
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="a loopback, link-local or private network registries may be reached in"
+        " (every other non-global address is refused, redirects and token realms included)",
+    )
     g.add_argument("--cache-dir", metavar="DIR", help="blob cache (default ~/.cache/execwatch)")
     g.add_argument(
         "--cache-size", type=cliargs.size, default="2G", metavar="BYTES", help="0: no cache"
@@ -283,6 +292,7 @@ def build(args: argparse.Namespace, kube: Any, registry: CollectorRegistry) -> R
     from execwatch.placement.warnmode import WarnWorker
     from execwatch.placement.webhook import http_handler
     from execwatch.runnable.limits import Limits
+    from execwatch.scan.egress import Egress
     from execwatch.scan.registry import RegistryOptions
     from execwatch.scan.reuse import RegistryReuse, SessionPool
 
@@ -304,6 +314,7 @@ def build(args: argparse.Namespace, kube: Any, registry: CollectorRegistry) -> R
         cache_dir=args.cache_dir,
         cache_bytes=args.cache_size,
         reuse=RegistryReuse(sessions=SessionPool(connections=args.workers)),
+        egress=Egress(tuple(args.registry_allow_private)),
     )
     writer = VerdictWriter(VerdictStore(rest, time.time), VerdictMetrics(registry))
     access = NamespaceAccess(rest, args.pull_credentials_role, args.namespace, args.service_account)

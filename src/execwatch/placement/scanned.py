@@ -56,9 +56,10 @@ from execwatch.placement.verdicts import MAX_WHY as STORED_WHY
 from execwatch.record import EVERY_ARCHITECTURE_REASONS
 from execwatch.runnable.limits import Limits
 from execwatch.scan import Check, ScanOptions, Severity, scan_image
+from execwatch.scan.egress import Egress
 from execwatch.scan.errors import ScanInputError
 from execwatch.scan.isolated import ProcessLimits, run_isolated
-from execwatch.scan.registry import RegistryOptions, images_of, resolve
+from execwatch.scan.registry import RegistryOptions, resolve_images
 from execwatch.scan.reuse import RegistryReuse
 from execwatch.scan.sources import ImageSource
 from execwatch.scan.vocabulary import REASON_OF_CHECK
@@ -125,20 +126,28 @@ class ScannedVerdicts:
     def __post_init__(self) -> None:
         if self.registry.reuse is None:  # one memo, auth cache and session pool per process
             self.registry = dataclasses.replace(self.registry, reuse=RegistryReuse())
+        if self.registry.egress is None:  # placement never reaches a private address unasked
+            self.registry = dataclasses.replace(self.registry, egress=Egress())
 
     def judge(
         self, pod: Mapping[str, Any], container: Mapping[str, Any], deadline: float
     ) -> ContainerVerdict:
         image = str(container.get("image") or "")
+        arches = list(self.arches())
         with self.secrets.files(pod) as files:
-            timeout = min(self.registry.timeout, max(1.0, deadline - time.time()))
-            options = dataclasses.replace(self.registry, config_files=files, timeout=timeout)
-            images, digest = self._images(image, options)
+            left = max(1.0, deadline - time.time())
+            options = dataclasses.replace(
+                self.registry,
+                config_files=files,
+                timeout=min(self.registry.timeout, left),
+                deadline=left,  # the resolution's, whatever the registry does
+            )
+            images, digest = self._images(image, options, arches)
         verdict = _Verdict(str(container.get("name") or ""), image)
         book = self._book(digest, deadline)
         workload = (str((pod.get("metadata") or {}).get("namespace") or ""), owner_of(pod))
         target = Target(image, digest, images, book, workload)
-        for arch in self.arches():
+        for arch in arches:
             self._judge_arch(verdict, target, container, arch, deadline)
         return verdict.done()
 
@@ -258,15 +267,20 @@ class ScannedVerdicts:
         news = (PlatformVerdict(platform, outcome, "scan", now, why, len(deciding)),)
         self.writer.offer(Write(target.digest, target.image, news, "scan"))
 
-    def _images(self, image: str, options: RegistryOptions) -> tuple[list[ImageSource], str]:
-        """The image's platform images, and the digest it resolved to ('' if not sha256)."""
+    def _images(
+        self, image: str, options: RegistryOptions, arches: list[str]
+    ) -> tuple[list[ImageSource], str]:
+        """The platform images of the nodes' architectures, and the digest the image
+        resolved to ('' if not sha256)."""
+        platforms = [Platform("linux", arch) for arch in arches]
         try:
-            client, top, digest = resolve(image, options, self.limits)
-            return images_of(client, top, digest), _sha256(digest)
+            _, images, digest = resolve_images(image, options, self.limits, platforms)
+            return images, _sha256(digest)
         except ScanInputError as exc:
             raise VerdictUnavailable(one_line(str(exc))) from None
         except Exception as exc:  # a bug or a hostile answer: fail open, never stuck
-            raise VerdictUnavailable(one_line(f"{image}: {type(exc).__name__}: {exc}")) from None
+            # its class only: an exception's text may quote what a registry answered
+            raise VerdictUnavailable(f"{image[:200]}: {type(exc).__name__}") from None
 
     def _scan(
         self, label: str, image: ImageSource, platform: Platform, programs: Started, deadline: float

@@ -18,6 +18,9 @@ class Limits:
     max_link_target_bytes: int = 4095  # symlink targets: a page, as Linux file systems store them
     max_json_bytes: int = 4 << 20  # manifests, indexes, configs (containerd's manifest limit)
     max_json_tokens: int = 100_000  # `{ [ , :` in one document: bounds the objects json builds
+    # manifests and configs of one resolution (scan.registry.resolve_images): a real index's
+    # are a few hundred KiB; this bounds what a hostile one makes a long-lived process parse
+    max_resolution_bytes: int = 8 << 20
     max_index_depth: int = 8
     max_manifests: int = 512
     max_layers: int = 1024

@@ -1,17 +1,26 @@
 """Images straight from an OCI/Docker registry, following the OCI distribution spec.
 
 The HTTP side is python-dxf: it answers the registry's `WWW-Authenticate` challenge
-(bearer token or basic), verifies TLS against a given CA, speaks plain HTTP only when asked,
-and streams blobs while checking their sha256. This module adds what a scanner needs on
-top: reference parsing, the Docker/Podman credential files, bounded and digest-checked
-manifests, and a bounded on-disk blob cache keyed by digest, so that a layer shared by
-several platforms, or met again in a later scan, is fetched once.
+(basic), verifies TLS against a given CA, speaks plain HTTP only when asked, and streams
+blobs while checking their sha256. This module adds what a scanner needs on top: reference
+parsing, the Docker/Podman credential files, bearer tokens, bounded and digest-checked
+manifests, and a bounded on-disk blob cache keyed by registry, repository and digest, so
+that a layer shared by several platforms, or met again in a later scan, is fetched once.
+
+What a registry can make a long-lived resolver (placement) do is bounded too: manifests and
+configs go through the token-bounded JSON parser, at most `Limits.max_resolution_bytes` of
+them per resolution, of the platforms asked for only; `resolve_images` runs under a hard
+deadline (scan.egress.Deadline); no redirect of a manifest or a token is followed, a blob's
+only to https; a non-global destination is refused unless allowed (scan.egress.Egress); a
+failure is named by its class, never by what the registry answered.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -19,14 +28,17 @@ import re
 import stat
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlencode, urlparse
+from urllib.parse import parse_qsl, urlencode, urljoin, urlparse
 
 from execwatch import cliargs
+from execwatch.binfmt import Platform
 from execwatch.runnable.limits import Limits
-from execwatch.scan.errors import ScanInputError
+from execwatch.scan.egress import Deadline, Egress, EgressRefused
+from execwatch.scan.errors import LimitExceeded, ScanInputError
+from execwatch.scan.limits import parse_json
 from execwatch.scan.model import ImageResult
 from execwatch.scan.reuse import (
     BASIC_TTL,
@@ -66,6 +78,10 @@ MAX_TOKEN_BYTES = 256 << 10
 USER_AGENT = "Docker-Client/19.03.2 (linux)"  # what dxf sends
 DEFAULT_CACHE_BYTES = 2 << 30
 TIMEOUT_SECONDS = 30.0
+# how a registry failure is named (an Event quotes it): its class, never what was answered
+REGISTRY_TIMED_OUT = "registry timed out"
+REDIRECT_REFUSED = "the registry answered with a redirect, which is not followed"
+DESTINATION_REFUSED = "registry destination refused"
 
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _DOMAIN = (
@@ -133,6 +149,10 @@ class RegistryOptions:
     timeout: float = TIMEOUT_SECONDS
     # a long-lived process's memo, auth cache and sessions (placement); None: nothing kept
     reuse: RegistryReuse | None = None
+    # destinations connections may reach (placement); None: any (the command line's scans)
+    egress: Egress | None = None
+    # seconds one resolution (`resolve_images`) may take, whatever the registry does
+    deadline: float | None = None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -293,22 +313,28 @@ def _decode(entry: dict[str, Any], path: str) -> Credentials:
 
 
 class BlobCache:
-    """Verified blobs by digest, at most `max_bytes` in total, least recently used evicted.
+    """Verified blobs by registry, repository and digest, at most `max_bytes` in total,
+    least recently used evicted.
 
-    A path is only ever built from a digest of the OCI form (so it names a file directly
-    in blobs/<algorithm>/), and only a regular file is opened there, without following a
-    symlink: a digest from a registry cannot make the cache read or touch anything else.
+    Each repository of each registry has a directory of its own (a hash of both names): a
+    blob is served from the cache only to a client of the repository that served it, so
+    a registry that names someone else's digest still has to serve its bytes. A path is
+    only ever built from a digest of the OCI form (so it names a file directly in
+    blobs/<scope>/<algorithm>/), and only a regular file is opened there, without
+    following a symlink: a digest from a registry cannot make the cache read or touch
+    anything else.
     """
 
     ALGORITHMS = ("sha256", "sha512")
 
-    def __init__(self, root: str, max_bytes: int) -> None:
+    def __init__(self, root: str, max_bytes: int, scope: str) -> None:
         self.root = os.path.join(root, "blobs")
+        self.scope = hashlib.sha256(scope.encode()).hexdigest()[:32]
         self.max_bytes = max_bytes
 
     def path(self, digest: str) -> str:
         algorithm, hexdigest = valid_digest(digest, "blob cache").split(":", 1)
-        directory = os.path.join(self.root, algorithm)
+        directory = os.path.join(self.root, self.scope, algorithm)
         path = os.path.join(directory, hexdigest)
         if os.path.dirname(os.path.normpath(path)) != os.path.normpath(directory):
             raise ScanInputError(f"blob cache: {digest[:80]!r} names a path outside the cache")
@@ -341,12 +367,8 @@ class BlobCache:
 
     def _evict(self) -> None:
         entries = []
-        for algorithm in self.ALGORITHMS:
-            try:
-                it = os.scandir(os.path.join(self.root, algorithm))
-            except FileNotFoundError:
-                continue
-            with it:
+        for directory in self._directories():
+            with os.scandir(directory) as it:
                 for e in it:
                     if not e.name.startswith(".") and e.is_file(follow_symlinks=False):
                         st = e.stat(follow_symlinks=False)
@@ -357,6 +379,15 @@ class BlobCache:
                 break
             os.unlink(path)
             total -= size
+
+    def _directories(self) -> list[str]:
+        """blobs/<scope>/<algorithm> of every scope."""
+        try:
+            scopes = [e.path for e in os.scandir(self.root) if e.is_dir(follow_symlinks=False)]
+        except FileNotFoundError:
+            return []
+        found = [os.path.join(scope, a) for scope in scopes for a in self.ALGORITHMS]
+        return [d for d in found if os.path.isdir(d) and not os.path.islink(d)]
 
 
 def default_cache_dir() -> str:
@@ -393,7 +424,11 @@ class RegistryClient:
         self.timeout = options.timeout
         self.credentials = find_credentials(ref, credential_files(options.config_files), limits)
         self.cache = (
-            BlobCache(options.cache_dir or default_cache_dir(), options.cache_bytes)
+            BlobCache(
+                options.cache_dir or default_cache_dir(),
+                options.cache_bytes,
+                f"{ref.api_host}/{ref.repository}",
+            )
             if options.cache_bytes > 0
             else None
         )
@@ -408,14 +443,20 @@ class RegistryClient:
             timeout=options.timeout,
         )
         self.reuse = options.reuse.here() if options.reuse else None
+        self.egress = options.egress
+        self.deadline_s = options.deadline
+        self.deadline: Deadline | None = None  # of the resolution under way
+        self.spent = 0  # bytes of manifests and configs read (Limits.max_resolution_bytes)
         self._pid = os.getpid()
         self.who = ""  # the credential's key in the auth cache and the session pool
-        if self.reuse is not None:
+        # dxf sends every request over its first session (what `with dxf:` pushes)
+        if self.reuse is None:
+            self.dxf._sessions.insert(0, new_session(1))
+        else:
             creds = self.credentials
             self.who = self.reuse.credential_key(
                 creds.username if creds else None, creds.password if creds else None
             )
-            # dxf sends every request over its first session (what `with dxf:` pushes)
             self.dxf._sessions.insert(0, self.reuse.sessions.get((ref.api_host, self.who)))
             header = self.reuse.auth.get(self._auth_key())
             if header is not None:
@@ -427,15 +468,52 @@ class RegistryClient:
     def _shared(self) -> RegistryReuse | None:
         """The process's memo, auth cache and sessions; None without, and in a forked child
         (the scan's process), which then opens connections of its own: its parent's pooled
-        ones are the same sockets, and their locks may have been held at the fork."""
-        if self.reuse is not None and os.getpid() != self._pid:
+        ones are the same sockets (its own Session's too: a TLS connection two processes
+        write to breaks), and their locks may have been held at the fork."""
+        if os.getpid() != self._pid:
             self.reuse, self._pid = None, os.getpid()
             self.dxf._sessions[0] = new_session(1)
         return self.reuse
 
+    @contextlib.contextmanager
+    def resolution(self) -> Iterator[None]:
+        """One resolution under `options.deadline`: past it, its connections are shut down
+        and it fails as timed out, whatever it was waiting for."""
+        if self.deadline_s is None:
+            yield
+            return
+        deadline = self.deadline = Deadline(self.deadline_s)
+        try:
+            with deadline.armed():
+                yield
+        except Exception as exc:
+            if deadline.fired:
+                raise RegistryError(
+                    f"{self.ref}: {REGISTRY_TIMED_OUT} (no answer within {self.deadline_s:g} s)"
+                ) from exc
+            raise
+        finally:
+            self.deadline = None
+
+    def _guarded(self, session: Any) -> contextlib.AbstractContextManager[None]:
+        """The egress and the deadline applied to this thread's requests over `session`."""
+        from execwatch.scan.guard import watch_of
+
+        return watch_of(session).applying(self.deadline, self.egress)
+
     def _request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        """A request to the registry; a redirect is returned, never followed."""
         self._shared()
-        r: requests.Response = self.dxf._request(method, path, **kwargs)  # type: ignore[no-untyped-call]
+        with self._guarded(self.dxf._sessions[0]):
+            r: requests.Response = self.dxf._request(  # type: ignore[no-untyped-call]
+                method, path, allow_redirects=False, **kwargs
+            )
+        return r
+
+    def _not_redirected(self, r: requests.Response, what: str) -> requests.Response:
+        if 300 <= r.status_code < 400:
+            r.close()
+            raise RegistryError(f"{self.ref}: {what}: {REDIRECT_REFUSED}")
         return r
 
     def _send(self, header: str) -> None:
@@ -449,18 +527,20 @@ class RegistryClient:
         user, password = (creds.username, creds.password) if creds else (None, None)
         shared = self._shared()
         challenge = _challenge(response)
-        if shared is None or self.insecure or challenge is None:
+        if self.insecure or challenge is None:
             dxf.authenticate(user, password, actions=["pull"], response=response)
             return
-        shared.auth.forget(self._auth_key())
-        if "bearer" in challenge:
+        if shared is not None:
+            shared.auth.forget(self._auth_key())
+        if "bearer" in challenge:  # never dxf's token request: it follows redirects
             header, ttl = self._token(challenge["bearer"], user, password)
         else:
             dxf.authenticate(user, password, actions=["pull"], response=response)
             header, ttl = dxf._headers.get("Authorization", ""), BASIC_TTL
         if header:
             self._send(header)
-            shared.auth.put(self._auth_key(), header, ttl)
+            if shared is not None:
+                shared.auth.put(self._auth_key(), header, ttl)
 
     def _token(
         self, info: dict[str, str], user: str | None, password: str | None
@@ -483,15 +563,24 @@ class RegistryClient:
         session = self.dxf._sessions[0]
         url = parts._replace(query=urlencode(query)).geturl()
         deadline = time.monotonic() + self.timeout
-        r = session.get(url, headers=headers, verify=self.verify, timeout=self.timeout, stream=True)
+        with self._guarded(session):
+            r = session.get(
+                url,
+                headers=headers,
+                verify=self.verify,
+                timeout=self.timeout,
+                stream=True,
+                allow_redirects=False,  # a redirect would carry the token to where it points
+            )
         with r:
             if r.status_code == 401:
                 raise dxf_errors.DXFUnauthorizedError()
+            self._not_redirected(r, "the token server")
             r.raise_for_status()
             raw = _read_capped(r, MAX_TOKEN_BYTES + 1, deadline, self.ref)
         try:
-            doc = json.loads(raw) if len(raw) <= MAX_TOKEN_BYTES else None
-        except (ValueError, RecursionError):
+            doc = parse_json(raw, "token", self.limits) if len(raw) <= MAX_TOKEN_BYTES else None
+        except ScanInputError:
             doc = None
         token = (doc.get("access_token") or doc.get("token")) if isinstance(doc, dict) else None
         if not isinstance(token, str) or not token.isprintable():
@@ -519,6 +608,7 @@ class RegistryClient:
         with self._errors(f"manifest {reference}"):
             r = self._request("head", "manifests/" + reference, headers={"Accept": ACCEPT})
             r.close()
+        self._not_redirected(r, f"manifest {reference}")
         if ":" in reference:
             return reference
         announced = r.headers.get("Docker-Content-Digest", "")
@@ -534,20 +624,23 @@ class RegistryClient:
         memo = self._memo()
         if ":" in reference:  # a digest (a tag has no colon): checked before it makes a URL
             valid_digest(reference, f"{self.ref}: manifest")
-            kept = memo.get(reference) if memo is not None else None
+            kept = memo.get(self._memo_key(reference)) if memo is not None else None
             if kept is not None:
+                self._spend(len(kept.raw))
                 return self._parse(kept, reference), reference
         deadline = time.monotonic() + self.limits.max_image_seconds
         with self._errors(f"manifest {reference}"):
             r = self._request(  # the public getter reads unbounded
                 "get", "manifests/" + reference, headers={"Accept": ACCEPT}, stream=True
             )
-            with r:
-                raw = _read_capped(r, self.limits.max_json_bytes + 1, deadline, self.ref)
+            with self._not_redirected(r, f"manifest {reference}"):
+                room = self._room(self.limits.max_json_bytes)
+                raw = _read_capped(r, room + 1, deadline, self.ref)
                 media_type = r.headers.get("Content-Type", "").split(";")[0].strip()
                 announced = r.headers.get("Docker-Content-Digest", "")
         if len(raw) > self.limits.max_json_bytes:
             raise ScanInputError(f"{self.ref}: manifest larger than {self.limits.max_json_bytes}")
+        self._spend(len(raw))
         digest = "sha256:" + hashlib.sha256(raw).hexdigest()
         if ":" in reference:
             check_digest(raw, reference, f"{self.ref}: manifest")
@@ -560,15 +653,30 @@ class RegistryClient:
         content = Content(raw, media_type)
         doc = self._parse(content, reference)
         if memo is not None:
-            memo.put(digest, content)
+            memo.put(self._memo_key(digest), content)
         self.stats.fetched += len(raw)
         return doc, digest
 
+    def _memo_key(self, digest: str) -> str:
+        """Content is kept per registry and repository: a digest one repository served is
+        never content another registry or repository is taken to have (one that answers a
+        HEAD with someone else's digest must still serve the bytes)."""
+        return f"{self.ref.api_host}/{self.ref.repository}@{digest}"
+
+    def _room(self, most: int) -> int:
+        """What is left of the resolution's bytes, at most `most`."""
+        return max(0, min(most, self.limits.max_resolution_bytes - self.spent))
+
+    def _spend(self, n: int) -> None:
+        self.spent += n
+        if self.spent > self.limits.max_resolution_bytes:
+            raise LimitExceeded(
+                f"{self.ref}: manifests and configs larger than"
+                f" {self.limits.max_resolution_bytes} bytes in all"
+            )
+
     def _parse(self, content: Content, reference: str) -> dict[str, Any]:
-        try:
-            doc = json.loads(content.raw)
-        except (ValueError, RecursionError) as exc:
-            raise ScanInputError(f"{self.ref}: manifest {reference} is not JSON") from exc
+        doc = parse_json(content.raw, f"{self.ref}: manifest {reference[:80]}", self.limits)
         if not isinstance(doc, dict):
             raise ScanInputError(f"{self.ref}: manifest {reference} is not an object")
         if not isinstance(doc.get("mediaType"), str) and content.media_type:
@@ -580,8 +688,10 @@ class RegistryClient:
             raise ScanInputError(
                 f"{self.ref}: blob {digest[:80]} larger than {self.limits.max_json_bytes}"
             )
+        if size > self._room(size):
+            self._spend(size)  # fails: past the resolution's bytes
         memo = self._memo()
-        kept = memo.get(digest) if memo is not None else None
+        kept = memo.get(self._memo_key(digest)) if memo is not None else None
         if kept is not None and len(kept.raw) == size:
             raw = kept.raw
         else:
@@ -589,11 +699,9 @@ class RegistryClient:
                 raw = f.read(size + 1)
             check_digest(raw, digest, f"{self.ref}: blob")  # a cached copy is checked too
             if memo is not None:
-                memo.put(digest, Content(raw, ""))
-        try:
-            return json.loads(raw)
-        except (ValueError, RecursionError) as exc:
-            raise ScanInputError(f"{self.ref}: blob {digest} is not JSON") from exc
+                memo.put(self._memo_key(digest), Content(raw, ""))
+        self._spend(len(raw))
+        return parse_json(raw, f"{self.ref}: blob {digest[:80]}", self.limits)
 
     def open_blob(self, digest: str, size: int) -> IO[bytes]:
         """The blob's bytes as a stream: from the cache, or from the registry through it.
@@ -607,6 +715,8 @@ class RegistryClient:
             return cached
         with self._errors(f"blob {digest[:19]}"):
             r = self._request("get", "blobs/" + digest, stream=True)
+            if 300 <= r.status_code < 400:
+                r = self._redirected_blob(r, digest)
         announced = r.headers.get("Content-Length", "")
         encoded = r.headers.get("Content-Encoding", "identity") != "identity"
         if announced.isdigit() and int(announced) != size and not encoded:
@@ -616,6 +726,31 @@ class RegistryClient:
             )
         tee = self.cache.writer(digest, size) if self.cache else None
         return _BlobStream(r, self, digest, size, tee)  # type: ignore[return-value]
+
+    def _redirected_blob(self, r: requests.Response, digest: str) -> requests.Response:
+        """Where the registry sends a blob (object storage): https only, one hop, without
+        the registry's credentials; the bytes are checked against the digest all the same."""
+        location = r.headers.get("Location", "")
+        r.close()
+        url = urljoin(r.url, location)
+        if urlparse(url).scheme != "https":
+            raise RegistryError(
+                f"{self.ref}: blob {digest[:19]}: the registry redirected it to a non-https"
+                " address, which is not followed"
+            )
+        session = self.dxf._sessions[0]
+        with self._guarded(session):
+            got: requests.Response = session.get(
+                url,
+                headers={"User-Agent": USER_AGENT},
+                verify=self.verify,
+                timeout=self.timeout,
+                stream=True,
+                allow_redirects=False,
+            )
+        self._not_redirected(got, f"blob {digest[:19]}")
+        got.raise_for_status()
+        return got
 
     def _errors(self, what: str) -> _Translate:
         return _Translate(self.ref, what, self.credentials)
@@ -653,6 +788,8 @@ class _Translate:
 
 
 def describe_error(exc: BaseException, ref: Reference, creds: Credentials | None) -> str | None:
+    """The class of a registry failure, in words a user can act on: never the exception's
+    own text, which may quote what a registry, or a redirect it chose, answered."""
     import requests
     import urllib3
     from dxf import exceptions as dxf_errors
@@ -667,28 +804,58 @@ def describe_error(exc: BaseException, ref: Reference, creds: Credentials | None
         if status == 404:
             return "not found in the registry (HTTP 404)"
         return f"registry answered HTTP {status}"
+    if isinstance(exc, EgressRefused):
+        return f"{DESTINATION_REFUSED}: {exc.kind} address, not an allowed private network"
+    if isinstance(exc, requests.exceptions.TooManyRedirects):
+        return REDIRECT_REFUSED
     if isinstance(exc, requests.exceptions.SSLError):
-        return f"TLS failure talking to {ref.api_host} (use --registry-ca FILE): {_first_line(exc)}"
-    if isinstance(exc, requests.Timeout):
-        return f"no answer from {ref.api_host} within the timeout"
-    if isinstance(exc, requests.exceptions.ChunkedEncodingError | requests.ConnectionError):
-        return f"connection to {ref.api_host} failed: {_first_line(exc)}"
-    if isinstance(exc, urllib3.exceptions.ReadTimeoutError | TimeoutError):
-        return f"no answer from {ref.api_host} within the timeout"
-    if isinstance(exc, urllib3.exceptions.HTTPError | OSError):  # a body cut short
-        return f"connection to {ref.api_host} failed: {_first_line(exc)}"
+        return f"TLS failure talking to the registry {ref.api_host} (use --registry-ca FILE)"
+    if isinstance(exc, requests.Timeout | urllib3.exceptions.ReadTimeoutError | TimeoutError):
+        return REGISTRY_TIMED_OUT
+    if isinstance(exc, requests.RequestException | urllib3.exceptions.HTTPError | OSError):
+        return _connection_failure(exc)
     if isinstance(exc, dxf_errors.DXFDigestMismatchError):
-        return f"content does not match its digest ({exc})"
+        return "content does not match its digest"
     if isinstance(exc, dxf_errors.DXFAuthInsecureError):
         return "the registry wants credentials, which are never sent over plain HTTP"
-    if isinstance(exc, dxf_errors.DXFError | requests.RequestException):
-        return f"{type(exc).__name__}: {_first_line(exc)}"
+    if isinstance(exc, dxf_errors.DXFError):
+        return f"registry client error ({type(exc).__name__})"
     return None
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__
+def _connection_failure(exc: BaseException) -> str:
+    """What went wrong with the connection, by the first cause that names it."""
+    import socket
+    import ssl
+
+    seen: list[BaseException] = []
+    cause: BaseException | None = exc
+    while cause is not None and len(seen) < 16:
+        seen.append(cause)
+        cause = cause.__cause__ or cause.__context__ or _reason(cause)
+    for each in seen:
+        if isinstance(each, EgressRefused):
+            return f"{DESTINATION_REFUSED}: {each.kind} address, not an allowed private network"
+        if isinstance(each, ConnectionRefusedError):
+            return "connection refused by the registry"
+        if isinstance(each, socket.gaierror):
+            return "the registry's host name did not resolve"
+        if isinstance(each, ssl.SSLError):
+            return "TLS failure talking to the registry"
+        if isinstance(each, TimeoutError):
+            return REGISTRY_TIMED_OUT
+        if isinstance(each, OSError) and each.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH):
+            return "the registry is unreachable"
+    return "the connection to the registry broke off"
+
+
+def _reason(exc: BaseException) -> BaseException | None:
+    """urllib3 and requests keep the cause in `reason` or in their first argument."""
+    reason = getattr(exc, "reason", None)
+    if isinstance(reason, BaseException):
+        return reason
+    first = exc.args[0] if exc.args else None
+    return first if isinstance(first, BaseException) else None
 
 
 def _read_capped(r: requests.Response, limit: int, deadline: float, ref: Reference) -> bytes:
@@ -808,8 +975,22 @@ class RegistryImages:
 
 def registry_images(target: str, options: RegistryOptions, limits: Limits) -> RegistryImages:
     """Every image manifest the reference names (all platforms of an index)."""
-    client, top, digest = resolve(target, options, limits)
-    return RegistryImages(client.ref, digest, images_of(client, top, digest), client)
+    client, images, digest = resolve_images(target, options, limits)
+    return RegistryImages(client.ref, digest, images, client)
+
+
+def resolve_images(
+    target: str,
+    options: RegistryOptions,
+    limits: Limits,
+    platforms: Collection[Platform] | None = None,
+) -> tuple[RegistryClient, list[ImageSource], str]:
+    """`resolve` then `images_of`, as one resolution: under `options.deadline`, and within
+    `limits.max_resolution_bytes` of manifests and configs."""
+    client = RegistryClient(Reference.parse(target), options, limits)
+    with client.resolution():
+        top, digest = client.top()
+        return client, images_of(client, top, digest, platforms), digest
 
 
 def resolve(
@@ -823,22 +1004,41 @@ def resolve(
     return client, top, digest
 
 
-def images_of(client: RegistryClient, top: dict[str, Any], digest: str) -> list[ImageSource]:
-    """Manifests and configs of every platform; layers are opened only when scanned."""
-    images: list[ImageSource] = []
-    _walk(client, top, digest, None, images, depth=0, seen=set())
-    return images
+def images_of(
+    client: RegistryClient,
+    top: dict[str, Any],
+    digest: str,
+    platforms: Collection[Platform] | None = None,
+) -> list[ImageSource]:
+    """Manifests and configs of every platform, or of the first manifest of an index that
+    declares each of `platforms` (and of those that declare none, which may be any);
+    layers are opened only when scanned."""
+    walk = _Walk(client, platforms, [], set())
+    _walk(walk, top, digest, None, depth=0)
+    return walk.out
+
+
+@dataclass
+class _Walk:
+    client: RegistryClient
+    platforms: Collection[Platform] | None
+    out: list[ImageSource]
+    seen: set[str]
+
+    def skips(self, desc: dict[str, Any]) -> bool:
+        """An index entry of a platform not asked for, or of one already found."""
+        declared = descriptor_platform(desc)
+        if self.platforms is None or declared is None:
+            return False
+        if not any(declared.matches(p) for p in self.platforms):
+            return True
+        return any(i.platform is not None and i.platform.matches(declared) for i in self.out)
 
 
 def _walk(
-    client: RegistryClient,
-    doc: dict[str, Any],
-    digest: str,
-    desc: dict[str, Any] | None,
-    out: list[ImageSource],
-    depth: int,
-    seen: set[str],
+    walk: _Walk, doc: dict[str, Any], digest: str, desc: dict[str, Any] | None, depth: int
 ) -> None:
+    client, out, seen = walk.client, walk.out, walk.seen
     limits, ref = client.limits, client.ref
     media_type = doc.get("mediaType") or (desc or {}).get("mediaType")
     if media_type in MANIFEST_TYPES or (media_type is None and "layers" in doc):
@@ -855,13 +1055,13 @@ def _walk(
         if not isinstance(child, dict):
             raise ScanInputError(f"{ref}: malformed descriptor in index")
         valid_digest(child.get("digest"), f"{ref}: index")
-        if is_attestation(child) or child["digest"] in seen:
+        if is_attestation(child) or child["digest"] in seen or walk.skips(child):
             continue
         seen.add(child["digest"])
         if len(seen) > limits.max_manifests:
             raise ScanInputError(f"{ref}: more than {limits.max_manifests} manifests")
         body, _ = client.manifest(child["digest"])
-        _walk(client, body, child["digest"], child, out, depth + 1, seen)
+        _walk(walk, body, child["digest"], child, depth + 1)
 
 
 def _image(

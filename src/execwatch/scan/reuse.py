@@ -1,8 +1,11 @@
 """What a long-lived process (the placement controller) keeps between registry requests.
 
-- `ContentMemo`: manifests and JSON blobs by digest, as verified when fetched. Content is
-  addressed by its digest, so an entry never goes stale; it is bounded in entries and bytes
-  and the least recently used goes first. A tag is never kept: it may move.
+- `ContentMemo`: manifests and JSON blobs by registry, repository and digest, as verified
+  when fetched (scan.registry makes the key). Content is addressed by its digest, so an
+  entry never goes stale; it is bounded in entries and bytes and the least recently used
+  goes first. A tag is never kept: it may move. A digest is never taken as content from
+  another registry or repository: one that answers a HEAD with someone else's digest has
+  to serve the bytes itself.
 - `AuthCache`: the Authorization header that worked, per registry host, repository and
   credential (a keyed hash of user and password, never the password itself). A bearer
   token is kept until its `expires_in` less a margin; a header obtained with one
@@ -51,7 +54,8 @@ class Content:
 
 @dataclass
 class ContentMemo:
-    """Verified manifests and JSON blobs by digest; bounded in entries and bytes."""
+    """Verified manifests and JSON blobs by key (registry, repository and digest);
+    bounded in entries and bytes."""
 
     max_entries: int = MEMO_ENTRIES
     max_bytes: int = MEMO_BYTES
@@ -59,21 +63,21 @@ class ContentMemo:
     _bytes: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def get(self, digest: str) -> Content | None:
+    def get(self, key: str) -> Content | None:
         with self._lock:
-            found = self._items.get(digest)
+            found = self._items.get(key)
             if found is not None:
-                self._items.move_to_end(digest)
+                self._items.move_to_end(key)
             return found
 
-    def put(self, digest: str, content: Content) -> None:
-        """Keep `content`, which the caller has checked against `digest`."""
+    def put(self, key: str, content: Content) -> None:
+        """Keep `content`, which the caller has checked against the digest in `key`."""
         if len(content.raw) > self.max_bytes // 8:  # one entry never empties the memo
             return
         with self._lock:
-            old = self._items.pop(digest, None)
+            old = self._items.pop(key, None)
             self._bytes -= len(old.raw) if old is not None else 0
-            self._items[digest] = content
+            self._items[key] = content
             self._bytes += len(content.raw)
             while len(self._items) > self.max_entries or self._bytes > self.max_bytes:
                 _, out = self._items.popitem(last=False)
@@ -144,13 +148,16 @@ class _NoCookies(http.cookiejar.DefaultCookiePolicy):
 
 
 def new_session(connections: int) -> requests.Session:
-    """A Session that keeps `connections` idle connections per host and no cookies."""
+    """A Session that keeps `connections` idle connections per host and no cookies, whose
+    connections obey the egress and deadline of the request that uses them (scan.guard)."""
     import requests
-    from requests.adapters import HTTPAdapter
+
+    from execwatch.scan.egress import Watch
+    from execwatch.scan.guard import GuardedAdapter
 
     session = requests.Session()
     session.cookies.set_policy(_NoCookies())
-    adapter = HTTPAdapter(pool_connections=4, pool_maxsize=connections)
+    adapter = GuardedAdapter(Watch(), connections)
     session.mount("https://", adapter)
     session.mount("http://", adapter)
     return session
