@@ -12,7 +12,9 @@ container still lives, or just after.
 from __future__ import annotations
 
 import secrets
+import shutil
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -109,6 +111,37 @@ def test_runc_container_whose_program_lacks_a_shebang(
         'neither ELF nor #!: no #! interpreter line (first bytes: "echo hello\n")'
     )
     assert fate in detail
+
+
+@pytest.mark.parametrize(
+    ("binary", "named"),
+    [
+        ("hello-darwin-amd64", "a macOS x86-64 executable (Mach-O)"),
+        ("hello-windows-amd64.exe", "a Windows x86-64 executable (PE)"),
+    ],
+    ids=["mach-o", "pe"],
+)
+def test_runc_container_whose_entrypoint_is_another_os_binary(
+    runc: Runc, host_tracer: Stack, foreign_os: dict[str, Path], binary: str, named: str
+) -> None:
+    """A Go program built with GOOS=darwin or GOOS=windows as the entrypoint: runc's exec
+    fails with ENOEXEC, and the failure names the OS and architecture found."""
+    path = f"/bin/app-{secrets.token_hex(4)}"
+    shutil.copy(foreign_os[binary], runc.rootfs / path.lstrip("/"))
+    (runc.rootfs / path.lstrip("/")).chmod(0o755)
+    cgroup = KubeletCgroup.new("cgroupfs")
+    try:
+        assert runc.run(cgroup, [path]) == 1  # exec format error
+        record = host_tracer.wait_for(
+            lambda r: r.event.path == path and r.attribution.container_id == cgroup.container_id,
+            timeout=15,
+        )
+    finally:
+        remove_pod_cgroups(cgroup.pod_path)
+
+    assert record.diagnosis.reason is Reason.FOREIGN_OS
+    assert record.event.comm == "runc:[2:INIT]"
+    assert named in record.diagnosis.detail
 
 
 @pytest.fixture(scope="module")
