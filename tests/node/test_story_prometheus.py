@@ -6,6 +6,7 @@ crash-looping."""
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import yaml
@@ -40,6 +41,13 @@ def test_prometheus_scrapes_agent_and_handlers_through_the_charts_services(
     prometheus.wait_until("sum(execwatch_handler_leader)", lambda v: v == [1.0], timeout=60)
 
 
+def seconds_since(stamp: str) -> float:
+    """Seconds since an RFC 3339 UTC time as Prometheus writes it (nanoseconds, Z)."""
+    whole = stamp.removesuffix("Z").removesuffix("+00:00").partition(".")[0]
+    at = datetime.strptime(whole, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
+    return (datetime.now(UTC) - at).total_seconds()
+
+
 def test_the_shipped_alert_goes_pending_then_fires_for_the_crash_looping_workload(
     node: Node, release: Release, prometheus: Prometheus
 ) -> None:
@@ -63,12 +71,17 @@ def test_the_shipped_alert_goes_pending_then_fires_for_the_crash_looping_workloa
                 return dict(alert)
         return None
 
-    pending = wait_for("ExecwatchExecFailures pending", lambda: state("pending"), 60, every=0.5)
-    t0 = time.monotonic()
-    alert = wait_for("ExecwatchExecFailures firing", lambda: state("firing"), 120, every=0.5)
-    held = time.monotonic() - t0
-    assert RULE_FOR - 5 <= held <= RULE_FOR + 30, held
-    assert alert["activeAt"] == pending["activeAt"]
+    already = state("firing")
+    if already is None:
+        pending = wait_for("ExecwatchExecFailures pending", lambda: state("pending"), 60)
+        t0 = time.monotonic()
+        alert = wait_for("ExecwatchExecFailures firing", lambda: state("firing"), 120)
+        held = time.monotonic() - t0
+        assert RULE_FOR - 5 <= held <= RULE_FOR + 30, held
+        assert alert["activeAt"] == pending["activeAt"]
+    else:  # the session's Prometheus, started by an earlier story, saw the loop long ago
+        alert = already
+        assert seconds_since(alert["activeAt"]) >= RULE_FOR, alert["activeAt"]
     labels = alert["labels"]
     assert (labels["workload"], labels["container"]) == ("web", "web")
     assert (labels["reason"], labels["binary_arch"], labels["node_arch"]) == (
