@@ -89,10 +89,6 @@ class Outcome:
     killed: str = ""
 
 
-def _undiagnosed(detail: str, cause: UndiagnosedCause = UndiagnosedCause.KILLED) -> Diagnosis:
-    return undiagnosed(cause, detail)
-
-
 @dataclass(eq=False)
 class _Worker:
     pid: int
@@ -224,8 +220,8 @@ class DiagnosisPool:
     def _unavailable(self) -> Diagnosis:
         problem = self.problem()
         if problem is None:
-            return _undiagnosed("not diagnosed: stopping", UndiagnosedCause.STOPPING)
-        return _undiagnosed(f"not diagnosed: {problem}", UndiagnosedCause.NO_WORKER)
+            return undiagnosed(UndiagnosedCause.STOPPING, "not diagnosed: stopping")
+        return undiagnosed(UndiagnosedCause.NO_WORKER, f"not diagnosed: {problem}")
 
     def close(self) -> None:
         """Stops idle workers and kills busy ones (their calls are reported as stopped);
@@ -419,26 +415,28 @@ class DiagnosisPool:
             if age > self.deadline:
                 cause = f"diagnosis killed: over {self.deadline:g} s"
                 log.warning("diagnosis killed", extra={"kv": {"cause": cause}})
-                return Outcome(_undiagnosed(cause), "diagnosis"), False
+                return Outcome(undiagnosed(UndiagnosedCause.KILLED, cause), "diagnosis"), False
 
     def _answer(self, message: object) -> tuple[Outcome, bool]:
         match message:
             case ("done", Diagnosis() as diagnosis):
                 return Outcome(diagnosis), True
             case ("failed", str(text)):
-                failed = _undiagnosed(f"diagnosis failed: {text}", UndiagnosedCause.FAILED)
+                failed = undiagnosed(UndiagnosedCause.FAILED, f"diagnosis failed: {text}")
                 return Outcome(failed), True
             case ("memory", int(limit)):
                 cause = f"diagnosis killed: over its memory budget ({limit // MiB} MiB)"
                 log.warning("diagnosis killed", extra={"kv": {"cause": cause}})
-                return Outcome(_undiagnosed(cause), "diagnosis_memory"), False
+                return Outcome(
+                    undiagnosed(UndiagnosedCause.KILLED, cause), "diagnosis_memory"
+                ), False
         return Outcome(
-            _undiagnosed(f"diagnosis failed: bad answer {message!r:.80}", UndiagnosedCause.FAILED)
+            undiagnosed(UndiagnosedCause.FAILED, f"diagnosis failed: bad answer {message!r:.80}")
         ), False
 
     def _blocked(self, worker: _Worker, *, on_files: bool) -> Outcome:
         _, mount_id = worker.entered()
-        on_mount = self._slow is not None and on_files and mount_id
+        on_mount = on_files and mount_id
         mount = self._slow.mount_by_id(mount_id) if self._slow and on_mount else None
         where = f" in {mount}" if mount else ""
         cause = f"diagnosis overran its {self._budget:g} s budget{where}"
@@ -446,26 +444,26 @@ class DiagnosisPool:
         if mount is not None and self._slow is not None:
             self._slow.mark(mount)
             cause += "; later events there are not waited for"
-        return Outcome(_undiagnosed(cause, UndiagnosedCause.OVERRAN), "diagnosis")
+        return Outcome(undiagnosed(UndiagnosedCause.OVERRAN, cause), "diagnosis")
 
     def _death(self, worker: _Worker, exc: OSError | None = None) -> Outcome:
         """Why a worker ended without answering (killed by close(): not counted)."""
         if self._closed:
-            return Outcome(_undiagnosed("not diagnosed: stopping", UndiagnosedCause.STOPPING))
+            return Outcome(undiagnosed(UndiagnosedCause.STOPPING, "not diagnosed: stopping"))
         wait([worker.pidfd], 0.5)
         status = worker.status()
         if status is not None and os.WIFSIGNALED(status):
             if os.WTERMSIG(status) == signal.SIGXCPU:
                 cause = f"diagnosis killed: over its CPU budget ({self._cpu_s()} s)"
-                return Outcome(_undiagnosed(cause), "diagnosis_cpu")
+                return Outcome(undiagnosed(UndiagnosedCause.KILLED, cause), "diagnosis_cpu")
             if os.WTERMSIG(status) == signal.SIGKILL:
                 cause = "diagnosis killed by SIGKILL (out of memory?)"
-                return Outcome(_undiagnosed(cause), "diagnosis_memory")
+                return Outcome(undiagnosed(UndiagnosedCause.KILLED, cause), "diagnosis_memory")
         if status is None:
             cause = f"diagnosis failed: the worker's pipe broke ({exc})"
         else:
             cause = f"diagnosis worker died ({_status_text(status)})"
-        return Outcome(_undiagnosed(cause), "diagnosis_crash")
+        return Outcome(undiagnosed(UndiagnosedCause.KILLED, cause), "diagnosis_crash")
 
     def _cpu_s(self) -> int:
         return self._limits.cpu_s or math.ceil(self.deadline) + 1
