@@ -21,7 +21,7 @@ Three measurements, each with the real processes and their own ServiceAccount to
   `--old-src DIR`, for the handler of another checkout's `src` (PYTHONPATH=DIR).
   Alternated `--rounds` times in one run; medians and their ratios (`handler_over_raw`:
   over raw httpx2), the API requests each made, client CPU seconds, peak RSS.
-- agent: the agent's API path alone, in a fresh process: `cluster.agent` imported, the
+- agent: the agent's API path alone, in a fresh process: `agent.daemon` imported, the
   node-scoped pod watch synced and `--records` records published through its
   lightkube client; its peak RSS (VmHWM). No probe, so no root (latency has the real
   agent's RSS).
@@ -69,9 +69,9 @@ from tests.kube.fixtures import AGENT_SA, HANDLER_SA
 from tests.kube.processes import ExecwatchProcess
 
 from benchmarks.common import rss_mb, save
-from execwatch.cluster import crd
-from execwatch.cluster.kubeapi import RecordApi
-from execwatch.cluster.publisher import Publisher, PublisherConfig
+from execwatch import crd
+from execwatch.agent.publisher import Publisher, PublisherConfig
+from execwatch.agent.records import RecordApi
 
 NODE = "bench-node"
 WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE")
@@ -447,18 +447,21 @@ def bench_throughput(
 
 AGENT_CHILD = """
 import sys, time
-from execwatch.cluster import agent, crd, kubeapi
-from execwatch.cluster.publisher import Publisher, PublisherConfig
+from execwatch.agent import daemon
+from execwatch import crd
+from execwatch.kube import kubeapi
+from execwatch.agent.publisher import Publisher, PublisherConfig
+from execwatch.agent.records import RecordApi
 from tests.cluster.records import exec_failure
 
 url, ca, token, node, ns, pod, uid, records = sys.argv[1:]
 api = kubeapi.client_for(url, ca, token)
-cache = agent.pod_cache(node, api)
+cache = daemon.pod_cache(node, api)
 cache.start()
 assert cache.synced.wait(30), "pod watch not synced"
 publisher = Publisher(
     PublisherConfig(node=node, aggregation_window=0.1, rate=1000, burst=1000),
-    kubeapi.RecordApi(api, crd.DEFAULT_NAMESPACE),
+    RecordApi(api, crd.DEFAULT_NAMESPACE),
 )
 publisher.start()
 target = {"metadata": {"name": pod, "namespace": ns, "uid": uid}, "spec": {"nodeName": node}}

@@ -82,9 +82,9 @@ from benchmarks.cluster_bench import (
     wait_for,
 )
 from benchmarks.common import RESULTS, rss_mb, save
-from execwatch.cluster import crd
-from execwatch.cluster.events import CONTROLLER
-from execwatch.cluster.publisher import Publisher, PublisherConfig
+from execwatch import crd
+from execwatch.agent.publisher import Publisher, PublisherConfig
+from execwatch.handler.events import CONTROLLER
 
 NAMESPACE = "rollout"
 WORKLOAD = "bad"

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.metrics_auth_bench [--tokens 20] [--scrapes 200]
 
-The real metrics server over TLS, guarded by `cluster.metricsauth.MetricsAuth` with the
+The real metrics server over TLS, guarded by `serving.metricsauth.MetricsAuth` with the
 agent's ServiceAccount token and the shipped RBAC (deploy/base/optional/metrics-auth.yaml).
 A scraper ServiceAccount bound to `get /metrics` scrapes it (a new TCP + TLS connection
 each time, as Prometheus does with `Connection: close`): the first scrape of each of
@@ -25,8 +25,8 @@ from pathlib import Path
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
-from execwatch.cluster.metricsauth import AuthMetrics, MetricsAuth, tls_context
-from execwatch.metrics import serve
+from execwatch.serving.exposition import serve
+from execwatch.serving.metricsauth import AuthMetrics, MetricsAuth, tls_context
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

@@ -74,8 +74,8 @@ from tests.support.emulation import EMULATORS, BinfmtNamespace, aarch64_entry
 from benchmarks.common import build_c, require_root, rss_mb, save, sysctl
 from execwatch.attribution import Attributor
 from execwatch.attribution.mounts import cgroup_mounts
-from execwatch.nodestack import NodeStack, StackOptions
-from execwatch.output import Printer
+from execwatch.node.output import Printer
+from execwatch.node.stack import NodeStack, StackOptions
 from execwatch.pipeline import KernelFolds
 from execwatch.probe import Probe, layout
 from execwatch.probe.libbpf import RingBufferCallback, load_libbpf

@@ -77,3 +77,105 @@ def test_the_neutral_package_imports_neither_of_its_users() -> None:
         assert not imported_packages(path) & {"scan", "diagnosis"}, path
     for path in sorted((SRC / "diagnosis").rglob("*.py")):
         assert "scan" not in imported_packages(path), path
+
+
+# The layers, as each package may import (besides itself). A command's `cli.py` (and
+# execwatch/cli.py) is where parts are assembled: it may import any package. Two data paths:
+# kernel event -> diagnosis -> attribution -> record -> Event/metric (probe, diagnosis,
+# pipeline, node, agent, handler) and image -> layers -> verdict (scan, audit, placement),
+# over the shared vocabulary (record, runnable, binfmt) and the client layer (kube).
+ALLOWED: dict[str, set[str]] = {
+    "text": set(),
+    "logs": {"text"},
+    "rlimits": set(),
+    "binfmt": {"text"},
+    "runnable": {"binfmt", "rlimits", "text"},
+    "record": {"binfmt", "runnable", "text"},
+    "kube": {"text"},
+    "crd": {"kube", "record", "text"},
+    # Option types parse with their part's own parser, imported when the option is used.
+    "cliargs": {"binfmt", "crd", "scan", "text"},
+    "serving": {"cliargs", "kube", "text"},
+    "attribution": {"binfmt", "kube", "record", "text"},
+    "probe": {"attribution", "binfmt", "record", "runnable", "text"},
+    "diagnosis": {"attribution", "binfmt", "probe", "record", "rlimits", "runnable", "text"},
+    "pipeline": {"attribution", "diagnosis", "probe", "record", "text"},
+    "node": {
+        "attribution",
+        "binfmt",
+        "cliargs",
+        "diagnosis",
+        "pipeline",
+        "probe",
+        "record",
+        "serving",
+        "text",
+    },
+    "agent": {"attribution", "crd", "kube", "node", "pipeline", "probe", "record", "text"},
+    "handler": {"attribution", "binfmt", "crd", "diagnosis", "kube", "record", "text"},
+    "scan": {"binfmt", "cliargs", "record", "rlimits", "runnable", "text"},
+    "audit": {"binfmt", "cliargs", "kube", "placement", "record", "runnable", "scan", "text"},
+    "placement": {
+        "binfmt",
+        "cliargs",
+        "crd",
+        "kube",
+        "record",
+        "runnable",
+        "scan",
+        "serving",
+        "text",
+    },
+}
+
+
+def imported_modules(source: str) -> set[str]:
+    """Every execwatch module `source` imports, at the top or inside a function."""
+    modules: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            base = node.module
+            modules.add(base)
+            if base == "execwatch":
+                modules |= {f"execwatch.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            modules |= {a.name for a in node.names}
+    return {m for m in modules if m.startswith("execwatch.")}
+
+
+def against_the_layers(source: str, importer: str) -> list[str]:
+    own = package_of(importer)
+    if importer in ("execwatch", "execwatch.cli") or importer.endswith(".cli"):
+        return []
+    allowed = ALLOWED[own] | {own, "__version__"}
+    return sorted(m for m in imported_modules(source) if package_of(m) not in allowed)
+
+
+def test_no_module_imports_against_the_layers() -> None:
+    found = {
+        module_name(path): hits
+        for path in sorted(SRC.rglob("*.py"))
+        if (hits := against_the_layers(path.read_text(), module_name(path)))
+    }
+    assert found == {}
+
+
+def test_every_package_has_its_place_in_the_layers() -> None:
+    packages = {package_of(module_name(p)) for p in SRC.rglob("*.py")}
+    assert packages - {"cli", "__init__", "execwatch"} == set(ALLOWED)
+
+
+def test_what_the_layering_check_catches() -> None:
+    source = (
+        "from execwatch.kube.client import Rest\n"
+        "def later():\n"
+        "    from execwatch.placement.observed import Feedback\n"
+        "from execwatch import crd\n"
+    )
+    assert against_the_layers(source, "execwatch.handler.controller") == [
+        "execwatch.placement.observed"
+    ]
+    assert against_the_layers(source, "execwatch.handler.cli") == []
+    assert against_the_layers("from execwatch import crd\n", "execwatch.kube.watch") == [
+        "execwatch.crd"
+    ]

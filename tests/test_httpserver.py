@@ -1,4 +1,4 @@
-"""Persistent connections of execwatch's bounded HTTP/1.1 server (httpserver.py).
+"""Persistent connections of execwatch's bounded HTTP/1.1 server (serving/http.py).
 
 The real `BoundedServer` on loopback, in this process, spoken to through real sockets
 (plain and TLS): requests on one connection, the idle timeout, eviction of idle kept-alive
@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from execwatch.httpserver import BoundedServer, Deferred, Request, ServerLimits, response
-from execwatch.placement.certs import issue
+from execwatch.serving.certs import issue
+from execwatch.serving.http import BoundedServer, Deferred, Request, ServerLimits, response
 
 
 @dataclass

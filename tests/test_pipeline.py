@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from execwatch.diagnosis import FileDiagnoser
 from execwatch.diagnosis.budget import Mount, SlowMounts
-from execwatch.metrics import NodeMetrics, undiagnosed_summary
+from execwatch.node.metrics import NodeMetrics, undiagnosed_summary
 from execwatch.pipeline import Heartbeat, NodePipeline, aggregation_key
 from execwatch.probe import events, layout
 from execwatch.record import (
@@ -27,9 +27,9 @@ from execwatch.record import (
     KernelEvent,
     Kind,
     Reason,
+    RepeatKey,
     UndiagnosedCause,
 )
-from execwatch.repeatkey import RepeatKey
 from tests.support.pipeline import make_pipeline
 
 MNTNS = 4026531840

@@ -16,9 +16,9 @@ import pytest
 from rich.console import Console
 
 from execwatch.binfmt import Platform
-from execwatch.cluster.safe import is_label_value
+from execwatch.kube.safe import is_label_value
 from execwatch.logs import KeyValueFormatter
-from execwatch.output import human_line, json_line
+from execwatch.node.output import human_line, json_line
 from execwatch.record import Diagnosis, ExecFailure, KernelEvent, Reason
 from execwatch.text import (
     REPORT_LIMIT,

@@ -13,11 +13,11 @@ from execwatch import __version__, cliargs, logs
 # the cluster commands pull in gRPC, the Kubernetes client and Prometheus, which cost a
 # CI job's `execwatch scan` 0.3 s of start-up for nothing.
 COMMANDS = {
-    "trace": "execwatch.trace",
+    "trace": "execwatch.node.trace",
     "scan": "execwatch.scan.cli",
     "audit": "execwatch.audit.cli",
-    "agent": "execwatch.cluster.cli",
-    "handler": "execwatch.cluster.cli",
+    "agent": "execwatch.agent.cli",
+    "handler": "execwatch.handler.cli",
     "placement": "execwatch.placement.cli",
 }
 

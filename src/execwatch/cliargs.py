@@ -1,4 +1,5 @@
-"""Option types shared by the commands: a value out of range is a one-line usage error
+"""What the commands share: option types, the API flags, a start-up refusal, and stopping
+on SIGINT/SIGTERM. Option types: a value out of range is a one-line usage error
 (exit 2) when the command line is parsed, before a probe is loaded or a port bound.
 
 Every bound says what the option can mean: a zero rate would divide by zero in the
@@ -12,8 +13,16 @@ import argparse
 import math
 import os
 import re
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from types import FrameType
 from typing import TYPE_CHECKING
+
+from execwatch.text import one_line
 
 # The top-level parser imports this module for every command (`execwatch --version` too):
 # binfmt (40 ms) loads only in the option types that use it.
@@ -177,3 +186,37 @@ def size(text: str) -> int:
     if m is None:
         raise argparse.ArgumentTypeError(f"not a size: {text!r}")
     return int(m.group(1)) << (10 * " KMGT".index(m.group(2) or " "))
+
+
+def add_api_flags(p: argparse.ArgumentParser) -> None:
+    """--kubeconfig and --namespace (of the ExecFailure records) of the cluster commands."""
+    from execwatch.crd import DEFAULT_NAMESPACE
+
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube)")
+    p.add_argument(
+        "--namespace",
+        type=dns_label,
+        default=os.environ.get("POD_NAMESPACE", DEFAULT_NAMESPACE),
+        help="namespace of the ExecFailure records (default: $POD_NAMESPACE or execwatch)",
+    )
+
+
+def refused(message: str) -> int:
+    """A start-up refusal: one line on stderr, exit 2."""
+    print(f"execwatch: {one_line(message)}", file=sys.stderr)
+    return 2
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[threading.Event]:
+    stop = threading.Event()
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from execwatch.runnable.reason import Reason as Reason  # the vocabulary every record speaks
 
@@ -114,6 +114,39 @@ class Kind(enum.IntEnum):
     # A task that exited within the death window of an exec refused with ENOEXEC: never
     # diagnosed, it decides the fate of the failed exec's record (pipeline.fates).
     ENOEXEC_EXIT = 4
+
+
+class RepeatKey(NamedTuple):
+    """Where (cgroup, mount namespace, root inode: two chroots of one namespace stay apart),
+    the record's kind, then that kind's own fields. Read straight from a raw record, no
+    decoding (probe.events.KINDS), or from the probe's fold maps (Probe.take_folds). Keys
+    of two kinds never match, whatever their numbers."""
+
+    cgroup_id: int
+    mntns: int
+    root_ino: int
+    kind: int  # a Kind's value, the record's enum ew_kind
+    # A failed exec's errno. An early death's wait status, as waitpid(2) gives it: the
+    # fatal signal's number, or the loader's exit code << 8. 0 for an emulated exec.
+    status: int
+    name: bytes = b""  # the filename of a failed or emulated exec, cut at its NUL
+    detail: bytes = b""  # the name behind the fd of a failed fexecve, cut at its NUL
+    exe_dev: int = 0  # an early death's executable: its device (kernel dev_t encoding)
+    exe_ino: int = 0  # and inode
+
+    @classmethod
+    def of_fold(
+        cls,
+        cgroup_id: int,
+        mntns: int,
+        root_ino: int,
+        status: int,
+        name: bytes,
+        kind: int = Kind.EXEC_FAILED.value,
+    ) -> RepeatKey:
+        """The key of the record whose repeats the kernel folded (probe.layout.FoldedName):
+        a failed execve by name (ew_fold_name), or an emulated exec (ew_emulated_key)."""
+        return cls(cgroup_id, mntns, root_ino, kind, status, name)
 
 
 @dataclass(frozen=True, slots=True)

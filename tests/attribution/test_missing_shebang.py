@@ -20,7 +20,7 @@ import pytest
 
 from execwatch.attribution import Attributor
 from execwatch.attribution.cri.client import CriContainers
-from execwatch.nodestack import StackOptions
+from execwatch.node.stack import StackOptions
 from execwatch.pipeline import PipelineOptions
 from execwatch.record import AttributionStatus, ExecFailure, Reason
 from tests.attribution.containerd_env import Containerd, oci_archive

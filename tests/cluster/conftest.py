@@ -13,9 +13,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from execwatch.cluster import crd
-from execwatch.cluster.handler import LABEL, Handler, HandlerConfig
-from execwatch.cluster.metrics import HandlerMetrics
+from execwatch import crd
+from execwatch.handler.controller import LABEL, Handler, HandlerConfig
+from execwatch.handler.metrics import HandlerMetrics
+from execwatch.placement.observed import feedback_hook
 from tests.kube.cluster import KubeCluster
 from tests.kube.fixtures import (
     AGENT_NODE,
@@ -174,7 +175,7 @@ def start_handler(handler_kube: Any) -> Iterator[Callable[..., Handler]]:
     """Start in-process handler replicas as the handler ServiceAccount; stop them after."""
     started: list[Handler] = []
 
-    def start(identity: str = "replica-1", **overrides: Any) -> Handler:
+    def start(identity: str = "replica-1", feedback: bool = False, **overrides: Any) -> Handler:
         settings: dict[str, Any] = {
             "lease_duration": 4.0,
             "renew_deadline": 3.0,
@@ -184,7 +185,9 @@ def start_handler(handler_kube: Any) -> Iterator[Callable[..., Handler]]:
         }
         settings.update(overrides)
         metrics = HandlerMetrics(max_series=settings.pop("max_series", 5000))
-        h = Handler(HandlerConfig(identity=identity, **settings), handler_kube, metrics)
+        config = HandlerConfig(identity=identity, **settings)
+        hook = feedback_hook(config.namespace) if feedback else None
+        h = Handler(config, handler_kube, metrics, hook=hook)
         h.start()
         started.append(h)
         return h

@@ -7,8 +7,8 @@ import hashlib
 import time
 from typing import Any
 
-from execwatch.cluster import errors
-from execwatch.cluster.kubeapi import RecordApi
+from execwatch.agent.records import RecordApi
+from execwatch.kube import errors
 from execwatch.record import (
     Attribution,
     AttributionStatus,

@@ -15,7 +15,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from execwatch.cluster import crd
+from execwatch import crd
 from tests.cluster.conftest import list_records, wait_until
 from tests.cluster.records import exec_failure
 from tests.kube.fixtures import AGENT_NODE

@@ -11,12 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from execwatch.cluster import cli
+from execwatch.agent import cli as agent_cli
+from execwatch.handler import cli as handler_cli
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="execwatch")
-    cli.add_parser(p.add_subparsers(dest="command", required=True))
+    sub = p.add_subparsers(dest="command", required=True)
+    agent_cli.add_parser(sub)
+    handler_cli.add_parser(sub)
     return p
 
 
@@ -35,7 +38,7 @@ def test_handler_flags_and_defaults() -> None:
             "--pod-label-metric",
         ]
     )
-    assert args.func is cli.run_handler
+    assert args.func is handler_cli.run_handler
     assert (args.lease_duration, args.renew_deadline, args.retry_period) == (4.0, 3.0, 0.5)
     assert args.pod_label_metric and not args.no_label_pods
     assert args.namespace == "execwatch" and args.identity
@@ -46,7 +49,7 @@ def test_handler_flags_and_defaults() -> None:
 
 def test_agent_flags_and_defaults() -> None:
     args = parser().parse_args(["agent", "--node", "worker-1"])
-    assert args.func is cli.run_agent
+    assert args.func is agent_cli.run_agent
     assert args.node == "worker-1" and args.pod_metadata == "runtime"
     assert (args.aggregation_window, args.rate, args.burst, args.spool_size) == (60, 20, 50, 2000)
     assert args.aggregation_window_max == 300  # the kubelet's longest CrashLoopBackOff

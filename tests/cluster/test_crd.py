@@ -9,7 +9,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from execwatch.cluster import crd
+from execwatch import crd
 from execwatch.record import Reason
 from tests.cluster.conftest import NODE
 from tests.cluster.records import exec_failure

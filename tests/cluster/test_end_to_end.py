@@ -22,13 +22,14 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
+from execwatch import crd
+from execwatch.agent import daemon
+from execwatch.agent.metrics import PublisherMetrics
+from execwatch.agent.publisher import Publisher, PublisherConfig
+from execwatch.agent.records import RecordApi
 from execwatch.attribution import Attributor
 from execwatch.attribution.cri.client import CriContainers
-from execwatch.cluster import agent, crd
-from execwatch.cluster.handler import Handler
-from execwatch.cluster.kubeapi import RecordApi
-from execwatch.cluster.metrics import PublisherMetrics
-from execwatch.cluster.publisher import Publisher, PublisherConfig
+from execwatch.handler.controller import Handler
 from tests.attribution.runc_env import KubeletCgroup, Runc, remove_pod_cgroups
 from tests.cluster.conftest import NODE, PodFactory, label_of
 from tests.cluster.test_handler import events_of, failures_total
@@ -70,11 +71,11 @@ def running_agent(agent_lightkube: Any) -> Iterator[None]:
         RecordApi(agent_lightkube, crd.DEFAULT_NAMESPACE),
         PublisherMetrics(registry=registry),
     )
-    pods = agent.pod_cache(NODE, agent_lightkube)
+    pods = daemon.pod_cache(NODE, agent_lightkube)
     attributor = Attributor(containers=CriContainers(sockets=[]), pods=pods)
     stop, ready = threading.Event(), threading.Event()
     loop = threading.Thread(
-        target=agent.run,
+        target=daemon.run,
         args=(publisher, attributor, stop),
         kwargs={"registry": registry, "ready": ready},
         daemon=True,

@@ -12,7 +12,7 @@ from kubernetes.client.exceptions import ApiException
 from lightkube import ApiError as LightkubeApiError
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
-from execwatch.cluster import errors
+from execwatch.kube import errors
 
 
 def api_exception(

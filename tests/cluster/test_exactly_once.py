@@ -20,11 +20,12 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from execwatch.cluster import crd, kubeapi
-from execwatch.cluster.handler import Handler, HandlerConfig
-from execwatch.cluster.kubeapi import RecordApi
-from execwatch.cluster.publisher import Publisher, PublisherConfig
-from execwatch.cluster.rest import Rest
+from execwatch import crd
+from execwatch.agent.publisher import Publisher, PublisherConfig
+from execwatch.agent.records import RecordApi
+from execwatch.handler.controller import Handler, HandlerConfig
+from execwatch.kube import kubeapi
+from execwatch.kube.client import Rest
 from tests.cluster.conftest import NODE, PodFactory, list_records
 from tests.cluster.records import exec_failure
 from tests.cluster.test_handler import events_of, failures_total, sample
@@ -305,7 +306,7 @@ def test_a_date_the_schema_allows_but_nothing_can_use_is_counted_invalid_once(
 def test_rest_never_retries_on_its_own(kube: KubeCluster, proxy: FaultProxy) -> None:
     """A request whose reply is lost surfaces as 'no answer' (a client that re-sent it
     would report, for a DELETE, the 404 of its own earlier success)."""
-    from execwatch.cluster import errors
+    from execwatch.kube import errors
 
     proxy.rate = 1.0
     proxy.kinds = ("drop_reply",)

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from execwatch.cluster import crd
-from execwatch.cluster.handler import Handler
-from execwatch.cluster.kubeapi import RecordApi
-from execwatch.cluster.publisher import Publisher, PublisherConfig
+from execwatch import crd
+from execwatch.agent.publisher import Publisher, PublisherConfig
+from execwatch.agent.records import RecordApi
+from execwatch.handler.controller import Handler
 from tests.cluster.conftest import NODE, PodFactory, list_records
 from tests.cluster.records import exec_failure
 from tests.cluster.test_handler import events_of, failures_total, publish

@@ -9,7 +9,7 @@ from __future__ import annotations
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from execwatch.cluster import crd
+from execwatch import crd
 from tests.cluster.conftest import wait_until
 
 

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from execwatch.cluster import crd
-from execwatch.cluster.events import RECORDS_ANNOTATION
-from execwatch.cluster.handler import Handler, HandlerConfig, Retry
-from execwatch.cluster.safe import is_label_value
+from execwatch import crd
+from execwatch.handler.controller import Handler, HandlerConfig, Retry
+from execwatch.handler.events import RECORDS_ANNOTATION
+from execwatch.kube.safe import is_label_value
 from execwatch.record import AttributionStatus, ExecFailure, Reason
 from tests.cluster.conftest import NODE, PodFactory, label_of, list_records
 from tests.cluster.records import exec_failure
@@ -500,8 +500,8 @@ def test_a_rotated_token_file_is_read_again_without_a_restart(
     answers a 401 by reading the file again and sending the request once more."""
     from lightkube import KubeConfig
 
-    from execwatch.cluster import errors
-    from execwatch.cluster.rest import Rest
+    from execwatch.kube import errors
+    from execwatch.kube.client import Rest
 
     token_file = tmp_path / "token"
     token_file.write_text("not-a-token")
@@ -574,7 +574,7 @@ def test_with_placement_feedback_a_platform_failure_becomes_a_sighting(
     client.CoreV1Api(admin).patch_namespaced_pod_status(
         meta["name"], namespace, {"status": {"containerStatuses": [pulled]}}
     )
-    handler = start_handler(placement_feedback=True)
+    handler = start_handler(feedback=True)
 
     publish(agent_api, exec_failure(pod=pod, count=2))  # arm64 binary on an amd64 node
     publish(agent_api, exec_failure(pod=pod, reason=Reason.MISSING_LIBRARY, path="/bin/x"))

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from execwatch.cluster.handler import HandlerConfig
+from execwatch.handler.controller import HandlerConfig
 from tests.deploy.chart import BASE
 
 # The metadata the admission policy execwatch-agent-record-metadata lets through: a 63

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from execwatch.binfmt.platform import OCI_ARCHITECTURES
-from execwatch.cluster.metrics import OTHER_ARCH, OVERFLOW, HandlerMetrics, arch_label
+from execwatch.handler.metrics import OTHER_ARCH, OVERFLOW, HandlerMetrics, arch_label
 
 
 def series(m: HandlerMetrics, family: str) -> list[dict[str, str]]:

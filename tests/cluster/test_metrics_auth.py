@@ -1,7 +1,7 @@
 """Authenticated metrics (`--metrics-auth`) against a real API server.
 
-The metrics server is the real `execwatch.metrics.serve` over TLS, guarded by
-`cluster.metricsauth.MetricsAuth`, whose reviews go through the agent's lightkube client
+The metrics server is the real `execwatch.node.metrics.serve` over TLS, guarded by
+`serving.metricsauth.MetricsAuth`, whose reviews go through the agent's lightkube client
 with the agent's own ServiceAccount token: the RBAC of deploy/base/optional/metrics-auth.yaml
 is what lets it ask. Scrapers are real ServiceAccounts with real tokens.
 """
@@ -28,11 +28,11 @@ from cryptography import x509
 from kubernetes import client
 from prometheus_client import CollectorRegistry, Counter
 
-from execwatch.cluster import kubeapi
-from execwatch.cluster.metricsauth import AuthConfig, CertificateFiles, MetricsAuth, tls_context
-from execwatch.httpserver import BoundedServer
-from execwatch.metrics import serve
-from execwatch.placement.certs import issue
+from execwatch.kube import kubeapi
+from execwatch.serving.certs import issue
+from execwatch.serving.exposition import serve
+from execwatch.serving.http import BoundedServer
+from execwatch.serving.metricsauth import AuthConfig, CertificateFiles, MetricsAuth, tls_context
 from tests.kube.cluster import KubeCluster, ensure_namespace
 from tests.kube.faultproxy import FaultProxy
 from tests.kube.fixtures import AGENT_NODE, AGENT_SA, HANDLER_SA

@@ -1,7 +1,7 @@
 """The metrics/healthz server of agent and handler holds up against idle connections.
 
 Any pod that can reach the port may open connections and send nothing. The server runs in
-its own process here (the real `execwatch.metrics.serve`), so its threads and RSS are read
+its own process here (the real `execwatch.node.metrics.serve`), so its threads and RSS are read
 from /proc exactly as a node would see them.
 """
 
@@ -23,7 +23,8 @@ import pytest
 SERVER = """
 import sys
 from prometheus_client import CollectorRegistry, Counter
-from execwatch.metrics import ServerLimits, serve
+from execwatch.serving.exposition import serve
+from execwatch.serving.http import ServerLimits
 
 registry = CollectorRegistry()
 Counter("execwatch_probe_check", "a sample", registry=registry).inc()

@@ -16,8 +16,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from execwatch.cluster import crd, errors
-from execwatch.cluster.kubeapi import RecordApi
+from execwatch import crd
+from execwatch.agent.records import RecordApi
+from execwatch.kube import errors
 from tests.cluster.conftest import list_records
 from tests.cluster.records import exec_failure
 from tests.kube.cluster import KubeCluster

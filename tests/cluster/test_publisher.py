@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from execwatch.cluster import crd, errors
-from execwatch.cluster.kubeapi import RecordApi
-from execwatch.cluster.metrics import PublisherMetrics
-from execwatch.cluster.publisher import Publisher, PublisherConfig
-from execwatch.cluster.spool import Spool
+from execwatch import crd
+from execwatch.agent.metrics import PublisherMetrics
+from execwatch.agent.publisher import Publisher, PublisherConfig
+from execwatch.agent.records import RecordApi
+from execwatch.agent.spool import Spool
+from execwatch.kube import errors
 from execwatch.record import AttributionStatus
 from tests.cluster.conftest import NODE, list_records
 from tests.cluster.records import exec_failure

@@ -14,8 +14,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from execwatch.cluster import crd
-from execwatch.cluster.kubeapi import RecordApi
+from execwatch import crd
+from execwatch.agent.records import RecordApi
 from tests.cluster.conftest import NODE, PodFactory, list_records, wait_until
 from tests.cluster.records import exec_failure
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from execwatch.cluster import crd
-from execwatch.cluster.events import NOTE_LIMIT, note_for
-from execwatch.cluster.safe import fit_bytes, is_label_value, printable
+from execwatch import crd
+from execwatch.handler.events import NOTE_LIMIT, note_for
+from execwatch.kube.safe import fit_bytes, is_label_value, printable
 from execwatch.text import safe_text
 from tests.cluster.records import exec_failure
 
@@ -101,7 +101,7 @@ def test_label_values_are_checked() -> None:
 
 
 def test_the_pod_label_on_the_metric_is_optional_and_guarded() -> None:
-    from execwatch.cluster.metrics import HandlerMetrics
+    from execwatch.handler.metrics import HandlerMetrics
 
     labels = {
         "namespace": "n",

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from execwatch.cluster.spool import Spool, SpoolError, StoredRecord
+from execwatch.agent.spool import Spool, SpoolError, StoredRecord
 
 
 def record(name: str, count: int = 1, sealed: bool = False) -> StoredRecord:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from execwatch.cluster.workqueue import WorkQueue, by_namespace, by_namespace_and_name
+from execwatch.kube.workqueue import WorkQueue, by_namespace, by_namespace_and_name
 
 
 def pod(namespace: str, name: str) -> dict[str, Any]:

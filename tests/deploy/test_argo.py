@@ -27,9 +27,9 @@ import pytest
 import yaml
 from kubernetes import client
 
-from execwatch.cluster.kubeapi import RecordApi
-from execwatch.cluster.publisher import Publisher, PublisherConfig
-from execwatch.nodestack import StackOptions
+from execwatch.agent.publisher import Publisher, PublisherConfig
+from execwatch.agent.records import RecordApi
+from execwatch.node.stack import StackOptions
 from execwatch.pipeline import PipelineOptions
 from execwatch.record import Attribution, AttributionStatus, ExecFailure, Reason
 from tests.deploy.chart import REPO, Doc

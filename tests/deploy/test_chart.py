@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from execwatch import cliargs
-from execwatch.cluster import cli as cluster_cli
+from execwatch.agent import cli as agent_cli
+from execwatch.handler import cli as handler_cli
 from tests.deploy.chart import (
     CHART,
     KUBE_VERSION,
@@ -377,7 +378,9 @@ def test_the_agent_reads_the_nodes_binfmt_table_through_inits_root() -> None:
 def _cluster_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="execwatch")
     parser.add_argument("--log-level")
-    cluster_cli.add_parser(parser.add_subparsers(dest="command", required=True))
+    sub = parser.add_subparsers(dest="command", required=True)
+    agent_cli.add_parser(sub)
+    handler_cli.add_parser(sub)
     return parser
 
 

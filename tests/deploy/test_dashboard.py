@@ -13,11 +13,13 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
+from execwatch.agent.metrics import PublisherMetrics
 from execwatch.binfmt.emulation import Emulator
-from execwatch.cluster.metrics import HandlerMetrics, PublisherMetrics
-from execwatch.metrics import NodeMetrics, serve
-from execwatch.nodestack import StackOptions
+from execwatch.handler.metrics import HandlerMetrics
+from execwatch.node.metrics import NodeMetrics
+from execwatch.node.stack import StackOptions
 from execwatch.probe.loader import ProbeOptions
+from execwatch.serving.exposition import serve
 from tests.deploy.chart import REPO, find, render
 from tests.deploy.prometheus import Prometheus
 from tests.support.emulation import (

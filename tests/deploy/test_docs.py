@@ -8,15 +8,17 @@ from typing import Any, cast
 import yaml
 from prometheus_client import CollectorRegistry
 
-from execwatch.cluster.metrics import HandlerMetrics, PublisherMetrics
-from execwatch.cluster.metricsauth import AuthMetrics
-from execwatch.metrics import NodeMetrics, ServerMetrics
+from execwatch.agent.metrics import PublisherMetrics
+from execwatch.handler.metrics import HandlerMetrics
+from execwatch.node.metrics import NodeMetrics
 from execwatch.placement.cli import PlacementMetrics
 from execwatch.placement.expiry import VerdictExpiry
 from execwatch.placement.mitigate import MitigateMetrics
 from execwatch.placement.serving import webhook_drops
 from execwatch.placement.verdicts import VerdictMetrics
 from execwatch.record import Reason
+from execwatch.serving.exposition import ServerMetrics
+from execwatch.serving.metricsauth import AuthMetrics
 from tests.deploy.chart import REPO, base_docs, find, pod_spec, render
 from tests.deploy.test_dashboard import _Probe
 

@@ -22,11 +22,11 @@ from prometheus_client import CollectorRegistry
 
 from execwatch.diagnosis.sandbox import SandboxLimits
 from execwatch.diagnosis.startup import explain
-from execwatch.metrics import serve
 from execwatch.pipeline import NodePipeline
 from execwatch.record import Diagnosis, ExecFailure, KernelEvent, Reason
 from execwatch.runnable.liveroot import RootView
 from execwatch.runnable.openat2 import Root
+from execwatch.serving.exposition import serve
 from tests.binfmt.elfbuild import ElfSpec, build_elf
 from tests.support.pipeline import make_pipeline
 from tests.support.wait import wait_until

@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from execwatch.cluster import crd
-from execwatch.cluster.handler import Handler, HandlerConfig
-from execwatch.cluster.metrics import HandlerMetrics
-from execwatch.cluster.publisher import Publisher, PublisherConfig
+from execwatch import crd
+from execwatch.agent.publisher import Publisher, PublisherConfig
+from execwatch.handler.controller import Handler, HandlerConfig
+from execwatch.handler.metrics import HandlerMetrics
 from execwatch.record import Reason
 from tests.cluster.records import CountingRecords, exec_failure
 from tests.fleet.conftest import NODES, AgentFleet

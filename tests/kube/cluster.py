@@ -330,14 +330,14 @@ class KubeCluster:
         return client.ApiClient(self.config(token))
 
     def lightkube_config(self, token: str, server: str | None = None) -> Any:
-        """lightkube's KubeConfig for `token`: what the handler takes (`cluster.rest`)."""
-        from execwatch.cluster import kubeapi
+        """lightkube's KubeConfig for `token`: what the handler takes (`kube.client`)."""
+        from execwatch.kube import kubeapi
 
         return kubeapi.config_for(server or self.url, str(self.ca), token)
 
     def lightkube(self, token: str, timeout: float = 10.0) -> Any:
-        """A lightkube Client for `token`: the agent's own API client (cluster.kubeapi)."""
-        from execwatch.cluster import kubeapi
+        """A lightkube Client for `token`: the agent's own API client (kube.kubeapi)."""
+        from execwatch.kube import kubeapi
 
         return kubeapi.client_for(self.url, str(self.ca), token, timeout)
 

@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from execwatch.cluster.metrics import PublisherMetrics
-from execwatch.metrics import serve
+from execwatch.agent.metrics import PublisherMetrics
+from execwatch.serving.exposition import serve
 from tests.cluster.records import exec_failure
 from tests.cluster.test_handler import publish
 from tests.deploy.chart import CHART, find, render

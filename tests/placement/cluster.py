@@ -9,8 +9,8 @@ from typing import Any
 
 from kubernetes import client
 
-from execwatch.cluster import kubeapi
-from execwatch.cluster.rest import Rest
+from execwatch.kube import kubeapi
+from execwatch.kube.client import Rest
 from execwatch.placement.webhook import MODE_LABEL
 
 OWN_NAMESPACE = "execwatch"
@@ -64,7 +64,7 @@ def _webhook(kind: str, url: str, bundle: dict[str, str], modes: list[str]) -> d
 
 
 def rest_for(api: client.ApiClient) -> Rest:
-    """Placement's own client (`cluster.rest` on lightkube's configuration) with the same
+    """Placement's own client (`kube.client` on lightkube's configuration) with the same
     server, CA and bearer token as the tests' official client `api`."""
     cfg = api.configuration
     token = str(cfg.api_key["authorization"]).removeprefix("Bearer ")

@@ -1,7 +1,7 @@
 """The placement tests run against the real API server of tests/kube, with the gate
 webhook served from this process on loopback behind TLS and registered with a
 MutatingWebhookConfiguration as the chart registers it. The code under test talks to the
-API server with its own client (`cluster.rest` on lightkube's configuration: `rest`);
+API server with its own client (`kube.client` on lightkube's configuration: `rest`);
 the tests read and write with the official client (`admin`), their independent oracle."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from execwatch.cluster.rest import Rest
+from execwatch.kube.client import Rest
 from execwatch.placement.serving import WebhookServer
 from execwatch.placement.webhook import http_handler
 from tests.kube.cluster import ADMIN_TOKEN, KubeCluster, make_pki

@@ -10,7 +10,7 @@ from typing import Any
 
 from kubernetes import client
 
-from execwatch.cluster import crd
+from execwatch import crd
 from execwatch.record import AttributionStatus, Reason
 
 NODE = "node-a"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from execwatch.placement.certs import SERVING_LIFETIME, Bundle, dns_names, issue, renewal
 from execwatch.placement.serving import WebhookServer
+from execwatch.serving.certs import SERVING_LIFETIME, Bundle, dns_names, issue, renewal
 
 NOW = dt.datetime(2026, 12, 3, tzinfo=dt.UTC)
 NAMES = dns_names("execwatch-placement", "execwatch")

@@ -22,7 +22,7 @@ import pytest
 from kubernetes import client
 from prometheus_client import CollectorRegistry, Counter
 
-from execwatch.cluster.lease import LeaseConfig
+from execwatch.kube.lease import LeaseConfig
 from execwatch.placement.controller import Placer, VerdictSource
 from execwatch.placement.decision import ContainerVerdict
 from execwatch.placement.pullsecrets import PullSecrets

@@ -15,7 +15,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from execwatch.cluster.rest import Rest
+from execwatch.kube.client import Rest
 from execwatch.placement.access import NamespaceAccess, NotOptedIn
 from execwatch.placement.affinity import narrowed_affinity
 from execwatch.placement.controller import JSON_PATCH, VerdictUnavailable, ungate_patch

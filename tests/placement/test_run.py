@@ -11,8 +11,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, Counter
 
-from execwatch.cluster.lease import LeaseConfig
-from execwatch.cluster.rest import Rest
+from execwatch.kube.client import Rest
+from execwatch.kube.lease import LeaseConfig
 from execwatch.placement.affinity import ARCH_LABEL
 from execwatch.placement.controller import Placer
 from execwatch.placement.run import ControllerConfig, NodeArches, PlacementController

@@ -15,10 +15,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from execwatch.placement.certs import SERVING_LIFETIME
 from execwatch.placement.serving import WebhookServer
-from execwatch.placement.tls import CertFiles, CertRotator
 from execwatch.placement.webhook import GATE, http_handler
+from execwatch.serving.certs import SERVING_LIFETIME
+from execwatch.serving.tls import CertFiles, CertRotator
 from tests.kube.cluster import free_port
 from tests.placement.cluster import (
     OWN_NAMESPACE,

@@ -14,7 +14,7 @@ import pytest
 
 from execwatch.attribution import Attributor
 from execwatch.attribution.mounts import cgroup_mounts
-from execwatch.nodestack import StackOptions
+from execwatch.node.stack import StackOptions
 from execwatch.pipeline import PipelineOptions
 from execwatch.record import ExecFailure
 from tests.support.node import Running, node_stack

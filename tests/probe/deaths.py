@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from execwatch.attribution import Attributor
-from execwatch.nodestack import StackOptions
+from execwatch.node.stack import StackOptions
 from execwatch.pipeline import PipelineOptions
 from execwatch.probe.events import decode_record
 from execwatch.probe.loader import ProbeOptions

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from execwatch.nodestack import StackOptions
+from execwatch.node.stack import StackOptions
 from execwatch.pipeline import PipelineOptions
 from execwatch.probe import layout
 from execwatch.probe.loader import ProbeOptions

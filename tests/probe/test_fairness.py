@@ -19,7 +19,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from execwatch.attribution.mounts import cgroup_mounts
-from execwatch.metrics import NodeMetrics
+from execwatch.node.metrics import NodeMetrics
 from execwatch.probe import Probe
 from execwatch.probe.events import decode_record
 from execwatch.probe.fairness import ShedWatch, with_pods

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from execwatch.output import human_line
+from execwatch.node.output import human_line
 from execwatch.record import Reason
 from tests.probe.conftest import Tracer
 from tests.support.foreignos import universal

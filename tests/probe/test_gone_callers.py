@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from execwatch.diagnosis import FileDiagnoser
-from execwatch.nodestack import StackOptions
+from execwatch.node.stack import StackOptions
 from execwatch.pipeline import PipelineOptions
 from execwatch.record import Diagnosis, ExecFailure, KernelEvent, Reason
 from tests.support.node import Running, node_stack

@@ -20,12 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from execwatch.nodestack import StackOptions
+from execwatch.node.stack import StackOptions
 from execwatch.pipeline import PipelineOptions, aggregation_key
 from execwatch.probe import Probe, layout
 from execwatch.probe.loader import ProbeOptions
-from execwatch.record import ExecFailure, Reason
-from execwatch.repeatkey import RepeatKey
+from execwatch.record import ExecFailure, Reason, RepeatKey
 from tests.probe.roots import GLIBC_LOADER
 from tests.support.node import Running, node_stack
 

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from execwatch.httpserver import BoundedServer
-from execwatch.metrics import serve
-from execwatch.nodestack import StackOptions
+from execwatch.node.stack import StackOptions
 from execwatch.pipeline import Budget, Heartbeat, PipelineOptions
 from execwatch.record import ExecFailure, Reason
+from execwatch.serving.exposition import serve
+from execwatch.serving.http import BoundedServer
 from tests.probe.conftest import Children
 from tests.support.node import node_stack
 from tests.support.wait import wait_until

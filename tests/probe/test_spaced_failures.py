@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from execwatch.nodestack import StackOptions
+from execwatch.node.stack import StackOptions
 from execwatch.pipeline import PipelineOptions
 from execwatch.record import ExecFailure, Reason, UndiagnosedCause
 from tests.probe.conftest import Children

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from execwatch.httpserver import BoundedServer
-from execwatch.metrics import serve
-from execwatch.nodestack import StackOptions
+from execwatch.node.stack import StackOptions
 from execwatch.pipeline import PipelineOptions
 from execwatch.record import UndiagnosedCause
+from execwatch.serving.exposition import serve
+from execwatch.serving.http import BoundedServer
 from tests.deploy.prometheus import Prometheus
 from tests.probe.conftest import Children
 from tests.support.node import node_stack

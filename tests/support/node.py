@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
-from execwatch.nodestack import NodeStack, StackOptions
+from execwatch.node.stack import NodeStack, StackOptions
 from execwatch.pipeline import NodePipeline
 from execwatch.probe import Probe
 from execwatch.record import ExecFailure

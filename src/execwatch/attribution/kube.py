@@ -5,7 +5,7 @@ ReplicaSet and Job owners are followed one step up (to the Deployment or CronJob
 the watch thread, never on the event path. Deleted pods stay as tombstones for a
 while, so a failure seen just before a pod's deletion still gets its names.
 
-The API is lightkube's `Client` (`cluster.kubeapi.client`), and the objects its models
+The API is lightkube's `Client` (`kube.kubeapi.client`), and the objects its models
 (camelCase attributes: `metadata.ownerReferences`, `status.containerStatuses`).
 """
 
@@ -64,7 +64,7 @@ class KubernetesPodCache:
 
     def start(self) -> None:
         if self._api is None:
-            from execwatch.cluster import kubeapi
+            from execwatch.kube import kubeapi
 
             self._api = kubeapi.client()
         self._thread = threading.Thread(target=self._run, name="pod-cache", daemon=True)

@@ -20,7 +20,7 @@ from execwatch.audit.emulation import Emulation, emulates
 from execwatch.audit.engine import AuditReport, ImageAuditor, Status, Tick, audit
 from execwatch.audit.inventory import Inventory
 from execwatch.audit.report import print_table, to_json, to_sarif
-from execwatch.cluster.rest import Rest
+from execwatch.kube.client import Rest
 from execwatch.runnable.limits import Limits
 from execwatch.scan import registry
 from execwatch.scan.cli import output_problem, write_report
@@ -67,7 +67,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def run(args: argparse.Namespace) -> int:
     from execwatch.audit.inventory import read_cluster
-    from execwatch.cluster.errors import ApiError
+    from execwatch.kube.errors import ApiError
 
     err = Console(stderr=True)
     problem = output_problem(args.output)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from execwatch.cluster.rest import Rest, path
+from execwatch.kube.client import Rest, path
 
 PAGE = 500
 _DIGEST = re.compile(r"@(sha256:[a-f0-9]{64})$")
@@ -70,7 +70,7 @@ class Inventory:
 
 def read_cluster(rest: Rest, namespace: str | None = None) -> Inventory:
     """Every workload (of `namespace`, else of all) with its pods' digests, and the nodes.
-    Failures are `cluster.errors.ApiError`s."""
+    Failures are `kube.errors.ApiError`s."""
     workloads: dict[str, Workload] = {}
     job_owner: dict[tuple[str, str], str] = {}
     for kind, group, resource in SOURCES:

@@ -11,7 +11,7 @@ are credited, once per window, to the slot of the record each followed. A file w
 `#!` is held, diagnosed, until its caller's fate is known (`fates`): the kernel's word on
 how the caller exited, or the death window's end.
 
-`execwatch.nodestack.NodeStack` assembles the pipeline with the probe; use that.
+`execwatch.node.stack.NodeStack` assembles the pipeline with the probe; use that.
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ from execwatch.record import (
     ExecFailure,
     KernelEvent,
     Kind,
+    RepeatKey,
     UndiagnosedCause,
     undiagnosed,
 )
-from execwatch.repeatkey import RepeatKey
 
 __all__ = [
     "DIAGNOSIS_BUDGET_S",

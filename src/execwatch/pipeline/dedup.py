@@ -10,8 +10,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from execwatch.probe.events import repeat_key
-from execwatch.record import ExecFailure
-from execwatch.repeatkey import RepeatKey
+from execwatch.record import ExecFailure, RepeatKey
 
 # The record's repeat key, by its kind (probe.events.KINDS), straight from its bytes.
 aggregation_key = repeat_key

@@ -8,14 +8,13 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from execwatch.record import QUIET_REASONS, ExecFailure, Kind, Reason, UndiagnosedCause
-from execwatch.repeatkey import RepeatKey
+from execwatch.record import QUIET_REASONS, ExecFailure, Kind, Reason, RepeatKey, UndiagnosedCause
 
 Sink = Callable[[ExecFailure], None]
 
 
 class PipelineObserver(Protocol):
-    """What the pipeline reports about itself (metrics); see execwatch.metrics."""
+    """What the pipeline reports about itself (metrics); see execwatch.node.metrics."""
 
     def delivered(
         self,

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from execwatch.cluster import errors
-from execwatch.cluster.rest import Rest, path
+from execwatch.kube import errors
+from execwatch.kube.client import Rest, path
 from execwatch.placement.webhook import MODE_LABEL
 
 log = logging.getLogger(__name__)

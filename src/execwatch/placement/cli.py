@@ -26,17 +26,19 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from execwatch import cliargs
-from execwatch.cluster import errors
-from execwatch.cluster.cli import api_config, common_flags, metrics_server, refused
+from execwatch.cliargs import refused
+from execwatch.kube import errors
+from execwatch.kube.client import load_config
+from execwatch.serving.port import add_metrics_flags, metrics_server
 
 # The parts load when the command runs, not for `execwatch --help` (cryptography, scan).
 if TYPE_CHECKING:
-    from execwatch.cluster.rest import Rest
+    from execwatch.kube.client import Rest
     from execwatch.placement.run import PlacementController
     from execwatch.placement.serving import WebhookServer
-    from execwatch.placement.tls import CertFiles, CertRotator
     from execwatch.placement.verdicts import VerdictWriter
     from execwatch.placement.warnmode import WarnWorker
+    from execwatch.serving.tls import CertFiles, CertRotator
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +53,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p = subparsers.add_parser(
         "placement", help="placement webhook + leader-elected controller (one replica)"
     )
-    common_flags(p)
+    cliargs.add_api_flags(p)
+    add_metrics_flags(p)
     for action in p._actions:
         if "--namespace" in action.option_strings:
             action.help = (
@@ -259,7 +262,7 @@ class Replica:
     def removed(self) -> bool:
         """True when this replica's Deployment is gone or scaled to zero: no replica will
         place what is gated."""
-        from execwatch.cluster.rest import path
+        from execwatch.kube.client import path
 
         where = path(
             "apis", "apps", "v1", "namespaces", self.args.namespace, "deployments",
@@ -278,8 +281,8 @@ class Replica:
 
 def build(args: argparse.Namespace, kube: Any, registry: CollectorRegistry) -> Replica:
     """Every part of a replica, nothing started. ValueError: a refusal to print."""
-    from execwatch.cluster.lease import LeaseConfig
-    from execwatch.cluster.rest import Rest
+    from execwatch.kube.client import Rest
+    from execwatch.kube.lease import LeaseConfig
     from execwatch.placement.access import NamespaceAccess
     from execwatch.placement.controller import Placer
     from execwatch.placement.expiry import VerdictExpiry
@@ -287,7 +290,6 @@ def build(args: argparse.Namespace, kube: Any, registry: CollectorRegistry) -> R
     from execwatch.placement.run import ControllerConfig, NodeArches, PlacementController
     from execwatch.placement.scanned import ScannedVerdicts
     from execwatch.placement.serving import WebhookServer
-    from execwatch.placement.tls import CertFiles
     from execwatch.placement.verdicts import VerdictMetrics, VerdictStore, VerdictWriter
     from execwatch.placement.warnmode import WarnWorker
     from execwatch.placement.webhook import http_handler
@@ -295,6 +297,7 @@ def build(args: argparse.Namespace, kube: Any, registry: CollectorRegistry) -> R
     from execwatch.scan.egress import Egress
     from execwatch.scan.registry import RegistryOptions
     from execwatch.scan.reuse import RegistryReuse, SessionPool
+    from execwatch.serving.tls import CertFiles
 
     lease = LeaseConfig(
         namespace=args.namespace,
@@ -351,15 +354,15 @@ def _client_ca(cafile: str | None) -> str | None:
 
 
 def _rotator(args: argparse.Namespace, rest: Rest) -> CertRotator:
-    from execwatch.placement.certs import dns_names
-    from execwatch.placement.tls import CertRotator
+    from execwatch.serving.certs import dns_names
+    from execwatch.serving.tls import CertRotator
 
     names = dns_names(args.service, args.namespace)
     return CertRotator(rest, args.namespace, args.secret, args.webhook_configuration, names)
 
 
 def run(args: argparse.Namespace) -> int:
-    from execwatch.trace import stop_on_signals
+    from execwatch.cliargs import stop_on_signals
 
     if args.release:
         return release(args)
@@ -413,7 +416,7 @@ def _ungate_all(replica: Replica) -> bool:
 def _replica(args: argparse.Namespace, registry: CollectorRegistry) -> Replica | int:
     """The replica, or the exit code of a refusal printed on one line."""
     try:
-        replica = build(args, api_config(args.kubeconfig), registry)
+        replica = build(args, load_config(args.kubeconfig), registry)
     except ValueError as exc:  # LeaseConfig: retry < renew < lease
         return refused(str(exc))
     except Exception as exc:  # lightkube's ConfigError: no or a broken kubeconfig
@@ -426,7 +429,7 @@ def release(args: argparse.Namespace) -> int:
     """`--release` (the chart's pre-delete hook): delete the webhook configuration, so
     that no pod is gated any more, then ungate every gated pod unchanged. Exit 1 when
     either failed (Helm then reports the hook as failed)."""
-    from execwatch.placement.tls import CONFIGURATIONS, configuration_path
+    from execwatch.serving.tls import CONFIGURATIONS, configuration_path
 
     replica = _replica(args, CollectorRegistry())
     if isinstance(replica, int):

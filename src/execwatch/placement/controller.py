@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from execwatch.cluster import crd, errors
-from execwatch.cluster.rest import Rest, path
-from execwatch.cluster.safe import fit_bytes, printable
+from execwatch import crd
+from execwatch.kube import errors
+from execwatch.kube.client import Rest, path
+from execwatch.kube.safe import fit_bytes, printable
 from execwatch.placement.decision import Action, ContainerVerdict, decide
 from execwatch.placement.modes import NamespaceModes
 from execwatch.placement.webhook import GATE, GATED_LABEL

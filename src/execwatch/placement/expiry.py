@@ -20,9 +20,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from execwatch.cluster import errors
-from execwatch.cluster.crd import parse_time
-from execwatch.cluster.rest import Rest, path
+from execwatch.crd import parse_time
+from execwatch.kube import errors
+from execwatch.kube.client import Rest, path
 from execwatch.placement.verdicts import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)

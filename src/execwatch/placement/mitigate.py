@@ -22,8 +22,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from execwatch.cluster import errors
-from execwatch.cluster.rest import Rest, path
+from execwatch.kube import errors
+from execwatch.kube.client import Rest, path
 from execwatch.placement.controller import Note, post_event
 from execwatch.placement.modes import MITIGATE, NamespaceModes, never_placed
 

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from execwatch.cluster import errors
-from execwatch.cluster.rest import Rest, path
+from execwatch.kube import errors
+from execwatch.kube.client import Rest, path
 from execwatch.placement.webhook import MODE_LABEL
 
 ENFORCE, MITIGATE = "enforce", "mitigate"

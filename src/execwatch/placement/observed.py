@@ -21,9 +21,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from execwatch import crd
 from execwatch.binfmt.platform import OCI_ARCHITECTURES
-from execwatch.cluster import crd, errors
-from execwatch.cluster.rest import Rest, path
+from execwatch.kube import errors
+from execwatch.kube.client import Rest, path
 from execwatch.placement.mitigate import MitigateConfig, MitigateMetrics, Mitigator, Observation
 from execwatch.placement.modes import NamespaceModes
 from execwatch.placement.verdicts import (
@@ -179,3 +180,15 @@ class Feedback:
 
     def _dropped(self, obs: Observation) -> None:
         self.metrics.writes.labels("observed", "dropped").inc()
+
+
+def feedback_hook(
+    own_namespace: str,
+) -> Callable[[Rest, CollectorRegistry, Callable[[], float]], Feedback]:
+    """The handler's record hook (handler.controller.HookFactory): placement's feedback for
+    the records of `own_namespace`."""
+
+    def build(rest: Rest, registry: CollectorRegistry, wall: Callable[[], float]) -> Feedback:
+        return Feedback(rest, FeedbackConfig(own_namespace=own_namespace), registry, wall=wall)
+
+    return build

@@ -21,8 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from execwatch.cluster import errors
-from execwatch.cluster.rest import Rest, path
+from execwatch.kube import errors
+from execwatch.kube.client import Rest, path
 from execwatch.placement.access import NamespaceAccess, NotOptedIn
 from execwatch.placement.controller import VerdictUnavailable
 from execwatch.scan.registry import credential_files

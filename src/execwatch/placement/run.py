@@ -24,11 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from execwatch.cluster import errors
-from execwatch.cluster.lease import LeaseConfig, LeaseElector
-from execwatch.cluster.rest import Rest, path
-from execwatch.cluster.watcher import WatchConfig, Watcher
-from execwatch.cluster.workqueue import WorkQueue, by_namespace, by_namespace_and_name
+from execwatch.kube import errors
+from execwatch.kube.client import Rest, path
+from execwatch.kube.lease import LeaseConfig, LeaseElector
+from execwatch.kube.watch import WatchConfig, Watcher
+from execwatch.kube.workqueue import WorkQueue, by_namespace, by_namespace_and_name
 from execwatch.placement.affinity import ARCH_LABEL
 from execwatch.placement.controller import Placer
 from execwatch.placement.webhook import GATE, GATED_LABEL, GATED_VALUE

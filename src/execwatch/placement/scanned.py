@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from execwatch.binfmt import Platform
-from execwatch.cluster import errors
-from execwatch.cluster.crd import parse_time
+from execwatch.crd import parse_time
+from execwatch.kube import errors
 from execwatch.placement.controller import VerdictUnavailable
 from execwatch.placement.decision import ContainerVerdict, Outcome
 from execwatch.placement.pullsecrets import PullSecrets

@@ -1,4 +1,4 @@
-"""The webhook's HTTPS endpoint: execwatch's bounded server (httpserver.py) behind TLS.
+"""The webhook's HTTPS endpoint: execwatch's bounded server (serving/http.py) behind TLS.
 
 The API server calls the webhook with a timeout of a few seconds and `failurePolicy:
 Ignore`, so a slow answer only costs the gate; what any pod that reaches the port can
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter
 
-from execwatch.httpserver import BoundedServer, Request, ServerLimits, response
+from execwatch.serving.http import BoundedServer, Request, ServerLimits, response
 
 log = logging.getLogger(__name__)
 

@@ -30,9 +30,9 @@ from typing import Any, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter
 
-from execwatch.cluster import errors
-from execwatch.cluster.crd import parse_time
-from execwatch.cluster.rest import Rest, path
+from execwatch.crd import parse_time
+from execwatch.kube import errors
+from execwatch.kube.client import Rest, path
 from execwatch.placement.decision import Outcome
 
 GROUP, VERSION, PLURAL = "execwatch.io", "v1alpha1", "imageverdicts"

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from execwatch.cluster import errors
-from execwatch.cluster.rest import path
+from execwatch.kube import errors
+from execwatch.kube.client import path
 from execwatch.placement.controller import Placer
 from execwatch.placement.webhook import MODE_LABEL, PodRef, pod_skip_reason
 

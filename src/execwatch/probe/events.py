@@ -17,8 +17,7 @@ from types import MappingProxyType
 from typing import Any
 
 from execwatch.probe import layout
-from execwatch.record import KernelEvent, Kind
-from execwatch.repeatkey import RepeatKey
+from execwatch.record import KernelEvent, Kind, RepeatKey
 from execwatch.text import c_string
 
 AT_EMPTY_PATH = 0x1000

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from execwatch.cluster import errors
-from execwatch.cluster.rest import Rest, path
-from execwatch.placement.certs import Bundle, renewal
+from execwatch.kube import errors
+from execwatch.kube.client import Rest, path
+from execwatch.serving.certs import Bundle, renewal
 
 KEYS = ("ca.crt", "ca.key", "tls.crt", "tls.key")  # cert-manager's layout, plus the CA key
 JSON_PATCH = "application/json-patch+json"

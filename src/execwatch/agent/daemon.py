@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
-from execwatch.cluster.publisher import Publisher
+from execwatch.agent.publisher import Publisher
 
 if TYPE_CHECKING:
     from execwatch.pipeline import Heartbeat
@@ -22,7 +22,7 @@ NODE_WINDOW_S = 1.0  # a window of the consume loop: a flush, and a kernel fold 
 
 def pod_cache(node: str, api: Any) -> Any:
     """A node-scoped pod watch for attribution (`--pod-metadata=api`), over the agent's
-    lightkube client (`cluster.kubeapi`).
+    lightkube client (`kube.kubeapi`).
 
     Needs deploy/base/optional/agent-pod-reader.yaml: it fills pod and container names
     when the container runtime cannot (containers it does not know, already gone)."""
@@ -50,7 +50,7 @@ def run(
 
     Returns the CLOCK_BOOTTIME before which every event of the probe was consumed and
     submitted: what this agent hands over to the next one on the node."""
-    from execwatch.nodestack import NodeStack, StackOptions
+    from execwatch.node.stack import NodeStack, StackOptions
     from execwatch.pipeline import PipelineOptions
     from execwatch.probe.loader import ProbeOptions
 

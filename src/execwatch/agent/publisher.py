@@ -11,7 +11,7 @@ What it guarantees, and how:
 - **Rate limit.** A token bucket bounds creates per second across all keys; what waits
   keeps aggregating.
 - **Outages and restarts lose nothing within a bound.** Every record held (pending,
-  being sent, awaiting a retry) is written to the node's spool (`cluster/spool.py`) by
+  being sent, awaiting a retry) is written to the node's spool (`agent/spool.py`) by
   the worker thread, and replayed when the agent starts again. At most `spool_size`
   records and `spool_bytes` bytes are held; a failure that would need a new record
   beyond that is dropped and counted (`dropped_total{type="spool_full"}`).
@@ -20,7 +20,7 @@ What it guarantees, and how:
   which counts as success.
 - **Two agents on a node (an upgrade's surge) publish each failure once.** Only the agent
   holding the node's active lock publishes; a new one buffers what its probe sees until
-  the old one hands over, then publishes only what came after (`cluster/spool.py`).
+  the old one hands over, then publishes only what came after (`agent/spool.py`).
 - **One bad record never blocks the rest.** Each record backs off on its own
   (exponential, with jitter); the worker always sends the record that has been ready
   longest, so a record refused forever waits its turn instead of going first. Only
@@ -46,9 +46,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from execwatch.cluster import crd, errors
-from execwatch.cluster.metrics import PublisherMetrics
-from execwatch.cluster.spool import MAX_COUNT, Handover, Loaded, Spool, StoredRecord
+from execwatch import crd
+from execwatch.agent.metrics import PublisherMetrics
+from execwatch.agent.spool import MAX_COUNT, Handover, Loaded, Spool, StoredRecord
+from execwatch.kube import errors
 from execwatch.record import AttributionStatus, ExecFailure
 from execwatch.text import safe_text
 
@@ -58,7 +59,7 @@ Key = tuple[str, str, str, int]
 
 
 class RecordSink(Protocol):
-    """Where records go; the Kubernetes implementation is `cluster.kubeapi.RecordApi`."""
+    """Where records go; the Kubernetes implementation is `agent.records.RecordApi`."""
 
     def create(self, body: dict[str, Any]) -> None:
         """Create the object; raise an `errors.ApiError` on failure."""
@@ -205,7 +206,7 @@ def _backoff(attempts: int, initial: float, cap: float) -> float:
 class Publisher:
     """Aggregates, rate-limits, spools and creates records; one worker thread.
 
-    With `spool` (a `cluster.spool.Spool`) what it holds survives a restart; without, the
+    With `spool` (a `agent.spool.Spool`) what it holds survives a restart; without, the
     spool is memory only."""
 
     config: PublisherConfig

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from execwatch.cluster.safe import printable
+from execwatch.kube import client
+from execwatch.kube.safe import printable
 from execwatch.record import AttributionStatus, ExecFailure, KernelEvent, Kind, Reason
 from execwatch.text import safe_text
 
@@ -277,3 +278,8 @@ def parse(obj: dict[str, Any]) -> Record:
         workload_kind=_str(workload, "kind", 63),
         workload=_str(workload, "name", MAX_NAME),
     )
+
+
+def records_path(namespace: str, name: str | None = None) -> str:
+    parts = ("apis", GROUP, VERSION, "namespaces", namespace, PLURAL)
+    return client.path(*parts, *((name,) if name else ()))

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from execwatch.cluster.metrics import PublisherMetrics
+    from execwatch.agent.metrics import PublisherMetrics
     from execwatch.record import ExecFailure
 
 log = logging.getLogger(__name__)

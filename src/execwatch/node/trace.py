@@ -6,24 +6,22 @@ import argparse
 import dataclasses
 import logging
 import os
-import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from types import FrameType
 
 from prometheus_client import CollectorRegistry
 
 from execwatch import cliargs
 from execwatch.attribution import Attributor
-from execwatch.metrics import serve, undiagnosed_summary
-from execwatch.nodestack import NodeStack, StackOptions
-from execwatch.output import Printer
+from execwatch.cliargs import stop_on_signals
+from execwatch.node.metrics import undiagnosed_summary
+from execwatch.node.output import Printer
+from execwatch.node.stack import NodeStack, StackOptions
 from execwatch.pipeline import DIAGNOSIS_BUDGET_S, Budget, PipelineOptions
 from execwatch.probe import ProbeError
 from execwatch.probe.loader import ProbeOptions
+from execwatch.serving.exposition import serve
 
 log = logging.getLogger(__name__)
 
@@ -95,21 +93,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="longest wait for one diagnosis; a mount where one overran is not waited on again",
     )
     p.set_defaults(func=run)
-
-
-@contextmanager
-def stop_on_signals() -> Iterator[threading.Event]:
-    stop = threading.Event()
-
-    def handler(signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield stop
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
 
 
 def run(args: argparse.Namespace) -> int:

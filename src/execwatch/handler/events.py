@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from execwatch.cluster import errors
-from execwatch.cluster.crd import Record
-from execwatch.cluster.pods import Pod
-from execwatch.cluster.rest import MERGE_PATCH, Rest, path
-from execwatch.cluster.safe import fit_bytes, is_label_value, printable
+from execwatch.crd import Record
 from execwatch.diagnosis import wording
+from execwatch.handler.pods import Pod
+from execwatch.kube import errors
+from execwatch.kube.client import MERGE_PATCH, Rest, path
+from execwatch.kube.safe import fit_bytes, is_label_value, printable
 from execwatch.record import Reason
 
 log = logging.getLogger(__name__)

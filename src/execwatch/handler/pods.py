@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from execwatch.attribution.metadata import workload_from_owner
-from execwatch.cluster import errors
-from execwatch.cluster.rest import MERGE_PATCH, Rest, path
+from execwatch.kube import errors
+from execwatch.kube.client import MERGE_PATCH, Rest, path
 
 LABEL = "execwatch.io/exec-failure"
 

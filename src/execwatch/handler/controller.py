@@ -16,9 +16,9 @@ For each record, in this order:
    another admission webhook or RBAC refuses it: permanent errors are not retried);
 5. delete the record with a UID precondition; the delete that removes it counts it.
 
-With `placement_feedback`, each counted record of a platform-class failure is also offered
-to placement's feedback (placement/observed.py): a bounded queue and a thread of its own,
-never waited on here.
+With a `hook` (placement's feedback, placement/observed.py, injected by the handler
+command), each counted record is also offered to it: a bounded queue and a thread of its
+own, never waited on here.
 
 Exactly once: only one delete of a record can remove it. A delete whose answer is lost
 (no answer, 500, 504) may have removed it: the record is remembered as "unsure" and
@@ -41,27 +41,27 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from execwatch.cluster import crd, errors
-from execwatch.cluster.events import DuplicateRecord, EventConflict, EventWriter, event_reason
-from execwatch.cluster.lease import LeaseConfig, LeaseElector
-from execwatch.cluster.metrics import HandlerMetrics
-from execwatch.cluster.pods import LABEL, Pod, PodReader, workload_of
-from execwatch.cluster.rest import Rest
-from execwatch.cluster.watcher import WatchConfig, Watcher, records_path
-from execwatch.cluster.workqueue import WorkQueue
+from prometheus_client import CollectorRegistry
+
+from execwatch import crd
+from execwatch.handler.events import DuplicateRecord, EventConflict, EventWriter, event_reason
+from execwatch.handler.metrics import HandlerMetrics
+from execwatch.handler.pods import LABEL, Pod, PodReader, workload_of
+from execwatch.kube import errors
+from execwatch.kube.client import Rest
+from execwatch.kube.lease import LeaseConfig, LeaseElector
+from execwatch.kube.watch import WatchConfig, Watcher
+from execwatch.kube.workqueue import WorkQueue
 from execwatch.record import Reason
-
-if TYPE_CHECKING:
-    from execwatch.placement.observed import Feedback
 
 log = logging.getLogger(__name__)
 
 MIN_DELETE_BUDGET = 0.05  # seconds: below this a delete would only time out
 RESOLVE_PAUSE = 0.05  # seconds between deletes of one unsure record at failover
 
-__all__ = ["LABEL", "Handler", "HandlerConfig", "Retry", "workload_of"]
+__all__ = ["LABEL", "Handler", "HandlerConfig", "HookFactory", "RecordHook", "Retry", "workload_of"]
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,20 @@ class HandlerConfig:
     workers: int = 16  # records handled in parallel (API round trips dominate)
     list_page: int = 50  # records per list call: a page stays small in a 256 Mi pod
     max_attempts: int = 8  # failures not due to the API before a record counts as invalid
-    placement_feedback: bool = False  # observed verdicts and mitigation (placement/observed.py)
+
+
+class RecordHook(Protocol):
+    """Offered each counted record once, from a worker: never waits (placement's feedback,
+    placement/observed.py). Started and stopped with the handler."""
+
+    def offer(self, rec: crd.Record) -> None: ...
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def idle(self) -> bool: ...
+
+
+# Builds the hook once the handler's client and registry exist: (client, registry, wall).
+HookFactory = Callable[[Rest, CollectorRegistry, Callable[[], float]], RecordHook]
 
 
 class Retry(Exception):
@@ -110,6 +123,7 @@ class Handler:
     metrics: HandlerMetrics = field(default_factory=HandlerMetrics)
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
+    hook: HookFactory | None = None
 
     def __post_init__(self) -> None:
         cfg = self.config
@@ -122,6 +136,7 @@ class Handler:
         self.watcher = Watcher(
             WatchConfig(
                 namespace=cfg.namespace,
+                resource=crd.records_path(cfg.namespace),
                 watch_timeout=cfg.watch_timeout,
                 resync_period=cfg.resync_period,
                 request_timeout=cfg.request_timeout,
@@ -159,12 +174,9 @@ class Handler:
         self._term_threads: list[threading.Thread] = []
         self._busy = 0
         self.handled = 0
-        self.feedback: Feedback | None = None
-        if cfg.placement_feedback:
-            from execwatch.placement.observed import Feedback, FeedbackConfig
-
-            config = FeedbackConfig(own_namespace=cfg.namespace)
-            self.feedback = Feedback(self.rest, config, self.metrics.registry, wall=self.wall)
+        self.feedback: RecordHook | None = None
+        if self.hook is not None:
+            self.feedback = self.hook(self.rest, self.metrics.registry, self.wall)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -490,7 +502,7 @@ class Handler:
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}}
         with contextlib.suppress(errors.NotFoundError, errors.ConflictError):
             self.rest.call(
-                "DELETE", records_path(self.config.namespace, name), body=body, timeout=timeout
+                "DELETE", crd.records_path(self.config.namespace, name), body=body, timeout=timeout
             )
 
     def _reserve(self) -> float:

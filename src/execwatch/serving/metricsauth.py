@@ -36,8 +36,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from execwatch.httpserver import Deferred, Request, response
-from execwatch.metrics import METRICS_PATH
+from execwatch.serving.exposition import METRICS_PATH
+from execwatch.serving.http import Deferred, Request, response
 from execwatch.text import one_line
 
 log = logging.getLogger(__name__)
@@ -299,7 +299,7 @@ def tls_context(cert: str | None, key: str | None, names: list[str]) -> ssl.SSLC
         return ctx
     import datetime as dt
 
-    from execwatch.placement.certs import issue
+    from execwatch.serving.certs import issue
 
     bundle = issue(names, dt.datetime.now(dt.UTC))
     with tempfile.TemporaryDirectory(prefix="execwatch-tls-") as tmp:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from execwatch.cluster import errors
+from execwatch.kube import errors
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"

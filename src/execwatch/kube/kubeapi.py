@@ -5,19 +5,18 @@ Agent, handler and audit use lightkube, not the official `kubernetes` client: re
 the import alone), while lightkube's client, TLS and config cost ~15 MB and it covers
 what the agent needs: in-cluster config with a rotated token file, kubeconfig, a create
 of a custom resource, and a pod list + watch with a field selector (`attribution.kube`).
-The handler and the audit send plain JSON on lightkube's configuration (`cluster.rest`).
-Exceptions are translated into `cluster.errors`, which alone decides what they mean.
+The handler and the audit send plain JSON on lightkube's configuration (`kube.client`).
+Exceptions are translated into `kube.errors`, which alone decides what they mean.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 from collections.abc import Iterator
 from typing import Any
 
-from execwatch.cluster import crd, errors
+from execwatch.kube import errors
 
 
 def client(kubeconfig: str | None = None, timeout: float = 10.0) -> Any:
@@ -55,13 +54,6 @@ def client_for(server: str, ca_file: str, token: str, timeout: float = 10.0) -> 
     return Client(config_for(server, ca_file, token), timeout=httpx2.Timeout(timeout))
 
 
-@functools.cache
-def _record_resource() -> Any:
-    from lightkube.generic_resource import create_namespaced_resource
-
-    return create_namespaced_resource(crd.GROUP, crd.VERSION, crd.KIND, crd.PLURAL)
-
-
 @contextlib.contextmanager
 def translate() -> Iterator[None]:
     """lightkube's and httpx2's exceptions as `errors.ApiError` kinds (`errors.classify`);
@@ -71,15 +63,3 @@ def translate() -> Iterator[None]:
             yield
     except ValueError as exc:
         raise errors.RetryableError(0, "UndecodableAnswer", str(exc)[:256]) from None
-
-
-class RecordApi:
-    """`RecordSink` of the publisher: creates ExecFailure records."""
-
-    def __init__(self, api: Any, namespace: str) -> None:
-        self._api = api
-        self._namespace = namespace
-
-    def create(self, body: dict[str, Any]) -> None:
-        with translate():
-            self._api.create(_record_resource()(body), namespace=self._namespace)

@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from execwatch.cluster import crd, errors
-from execwatch.cluster.rest import Rest, path
-from execwatch.cluster.workqueue import WorkQueue
+from execwatch.kube import errors
+from execwatch.kube.client import Rest
+from execwatch.kube.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -36,15 +36,10 @@ class WatchMetrics(Protocol):
 MAX_EVENT = 4 * 1024 * 1024  # bytes of one watch line; a record is at most ~20 KiB
 
 
-def records_path(namespace: str, name: str | None = None) -> str:
-    parts = ("apis", crd.GROUP, crd.VERSION, "namespaces", namespace, crd.PLURAL)
-    return path(*parts, *((name,) if name else ()))
-
-
 @dataclass(frozen=True)
 class WatchConfig:
     namespace: str
-    resource: str = ""  # the list path; default: the ExecFailure records of `namespace`
+    resource: str  # the list path (crd.records_path, a pods path)
     label_selector: str = ""
     watch_timeout: int = 300  # seconds; the server ends each watch after this
     resync_period: float = 300.0
@@ -67,7 +62,7 @@ class Watcher:
 
     @property
     def _path(self) -> str:
-        return self.config.resource or records_path(self.config.namespace)
+        return self.config.resource
 
     def _query(self, **extra: str | int) -> dict[str, str | int]:
         selector = (

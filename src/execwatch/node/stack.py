@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from execwatch.attribution import Attributor
 from execwatch.diagnosis import FileDiagnoser
 from execwatch.diagnosis.budget import SlowMounts
-from execwatch.metrics import NodeMetrics
+from execwatch.node.metrics import NodeMetrics
 from execwatch.pipeline import (
     CountsPruner,
     Diagnoser,

@@ -2,26 +2,20 @@
 
 Kernel counts are read from the BPF maps at scrape time, so they are exact even when
 the ring buffer overflowed; user-space counters say what was delivered and diagnosed.
-Everything lives in one registry object: nothing global. `serve` is the HTTP server of
-/metrics and /healthz for trace, agent and handler alike.
+Everything lives in one registry object: nothing global.
 """
 
 from __future__ import annotations
 
 import errno as errno_mod
-import gzip
-import ssl
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from execwatch.binfmt.emulation import Emulator
-from execwatch.httpserver import BoundedServer, Deferred, Request, ServerLimits, response
 from execwatch.record import Reason, UndiagnosedCause
 
 
@@ -38,90 +32,6 @@ class EmulatorInventory(Protocol):
 
     def binfmt_emulators(self) -> tuple[Emulator, ...]: ...
     def emulated_totals(self) -> dict[str, int]: ...
-
-
-# None when healthy, else a one-line reason: see pipeline.Heartbeat.problem.
-HealthCheck = Callable[[], "str | None"]
-# The answer to a scrape that `serve()` would give if allowed, else an error answer, or a
-# Deferred one: cluster.metricsauth.MetricsAuth.answer.
-Guard = Callable[[Request, Callable[[], bytes]], "bytes | Deferred"]
-METRICS_PATH = "/metrics"  # the one path metrics are served on (and authorized for)
-
-
-@dataclass
-class ServerMetrics:
-    """Connections the metrics server closed before answering them, by why."""
-
-    registry: CollectorRegistry
-
-    def __post_init__(self) -> None:
-        self.dropped = Counter(
-            "execwatch_metrics_connections_dropped",
-            "Connections to the metrics/healthz server closed without an answer, by type "
-            "(over the connection cap, timed out, request too large).",
-            ["type"],
-            registry=self.registry,
-        )
-
-
-def serve(
-    address: tuple[str, int],
-    registry: CollectorRegistry,
-    health: HealthCheck | None = None,
-    limits: ServerLimits | None = None,
-    guard: Guard | None = None,
-    tls: ssl.SSLContext | None = None,
-    readiness: HealthCheck | None = None,
-) -> BoundedServer:
-    """Serve `registry` on /metrics in a background thread; call .shutdown() to stop.
-
-    /healthz answers 200, or with `health` 503 and its reason (the liveness probe);
-    /readyz the same with `readiness` (the readiness probe: the agent is ready once its
-    probe is loaded). Neither is guarded. Any other path is 404. With `guard`, /metrics
-    passes it (authenticated metrics); with `tls`, the port speaks HTTPS."""
-    answers = _Answers(registry, health, guard, readiness)
-    dropped = ServerMetrics(registry).dropped
-    limits = limits or ServerLimits()
-    server = BoundedServer(address, answers, limits, dropped, tls, name="metrics")
-    server.start()
-    return server
-
-
-def _check(check: HealthCheck | None, method: str) -> bytes:
-    problem = check() if check is not None else None
-    status = "503 Service Unavailable" if problem else "200 OK"
-    return response(status, "text/plain; charset=utf-8", f"{problem or 'ok'}\n".encode(), method)
-
-
-@dataclass(frozen=True)
-class _Answers:
-    registry: CollectorRegistry
-    health: HealthCheck | None
-    guard: Guard | None = None
-    readiness: HealthCheck | None = None
-
-    def __call__(self, request: Request) -> bytes | Deferred:
-        method = request.method
-        if method not in ("GET", "HEAD"):
-            return response("405 Method Not Allowed", "text/plain", b"GET or HEAD\n", method)
-        if request.path == "/healthz" and (self.health is not None or self.guard is not None):
-            return _check(self.health, method)
-        if request.path == "/readyz" and self.readiness is not None:
-            return _check(self.readiness, method)
-        if request.path != METRICS_PATH:
-            return response("404 Not Found", "text/plain", b"not found\n", method)
-        if self.guard is not None:
-            return self.guard(request, lambda: self._metrics(request))
-        return self._metrics(request)
-
-    def _metrics(self, request: Request) -> bytes:
-        method, headers = request.method, request.headers
-        encoder, content_type = choose_encoder(headers.get("accept", ""))
-        body = encoder(self.registry)
-        extra: tuple[tuple[str, str], ...] = ()
-        if "gzip" in headers.get("accept-encoding", ""):
-            body, extra = gzip.compress(body), (("Content-Encoding", "gzip"),)
-        return response("200 OK", content_type, body, method, extra)
 
 
 def errno_name(err: int) -> str:
