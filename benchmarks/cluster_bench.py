@@ -311,7 +311,7 @@ def make_records(
 ) -> None:
     """`records` records from the agent identity, over 50 pods, each a new Event series."""
     pods = [make_pod(admin, ns, f"app-5f6d7c8b9-{i:05d}") for i in range(50)]
-    sink = RecordApi(kube.lightkube(kube.node_token(*AGENT_SA, NODE)), crd.DEFAULT_NAMESPACE)
+    sink = RecordApi(kube.rest(kube.node_token(*AGENT_SA, NODE)), crd.DEFAULT_NAMESPACE)
 
     def create(i: int) -> None:
         p = pods[i % len(pods)]
@@ -449,13 +449,13 @@ AGENT_CHILD = """
 import sys, time
 from execwatch.agent import daemon
 from execwatch import crd
-from execwatch.kube import kubeapi
+from execwatch.kube.client import Rest, config_for
 from execwatch.agent.publisher import Publisher, PublisherConfig
 from execwatch.agent.records import RecordApi
 from tests.cluster.records import exec_failure
 
 url, ca, token, node, ns, pod, uid, records = sys.argv[1:]
-api = kubeapi.client_for(url, ca, token)
+api = Rest(config_for(url, ca, token))
 cache = daemon.pod_cache(node, api)
 cache.start()
 assert cache.synced.wait(30), "pod watch not synced"
@@ -518,7 +518,7 @@ def bench_crash_loop(
         handler = start_execwatch(handler_args(handler_cfg), work / "handler-crash.log")
         publisher = Publisher(
             PublisherConfig(node=NODE, aggregation_window=window),
-            RecordApi(kube.lightkube(kube.node_token(*AGENT_SA, NODE)), crd.DEFAULT_NAMESPACE),
+            RecordApi(kube.rest(kube.node_token(*AGENT_SA, NODE)), crd.DEFAULT_NAMESPACE),
         )
         try:
             wait_for(lambda: lease_holder(admin), 30, "handler lease")

@@ -311,7 +311,7 @@ def start_agents(
 ) -> list[NodeAgent]:
     def one(pod: Any) -> NodeAgent:
         node = pod["spec"]["nodeName"]
-        api = fleet.cluster.lightkube(fleet.agent_token(agents[node]))
+        api = fleet.cluster.rest(fleet.agent_token(agents[node]))
         cfg = PublisherConfig(
             node=node, aggregation_window=window, aggregation_window_max=window_max
         )
@@ -407,7 +407,7 @@ def start_up(
     Both are appended to `replicas` as they start."""
     node = fleet.nodes[0]
     pod = agents[node.name]
-    api = fleet.cluster.lightkube(fleet.agent_token(pod))
+    api = fleet.cluster.rest(fleet.agent_token(pod))
     sink = CountingRecords(api, crd.DEFAULT_NAMESPACE)
     publisher = Publisher(PublisherConfig(node=node.name), sink)
     with fleet.cluster.client() as admin:

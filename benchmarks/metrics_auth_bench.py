@@ -83,7 +83,7 @@ def main() -> int:
                 },
             ]
         )
-        agent = kube.lightkube(kube.node_token("execwatch", "execwatch-agent", "node-a"))
+        agent = kube.rest(kube.node_token("execwatch", "execwatch-agent", "node-a"))
         registry = CollectorRegistry()
         auth = MetricsAuth(agent, registry)
         tls = tls_context(None, None, ["localhost"])

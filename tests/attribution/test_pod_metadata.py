@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from typing import Any, cast
+from typing import Any
 
 import pytest
-from lightkube.resources.apps_v1 import ReplicaSet
-from lightkube.resources.core_v1 import Pod
 
 from execwatch.attribution.kube import KubernetesPodCache
 from execwatch.attribution.metadata import (
@@ -111,8 +107,8 @@ def k8s_pod(
     owner: dict[str, Any] | None = None,
     labels: dict[str, str] | None = None,
     **statuses: list[tuple[str, str, str]],
-) -> Pod:
-    """A lightkube Pod, as the API client hands it over."""
+) -> dict[str, Any]:
+    """A Pod as the API's JSON carries it."""
 
     def cs(items: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
         return [
@@ -121,49 +117,42 @@ def k8s_pod(
             for n, c, i in items
         ]  # fmt: skip
 
-    pod = cast(
-        Pod,
-        Pod.from_dict(
-            {
-                "metadata": {
-                    "uid": uid,
-                    "name": name,
-                    "namespace": "shop",
-                    "labels": labels or {},
-                    "ownerReferences": [owner] if owner else [],
-                },
-                "status": {
-                    "containerStatuses": cs(statuses.get("regular", [])),
-                    "initContainerStatuses": cs(statuses.get("init", [])),
-                    "ephemeralContainerStatuses": cs(statuses.get("ephemeral", [])),
-                },
-            }
-        ),
-    )
-    return pod
+    return {
+        "metadata": {
+            "uid": uid,
+            "name": name,
+            "namespace": "shop",
+            "labels": labels or {},
+            "ownerReferences": [owner] if owner else [],
+        },
+        "status": {
+            "containerStatuses": cs(statuses.get("regular", [])),
+            "initContainerStatuses": cs(statuses.get("init", [])),
+            "ephemeralContainerStatuses": cs(statuses.get("ephemeral", [])),
+        },
+    }
 
 
-class FakeApi:
-    """The calls of lightkube's Client the cache makes: get of owners, list + watch of pods."""
+class FakeRest:
+    """The one call of the client the cache makes itself: a GET of a ReplicaSet or Job
+    (the list + watch is kube.watch's, against the real API server in
+    tests/cluster/test_end_to_end.py)."""
 
     def __init__(self, owners: dict[str, dict[str, Any] | None] | None = None) -> None:
-        self.owners, self.calls = owners or {}, 0
+        self.owners, self.paths = owners or {}, list[str]()
 
-    def get(self, resource: type[Any], name: str, namespace: str) -> Any:
-        self.calls += 1
+    def call(self, method: str, path: str, **_: Any) -> dict[str, Any]:
+        self.paths.append(f"{method} {path}")
+        name = path.rsplit("/", 1)[1]
         parent = self.owners[name]
-        meta = {"name": name, "namespace": namespace, "ownerReferences": [parent] if parent else []}
-        spec: dict[str, Any] = (
-            {"selector": {}, "template": {}} if resource is ReplicaSet else {"template": {}}
-        )
-        return resource.from_dict({"metadata": meta, "spec": spec})
+        return {"metadata": {"name": name, "ownerReferences": [parent] if parent else []}}
 
 
 def test_the_pod_cache_knows_container_roles_owners_and_remembers_deleted_pods() -> None:
-    api = FakeApi(
+    api = FakeRest(
         {"web-7d4b9c8f5": ref("Deployment", "web"), "report-28930110": ref("CronJob", "report")}
     )
-    cache = KubernetesPodCache("node-1", api=api)
+    cache = KubernetesPodCache("node-1", rest=api)
     web = k8s_pod(
         "u1",
         "web-7d4b9c8f5-x2x9q",
@@ -187,7 +176,10 @@ def test_the_pod_cache_knows_container_roles_owners_and_remembers_deleted_pods()
     assert got.containers["a" * 64].image == "shop/web:3"
     job_meta = cache.pod("u2")
     assert job_meta is not None and job_meta.workload == Workload("CronJob", "report")
-    assert api.calls == 2  # each owner (ReplicaSet, Job) read once, then cached
+    assert api.paths == [  # each owner read once, then cached
+        "GET /apis/apps/v1/namespaces/shop/replicasets/web-7d4b9c8f5",
+        "GET /apis/batch/v1/namespaces/shop/jobs/report-28930110",
+    ]
 
     cache.apply("DELETED", web)
     gone = cache.pod("u1")
@@ -197,7 +189,7 @@ def test_the_pod_cache_knows_container_roles_owners_and_remembers_deleted_pods()
 
 
 def test_tombstones_are_bounded() -> None:
-    cache = KubernetesPodCache("node-1", api=FakeApi(), tombstones=10)
+    cache = KubernetesPodCache("node-1", rest=FakeRest(), tombstones=10)
     for i in range(100):
         pod = k8s_pod(f"u{i}", f"p{i}")
         cache.apply("ADDED", pod)
@@ -207,38 +199,20 @@ def test_tombstones_are_bounded() -> None:
     assert len(cache._tombstones) == 10
 
 
-def test_the_cache_lists_then_watches_this_nodes_pods_only() -> None:
-    selectors: list[dict[str, str]] = []
-    listed = k8s_pod("u1", "a")
-    added = k8s_pod("u2", "b")
-    done, release = threading.Event(), threading.Event()
-
-    class Listing(list[Pod]):
-        resourceVersion = "7"
-
-    class Api(FakeApi):
-        def list(self, resource: type[Any], namespace: str, fields: dict[str, str]) -> Listing:
-            assert resource is Pod and namespace == "*"
-            selectors.append(fields)
-            return Listing([listed])
-
-        def watch(self, resource: type[Any], **kwargs: Any) -> Iterator[tuple[str, Pod]]:
-            assert kwargs["resource_version"] == "7"
-            selectors.append(kwargs["fields"])
-            yield "ADDED", added
-            yield "DELETED", listed
-            done.set()
-            release.wait(5)
-
-    cache = KubernetesPodCache("node-7", api=Api(), retry_delay=0.01)
-    cache.start()
-    try:
-        assert done.wait(5)
-        assert cache.synced.is_set()
-        assert selectors == [{"spec.nodeName": "node-7"}] * 2
-        b, a = cache.pod("u2"), cache.pod("u1")
-        assert b is not None and not b.deleted
-        assert a is not None and a.deleted
-    finally:
-        release.set()
-        cache.close()
+def test_a_full_listing_buries_the_pods_it_no_longer_names() -> None:
+    """The watch's sink: a relist (after a 410 or a resync) is a full snapshot."""
+    cache = KubernetesPodCache("node-7", rest=FakeRest())
+    cache.listing()
+    cache.upsert(k8s_pod("u1", "a"))
+    cache.upsert(k8s_pod("u2", "b"))
+    assert cache.pod("u1") is None and not cache.synced.is_set()  # not until it is whole
+    cache.listed()
+    assert cache.synced.is_set()
+    cache.upsert(k8s_pod("u3", "c"))  # a watch event
+    cache.delete(k8s_pod("u2", "b"))
+    cache.listing()
+    cache.upsert(k8s_pod("u3", "c"))
+    cache.listed()
+    a, b, c = cache.pod("u1"), cache.pod("u2"), cache.pod("u3")
+    assert a is not None and a.deleted and b is not None and b.deleted
+    assert c is not None and not c.deleted

@@ -22,7 +22,7 @@ from tests.kube.fixtures import (
     AGENT_NODE,
     admin,
     agent_api,
-    agent_lightkube,
+    agent_rest,
     handler_api,
     handler_kube,
     kube,
@@ -32,7 +32,7 @@ from tests.support.wait import wait_until
 __all__ = [
     "admin",
     "agent_api",
-    "agent_lightkube",
+    "agent_rest",
     "handler_api",
     "handler_kube",
     "kube",

@@ -43,7 +43,7 @@ def runc(tmp_path: Path) -> Iterator[Runc]:
 def test_an_early_death_in_a_container_ends_in_an_event_with_its_reason(
     death: Death,
     admin: client.ApiClient,
-    agent_lightkube: Any,
+    agent_rest: Any,
     make_pod: PodFactory,
     namespace: str,
     start_handler: Callable[..., Handler],
@@ -57,7 +57,7 @@ def test_an_early_death_in_a_container_ends_in_an_event_with_its_reason(
     cgroup = KubeletCgroup("systemd", "besteffort", pod["metadata"]["uid"], container_id)
     handler = start_handler()
     try:
-        with running_agent(agent_lightkube):
+        with running_agent(agent_rest):
             name = runc.start_detached(cgroup, KEEPALIVE, rootfs=root)
             assert runc.exec(name, list(death.argv)) == death.exit_status
             if not death.shown:

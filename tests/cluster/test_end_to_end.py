@@ -62,16 +62,16 @@ def runc(tmp_path: Path) -> Iterator[Runc]:
 
 
 @contextlib.contextmanager
-def running_agent(agent_lightkube: Any) -> Iterator[None]:
+def running_agent(agent_rest: Any) -> Iterator[None]:
     """The node agent as the DaemonSet runs it (probe, diagnosis, attribution with the
     node-scoped pod watch, publisher with the agent's token), started and ready."""
     registry = CollectorRegistry()
     publisher = Publisher(
         PublisherConfig(node=NODE, aggregation_window=3.0),
-        RecordApi(agent_lightkube, crd.DEFAULT_NAMESPACE),
+        RecordApi(agent_rest, crd.DEFAULT_NAMESPACE),
         PublisherMetrics(registry=registry),
     )
-    pods = daemon.pod_cache(NODE, agent_lightkube)
+    pods = daemon.pod_cache(NODE, agent_rest)
     attributor = Attributor(containers=CriContainers(sockets=[]), pods=pods)
     stop, ready = threading.Event(), threading.Event()
     loop = threading.Thread(
@@ -97,7 +97,7 @@ def running_agent(agent_lightkube: Any) -> Iterator[None]:
 
 def test_a_foreign_binary_failing_in_a_runc_container_ends_in_one_event_a_label_a_metric(
     admin: client.ApiClient,
-    agent_lightkube: Any,
+    agent_rest: Any,
     make_pod: PodFactory,
     namespace: str,
     start_handler: Callable[..., Handler],
@@ -109,7 +109,7 @@ def test_a_foreign_binary_failing_in_a_runc_container_ends_in_one_event_a_label_
     cgroup = KubeletCgroup("systemd", "besteffort", pod["metadata"]["uid"], container_id)
     handler = start_handler()
     try:
-        with running_agent(agent_lightkube):
+        with running_agent(agent_rest):
             # The container keeps running (its root stays readable for the diagnosis) while
             # its command fails to start again and again, as a liveness/exec probe or a
             # supervisor inside the container would.

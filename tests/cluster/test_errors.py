@@ -1,5 +1,5 @@
-"""The API error taxonomy: what each answer (or its absence) means for the caller, whichever
-client raised it (httpx2 and lightkube for execwatch, the official client for placement)."""
+"""The API error taxonomy: what each answer (or its absence) means for the caller, as the
+one client (`kube.client.Rest`, on httpx2) meets it."""
 
 from __future__ import annotations
 
@@ -8,21 +8,22 @@ from typing import Any
 
 import httpx2
 import pytest
-from kubernetes.client.exceptions import ApiException
-from lightkube import ApiError as LightkubeApiError
-from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
 from execwatch.kube import errors
+
+
+def httpx_answer(status: int, body: bytes, headers: dict[str, str] | None = None) -> Any:
+    request = httpx2.Request("DELETE", "https://api.test/apis/x")
+    return httpx2.Response(status, content=body, headers=headers, request=request)
 
 
 def api_exception(
     status: int, message: str = "", headers: dict[str, str] | None = None
 ) -> Exception:
-    exc = ApiException(status=status, reason="R")
-    exc.body = json.dumps({"kind": "Status", "reason": "Because", "message": message}).encode()
-    exc.headers = headers or {}
-    result: Exception = exc
-    return result
+    """An answer with an error status and a Status body, as httpx2 raises it."""
+    body = json.dumps({"kind": "Status", "reason": "Because", "message": message}).encode()
+    answer = httpx_answer(status, body, headers)
+    return httpx2.HTTPStatusError(str(status), request=answer.request, response=answer)
 
 
 @pytest.mark.parametrize(
@@ -84,8 +85,6 @@ def test_the_quota_admissions_lost_race_is_retryable_other_409s_are_conflicts() 
         ConnectionResetError(),
         OSError("No route to host"),
         TimeoutError(),
-        ProtocolError("Connection aborted.", ConnectionResetError()),
-        ReadTimeoutError(None, "/x", "read timed out"),  # type: ignore[arg-type]
     ],
 )
 def test_no_answer_is_retryable_and_may_have_acted(exc: Exception) -> None:
@@ -118,15 +117,9 @@ def test_translate_turns_client_errors_into_kinds_and_lets_bugs_through() -> Non
 
 
 def test_a_non_status_body_still_classifies() -> None:
-    exc = ApiException(status=502, reason="Bad Gateway")
-    exc.body = b"<html>proxy</html>"
-    err = errors.classify(exc)
+    answer = httpx_answer(502, b"<html>proxy</html>")
+    err = errors.classify(httpx2.HTTPStatusError("502", request=answer.request, response=answer))
     assert isinstance(err, errors.RetryableError) and err.reason == "Bad Gateway"
-
-
-def httpx_answer(status: int, body: bytes, headers: dict[str, str] | None = None) -> Any:
-    request = httpx2.Request("DELETE", "https://api.test/apis/x")
-    return httpx2.Response(status, content=body, headers=headers, request=request)
 
 
 @pytest.mark.parametrize(
@@ -145,11 +138,11 @@ def test_no_answer_on_the_httpx2_transport_is_retryable_and_may_have_acted(
     assert isinstance(err, errors.RetryableError) and err.status == 0 and err.may_have_acted
 
 
-def test_lightkube_errors_classify_by_their_status_body() -> None:
+def test_an_error_answer_classifies_by_its_status_body() -> None:
     body = json.dumps({"kind": "Status", "reason": "NotFound", "message": "gone"}).encode()
     answer = httpx_answer(404, body)
     with pytest.raises(errors.NotFoundError) as err, errors.translate():
-        raise LightkubeApiError(request=answer.request, response=answer)
+        raise httpx2.HTTPStatusError("404", request=answer.request, response=answer)
     assert (err.value.status, err.value.reason, err.value.message) == (404, "NotFound", "gone")
 
 

@@ -24,8 +24,7 @@ from execwatch import crd
 from execwatch.agent.publisher import Publisher, PublisherConfig
 from execwatch.agent.records import RecordApi
 from execwatch.handler.controller import Handler, HandlerConfig
-from execwatch.kube import kubeapi
-from execwatch.kube.client import Rest
+from execwatch.kube.client import Rest, config_for
 from tests.cluster.conftest import NODE, PodFactory, list_records
 from tests.cluster.records import exec_failure
 from tests.cluster.test_handler import events_of, failures_total, sample
@@ -50,7 +49,7 @@ def proxy(kube: KubeCluster) -> Iterator[FaultProxy]:
 
 def via(kube: KubeCluster, proxy: FaultProxy, token: str) -> Any:
     """The handler's configuration, through the fault proxy."""
-    return kube.lightkube_config(token, server=proxy.url)
+    return kube.client_config(token, server=proxy.url)
 
 
 def sum_samples(handlers: list[Handler], name: str, **labels: str) -> float:
@@ -98,7 +97,7 @@ def test_counts_are_exact_through_injected_faults_and_leader_changes(
             backoff_max=0.5,
         ),
         RecordApi(  # the agent's own client, through the proxy
-            kubeapi.client_for(proxy.url, str(kube.ca), agent_token, timeout=5.0),
+            Rest(config_for(proxy.url, str(kube.ca), agent_token), timeout=5.0),
             crd.DEFAULT_NAMESPACE,
         ),
     )
@@ -333,7 +332,7 @@ def test_the_api_servers_own_429s_never_stop_the_publisher(
         PublisherConfig(node=NODE, aggregation_window=0.2, rate=500, burst=200,
                         backoff_initial=0.05, backoff_max=0.5),
         RecordApi(
-            kubeapi.client_for(proxy.url, str(kube.ca), kube.node_token(*AGENT_SA, NODE)),
+            Rest(config_for(proxy.url, str(kube.ca), kube.node_token(*AGENT_SA, NODE))),
             crd.DEFAULT_NAMESPACE,
         ),
     )  # fmt: skip

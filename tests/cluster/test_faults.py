@@ -151,7 +151,7 @@ def test_an_api_server_restart_under_a_live_watch_loses_nothing(
     publisher = Publisher(
         PublisherConfig(node=NODE, aggregation_window=3600, backoff_initial=0.2, backoff_max=1.0),
         RecordApi(
-            kube.lightkube(kube.node_token(*AGENT_SA, NODE), timeout=2.0),
+            kube.rest(kube.node_token(*AGENT_SA, NODE), timeout=2.0),
             crd.DEFAULT_NAMESPACE,
         ),
     )

@@ -463,7 +463,7 @@ def test_records_naming_namespaces_the_handler_cannot_see_are_invalid(
     )
     handler = Handler(
         HandlerConfig(identity="scoped", lease_duration=4.0, renew_deadline=3.0, retry_period=0.5),
-        kube.lightkube_config(kube.service_account_token(crd.DEFAULT_NAMESPACE, sa)),
+        kube.client_config(kube.service_account_token(crd.DEFAULT_NAMESPACE, sa)),
     )
     handler.start()
     try:

@@ -1,7 +1,7 @@
 """Authenticated metrics (`--metrics-auth`) against a real API server.
 
 The metrics server is the real `execwatch.node.metrics.serve` over TLS, guarded by
-`serving.metricsauth.MetricsAuth`, whose reviews go through the agent's lightkube client
+`serving.metricsauth.MetricsAuth`, whose reviews go through the agent's client (`kube.client.Rest`)
 with the agent's own ServiceAccount token: the RBAC of deploy/base/optional/metrics-auth.yaml
 is what lets it ask. Scrapers are real ServiceAccounts with real tokens.
 """
@@ -28,7 +28,7 @@ from cryptography import x509
 from kubernetes import client
 from prometheus_client import CollectorRegistry, Counter
 
-from execwatch.kube import kubeapi
+from execwatch.kube.client import Rest, config_for
 from execwatch.serving.certs import issue
 from execwatch.serving.exposition import serve
 from execwatch.serving.http import BoundedServer
@@ -161,7 +161,7 @@ def agent_token(kube: KubeCluster) -> str:
 
 @pytest.fixture
 def served(kube: KubeCluster, rbac: dict[str, str], agent_token: str, start: Any) -> Served:
-    served: Served = start(kube.lightkube(agent_token))
+    served: Served = start(kube.rest(agent_token))
     return served
 
 
@@ -233,7 +233,7 @@ def test_repeated_scrapes_make_one_review(
     proxy = FaultProxy(kube.port, pki / "serving.crt", pki / "serving.key", kube.ca, rate=0.0)
     proxy.start()
     try:
-        served = start(kubeapi.client_for(proxy.url, str(kube.ca), agent_token))
+        served = start(Rest(config_for(proxy.url, str(kube.ca), agent_token)))
         for _ in range(5):
             assert served.scraper.get(token=rbac["prometheus"])[0] == 200
         assert proxy.requests == 2
@@ -256,7 +256,7 @@ def test_repeated_scrapes_make_one_review(
 def test_a_denial_expires_with_its_ttl_once_the_scraper_is_bound(
     kube: KubeCluster, rbac: dict[str, str], agent_token: str, start: Any
 ) -> None:
-    served = start(kube.lightkube(agent_token), AuthConfig(budget=2.0, deny_ttl=0.5))
+    served = start(kube.rest(agent_token), AuthConfig(budget=2.0, deny_ttl=0.5))
     assert served.scraper.get(token=rbac["latecomer"])[0] == 403
     bind(kube, "latecomer")
     wait_until(lambda: served.scraper.get(token=rbac["latecomer"])[0] == 200, timeout=15)
@@ -270,7 +270,7 @@ def test_an_api_server_that_never_answers_gives_503_within_the_budget(
     with closing(socket.create_server(("127.0.0.1", 0))) as silent:
         url = f"https://127.0.0.1:{silent.getsockname()[1]}"
         served = start(
-            kubeapi.client_for(url, str(kube.ca), agent_token, timeout=1.0),
+            Rest(config_for(url, str(kube.ca), agent_token), timeout=1.0),
             AuthConfig(budget=1.0, max_inflight=2),
         )
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
@@ -294,7 +294,7 @@ def test_every_review_slot_taken_gives_503_at_once(
     with closing(socket.create_server(("127.0.0.1", 0))) as silent:
         url = f"https://127.0.0.1:{silent.getsockname()[1]}"
         served = start(
-            kubeapi.client_for(url, str(kube.ca), agent_token, timeout=2.0),
+            Rest(config_for(url, str(kube.ca), agent_token), timeout=2.0),
             AuthConfig(budget=2.0, max_inflight=1),
         )
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -316,7 +316,7 @@ def test_a_stopped_api_server_gives_503_counted_as_an_error(
     pki = kube.workdir / "pki"
     proxy = FaultProxy(kube.port, pki / "serving.crt", pki / "serving.key", kube.ca, rate=0.0)
     proxy.start()
-    served = start(kubeapi.client_for(proxy.url, str(kube.ca), agent_token))
+    served = start(Rest(config_for(proxy.url, str(kube.ca), agent_token)))
     assert served.scraper.get(token=rbac["prometheus"])[0] == 200
     proxy.stop()
     began = time.monotonic()

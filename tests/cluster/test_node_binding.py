@@ -43,7 +43,7 @@ def record(node: str) -> dict[str, object]:
 @pytest.fixture
 def agents(kube: KubeCluster) -> Iterator[dict[str, RecordApi]]:
     """An agent on each node, with its own pod-bound token and its own client."""
-    apis = {node: kube.lightkube(kube.node_token(*AGENT_SA, node)) for node in NODES}
+    apis = {node: kube.rest(kube.node_token(*AGENT_SA, node)) for node in NODES}
     yield {node: RecordApi(api, crd.DEFAULT_NAMESPACE) for node, api in apis.items()}
     for api in apis.values():
         api.close()
@@ -79,7 +79,7 @@ def test_a_token_not_bound_to_a_pod_cannot_create_records(
 ) -> None:
     """A plain ServiceAccount token (not minted for an agent pod) names no node."""
     wait_until(lambda: refused(agents["node-east"], record("node-west")) is not None, timeout=15)
-    with kube.lightkube(kube.service_account_token(*AGENT_SA)) as api:
+    with kube.rest(kube.service_account_token(*AGENT_SA)) as api:
         err = refused(RecordApi(api, crd.DEFAULT_NAMESPACE), record("node-east"))
     assert err is not None and err.status == 403
     assert list_records(admin) == []
@@ -91,7 +91,7 @@ def test_a_token_outlives_its_pod_only_until_the_pod_is_gone(
     """Deleting the agent pod invalidates its bound token: a stolen token of a deleted
     agent pod is refused by authentication before admission."""
     node = f"node-{uuid.uuid4().hex[:6]}"
-    with kube.lightkube(kube.node_token(*AGENT_SA, node)) as api:
+    with kube.rest(kube.node_token(*AGENT_SA, node)) as api:
         sink = RecordApi(api, crd.DEFAULT_NAMESPACE)
         sink.create(record(node))
         client.CoreV1Api(admin).delete_namespaced_pod(

@@ -550,9 +550,9 @@ def test_without_a_handover_the_next_agent_publishes_all_it_saw(
 
 
 def test_records_reach_the_api_server_with_the_agents_credentials(
-    agent_lightkube: Any, admin: client.ApiClient, make_publisher: Any
+    agent_rest: Any, admin: client.ApiClient, make_publisher: Any
 ) -> None:
-    p = make_publisher(RecordApi(agent_lightkube, crd.DEFAULT_NAMESPACE), aggregation_window=0.5)
+    p = make_publisher(RecordApi(agent_rest, crd.DEFAULT_NAMESPACE), aggregation_window=0.5)
     p.submit(exec_failure(pod_name="web-0", namespace="shop", pod_uid="u1"))
     wait_until(lambda: list_records(admin), timeout=5)
     for _ in range(49):
@@ -563,13 +563,13 @@ def test_records_reach_the_api_server_with_the_agents_credentials(
 
 
 def test_a_steady_repeat_makes_one_create_per_growing_window_on_the_api_server(
-    agent_lightkube: Any, admin: client.ApiClient, make_publisher: Any
+    agent_rest: Any, admin: client.ApiClient, make_publisher: Any
 ) -> None:
     """A failure every 0.1 s for 9 s, windows from 1 s doubling up to 4 s: creates at 0
     (the first failure), 1, 3 and 7 s, and the rest when the publisher stops: 5 records
     (a fixed 1-s window would make 10), every failure counted once."""
     p = make_publisher(
-        RecordApi(agent_lightkube, crd.DEFAULT_NAMESPACE),
+        RecordApi(agent_rest, crd.DEFAULT_NAMESPACE),
         aggregation_window=1.0,
         aggregation_window_max=4.0,
     )
@@ -591,7 +591,7 @@ def test_a_steady_repeat_makes_one_create_per_growing_window_on_the_api_server(
 def test_an_api_server_outage_loses_nothing_within_the_spool(
     kube: KubeCluster, admin: client.ApiClient, make_publisher: Any
 ) -> None:
-    agent = kube.lightkube(kube.node_token(*AGENT_SA, NODE), timeout=2.0)
+    agent = kube.rest(kube.node_token(*AGENT_SA, NODE), timeout=2.0)
     p = make_publisher(
         RecordApi(agent, crd.DEFAULT_NAMESPACE), backoff_initial=0.2, backoff_max=1.0
     )
@@ -611,11 +611,11 @@ def test_an_api_server_outage_loses_nothing_within_the_spool(
 
 
 def test_a_full_quota_keeps_records_spooled_until_there_is_room(
-    agent_lightkube: Any, admin: client.ApiClient, make_publisher: Any
+    agent_rest: Any, admin: client.ApiClient, make_publisher: Any
 ) -> None:
     set_quota_usage(admin, 5000)
     try:
-        p = make_publisher(RecordApi(agent_lightkube, crd.DEFAULT_NAMESPACE))
+        p = make_publisher(RecordApi(agent_rest, crd.DEFAULT_NAMESPACE))
         p.submit(exec_failure(pod_name="a", namespace="n", count=2))
         wait_until(
             lambda: sample(p.metrics, "execwatch_publisher_api_errors_total", code="403"), timeout=5
@@ -668,10 +668,10 @@ def poison_webhook(admin: client.ApiClient) -> Iterator[str]:
 
 
 def test_a_record_the_api_server_fails_forever_does_not_delay_healthy_ones(
-    agent_lightkube: Any, admin: client.ApiClient, make_publisher: Any, poison_webhook: str
+    agent_rest: Any, admin: client.ApiClient, make_publisher: Any, poison_webhook: str
 ) -> None:
     p = make_publisher(
-        RecordApi(agent_lightkube, crd.DEFAULT_NAMESPACE), backoff_initial=0.5, backoff_max=30.0
+        RecordApi(agent_rest, crd.DEFAULT_NAMESPACE), backoff_initial=0.5, backoff_max=30.0
     )
     p.submit(exec_failure(pod_name="bad", namespace="n", path=poison_webhook, count=5))
     wait_until(

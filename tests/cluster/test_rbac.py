@@ -39,16 +39,16 @@ def denied(call: Callable[[], Any]) -> int:
 
 
 def test_agent_can_create_records_in_the_execwatch_namespace(
-    agent_lightkube: Any, admin: client.ApiClient
+    agent_rest: Any, admin: client.ApiClient
 ) -> None:
-    RecordApi(agent_lightkube, crd.DEFAULT_NAMESPACE).create(_record("rbac-ok"))
+    RecordApi(agent_rest, crd.DEFAULT_NAMESPACE).create(_record("rbac-ok"))
     assert [r["metadata"]["name"] for r in list_records(admin)] == ["rbac-ok"]
 
 
 def test_agent_cannot_read_change_or_delete_records(
-    agent_api: client.ApiClient, agent_lightkube: Any, admin: client.ApiClient
+    agent_api: client.ApiClient, agent_rest: Any, admin: client.ApiClient
 ) -> None:
-    RecordApi(agent_lightkube, crd.DEFAULT_NAMESPACE).create(_record("rbac-one"))
+    RecordApi(agent_rest, crd.DEFAULT_NAMESPACE).create(_record("rbac-one"))
     custom = client.CustomObjectsApi(agent_api)
     args = (crd.GROUP, crd.VERSION, crd.DEFAULT_NAMESPACE, crd.PLURAL)
     assert denied(lambda: custom.list_namespaced_custom_object(*args)) == 403
@@ -105,11 +105,11 @@ def test_agent_cannot_touch_pods_events_or_secrets(
 
 def test_handler_can_consume_records_and_act_on_pods(
     handler_api: client.ApiClient,
-    agent_lightkube: Any,
+    agent_rest: Any,
     make_pod: PodFactory,
     namespace: str,
 ) -> None:
-    RecordApi(agent_lightkube, crd.DEFAULT_NAMESPACE).create(_record("rbac-h"))
+    RecordApi(agent_rest, crd.DEFAULT_NAMESPACE).create(_record("rbac-h"))
     custom = client.CustomObjectsApi(handler_api)
     args = (crd.GROUP, crd.VERSION, crd.DEFAULT_NAMESPACE, crd.PLURAL)
     assert [

@@ -377,7 +377,7 @@ def in_pod(failure: ExecFailure, pod: client.V1Pod) -> ExecFailure:
 
 def publish(kube: KubeCluster, failures: list[ExecFailure]) -> None:
     """The agent's publisher, with the agent ServiceAccount's token."""
-    with kube.lightkube(kube.node_token("execwatch", "execwatch-agent", NODE)) as api:
+    with kube.rest(kube.node_token("execwatch", "execwatch-agent", NODE)) as api:
         publisher = Publisher(
             PublisherConfig(node=NODE, namespace="execwatch"), RecordApi(api, "execwatch")
         )

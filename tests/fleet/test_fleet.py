@@ -100,7 +100,7 @@ def start_handler(fleet: AgentFleet, identity: str) -> Handler:
     h = Handler(
         HandlerConfig(identity=identity, lease_duration=4.0, renew_deadline=3.0,
                       retry_period=0.5, retry_initial=0.2, retry_max=2.0),
-        cluster.lightkube_config(cluster.service_account_token(*HANDLER_SA)),
+        cluster.client_config(cluster.service_account_token(*HANDLER_SA)),
         HandlerMetrics(),
     )  # fmt: skip
     h.start()
@@ -150,7 +150,7 @@ class Agent:
 
 
 def agent(fleet: AgentFleet, node: str, speaks_for: str | None = None, **config: Any) -> Agent:
-    api = fleet.fleet.cluster.lightkube(fleet.fleet.agent_token(fleet.agents[node]))
+    api = fleet.fleet.cluster.rest(fleet.fleet.agent_token(fleet.agents[node]))
     cfg = PublisherConfig(node=speaks_for or node, backoff_initial=0.05, backoff_max=0.5, **config)
     sink = CountingRecords(api, crd.DEFAULT_NAMESPACE)
     publisher = Publisher(cfg, sink)

@@ -31,6 +31,8 @@ import yaml
 from kubernetes import client, dynamic
 from kubernetes.client.exceptions import ApiException
 
+from execwatch.kube.client import Rest
+
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "deploy" / "base"
 ADMIN_TOKEN = "execwatch-test-admin-token"
@@ -329,17 +331,16 @@ class KubeCluster:
     def client(self, token: str = ADMIN_TOKEN) -> client.ApiClient:
         return client.ApiClient(self.config(token))
 
-    def lightkube_config(self, token: str, server: str | None = None) -> Any:
-        """lightkube's KubeConfig for `token`: what the handler takes (`kube.client`)."""
-        from execwatch.kube import kubeapi
+    def client_config(self, token: str, server: str | None = None) -> Any:
+        """The configuration execwatch's client takes (`kube.client.config_for`) for `token`."""
+        from execwatch.kube.client import config_for
 
-        return kubeapi.config_for(server or self.url, str(self.ca), token)
+        return config_for(server or self.url, str(self.ca), token)
 
-    def lightkube(self, token: str, timeout: float = 10.0) -> Any:
-        """A lightkube Client for `token`: the agent's own API client (kube.kubeapi)."""
-        from execwatch.kube import kubeapi
-
-        return kubeapi.client_for(self.url, str(self.ca), token, timeout)
+    def rest(self, token: str, timeout: float = 10.0) -> Rest:
+        """execwatch's own client (`kube.client.Rest`) as `token`: what the agent, handler
+        and placement run."""
+        return Rest(self.client_config(token), timeout=timeout)
 
     def service_account_token(self, namespace: str, name: str, seconds: int = 3600) -> str:
         """A real ServiceAccount token from the TokenRequest API."""

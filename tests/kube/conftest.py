@@ -1,5 +1,5 @@
 """Fixtures for tests that need a real API server; see fixtures.py."""
 
-from tests.kube.fixtures import admin, agent_api, agent_lightkube, handler_api, handler_kube, kube
+from tests.kube.fixtures import admin, agent_api, agent_rest, handler_api, handler_kube, kube
 
-__all__ = ["admin", "agent_api", "agent_lightkube", "handler_api", "handler_kube", "kube"]
+__all__ = ["admin", "agent_api", "agent_rest", "handler_api", "handler_kube", "kube"]

@@ -60,14 +60,14 @@ def handler_api(kube: KubeCluster) -> Iterator[client.ApiClient]:
 
 @pytest.fixture
 def handler_kube(kube: KubeCluster) -> Any:
-    """The handler's own configuration (lightkube's KubeConfig, `kube.client`) for the
+    """The handler's own configuration (`kube.client.config_for`) for the
     handler's ServiceAccount, as `handler_api`."""
-    return kube.lightkube_config(kube.service_account_token(*HANDLER_SA))
+    return kube.client_config(kube.service_account_token(*HANDLER_SA))
 
 
 @pytest.fixture
-def agent_lightkube(kube: KubeCluster) -> Iterator[Any]:
-    """The agent's own client (lightkube, `kube.kubeapi`) with the token of an agent pod
+def agent_rest(kube: KubeCluster) -> Iterator[Any]:
+    """The agent's own client (`kube.client.Rest`) with the token of an agent pod
     on AGENT_NODE, as `agent_api`."""
-    with kube.lightkube(kube.node_token(*AGENT_SA, AGENT_NODE)) as api:
+    with kube.rest(kube.node_token(*AGENT_SA, AGENT_NODE)) as api:
         yield api

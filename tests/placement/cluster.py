@@ -9,8 +9,7 @@ from typing import Any
 
 from kubernetes import client
 
-from execwatch.kube import kubeapi
-from execwatch.kube.client import Rest
+from execwatch.kube.client import Rest, config_for
 from execwatch.placement.webhook import MODE_LABEL
 
 OWN_NAMESPACE = "execwatch"
@@ -64,11 +63,11 @@ def _webhook(kind: str, url: str, bundle: dict[str, str], modes: list[str]) -> d
 
 
 def rest_for(api: client.ApiClient) -> Rest:
-    """Placement's own client (`kube.client` on lightkube's configuration) with the same
+    """Placement's own client (`kube.client.Rest`) with the same
     server, CA and bearer token as the tests' official client `api`."""
     cfg = api.configuration
     token = str(cfg.api_key["authorization"]).removeprefix("Bearer ")
-    return Rest(kubeapi.config_for(str(cfg.host), str(cfg.ssl_ca_cert), token))
+    return Rest(config_for(str(cfg.host), str(cfg.ssl_ca_cert), token))
 
 
 def namespace(api: client.ApiClient, mode: str | None, prefix: str = "team") -> str:

@@ -1,7 +1,7 @@
 """The placement tests run against the real API server of tests/kube, with the gate
 webhook served from this process on loopback behind TLS and registered with a
 MutatingWebhookConfiguration as the chart registers it. The code under test talks to the
-API server with its own client (`kube.client` on lightkube's configuration: `rest`);
+API server with its own client (`kube.client.Rest`: `rest`);
 the tests read and write with the official client (`admin`), their independent oracle."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ __all__ = ["admin", "built", "host_glibc", "host_musl", "kube", "pushed", "regis
 @pytest.fixture
 def rest(kube: KubeCluster) -> Iterator[Rest]:
     """Placement's own client, with the tests' admin credentials."""
-    with Rest(kube.lightkube_config(ADMIN_TOKEN)) as made:
+    with Rest(kube.client_config(ADMIN_TOKEN)) as made:
         yield made
 
 

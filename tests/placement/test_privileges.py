@@ -171,7 +171,7 @@ def secret_in(admin: client.ApiClient, ns: str) -> str:
 
 
 def access(kube: KubeCluster, token: str) -> tuple[NamespaceAccess, Rest]:
-    rest = Rest(kube.lightkube_config(token))
+    rest = Rest(kube.client_config(token))
     return NamespaceAccess(rest, ROLE, NS, NAME), rest
 
 

@@ -24,7 +24,7 @@ from tests.support.wait import wait_until
 
 
 def controller(kube: KubeCluster, identity: str, source: Scripted) -> PlacementController:
-    rest = Rest(kube.lightkube_config(ADMIN_TOKEN))
+    rest = Rest(kube.client_config(ADMIN_TOKEN))
     placer = Placer(rest, source, lambda: ("amd64", "arm64"), Seen())
     errors = Counter("e", "e", ["verb", "code"], registry=CollectorRegistry())
     lease = LeaseConfig(

@@ -134,11 +134,11 @@ def _agent(
     from execwatch.agent.records import RecordApi
     from execwatch.agent.spool import Spool, SpoolError
     from execwatch.attribution import Attributor
-    from execwatch.kube import kubeapi
+    from execwatch.kube.client import Rest, load_config
     from execwatch.probe import ProbeError
 
     try:
-        api = kubeapi.client(args.kubeconfig)
+        api = Rest(load_config(args.kubeconfig), pool=4)
         spool = Spool(Path(args.spool_dir), args.spool_owner) if args.spool_dir else None
     except SpoolError as exc:
         return refused(f"{exc} (--spool-dir '' keeps it in memory)")
@@ -159,7 +159,7 @@ def _agent(
         PublisherMetrics(registry=registry),
         spool=spool,
     )
-    pods = daemon.pod_cache(args.node, api) if args.pod_metadata == "api" else None
+    pods = daemon.pod_cache(args.node, api, registry) if args.pod_metadata == "api" else None
     publisher.start()  # replays the spool before the probe starts
     handover = None
     try:

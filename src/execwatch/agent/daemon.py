@@ -20,15 +20,15 @@ log = logging.getLogger(__name__)
 NODE_WINDOW_S = 1.0  # a window of the consume loop: a flush, and a kernel fold epoch
 
 
-def pod_cache(node: str, api: Any) -> Any:
+def pod_cache(node: str, rest: Any, registry: CollectorRegistry | None = None) -> Any:
     """A node-scoped pod watch for attribution (`--pod-metadata=api`), over the agent's
-    lightkube client (`kube.kubeapi`).
+    client (`kube.client.Rest`).
 
     Needs deploy/base/optional/agent-pod-reader.yaml: it fills pod and container names
     when the container runtime cannot (containers it does not know, already gone)."""
     from execwatch.attribution.kube import KubernetesPodCache
 
-    return KubernetesPodCache(node, api=api)
+    return KubernetesPodCache(node, rest=rest, registry=registry)
 
 
 def run(

@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from execwatch import crd
-from execwatch.kube.kubeapi import translate
-
-
-@functools.cache
-def record_resource() -> Any:
-    from lightkube.generic_resource import create_namespaced_resource
-
-    return create_namespaced_resource(crd.GROUP, crd.VERSION, crd.KIND, crd.PLURAL)
+from execwatch.kube.client import Rest
 
 
 class RecordApi:
-    """`RecordSink` of the publisher: creates ExecFailure records."""
+    """`RecordSink` of the publisher: creates ExecFailure records. Failures are
+    `kube.errors.ApiError` kinds."""
 
-    def __init__(self, api: Any, namespace: str) -> None:
-        self._api = api
-        self._namespace = namespace
+    def __init__(self, rest: Rest, namespace: str) -> None:
+        self._rest = rest
+        self._path = crd.records_path(namespace)
 
     def create(self, body: dict[str, Any]) -> None:
-        with translate():
-            self._api.create(record_resource()(body), namespace=self._namespace)
+        self._rest.call("POST", self._path, body=body)

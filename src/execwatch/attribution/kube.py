@@ -5,8 +5,8 @@ ReplicaSet and Job owners are followed one step up (to the Deployment or CronJob
 the watch thread, never on the event path. Deleted pods stay as tombstones for a
 while, so a failure seen just before a pod's deletion still gets its names.
 
-The API is lightkube's `Client` (`kube.kubeapi.client`), and the objects its models
-(camelCase attributes: `metadata.ownerReferences`, `status.containerStatuses`).
+The list + watch is `kube.watch.Watcher` on the agent's client (`kube.client.Rest`), this
+cache its sink; objects are the API's JSON.
 """
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter
 
 from execwatch.attribution.metadata import (
     ContainerMeta,
@@ -24,6 +27,9 @@ from execwatch.attribution.metadata import (
     Workload,
     workload_from_owner,
 )
+from execwatch.kube import client, errors
+from execwatch.kube.client import Rest
+from execwatch.kube.watch import WatchConfig, Watcher
 
 log = logging.getLogger(__name__)
 
@@ -35,43 +41,58 @@ STATUSES = (
 
 
 class KubernetesPodCache:
-    """Thread-safe; ``pod()`` answers from memory. `api`: a lightkube Client (default:
+    """Thread-safe; ``pod()`` answers from memory. `rest`: the agent's client (default:
     in-cluster, else the kubeconfig)."""
 
     def __init__(
         self,
         node_name: str,
         *,
-        api: Any = None,
+        rest: Any = None,
         tombstones: int = 4096,
         owner_cache: int = 4096,
         watch_timeout: int = 300,
         retry_delay: float = 5.0,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.node_name = node_name
-        self._api = api
+        self._rest = rest
         self._tombstone_capacity = tombstones
         self._owner_capacity = owner_cache
         self._watch_timeout = watch_timeout
         self._retry_delay = retry_delay
+        self._registry = registry or CollectorRegistry()
         self._lock = threading.Lock()
         self._pods: dict[str, PodMeta] = {}
         self._tombstones: OrderedDict[str, PodMeta] = OrderedDict()
         self._owners: OrderedDict[tuple[str, str, str], Workload | None] = OrderedDict()
+        self._listing: list[dict[str, Any]] | None = None
         self._stop = threading.Event()
+        self._watcher: Watcher | None = None
         self._thread: threading.Thread | None = None
         self.synced = threading.Event()
 
     def start(self) -> None:
-        if self._api is None:
-            from execwatch.kube import kubeapi
-
-            self._api = kubeapi.client()
-        self._thread = threading.Thread(target=self._run, name="pod-cache", daemon=True)
+        if self._rest is None:
+            self._rest = Rest(client.load_config())
+        config = WatchConfig(
+            namespace="",
+            resource=client.path("api", "v1", "pods"),
+            field_selector=f"spec.nodeName={self.node_name}",
+            watch_timeout=self._watch_timeout,
+            retry_initial=self._retry_delay,
+            retry_max=max(self._retry_delay, 30.0),
+        )
+        self._watcher = Watcher(config, self._rest, self, _WatchMetrics(self._registry))
+        self._thread = threading.Thread(
+            target=self._watcher.run, args=(self._stop,), name="pod-cache", daemon=True
+        )
         self._thread.start()
 
     def close(self) -> None:
         self._stop.set()
+        if self._watcher is not None:
+            self._watcher.interrupt()
         if self._thread is not None:
             self._thread.join(timeout=2)
             self._thread = None
@@ -80,34 +101,26 @@ class KubernetesPodCache:
         with self._lock:
             return self._pods.get(uid) or self._tombstones.get(uid)
 
-    def _run(self) -> None:
-        from lightkube.resources.core_v1 import Pod
+    # -- the watch's sink (kube.watch.WatchSink) -------------------------------------
 
-        fields = {"spec.nodeName": self.node_name}
-        while not self._stop.is_set():
-            try:
-                listing = self._api.list(Pod, namespace="*", fields=fields)
-                self.replace(list(listing))
-                self.synced.set()
-                for kind, pod in self._api.watch(
-                    Pod,
-                    namespace="*",
-                    fields=fields,
-                    resource_version=listing.resourceVersion,
-                    server_timeout=self._watch_timeout,
-                ):
-                    if self._stop.is_set():
-                        return
-                    self.apply(str(kind), pod)
-            except Exception as exc:
-                if self._stop.is_set():
-                    return
-                log.warning(
-                    "pod watch failed; relisting", extra={"node": self.node_name, "error": str(exc)}
-                )
-                self._stop.wait(self._retry_delay)
+    def listing(self) -> None:
+        self._listing = []
 
-    def replace(self, pods: Iterable[Any]) -> None:
+    def upsert(self, obj: dict[str, Any]) -> None:
+        if self._listing is not None:
+            self._listing.append(obj)
+        else:
+            self.apply("MODIFIED", obj)
+
+    def delete(self, obj: dict[str, Any]) -> None:
+        self.apply("DELETED", obj)
+
+    def listed(self) -> None:
+        pods, self._listing = self._listing or [], None
+        self.replace(pods)
+        self.synced.set()
+
+    def replace(self, pods: Iterable[dict[str, Any]]) -> None:
         """A full listing: pods no longer listed become tombstones."""
         fresh = {meta.uid: meta for meta in (self._to_meta(p) for p in pods) if meta}
         with self._lock:
@@ -116,7 +129,7 @@ class KubernetesPodCache:
                     self._bury(old)
             self._pods = fresh
 
-    def apply(self, event_type: str, pod: Any) -> None:
+    def apply(self, event_type: str, pod: dict[str, Any]) -> None:
         """One watch event: ADDED, MODIFIED or DELETED (BOOKMARK and ERROR are ignored)."""
         if event_type not in ("ADDED", "MODIFIED", "DELETED"):
             return
@@ -145,21 +158,21 @@ class KubernetesPodCache:
         while len(self._tombstones) > self._tombstone_capacity:
             self._tombstones.popitem(last=False)
 
-    def _to_meta(self, pod: Any) -> PodMeta | None:
-        md = getattr(pod, "metadata", None)
-        uid = getattr(md, "uid", None)
+    def _to_meta(self, pod: dict[str, Any]) -> PodMeta | None:
+        md = pod.get("metadata") or {}
+        uid = md.get("uid")
         if not uid:
             return None
-        labels: dict[str, str] = dict(getattr(md, "labels", None) or {})
-        namespace = getattr(md, "namespace", None)
+        labels: dict[str, str] = dict(md.get("labels") or {})
+        namespace = md.get("namespace")
         containers: dict[str, ContainerMeta] = {}
-        status = getattr(pod, "status", None)
+        status = pod.get("status") or {}
         for attr, role in STATUSES:
-            for cs in getattr(status, attr, None) or []:
-                cid = _strip_scheme(getattr(cs, "containerID", None))
+            for cs in status.get(attr) or []:
+                cid = _strip_scheme(cs.get("containerID"))
                 if cid:
-                    containers[cid] = ContainerMeta(cid, cs.name, getattr(cs, "image", None), role)
-        owner = _controller(getattr(md, "ownerReferences", None))
+                    containers[cid] = ContainerMeta(cid, cs.get("name"), cs.get("image"), role)
+        owner = _controller(md.get("ownerReferences"))
         workload = None
         if owner is not None:
             parents = self._parents(namespace, owner)
@@ -167,7 +180,7 @@ class KubernetesPodCache:
         return PodMeta(
             uid=uid,
             namespace=namespace,
-            name=getattr(md, "name", None),
+            name=md.get("name"),
             workload=workload,
             containers=containers,
             labels=labels,
@@ -184,17 +197,14 @@ class KubernetesPodCache:
         with self._lock:
             if key in self._owners:
                 return {owner: self._owners[key]}
-        from lightkube.resources.apps_v1 import ReplicaSet
-        from lightkube.resources.batch_v1 import Job
-
+        group = ("apis", "apps", "v1") if kind == "ReplicaSet" else ("apis", "batch", "v1")
+        plural = "replicasets" if kind == "ReplicaSet" else "jobs"
         try:
-            obj = self._api.get(
-                ReplicaSet if kind == "ReplicaSet" else Job, name, namespace=namespace
-            )
-        except Exception as exc:
+            obj = self._rest.call("GET", client.path(*group, "namespaces", namespace, plural, name))
+        except errors.ApiError as exc:
             log.debug("owner lookup failed", extra={"kind": kind, "name": name, "error": str(exc)})
             return None
-        parent = _controller(getattr(obj.metadata, "ownerReferences", None))
+        parent = _controller((obj.get("metadata") or {}).get("ownerReferences"))
         workload = Workload(*parent) if parent else None
         with self._lock:
             self._owners[key] = workload
@@ -205,9 +215,23 @@ class KubernetesPodCache:
 
 def _controller(refs: Any) -> tuple[str, str] | None:
     for ref in refs or []:
-        if getattr(ref, "controller", False):
-            return str(ref.kind), str(ref.name)
+        if isinstance(ref, dict) and ref.get("controller"):
+            return str(ref.get("kind")), str(ref.get("name"))
     return None
+
+
+@dataclass
+class _WatchMetrics:
+    registry: CollectorRegistry
+
+    def __post_init__(self) -> None:
+        self.api_errors = Counter(
+            "execwatch_pod_watch_api_errors",
+            "Failed list and watch calls of the agent's pod watch (--pod-metadata=api), by "
+            "verb and HTTP status (0: no answer).",
+            ["verb", "code"],
+            registry=self.registry,
+        )
 
 
 def _strip_scheme(container_id: str | None) -> str | None:

@@ -52,7 +52,7 @@ from execwatch.handler.pods import LABEL, Pod, PodReader, workload_of
 from execwatch.kube import errors
 from execwatch.kube.client import Rest
 from execwatch.kube.lease import LeaseConfig, LeaseElector
-from execwatch.kube.watch import WatchConfig, Watcher
+from execwatch.kube.watch import QueueSink, WatchConfig, Watcher
 from execwatch.kube.workqueue import WorkQueue
 from execwatch.record import Reason
 
@@ -145,9 +145,8 @@ class Handler:
                 list_page=cfg.list_page,
             ),
             self.rest,
-            self.queue,
+            QueueSink(self.queue, self._deleted),
             self.metrics,
-            on_deleted=self._deleted,
             clock=self.clock,
         )
         self.elector = LeaseElector(

@@ -1,12 +1,13 @@
-"""JSON requests on lightkube's configuration, credentials and httpx2 transport.
+"""The one Kubernetes client of execwatch: JSON requests on lightkube's configuration,
+credentials and httpx2 transport.
 
-The handler's hot path is four small requests per record, and its answers are read as
-plain JSON: building lightkube's (or the official client's) models for each one costs
-client CPU the handler does not need (benchmarks/cluster_bench.py, `raw` against
-`handler`). So the handler sends them through this: lightkube's kubeconfig / in-cluster
-configuration, CA, client certificate and bearer token (the ServiceAccount token file
-is re-read when the server answers 401, so in-cluster token rotation works), on one
-httpx2 connection pool, and every failure classified by `errors`.
+Agent, handler, placement and audit all send plain JSON through this, and read answers as
+plain JSON: no generated models (building them per answer costs the handler CPU it does
+not need, and importing them costs the agent memory; docs/scaling.md's figures). From
+lightkube it takes only what is hard to get right: kubeconfig and in-cluster
+configuration, CA, client certificate and bearer token (the ServiceAccount token file is
+re-read when the server answers 401, so in-cluster token rotation works). One httpx2
+connection pool per client, and every failure classified by `errors`.
 
 httpx2 sends each request once: a DELETE whose answer was lost surfaces as "no answer"
 to the caller, which decides what it means, instead of being re-sent silently and
@@ -42,6 +43,21 @@ def load_config(kubeconfig: str | None = None) -> Any:
     from lightkube import KubeConfig
 
     return KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
+
+
+def config_for(server: str, ca_file: str, token: str) -> Any:
+    """lightkube's KubeConfig for one server and bearer token (tests, benchmarks)."""
+    from lightkube import KubeConfig
+
+    doc = {
+        "clusters": [
+            {"name": "c", "cluster": {"server": server, "certificate-authority": ca_file}}
+        ],
+        "users": [{"name": "u", "user": {"token": token}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    return KubeConfig.from_dict(doc)
 
 
 @dataclass
@@ -152,7 +168,7 @@ class Stream:
 
     response: Any
 
-    def stream(self, size: int, decode_content: bool = True) -> Iterator[bytes]:
+    def chunks(self, size: int) -> Iterator[bytes]:
         """Each chunk as it arrives (at most `size` bytes: a watch event must not wait for
         the next ones to fill a buffer)."""
         with errors.translate():
@@ -160,7 +176,7 @@ class Stream:
                 for start in range(0, len(chunk), size):
                     yield chunk[start : start + size]
 
-    def release_conn(self) -> None:
+    def close(self) -> None:
         self.response.close()
 
     def shutdown(self) -> None:

@@ -1,8 +1,8 @@
 """The Kubernetes API's error taxonomy, in one place (as kopf's `errors.py`).
 
-Every API call of the agent, the handler and the audit goes through `translate()` (or
-`classify`), whatever raised it (httpx2, lightkube, the official client placement uses),
-so each failure is one of five kinds and the callers decide by kind, never by status:
+Every API call goes through the one client (`kube.client.Rest`), which turns an answer
+with an error status into one of five kinds (`from_status`) and anything httpx2 raises
+into "no answer" (`translate`), so the callers decide by kind, never by status:
 
 - `RetryableError`: no answer (status 0: timeouts, resets), 429, 5xx, 401, a 403 from a
   ResourceQuota, and the 409 the quota admission answers when it lost a race for the
@@ -146,12 +146,7 @@ def classify(exc: BaseException) -> ApiError:
     """Whatever a client call raised, as one of the kinds above."""
     if isinstance(exc, ApiError):
         return exc
-    status = getattr(exc, "status", None)
-    if isinstance(status, int) and status > 0:  # kubernetes.client.ApiException (placement)
-        reason, message = status_message(getattr(exc, "body", None))
-        headers = getattr(exc, "headers", None) or {}
-        return from_status(status, reason or str(getattr(exc, "reason", "")), message, headers)
-    answer: Any = getattr(exc, "response", None)  # lightkube.ApiError, httpx2.HTTPStatusError
+    answer: Any = getattr(exc, "response", None)  # httpx2.HTTPStatusError
     if isinstance(getattr(answer, "status_code", None), int) and answer.status_code > 0:
         return _answered(answer)
     if isinstance(exc, _NO_ANSWER) or _is_transport_error(exc):
@@ -171,16 +166,10 @@ def _answered(answer: Any) -> ApiError:
 
 
 def _is_transport_error(exc: BaseException) -> bool:
-    """No answer, as httpx2 (lightkube, `rest`) or urllib3 (placement's client) says it."""
+    """No answer, as httpx2 says it (timeouts, resets, a torn stream)."""
     import httpx2
 
-    if isinstance(exc, httpx2.TransportError):
-        return True
-    try:
-        from urllib3.exceptions import HTTPError
-    except ImportError:  # pragma: no cover - only the official client brings urllib3
-        return False
-    return isinstance(exc, HTTPError)
+    return isinstance(exc, httpx2.TransportError | httpx2.StreamError)
 
 
 @contextlib.contextmanager

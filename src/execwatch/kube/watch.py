@@ -1,4 +1,5 @@
-"""List + watch API objects into a work queue (client-go's reflector).
+"""List + watch API objects into a sink (client-go's reflector): a work queue
+(`QueueSink`: the handler's records, placement's gated pods) or a cache (the agent's pods).
 
 A watch broken by an API server restart resumes from the last resourceVersion; if that
 is too old (410 Gone) the watcher lists again. The handler watches its ExecFailure
@@ -33,6 +34,38 @@ class WatchMetrics(Protocol):
         """A Counter labelled (verb, code): failed list and watch calls."""
 
 
+class WatchSink(Protocol):
+    """Where a watch's objects go. A list is a full snapshot: between `listing()` and
+    `listed()` every object that exists is upserted, so a cache can drop what was not."""
+
+    def listing(self) -> None: ...
+    def upsert(self, obj: dict[str, Any]) -> None: ...
+    def delete(self, obj: dict[str, Any]) -> None: ...
+    def listed(self) -> None: ...
+
+
+@dataclass
+class QueueSink:
+    """Objects into a work queue; a deleted one leaves it, and `on_deleted` is told."""
+
+    queue: WorkQueue
+    on_deleted: Callable[[str, str], None] = lambda name, uid: None
+
+    def listing(self) -> None:
+        pass
+
+    def upsert(self, obj: dict[str, Any]) -> None:
+        self.queue.add(obj)
+
+    def delete(self, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        self.queue.forget(self.queue.key(obj))
+        self.on_deleted(str(meta.get("name")), str(meta.get("uid")))
+
+    def listed(self) -> None:
+        pass
+
+
 MAX_EVENT = 4 * 1024 * 1024  # bytes of one watch line; a record is at most ~20 KiB
 
 
@@ -41,6 +74,7 @@ class WatchConfig:
     namespace: str
     resource: str  # the list path (crd.records_path, a pods path)
     label_selector: str = ""
+    field_selector: str = ""
     watch_timeout: int = 300  # seconds; the server ends each watch after this
     resync_period: float = 300.0
     request_timeout: float = 10.0
@@ -53,9 +87,8 @@ class WatchConfig:
 class Watcher:
     config: WatchConfig
     rest: Rest
-    queue: WorkQueue
+    sink: WatchSink
     metrics: WatchMetrics
-    on_deleted: Callable[[str, str], None] = lambda name, uid: None
     clock: Callable[[], float] = time.monotonic
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _resp: Any = None
@@ -65,25 +98,28 @@ class Watcher:
         return self.config.resource
 
     def _query(self, **extra: str | int) -> dict[str, str | int]:
-        selector = (
-            {"labelSelector": self.config.label_selector} if self.config.label_selector else {}
-        )
-        return {**selector, **extra}
+        selectors = {
+            "labelSelector": self.config.label_selector,
+            "fieldSelector": self.config.field_selector,
+        }
+        return {**{k: v for k, v in selectors.items() if v}, **extra}
 
     def _list(self) -> str:
-        """Queue every record that exists now, in pages; return the snapshot's
+        """Hand over every object that exists now, in pages; return the snapshot's
         resourceVersion (the same on every page) to watch from."""
         token: str | None = None
+        self.sink.listing()
         while True:
             query = self._query(limit=self.config.list_page)
             if token:
                 query["continue"] = token
             result = self.rest.call("GET", self._path, query=query)
             for obj in result.get("items") or []:
-                self.queue.add(obj)
+                self.sink.upsert(obj)
             meta = result.get("metadata") or {}
             token = meta.get("continue")
             if not token:
+                self.sink.listed()
                 return str(meta["resourceVersion"])
 
     def run(self, term: threading.Event) -> None:
@@ -135,22 +171,17 @@ class Watcher:
                 meta = obj.get("metadata") or {}
                 rv = str(meta.get("resourceVersion") or rv)
                 if kind in ("ADDED", "MODIFIED"):
-                    self.queue.add(obj)
+                    self.sink.upsert(obj)
                 elif kind == "DELETED":
-                    self.queue.forget(self.queue.key(obj))
-                    self.on_deleted(str(meta.get("name")), str(meta.get("uid")))
+                    self.sink.delete(obj)
             return rv
         except (OSError, ValueError) as exc:  # the stream broke, or a torn line
             raise errors.RetryableError(0, type(exc).__name__, str(exc)[:200]) from exc
-        except Exception as exc:
-            if _is_stream_error(exc):
-                raise errors.RetryableError(0, type(exc).__name__, str(exc)[:200]) from exc
-            raise
         finally:
             with self._lock:
                 self._resp = None
             with contextlib.suppress(Exception):
-                resp.release_conn()
+                resp.close()
 
     def interrupt(self) -> None:
         with self._lock:
@@ -160,16 +191,10 @@ class Watcher:
                 resp.shutdown()
 
 
-def _is_stream_error(exc: Exception) -> bool:
-    from urllib3.exceptions import HTTPError
-
-    return isinstance(exc, HTTPError)
-
-
 def _events(resp: Any) -> Iterator[dict[str, Any]]:
     """The watch events of a streamed response, one JSON document per line."""
     buf = b""
-    for chunk in resp.stream(64 * 1024, decode_content=True):
+    for chunk in resp.chunks(64 * 1024):
         buf += chunk
         if len(buf) > MAX_EVENT:
             raise ValueError(f"watch event longer than {MAX_EVENT} bytes")

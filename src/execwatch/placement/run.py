@@ -27,7 +27,7 @@ from typing import Any
 from execwatch.kube import errors
 from execwatch.kube.client import Rest, path
 from execwatch.kube.lease import LeaseConfig, LeaseElector
-from execwatch.kube.watch import WatchConfig, Watcher
+from execwatch.kube.watch import QueueSink, WatchConfig, Watcher
 from execwatch.kube.workqueue import WorkQueue, by_namespace, by_namespace_and_name
 from execwatch.placement.affinity import ARCH_LABEL
 from execwatch.placement.controller import Placer
@@ -100,7 +100,7 @@ class PlacementController:
                 list_page=100,
             ),
             self.placer.rest,
-            self.queue,
+            QueueSink(self.queue),
             _WatchMetrics(self.api_errors),
             clock=self.clock,
         )

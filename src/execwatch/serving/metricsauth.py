@@ -78,41 +78,49 @@ class Identity:
     extra: dict[str, list[str]]
 
 
+TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
+ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+
+
 class Reviews:
-    """The two review calls, through the agent's lightkube client."""
+    """The two review calls, through the component's client (`kube.client.Rest`)."""
 
     def __init__(self, api: Any, audiences: tuple[str, ...]) -> None:
         self._api = api
         self._audiences = audiences
 
     def identity(self, token: str) -> Identity | None:
-        from lightkube.models.authentication_v1 import TokenReviewSpec
-        from lightkube.resources.authentication_v1 import TokenReview
-
-        spec = TokenReviewSpec(token=token, audiences=list(self._audiences) or None)
-        status = self._api.create(TokenReview(spec=spec)).status
-        if status is None or not status.authenticated or status.user is None:
+        spec: dict[str, Any] = {"token": token}
+        if self._audiences:
+            spec["audiences"] = list(self._audiences)
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec}
+        status = self._api.call("POST", TOKEN_REVIEWS, body=body).get("status") or {}
+        user = status.get("user")
+        if not status.get("authenticated") or not isinstance(user, dict):
             return None
-        if self._audiences and not set(status.audiences or ()) & set(self._audiences):
+        if self._audiences and not set(status.get("audiences") or ()) & set(self._audiences):
             return None
-        user = status.user
-        extra = {k: list(v) for k, v in (user.extra or {}).items()}
-        return Identity(user.username or "", user.uid or "", tuple(user.groups or ()), extra)
+        extra = {str(k): [str(x) for x in v] for k, v in (user.get("extra") or {}).items()}
+        groups = tuple(str(g) for g in user.get("groups") or ())
+        return Identity(str(user.get("username") or ""), str(user.get("uid") or ""), groups, extra)
 
     def allowed(self, who: Identity, path: str) -> bool:
-        from lightkube.models.authorization_v1 import NonResourceAttributes as Attributes
-        from lightkube.models.authorization_v1 import SubjectAccessReviewSpec
-        from lightkube.resources.authorization_v1 import SubjectAccessReview
-
-        spec = SubjectAccessReviewSpec(
-            user=who.user,
-            uid=who.uid or None,
-            groups=list(who.groups),
-            extra=who.extra or None,
-            nonResourceAttributes=Attributes(path=path, verb="get"),
-        )
-        status = self._api.create(SubjectAccessReview(spec=spec)).status
-        return bool(status is not None and status.allowed)
+        spec: dict[str, Any] = {
+            "user": who.user,
+            "groups": list(who.groups),
+            "nonResourceAttributes": {"path": path, "verb": "get"},
+        }
+        if who.uid:
+            spec["uid"] = who.uid
+        if who.extra:
+            spec["extra"] = who.extra
+        body = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": spec,
+        }
+        status = self._api.call("POST", ACCESS_REVIEWS, body=body).get("status") or {}
+        return status.get("allowed") is True
 
 
 @dataclass
@@ -214,7 +222,7 @@ class MetricsAuth:
         deadline = self.clock() + self.config.budget
         try:
             verdict = self._verdict(token, deadline)
-        except Exception as exc:  # lightkube's ApiError, httpx2's transport errors
+        except Exception as exc:  # an ApiError of any kind (no answer, 5xx, 403...)
             log.warning("metrics auth review failed: %s", one_line(f"{type(exc).__name__}: {exc}"))
             verdict = Verdict.TIMEOUT if _timed_out(exc) else Verdict.ERROR
         with self._lock:

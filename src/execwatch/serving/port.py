@@ -65,12 +65,12 @@ def metrics_server(
         if args.metrics_tls_cert:
             CertificateFiles(tls, args.metrics_tls_cert, args.metrics_tls_key).start()
     if args.metrics_auth:
-        from execwatch.kube import kubeapi
+        from execwatch.kube.client import Rest, load_config
         from execwatch.serving.metricsauth import AuthConfig, MetricsAuth
 
         config = AuthConfig(audiences=tuple(args.metrics_auth_audience))
         try:
-            api = kubeapi.client(args.kubeconfig, timeout=config.budget)
+            api = Rest(load_config(args.kubeconfig), timeout=config.budget)
         except Exception as exc:  # lightkube's ConfigError, a missing kubeconfig
             raise ValueError(f"--metrics-auth: no API server credentials: {exc}") from None
         guard = MetricsAuth(api, registry, config).answer
