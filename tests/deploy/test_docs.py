@@ -9,6 +9,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from execwatch.agent.metrics import PublisherMetrics
+from execwatch.attribution.kube import PodWatchMetrics
 from execwatch.handler.metrics import HandlerMetrics
 from execwatch.node.metrics import NodeMetrics
 from execwatch.placement.cli import PlacementMetrics
@@ -30,6 +31,7 @@ def families() -> dict[str, tuple[str, set[str]]]:
     registry = CollectorRegistry()
     NodeMetrics(registry, _Probe())
     PublisherMetrics(registry=registry)
+    PodWatchMetrics(registry)
     HandlerMetrics(registry=registry)
     ServerMetrics(registry)
     AuthMetrics(registry)

@@ -83,7 +83,7 @@ class KubernetesPodCache:
             retry_initial=self._retry_delay,
             retry_max=max(self._retry_delay, 30.0),
         )
-        self._watcher = Watcher(config, self._rest, self, _WatchMetrics(self._registry))
+        self._watcher = Watcher(config, self._rest, self, PodWatchMetrics(self._registry))
         self._thread = threading.Thread(
             target=self._watcher.run, args=(self._stop,), name="pod-cache", daemon=True
         )
@@ -221,7 +221,7 @@ def _controller(refs: Any) -> tuple[str, str] | None:
 
 
 @dataclass
-class _WatchMetrics:
+class PodWatchMetrics:
     registry: CollectorRegistry
 
     def __post_init__(self) -> None:
