@@ -153,3 +153,12 @@ def test_an_apf_429_without_a_status_body_is_retryable_after_its_header() -> Non
     err = errors.classify(exc)
     assert isinstance(err, errors.RetryableError) and err.retry_after == 3.0
     assert err.reason == "Too Many Requests" and err.message.startswith("Too many requests")
+
+
+def test_a_timeout_is_told_apart_from_other_silences() -> None:
+    with pytest.raises(errors.RetryableError) as timeout, errors.translate():
+        raise httpx2.ConnectTimeout("_ssl.c:989: The handshake operation timed out")
+    with pytest.raises(errors.RetryableError) as refused, errors.translate():
+        raise httpx2.ConnectError("connection refused")
+    assert errors.timed_out(timeout.value) and not errors.timed_out(refused.value)
+    assert errors.timed_out(TimeoutError()) and not errors.timed_out(errors.from_status(503))

@@ -172,6 +172,15 @@ def _is_transport_error(exc: BaseException) -> bool:
     return isinstance(exc, httpx2.TransportError | httpx2.StreamError)
 
 
+def timed_out(err: BaseException) -> bool:
+    """No answer within the client's timeout (connect, TLS handshake, read): `err` or, for
+    an `ApiError` that `translate` made, what it was made from."""
+    import httpx2
+
+    cause = err.__cause__ if isinstance(err, ApiError) else err
+    return isinstance(cause, httpx2.TimeoutException | TimeoutError)
+
+
 @contextlib.contextmanager
 def translate() -> Iterator[None]:
     """Re-raise what an API call raises as an `ApiError` of the right kind.

@@ -36,6 +36,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
+from execwatch.kube import errors
 from execwatch.serving.exposition import METRICS_PATH
 from execwatch.serving.http import Deferred, Request, response
 from execwatch.text import one_line
@@ -224,7 +225,7 @@ class MetricsAuth:
             verdict = self._verdict(token, deadline)
         except Exception as exc:  # an ApiError of any kind (no answer, 5xx, 403...)
             log.warning("metrics auth review failed: %s", one_line(f"{type(exc).__name__}: {exc}"))
-            verdict = Verdict.TIMEOUT if _timed_out(exc) else Verdict.ERROR
+            verdict = Verdict.TIMEOUT if errors.timed_out(exc) else Verdict.ERROR
         with self._lock:
             self._inflight.pop(key, None)
             if verdict in _FINAL:
@@ -288,12 +289,6 @@ class CertificateFiles:
         while True:
             time.sleep(self.every)
             self.refresh()
-
-
-def _timed_out(exc: Exception) -> bool:
-    import httpx2
-
-    return isinstance(exc, (httpx2.TimeoutException, TimeoutError))
 
 
 def tls_context(cert: str | None, key: str | None, names: list[str]) -> ssl.SSLContext:
