@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,10 @@ FIGURE_CELL = re.compile(
     re.IGNORECASE,
 )
 BEFORE_AFTER = ({"before"}, {"now", "after"})
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+DOC_MENTION = re.compile(r"\bdocs/[\w/.-]+\.md\b")
+MENTIONING = ("src", "tests", "dev", "charts", "deploy", "benchmarks")
+ROOT_FILES = ("pyproject.toml", "Makefile", "Containerfile")
 
 
 def without_code(text: str) -> str:
@@ -79,9 +84,56 @@ def findings(text: str) -> list[str]:
     return found
 
 
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(doc: Path) -> set[str]:
+    text = without_code_blocks(doc.read_text())
+    return {anchor(m.group(1)) for m in re.finditer(r"^#+ (.*)$", text, re.MULTILINE)}
+
+
+def broken_links(doc: Path) -> list[str]:
+    """Relative links of a doc to a file that is not there, or to a heading it lacks."""
+    broken = []
+    for target in LINK.findall(doc.read_text()):
+        path, _, fragment = target.partition("#")
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        linked = (doc.parent / path).resolve() if path else doc
+        heading = not fragment or linked.suffix != ".md" or fragment in anchors(linked)
+        if not (linked.exists() and heading):
+            broken.append(target)
+    return broken
+
+
 @pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(REPO)) for d in DOCS])
 def test_the_doc_describes_the_present(doc: Path) -> None:
     assert findings(doc.read_text()) == []
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(REPO)) for d in DOCS])
+def test_every_relative_link_of_the_doc_resolves(doc: Path) -> None:
+    assert broken_links(doc) == []
+
+
+def test_every_doc_the_code_names_exists() -> None:
+    """Comments, docstrings, chart values and scripts (as git tracks them) name docs that
+    are there."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--", *ROOT_FILES, *MENTIONING],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    files = [REPO / name for name in listed.split("\0") if name and (REPO / name).is_file()]
+    named = {
+        (str(path.relative_to(REPO)), mention)
+        for path in files
+        if path.suffix in (".py", ".sh", ".yaml", ".txt", ".tpl", ".h", ".c", ".toml", "")
+        for mention in DOC_MENTION.findall(path.read_text(errors="replace"))
+    }
+    assert named, "no file names a doc: the pattern is wrong"
+    assert sorted((f, m) for f, m in named if not (REPO / m).exists()) == []
 
 
 def test_a_commit_pinned_baseline_is_found() -> None:
