@@ -1,5 +1,6 @@
 """The docs describe the present: no commit-pinned baseline, no path of one machine, no
-before/after table, no notebook phrases, and at most one table of figures per doc."""
+before/after table, no notebook phrases, and at most one table of figures per doc. Their
+links, and the docs the code names, exist."""
 
 from __future__ import annotations
 
