@@ -11,7 +11,7 @@
 # Builds kube-apiserver, etcd and helm; kubectl too when K8S_TOOLS_KUBECTL=1. With
 # K8S_TOOLS_NODE=1 (the default) also what one real node needs: kubelet,
 # kube-controller-manager and kube-scheduler at $KUBE_NODE_VERSION, the Argo Rollouts
-# controller with its CRDs, a Prometheus with kubernetes_sd (tests/node, docs/cluster.md),
+# controller with its CRDs, a Prometheus with kubernetes_sd (tests/node, docs/agent.md),
 # and prometheus-operator with its CRDs (tests/monitoring: the chart's ServiceMonitors).
 # A binary already built at the pinned version is kept (a stamp file records the
 # version), so a second run costs nothing.
@@ -30,7 +30,7 @@ cd "$(dirname "$0")/.."
 # ships 1.6), and 1.35.4 is the only 1.35 release the module proxy serves. The API server
 # is the same release: its packages are then a subset of the node components' (1,764 of
 # its 1,769 non-standard packages), so one build cache serves both and a fresh machine
-# compiles 80 MB of Go source instead of 136 MB (docs/cluster.md). Either may be set
+# compiles 80 MB of Go source instead of 136 MB. Either may be set
 # apart (a kubelet may be one minor older than its API server).
 KUBE_NODE_VERSION=${KUBE_NODE_VERSION:-v1.35.4}
 KUBERNETES_VERSION=${KUBERNETES_VERSION:-$KUBE_NODE_VERSION}
@@ -42,7 +42,7 @@ ARGO_ROLLOUTS_VERSION=${ARGO_ROLLOUTS_VERSION:-v1.10.1}
 # without kubernetes_sd, which scraping the chart's Services needs. Only that discovery
 # is compiled in (plugins/plugin_kubernetes.go: `!remove_all_sd || enable_kubernetes_sd`;
 # file and http discovery always are), and no UI assets (they need the `builtinassets`
-# tag): the cold build is cheaper (docs/cluster.md).
+# tag): the cold build is cheaper (docs/handler.md, Tests).
 # KWOK simulates nodes for tests/fleet (its go.mod has no replace directives: go install).
 KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
 PROMETHEUS_VERSION=${PROMETHEUS_VERSION:-v0.316.0}

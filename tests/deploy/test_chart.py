@@ -238,7 +238,7 @@ def test_an_out_of_range_value_is_refused_by_helm() -> None:
 # -- the agent: root with a few capabilities, never privileged ---------------------------
 
 AGENT_CAPS = ["BPF", "PERFMON", "SYS_PTRACE", "DAC_READ_SEARCH"]  # the defaults
-OPTIONAL_CAPS = ["SYS_RESOURCE"]  # kernels before 5.11 only
+OPTIONAL_CAPS = ["SYS_RESOURCE"]  # kernels without memcg_accounting (compat.bpf.h) only
 
 
 def agent_container(docs: list[Doc]) -> Doc:

@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 
 from execwatch import __version__
+from execwatch.probe import loader
 from tests.deploy.chart import REPO, find, pod_spec, render
 
 CONTAINERFILE = REPO / "Containerfile"
@@ -273,7 +274,8 @@ def agent_caps() -> list[str]:
     """The DaemonSet's capabilities that this machine can grant at all.
 
     A sandbox may lack some in its own bounding set (this one lacks SYS_RESOURCE); only
-    SYS_RESOURCE may be missing, and only on kernels from 5.11, which do not need it.
+    SYS_RESOURCE may be missing, and only on kernels with memcg_accounting (compat.bpf.h's
+    table of kernel versions), which do not need it.
     """
     c = pod_spec(find(render(), "DaemonSet"))["containers"][0]
     caps: list[str] = c["securityContext"]["capabilities"]["add"]
@@ -282,8 +284,10 @@ def agent_caps() -> list[str]:
     missing = [cap for cap in caps if not bounding >> CAP_BITS[cap] & 1]
     assert set(missing) <= {"SYS_RESOURCE"}, f"this machine cannot grant {missing}"
     if missing:
-        major, minor = (int(x) for x in os.uname().release.split(".")[:2])
-        assert (major, minor) >= (5, 11), "SYS_RESOURCE is needed before 5.11"
+        since = loader.KERNEL["memcg_accounting"].since
+        assert loader.kernel_version(os.uname().release) >= loader.kernel_version(since), (
+            f"SYS_RESOURCE is needed before {since}"
+        )
     return [cap for cap in caps if cap not in missing]
 
 

@@ -39,3 +39,14 @@ def test_every_required_feature_is_found_here() -> None:
 )  # fmt: skip
 def test_kernel_version_of_a_release(release: str, version: tuple[int, int]) -> None:
     assert loader.kernel_version(release) == version
+
+
+def test_every_kernel_version_comes_from_compat_bpf_h_with_its_change() -> None:
+    """One table of kernel versions (bpf/compat.bpf.h); the loader's features read it."""
+    features = (*loader.REQUIRED, *loader.OPTIONAL)
+    assert all(f.since == loader.KERNEL[f.name].since for f in features)
+    assert loader.OLDEST_TESTED == (5, 10)
+    for row in loader.KERNEL.values():
+        assert loader.kernel_version(row.since) > (3, 0), row
+        assert row.change, row
+    assert set(loader.KERNEL) >= {"supported", "tp_btf", "linux_binprm_interpreter"}

@@ -164,7 +164,7 @@ def test_an_arm64_entrypoint_crash_loops_and_execwatch_says_why(
     # The leading handler counts it with the labels the alert rules select on. A container
     # that dies within milliseconds can be gone, rootfs and all, before the agent reads its
     # entrypoint (a loaded node): that failure is still counted, for the same container,
-    # as Undiagnosed (docs/cluster.md); no other series.
+    # as Undiagnosed (docs/agent.md); no other series.
     def by_reason() -> dict[str, dict[str, str]]:
         return {
             labels["reason"]: labels

@@ -457,7 +457,8 @@ volatile struct ew_fold_clock fold_clock = { .epoch = 1, .harvested = 1 };
 #endif
 
 /* A miss's name, on the stack: its words up to its NUL, zero after it within its word.
- * Loops are unrolled: a variable stack offset is refused before 5.12 (compat.bpf.h). */
+ * Loops are unrolled: a variable stack offset is refused without variable_offset_stack
+ * (compat.bpf.h). */
 struct fold_name {
 	__u64 words[EW_FOLD_WORDS];
 	__u32 nwords;

@@ -7,6 +7,7 @@ import errno
 import itertools
 import logging
 import os
+import re
 import signal
 import struct
 import threading
@@ -15,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from types import MappingProxyType
 from typing import TypeVar
 
 from execwatch.binfmt import emulation, node_platform
@@ -34,14 +36,40 @@ TRACEFS_CANDIDATES = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/traci
 EXEC_TRACEPOINT = "events/syscalls/sys_exit_execve"
 
 
-OLDEST_TESTED = (5, 10)  # tests/kernels boots it and every newer kernel of the matrix
 BPF_PROG_TYPE_TRACEPOINT = 5
 BPF_MAP_TYPE_ARRAY = 2
 BPF_MAP_TYPE_RINGBUF = 27
+COMPAT_HEADER = "compat.bpf.h"  # holds the one table of kernel versions
+TABLE_ROW = re.compile(r"^ \* \| (\w+) +\| (\d+\.\d+) +\| (.+?) *\|$", re.MULTILINE)
 
 
 class ProbeError(RuntimeError):
     """A one-line reason why the probe cannot run on this host."""
+
+
+@dataclass(frozen=True)
+class KernelChange:
+    """A row of compat.bpf.h's table: what, the first release with it, the upstream change."""
+
+    name: str
+    since: str
+    change: str
+
+
+def kernel_changes(header: str) -> Mapping[str, KernelChange]:
+    """The table of kernel versions in compat.bpf.h's text, by name."""
+    rows = (KernelChange(*m.groups()) for m in TABLE_ROW.finditer(header))
+    return MappingProxyType({row.name: row for row in rows})
+
+
+def kernel_version(release: str) -> tuple[int, int]:
+    major, _, rest = release.partition(".")
+    minor = "".join(itertools.takewhile(str.isdigit, rest))
+    return (int(major), int(minor or 0)) if major.isdigit() else (0, 0)
+
+
+KERNEL = kernel_changes(resources.files("execwatch.bpf").joinpath(COMPAT_HEADER).read_text())
+OLDEST_TESTED = kernel_version(KERNEL["supported"].since)  # tests/kernels boots it
 
 
 @dataclass(frozen=True)
@@ -54,18 +82,23 @@ class KernelFeature:
     map_type: int | None = None  # BPF_MAP_TYPE_*
 
 
+def feature(name: str, *, helper: int | None = None, map_type: int | None = None) -> KernelFeature:
+    """The feature `name`, with the release compat.bpf.h's table gives for it."""
+    return KernelFeature(name, KERNEL[name].since, helper=helper, map_type=map_type)
+
+
 # Without these the program cannot load: refuse with one line instead of a verifier dump.
 REQUIRED = (
-    KernelFeature("BPF_MAP_TYPE_RINGBUF", "5.8", map_type=BPF_MAP_TYPE_RINGBUF),
-    KernelFeature("bpf_ktime_get_boot_ns", "5.8", helper=125),
-    KernelFeature("bpf_probe_read_user_str", "5.5", helper=114),
-    KernelFeature("bpf_probe_read_kernel_str", "5.5", helper=115),
-    KernelFeature("bpf_get_current_cgroup_id", "4.18", helper=80),
+    feature("BPF_MAP_TYPE_RINGBUF", map_type=BPF_MAP_TYPE_RINGBUF),
+    feature("bpf_ktime_get_boot_ns", helper=125),
+    feature("bpf_probe_read_user_str", helper=114),
+    feature("bpf_probe_read_kernel_str", helper=115),
+    feature("bpf_get_current_cgroup_id", helper=80),
 )
 # Used where present; bpf/compat.bpf.h falls back without them, to the same result.
 OPTIONAL = (
-    KernelFeature("bpf_get_current_task_btf", "5.11", helper=158),
-    KernelFeature("bpf_task_pt_regs", "5.15", helper=175),
+    feature("bpf_get_current_task_btf", helper=158),
+    feature("bpf_task_pt_regs", helper=175),
 )
 
 
@@ -602,12 +635,13 @@ def emulation_support(lib: ctypes.CDLL) -> str | None:
     try:
         vmlinux = ObjectBtf(lib, btf)
         if lib.btf__find_by_name_kind(btf, b"btf_trace_sched_process_exec", BTF_KIND_TYPEDEF) <= 0:
-            return "no BTF-enabled sched_process_exec tracepoint (Linux 5.5+)"
+            return f"no BTF-enabled sched_process_exec tracepoint (Linux {KERNEL['tp_btf'].since}+)"
         found = vmlinux.struct("linux_binprm")
         names = {path for path, _, _ in found[1]} if found else set()
         missing = {"interpreter", "interp", "filename", "file"} - names
         if missing:
-            return f"struct linux_binprm lacks {', '.join(sorted(missing))} (Linux 5.8+)"
+            since = KERNEL["linux_binprm_interpreter"].since
+            return f"struct linux_binprm lacks {', '.join(sorted(missing))} (Linux {since}+)"
         return None
     finally:
         lib.btf__free(btf)
@@ -769,12 +803,6 @@ def require(found: dict[str, bool], required: tuple[KernelFeature, ...]) -> None
                 f"this kernel ({os.uname().release}) lacks {f.name} (Linux {f.since}+): "
                 f"execwatch needs Linux {oldest} or later"
             )
-
-
-def kernel_version(release: str) -> tuple[int, int]:
-    major, _, rest = release.partition(".")
-    minor = "".join(itertools.takewhile(str.isdigit, rest))
-    return (int(major), int(minor or 0)) if major.isdigit() else (0, 0)
 
 
 def describe_errno(err: int) -> str:
