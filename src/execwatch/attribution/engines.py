@@ -1,0 +1,227 @@
+"""Docker and Podman containers by id, from their engines, in memory for the event path.
+
+Each engine socket gets one watcher thread: it lists the engine's containers at start,
+then follows the events stream (create, start, destroy) in windows of `window` seconds
+(the engine closes each window's stream, so no read waits unbounded). A create event
+already carries the name, the image as typed and the labels; the thread then inspects the
+container for the image id and the graph driver's directories (its root, which the
+diagnosis opens once the container is gone). Entries outlive the container (TTL), so a
+`--rm` container gone in milliseconds is still named. Lookups never touch the socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import glob
+import logging
+import os
+import pwd
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from cachetools import TTLCache
+
+from execwatch.attribution.engine_api import (
+    ContainerEvent,
+    EngineClient,
+    EngineContainer,
+    EngineError,
+    EngineNotFound,
+    default_docker_socket,
+)
+
+log = logging.getLogger(__name__)
+
+PODMAN_ROOTFUL_SOCKET = "/run/podman/podman.sock"
+PODMAN_ROOTLESS_SOCKETS = "/run/user/*/podman/podman.sock"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    cache_size: int = 4096  # containers remembered per engine
+    ttl: float = 3600.0  # how long a container is remembered, removed or not
+    window: float = 5.0  # seconds of events per stream; also how often a down engine is retried
+    timeout: float = 2.0  # each inspect or list
+    list_limit: int = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSocket:
+    runtime: str  # "docker" or "podman"
+    path: str
+    user: str | None = None  # a rootless engine's owner
+
+
+@dataclass(frozen=True, slots=True)
+class Named:
+    """What attribution reports of an engine's container."""
+
+    container: EngineContainer
+    runtime: str
+    user: str | None
+
+
+class EngineWatcher:
+    """One engine: a thread filling a TTL + LRU cache by container id."""
+
+    def __init__(self, engine: EngineSocket, config: EngineConfig | None = None) -> None:
+        self.engine = engine
+        self.config = config or EngineConfig()
+        self._client = EngineClient(engine.path, self.config.timeout)
+        self._cache: TTLCache[str, EngineContainer] = TTLCache(
+            self.config.cache_size, self.config.ttl
+        )
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.ready = threading.Event()  # set once the first list succeeded or failed
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._run, name=f"engine-{self.engine.runtime}", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.config.window + self.config.timeout + 1)
+            self._thread = None
+
+    def get(self, container_id: str) -> EngineContainer | None:
+        with self._lock:
+            return self._cache.get(container_id)
+
+    def _put(self, found: EngineContainer) -> None:
+        with self._lock:
+            known = self._cache.get(found.container_id)
+            self._cache[found.container_id] = _merge(known, found)
+
+    def _run(self) -> None:
+        warned = False
+        while not self._stop.is_set():
+            try:
+                since = int(time.time())
+                self._list()
+                self.ready.set()
+                if warned:
+                    log.info("container engine answers", extra={"socket": self.engine.path})
+                warned = False
+                self._follow(since)
+            except EngineError as exc:
+                self.ready.set()
+                if not warned:
+                    log.warning(
+                        "container engine not reachable: its containers are reported by id",
+                        extra={"socket": self.engine.path, "error": str(exc)},
+                    )
+                    warned = True
+                self._stop.wait(self.config.window)
+
+    def _list(self) -> None:
+        for cid in self._client.container_ids(self.config.list_limit):
+            if self._stop.is_set():
+                return
+            with contextlib.suppress(EngineNotFound):
+                self._put(self._client.container(cid))
+
+    def _follow(self, since: int) -> None:
+        while not self._stop.is_set():
+            until = int(time.time() + self.config.window)
+            for event in self._client.events(since, until):
+                self._on_event(event)
+                if self._stop.is_set():
+                    return
+            since = until
+
+    def _on_event(self, event: ContainerEvent) -> None:
+        if event.action == "destroy":
+            return  # kept until its TTL: a failure is often looked up after the removal
+        self._put(EngineContainer(event.container_id, event.name, event.image, labels=event.labels))
+        try:
+            self._put(self._client.container(event.container_id))
+        except EngineNotFound:  # removed already: its image's layers still are its root
+            self._image_only(event)
+        except EngineError as exc:
+            log.debug("inspect failed", extra={"container_id": event.container_id, "error": exc})
+
+    def _image_only(self, event: ContainerEvent) -> None:
+        if not event.image:
+            return
+        with contextlib.suppress(EngineError):
+            image_id, layers = self._client.image_layers(event.image)
+            self._put(EngineContainer(event.container_id, image_id=image_id, layers=layers))
+
+
+def _merge(old: EngineContainer | None, new: EngineContainer) -> EngineContainer:
+    if old is None:
+        return new
+    changes = {
+        f.name: getattr(new, f.name)
+        for f in dataclasses.fields(new)
+        if getattr(new, f.name) not in (None, {}, ())
+    }
+    return dataclasses.replace(old, **changes)
+
+
+class Engines:
+    """The host's engines: Docker (DOCKER_HOST or /var/run/docker.sock), rootful Podman and
+    each rootless user's Podman whose service socket exists at start."""
+
+    def __init__(
+        self, sockets: Iterable[EngineSocket] | None = None, config: EngineConfig | None = None
+    ) -> None:
+        self._sockets = list(sockets) if sockets is not None else None
+        self._config = config
+        self._watchers: list[EngineWatcher] = []
+
+    def start(self) -> None:
+        sockets = self._sockets if self._sockets is not None else host_engine_sockets()
+        self._watchers = [EngineWatcher(s, self._config) for s in sockets]
+        for watcher in self._watchers:
+            watcher.start()
+
+    def close(self) -> None:
+        for watcher in self._watchers:
+            watcher.close()
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for watcher in self._watchers:
+            watcher.ready.wait(max(0.0, deadline - time.monotonic()))
+
+    def lookup(
+        self, runtime: str | None, container_id: str, uid: int | None = None
+    ) -> Named | None:
+        """From memory only. `uid`: the owner the cgroup path names (a rootless engine's)."""
+        for watcher in self._watchers:
+            engine = watcher.engine
+            if runtime is not None and engine.runtime != runtime:
+                continue
+            if uid is not None and engine.user is not None and engine.user != _user_name(uid):
+                continue
+            found = watcher.get(container_id)
+            if found is not None:
+                return Named(found, engine.runtime, engine.user)
+        return None
+
+
+def host_engine_sockets(environ: Mapping[str, str] = os.environ) -> list[EngineSocket]:
+    found = [EngineSocket("docker", default_docker_socket(environ))]
+    podman = environ.get("EXECWATCH_PODMAN_SOCKET", PODMAN_ROOTFUL_SOCKET)
+    found.append(EngineSocket("podman", podman))
+    for path in sorted(glob.glob(PODMAN_ROOTLESS_SOCKETS))[:256]:
+        uid = path.split("/")[3]
+        if uid.isdigit() and uid != "0":
+            found.append(EngineSocket("podman", path, _user_name(int(uid))))
+    return [s for s in found if os.path.exists(s.path) or s.runtime == "docker"]
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)

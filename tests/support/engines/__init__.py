@@ -1,0 +1,1 @@
+"""Real container engines for the tests: a private dockerd, and a running `execwatch trace`."""
