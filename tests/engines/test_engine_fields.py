@@ -106,3 +106,10 @@ def test_the_human_line_names_container_image_and_compose_service() -> None:
     assert f"container=shop-web-1 ({CID[:12]} docker) image=shop/web:2 compose=shop/web" in line
     unnamed = human_line(ExecFailure(event, diagnosis, Attribution(container_id=CID)))
     assert f"container={CID[:12]}" in unnamed
+
+
+def test_a_later_event_does_not_undo_an_inspect() -> None:
+    inspected = EngineContainer(CID, "web-1", image_id="sha256:1", inspected=True)
+    merged = _merge(inspected, EngineContainer(CID, "web-1", "shop/web:2"))
+    assert merged.inspected
+    assert (merged.image, merged.image_id) == ("shop/web:2", "sha256:1")

@@ -180,19 +180,23 @@ class Attributor:
         layout = self._layout(cgroup_id, pid, name, parent_id)
         if layout is None or layout.kind is not CgroupKind.CONTAINER or not layout.container_id:
             return None
-        named = self._engine_named(layout)
+        named = self._engine_named(layout, wait=0.0)
         if named is None or named.container.layers is None:
             return None
         return layout.container_id, named.container.layers
 
-    def _engine_named(self, layout: CgroupLayout) -> Named | None:
+    def _engine_named(self, layout: CgroupLayout, wait: float) -> Named | None:
+        """An engine reports a container it starts a moment after its cgroup appears:
+        waited for at most `wait` (resolve's budget), never while the engine is down."""
         if self._engines is None or not layout.container_id:
             return None
-        return self._engines.lookup(layout.runtime, layout.container_id, layout.owner_uid)
+        return self._engines.lookup(
+            layout.runtime, layout.container_id, layout.owner_uid, wait=wait
+        )
 
     def _engine_container(self, layout: CgroupLayout) -> Attribution:
         """A container outside Kubernetes: `host`, named by its engine when it knows it."""
-        named = self._engine_named(layout)
+        named = self._engine_named(layout, wait=self.config.budget)
         found = named.container if named is not None else None
         return Attribution(
             AttributionStatus.HOST,

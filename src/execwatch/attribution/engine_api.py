@@ -56,6 +56,7 @@ class EngineContainer:
     image_id: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     layers: Layers | None = None
+    inspected: bool = False  # from an inspect, not only from an event's attributes
 
     @property
     def compose_project(self) -> str | None:
@@ -201,6 +202,7 @@ def container_from_inspect(data: Any) -> EngineContainer:
         image_id=image_id if isinstance(image_id, str) else None,
         labels=_labels(config.get("Labels")),
         layers=_layers(data),
+        inspected=True,
     )
 
 

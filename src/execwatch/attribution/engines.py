@@ -17,6 +17,7 @@ import glob
 import logging
 import os
 import pwd
+import queue
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -46,6 +47,7 @@ class EngineConfig:
     window: float = 5.0  # seconds of events per stream; also how often a down engine is retried
     timeout: float = 2.0  # each inspect or list
     list_limit: int = 4096
+    inspect_queue: int = 1024  # containers waiting for their inspect
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +67,8 @@ class Named:
 
 
 class EngineWatcher:
-    """One engine: a thread filling a TTL + LRU cache by container id."""
+    """One engine: a thread following its events, another inspecting what they name, both
+    filling a TTL + LRU cache by container id."""
 
     def __init__(self, engine: EngineSocket, config: EngineConfig | None = None) -> None:
         self.engine = engine
@@ -74,31 +77,53 @@ class EngineWatcher:
         self._cache: TTLCache[str, EngineContainer] = TTLCache(
             self.config.cache_size, self.config.ttl
         )
-        self._lock = threading.Lock()
+        self._changed = threading.Condition()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._inspects: queue.Queue[ContainerEvent | None] = queue.Queue(self.config.inspect_queue)
+        self._threads: list[threading.Thread] = []
         self.ready = threading.Event()  # set once the first list succeeded or failed
+        self.up = False  # the engine answered its last call
 
     def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._run, name=f"engine-{self.engine.runtime}", daemon=True
-        )
-        self._thread.start()
+        name = f"engine-{self.engine.runtime}"
+        self._threads = [
+            threading.Thread(target=self._run, name=name, daemon=True),
+            threading.Thread(target=self._inspect_loop, name=f"{name}-inspect", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def close(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.config.window + self.config.timeout + 1)
-            self._thread = None
+        with contextlib.suppress(queue.Full):
+            self._inspects.put_nowait(None)
+        for thread in self._threads:
+            thread.join(timeout=self.config.window + self.config.timeout + 1)
+        self._threads = []
 
-    def get(self, container_id: str) -> EngineContainer | None:
-        with self._lock:
-            return self._cache.get(container_id)
+    def get(self, container_id: str, wait: float = 0.0) -> EngineContainer | None:
+        """What is known of the container; while the engine is up and the container not yet
+        inspected, wait up to `wait` seconds for its event and inspect to come in."""
+        deadline = time.monotonic() + wait
+        with self._changed:
+            while True:
+                found = self._cache.get(container_id)
+                left = deadline - time.monotonic()
+                if (found is not None and found.inspected) or not self.up or left <= 0:
+                    return found
+                self._changed.wait(left)
 
     def _put(self, found: EngineContainer) -> None:
-        with self._lock:
+        with self._changed:
             known = self._cache.get(found.container_id)
             self._cache[found.container_id] = _merge(known, found)
+            self._changed.notify_all()
+
+    def _set_up(self, up: bool) -> None:
+        with self._changed:
+            self.up = up
+            self._changed.notify_all()
+        self.ready.set()
 
     def _run(self) -> None:
         warned = False
@@ -106,13 +131,13 @@ class EngineWatcher:
             try:
                 since = int(time.time())
                 self._list()
-                self.ready.set()
+                self._set_up(True)
                 if warned:
                     log.info("container engine answers", extra={"socket": self.engine.path})
                 warned = False
                 self._follow(since)
             except EngineError as exc:
-                self.ready.set()
+                self._set_up(False)
                 if not warned:
                     log.warning(
                         "container engine not reachable: its containers are reported by id",
@@ -138,22 +163,38 @@ class EngineWatcher:
             since = until
 
     def _on_event(self, event: ContainerEvent) -> None:
+        """The event's own attributes at once; the inspect on the other thread."""
         if event.action == "destroy":
             return  # kept until its TTL: a failure is often looked up after the removal
         self._put(EngineContainer(event.container_id, event.name, event.image, labels=event.labels))
+        try:
+            self._inspects.put_nowait(event)
+        except queue.Full:
+            log.debug("inspect queue full", extra={"container_id": event.container_id})
+
+    def _inspect_loop(self) -> None:
+        while (event := self._inspects.get()) is not None:
+            known = self.get(event.container_id)
+            if known is None or not known.inspected:
+                self._inspect(event)
+
+    def _inspect(self, event: ContainerEvent) -> None:
         try:
             self._put(self._client.container(event.container_id))
         except EngineNotFound:  # removed already: its image's layers still are its root
             self._image_only(event)
         except EngineError as exc:
             log.debug("inspect failed", extra={"container_id": event.container_id, "error": exc})
+            self._put(EngineContainer(event.container_id, inspected=True))  # no more waits
 
     def _image_only(self, event: ContainerEvent) -> None:
-        if not event.image:
-            return
-        with contextlib.suppress(EngineError):
-            image_id, layers = self._client.image_layers(event.image)
-            self._put(EngineContainer(event.container_id, image_id=image_id, layers=layers))
+        image_id, layers = None, None
+        if event.image:
+            with contextlib.suppress(EngineError):
+                image_id, layers = self._client.image_layers(event.image)
+        self._put(
+            EngineContainer(event.container_id, image_id=image_id, layers=layers, inspected=True)
+        )
 
 
 def _merge(old: EngineContainer | None, new: EngineContainer) -> EngineContainer:
@@ -162,7 +203,7 @@ def _merge(old: EngineContainer | None, new: EngineContainer) -> EngineContainer
     changes = {
         f.name: getattr(new, f.name)
         for f in dataclasses.fields(new)
-        if getattr(new, f.name) not in (None, {}, ())
+        if getattr(new, f.name) not in (None, {}, (), False)
     }
     return dataclasses.replace(old, **changes)
 
@@ -194,16 +235,17 @@ class Engines:
             watcher.ready.wait(max(0.0, deadline - time.monotonic()))
 
     def lookup(
-        self, runtime: str | None, container_id: str, uid: int | None = None
+        self, runtime: str | None, container_id: str, uid: int | None = None, wait: float = 0.0
     ) -> Named | None:
-        """From memory only. `uid`: the owner the cgroup path names (a rootless engine's)."""
+        """From memory; up to `wait` seconds for an engine that is up to report a container
+        it is starting. `uid`: the owner the cgroup path names (a rootless engine's)."""
         for watcher in self._watchers:
             engine = watcher.engine
             if runtime is not None and engine.runtime != runtime:
                 continue
             if uid is not None and engine.user is not None and engine.user != _user_name(uid):
                 continue
-            found = watcher.get(container_id)
+            found = watcher.get(container_id, wait)
             if found is not None:
                 return Named(found, engine.runtime, engine.user)
         return None
