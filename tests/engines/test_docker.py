@@ -4,15 +4,21 @@ container was started with --rm and is gone within milliseconds."""
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import subprocess
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from execwatch.attribution import Attributor
+from execwatch.attribution.engines import Engines, EngineSocket
+from execwatch.diagnosis import FileDiagnoser
+from execwatch.record import KernelEvent, Reason
 from tests.attribution.runc_env import FOREIGN_BUSYBOX
 from tests.node.images import SIDE_NOSHEBANG, SIDE_SCRIPT, WEB_V2_ARM64, WEB_V2_MUSL
 from tests.support.engines.dockerd import Dockerd
@@ -126,3 +132,44 @@ def fail_in_docker_cgroup(container_id: str) -> None:
         subprocess.run(["/bin/sh", "-c", script], check=False)
     finally:
         os.rmdir(cgroup)
+
+
+def test_a_removed_container_is_diagnosed_from_its_image_layers(
+    dockerd: Dockerd, trace: Trace
+) -> None:
+    """No task, mount or container left: the root is stood up from the layers the engine
+    named at create (what `trace` falls back on when the container went faster than it)."""
+    engines = Engines([EngineSocket("docker", str(dockerd.socket))])
+    with Attributor(engines=engines) as attributor:
+        engines.wait_ready(10)
+        name = f"layers-{secrets.token_hex(3)}"
+        dockerd.docker("run", "--rm", "--name", name, WEB_V2_ARM64, check=False)
+        record = trace.wait_for({"container": name})
+        assert dockerd.docker("container", "inspect", name, check=False).returncode != 0
+        event = gone_caller(record)
+        diagnoser = FileDiagnoser.for_host(attributor)
+        prepared = diagnoser.prepare(event)
+        try:
+            assert "image layers of container" in prepared.root_description
+            diagnosis = diagnoser.diagnose(prepared)
+        finally:
+            os.close(prepared.root_fd)
+    assert (diagnosis.reason, diagnosis.binary_arch) == (Reason.FOREIGN_ARCHITECTURE, "arm64")
+
+
+def gone_caller(record: dict[str, Any]) -> KernelEvent:
+    """The probe's record of a failed exec, its caller and the caller's parent long gone."""
+    return KernelEvent(
+        time=record["time"],
+        errno=errno.ENOEXEC,
+        pid=record["tid"],
+        tgid=record["tid"],
+        ppid=record["ppid"],
+        uid=0,
+        comm=record["comm"],
+        parent_comm=record["parent_comm"],
+        path=record["path"],
+        cgroup_id=record["cgroup_id"],
+        mntns=record["mntns"],
+        syscall=record["syscall"],
+    )
