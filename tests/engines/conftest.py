@@ -11,6 +11,7 @@ import pytest
 
 from tests.node.images import SIDE_NOSHEBANG, WEB_V2_ARM64, WEB_V2_MUSL, build_workloads
 from tests.support.engines.dockerd import Dockerd
+from tests.support.engines.podman import Podman
 
 IMAGES = (WEB_V2_ARM64, WEB_V2_MUSL, SIDE_NOSHEBANG)
 
@@ -50,3 +51,18 @@ def dockerd(
         yield daemon
     finally:
         daemon.stop()
+
+
+@pytest.fixture(scope="session")
+def podman(
+    tmp_path_factory: pytest.TempPathFactory, workload_archives: dict[str, Path]
+) -> Iterator[Podman]:
+    """Rootful Podman with its service socket, the same images loaded (OCI archives)."""
+    engine = Podman(tmp_path_factory.mktemp("podman"))
+    try:
+        engine.start()
+        for archive in workload_archives.values():
+            engine.load(archive)
+        yield engine
+    finally:
+        engine.stop()

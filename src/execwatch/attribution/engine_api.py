@@ -24,6 +24,8 @@ MAX_LAYERS = 500  # overlayfs's own limit of lower layers
 COMPOSE_PROJECT = "com.docker.compose.project"
 COMPOSE_SERVICE = "com.docker.compose.service"
 CONTAINER_EVENTS = ("create", "start", "destroy")
+# What an event's attributes hold besides the container's labels (Docker, Podman).
+EVENT_ATTRIBUTES = frozenset({"name", "image", "exitCode", "containerExitCode", "podId"})
 
 
 class EngineError(Exception):
@@ -242,9 +244,9 @@ def _event(line: bytes) -> ContainerEvent | None:
     return ContainerEvent(
         action=action,
         container_id=cid,
-        name=attributes.pop("name", None),
-        image=attributes.pop("image", None),
-        labels=attributes,  # the rest of the attributes are the container's labels
+        name=attributes.get("name"),
+        image=attributes.get("image"),
+        labels={k: v for k, v in attributes.items() if k not in EVENT_ATTRIBUTES},
         time_nano=when if isinstance(when, int) else 0,
     )
 

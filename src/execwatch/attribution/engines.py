@@ -181,11 +181,9 @@ class EngineWatcher:
     def _inspect(self, event: ContainerEvent) -> None:
         try:
             self._put(self._client.container(event.container_id))
-        except EngineNotFound:  # removed already: its image's layers still are its root
-            self._image_only(event)
-        except EngineError as exc:
+        except EngineError as exc:  # removed already (or, Podman, still being created):
             log.debug("inspect failed", extra={"container_id": event.container_id, "error": exc})
-            self._put(EngineContainer(event.container_id, inspected=True))  # no more waits
+            self._image_only(event)  # its image's layers are its root
 
     def _image_only(self, event: ContainerEvent) -> None:
         image_id, layers = None, None

@@ -101,11 +101,13 @@ class Dockerd:
                 self._process.wait()
         self._process = None
         time.sleep(0.2)
-        for mount in reversed(_mounts_below(self.workdir)):
-            subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
+        unmount_below(self.workdir)
 
 
-def _mounts_below(top: Path) -> list[str]:
+def unmount_below(top: Path) -> None:
+    """What an engine left mounted in its directories (overlays, its state's tmpfs)."""
     prefix = str(top) + "/"
     with open("/proc/self/mountinfo") as f:
-        return [p for line in f if (p := line.split()[4]).startswith(prefix)]
+        mounts = [p for line in f if (p := line.split()[4]).startswith(prefix)]
+    for mount in reversed(mounts):
+        subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
