@@ -1,19 +1,23 @@
-"""One private dockerd for the session, with the suite's workload images loaded."""
+"""One private dockerd, one rootful and one rootless Podman for the session, each with the
+suite's workload images loaded."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from tests.node.images import SIDE_NOSHEBANG, WEB_V2_ARM64, WEB_V2_MUSL, build_workloads
 from tests.support.engines.dockerd import Dockerd
-from tests.support.engines.podman import Podman
+from tests.support.engines.podman import Podman, RootlessPodman
 
 IMAGES = (WEB_V2_ARM64, WEB_V2_MUSL, SIDE_NOSHEBANG)
+P = TypeVar("P", bound=Podman)
 
 
 @pytest.fixture(scope="session")
@@ -53,16 +57,32 @@ def dockerd(
         daemon.stop()
 
 
-@pytest.fixture(scope="session")
-def podman(
-    tmp_path_factory: pytest.TempPathFactory, workload_archives: dict[str, Path]
-) -> Iterator[Podman]:
-    """Rootful Podman with its service socket, the same images loaded (OCI archives)."""
-    engine = Podman(tmp_path_factory.mktemp("podman"))
+@contextlib.contextmanager
+def started(engine: P, archives: dict[str, Path]) -> Iterator[P]:
+    """A Podman service with the workload images loaded (OCI archives); stopped after."""
     try:
         engine.start()
-        for archive in workload_archives.values():
+        for archive in archives.values():
             engine.load(archive)
         yield engine
     finally:
         engine.stop()
+
+
+@pytest.fixture(scope="session")
+def podman(
+    tmp_path_factory: pytest.TempPathFactory, workload_archives: dict[str, Path]
+) -> Iterator[Podman]:
+    """Rootful Podman with its service socket."""
+    with started(Podman(tmp_path_factory.mktemp("podman")), workload_archives) as engine:
+        yield engine
+
+
+ROOTLESS_USER = "ewrootless"
+
+
+@pytest.fixture(scope="session")
+def rootless_podman(workload_archives: dict[str, Path]) -> Iterator[RootlessPodman]:
+    """The test user's own Podman service (the user created with subuid ranges if missing)."""
+    with started(RootlessPodman(ROOTLESS_USER), workload_archives) as engine:
+        yield engine

@@ -11,12 +11,15 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.node.images import SIDE_NOSHEBANG, SIDE_SCRIPT, WEB_V2_ARM64, WEB_V2_MUSL
-from tests.support.engines.podman import Podman
+from tests.support.engines.podman import Podman, RootlessPodman
 from tests.support.trace import Trace, running_trace
 
 
 @pytest.fixture(scope="module")
-def trace(podman: Podman, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trace]:
+def trace(
+    podman: Podman, rootless_podman: RootlessPodman, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Trace]:
+    """Started after both services: the rootless one is found at /run/user/UID/podman."""
     env = {**os.environ, "EXECWATCH_PODMAN_SOCKET": str(podman.socket)}
     with running_trace(env, tmp_path_factory.mktemp("trace") / "trace.log") as running:
         yield running
@@ -53,3 +56,17 @@ def test_each_failure_names_its_podman_container_and_is_diagnosed(
     ours = [r for r in trace.drain() if r.get("container") in runs]
     assert {r["container"] for r in ours} == {arm64, musl}
     assert all(r["reason"] != "Undiagnosed" for r in ours), ours
+
+
+def test_a_rootless_users_container_is_named_with_its_user(
+    rootless_podman: RootlessPodman, trace: Trace
+) -> None:
+    name = f"rootless-{secrets.token_hex(3)}"
+    rootless_podman.run(name, WEB_V2_ARM64)
+    record = trace.wait_for({"container": name, "path": "/bin/server"})
+    assert (record["reason"], record["binary_arch"]) == ("ForeignArchitecture", "arm64"), record
+    assert (record["runtime"], record["engine_user"]) == ("podman", rootless_podman.user)
+    assert record["image"] == WEB_V2_ARM64
+    uid = rootless_podman.uid
+    assert f"/user@{uid}.service/user.slice/libpod-" in record["cgroup_path"]
+    assert rootless_podman.podman("container", "exists", name, check=False).returncode == 1
