@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from execwatch.attribution.engine_api import (
     EngineContainer,
@@ -12,6 +13,7 @@ from execwatch.attribution.engine_api import (
 )
 from execwatch.attribution.engines import _merge
 from execwatch.attribution.layout import CgroupKind, parse_cgroup_path
+from execwatch.attribution.podman_storage import PodmanStorage
 from execwatch.output import human_line
 from execwatch.record import Attribution, AttributionStatus, Diagnosis, ExecFailure, KernelEvent
 from execwatch.runnable.reason import Reason
@@ -113,3 +115,25 @@ def test_a_later_event_does_not_undo_an_inspect() -> None:
     merged = _merge(inspected, EngineContainer(CID, "web-1", "shop/web:2"))
     assert merged.inspected
     assert (merged.image, merged.image_id) == ("shop/web:2", "sha256:1")
+
+
+def test_podman_state_gives_name_image_and_the_layer_chain(tmp_path: Path) -> None:
+    state = tmp_path / "overlay-containers"
+    state.mkdir()
+    metadata = json.dumps({"image-name": "docker.io/shop/web:2", "name": "web-1"})
+    container = {"id": CID, "names": ["web-1"], "image": "1" * 64, "layer": "top"}
+    (state / "containers.json").write_text(json.dumps([{**container, "metadata": metadata}]))
+    (tmp_path / "overlay-layers").mkdir()
+    layers = [{"id": "base"}, {"id": "top", "parent": "base"}, {"id": "../x", "parent": "top"}]
+    (tmp_path / "overlay-layers" / "layers.json").write_text(json.dumps(layers))
+    found = PodmanStorage(tmp_path).container(CID)
+    assert found is not None
+    assert (found.name, found.image, found.image_id) == ("web-1", "docker.io/shop/web:2", "1" * 64)
+    assert found.layers is not None
+    assert found.layers.top_first == (
+        f"{tmp_path}/overlay/top/diff",
+        f"{tmp_path}/overlay/base/diff",
+    )
+    assert PodmanStorage(tmp_path).container("f" * 64) is None
+    (state / "containers.json").write_text("[" * 100000)  # nested past the parser's depth
+    assert PodmanStorage(tmp_path).container(CID) is None

@@ -7,6 +7,7 @@ import os
 import secrets
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -70,3 +71,22 @@ def test_a_rootless_users_container_is_named_with_its_user(
     uid = rootless_podman.uid
     assert f"/user@{uid}.service/user.slice/libpod-" in record["cgroup_path"]
     assert rootless_podman.podman("container", "exists", name, check=False).returncode == 1
+
+
+def test_without_a_service_podman_containers_are_named_from_its_storage(
+    podman: Podman, tmp_path: Path
+) -> None:
+    """No socket (EXECWATCH_PODMAN_SOCKET names none): containers/storage's own state."""
+    env = {
+        **os.environ,
+        "EXECWATCH_PODMAN_SOCKET": str(tmp_path / "absent.sock"),
+        "EXECWATCH_PODMAN_STORAGE": str(podman.graph_root),
+    }
+    with running_trace(env, tmp_path / "trace.log") as trace:
+        name = f"stateonly-{secrets.token_hex(3)}"
+        podman.run(name, WEB_V2_ARM64)
+        record = trace.wait_for({"container": name, "path": "/bin/server"})
+    assert (record["reason"], record["runtime"]) == ("ForeignArchitecture", "podman"), record
+    assert record["image"] == WEB_V2_ARM64
+    image_id = podman.podman("image", "inspect", "--format", "{{.Id}}", WEB_V2_ARM64).stdout
+    assert record["image_id"] == image_id.strip()

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from cachetools import TTLCache
 
@@ -33,11 +34,13 @@ from execwatch.attribution.engine_api import (
     EngineNotFound,
     default_docker_socket,
 )
+from execwatch.attribution.podman_storage import ROOTFUL_GRAPH_ROOT, PodmanStorage
 
 log = logging.getLogger(__name__)
 
 PODMAN_ROOTFUL_SOCKET = "/run/podman/podman.sock"
 PODMAN_ROOTLESS_SOCKETS = "/run/user/*/podman/podman.sock"
+PODMAN_STORAGE_ENV = "EXECWATCH_PODMAN_STORAGE"  # rootful Podman's graph root, if not the default
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,14 +211,24 @@ def _merge(old: EngineContainer | None, new: EngineContainer) -> EngineContainer
 
 class Engines:
     """The host's engines: Docker (DOCKER_HOST or /var/run/docker.sock), rootful Podman and
-    each rootless user's Podman whose service socket exists at start."""
+    each rootless user's Podman whose service socket exists at start; for a Podman
+    container no service named, Podman's on-disk state (root's, or the cgroup's user's)."""
 
     def __init__(
-        self, sockets: Iterable[EngineSocket] | None = None, config: EngineConfig | None = None
+        self,
+        sockets: Iterable[EngineSocket] | None = None,
+        config: EngineConfig | None = None,
+        podman_storage: Path | None = None,
     ) -> None:
         self._sockets = list(sockets) if sockets is not None else None
-        self._config = config
+        self._config = config or EngineConfig()
         self._watchers: list[EngineWatcher] = []
+        root = podman_storage or Path(os.environ.get(PODMAN_STORAGE_ENV, ROOTFUL_GRAPH_ROOT))
+        self._rootful_storage = PodmanStorage(root)
+        self._from_storage: TTLCache[tuple[str, int | None], EngineContainer] = TTLCache(
+            self._config.cache_size, self._config.ttl
+        )
+        self._storage_lock = threading.Lock()
 
     def start(self) -> None:
         sockets = self._sockets if self._sockets is not None else host_engine_sockets()
@@ -246,7 +259,23 @@ class Engines:
             found = watcher.get(container_id, wait)
             if found is not None:
                 return Named(found, engine.runtime, engine.user)
-        return None
+        return self._podman_state(container_id, uid) if runtime == "podman" else None
+
+    def _podman_state(self, container_id: str, uid: int | None) -> Named | None:
+        """Where no Podman service told: the user's (or root's) containers/storage state,
+        read once per container and kept as the watchers keep theirs."""
+        user = _user_name(uid) if uid is not None else None
+        key = (container_id, uid)
+        with self._storage_lock:
+            found = self._from_storage.get(key)
+        if found is None:
+            storage = PodmanStorage.of_user(uid) if uid is not None else self._rootful_storage
+            found = storage.container(container_id) if storage is not None else None
+            if found is None:
+                return None
+            with self._storage_lock:
+                self._from_storage[key] = found
+        return Named(found, "podman", user)
 
 
 def host_engine_sockets(environ: Mapping[str, str] = os.environ) -> list[EngineSocket]:

@@ -46,6 +46,10 @@ class Podman:
         return ["podman"]
 
     @property
+    def graph_root(self) -> Path:
+        return self.workdir / "root"
+
+    @property
     def flags(self) -> list[str]:
         return [
             "--root", str(self.workdir / "root"),
