@@ -8,6 +8,7 @@ import errno
 import os
 import secrets
 import subprocess
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -173,3 +174,13 @@ def gone_caller(record: dict[str, Any]) -> KernelEvent:
         mntns=record["mntns"],
         syscall=record["syscall"],
     )
+
+
+def test_closing_does_not_wait_for_the_events_window(dockerd: Dockerd) -> None:
+    engines = Engines([EngineSocket("docker", str(dockerd.socket))])
+    engines.start()
+    engines.wait_ready(10)
+    time.sleep(0.5)  # inside an events stream
+    began = time.monotonic()
+    engines.close()
+    assert time.monotonic() - began < 1.0

@@ -8,10 +8,12 @@ library; every read has a deadline and every answer a size bound.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
 import socket
+import threading
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -113,6 +115,16 @@ class EngineClient:
     def __init__(self, socket_path: str, timeout: float = 2.0) -> None:
         self.socket_path = socket_path
         self.timeout = timeout
+        self._lock = threading.Lock()
+        self._streams: set[_UnixConnection] = set()
+
+    def cancel_streams(self) -> None:
+        """Ends every events stream now (from another thread): its reader sees the end."""
+        with self._lock:
+            for conn in self._streams:
+                if conn.sock is not None:
+                    with contextlib.suppress(OSError):
+                        conn.sock.shutdown(socket.SHUT_RDWR)
 
     def container(self, ref: str) -> EngineContainer:
         data = self._get_json(f"/containers/{_quote(ref)}/json")
@@ -139,6 +151,8 @@ class EngineClient:
         filters = json.dumps({"type": ["container"], "event": list(CONTAINER_EVENTS)})
         query = urllib.parse.urlencode({"since": since, "until": until, "filters": filters})
         conn = _UnixConnection(self.socket_path, max(1.0, until - since) + self.timeout)
+        with self._lock:
+            self._streams.add(conn)
         try:
             response = self._request(conn, f"/events?{query}")
             if response.status != 200:
@@ -150,6 +164,8 @@ class EngineClient:
         except (OSError, http.client.HTTPException) as exc:
             raise EngineError(f"events: {exc}") from exc
         finally:
+            with self._lock:
+                self._streams.discard(conn)
             conn.close()
 
     def ping(self) -> None:

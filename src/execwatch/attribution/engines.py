@@ -98,6 +98,7 @@ class EngineWatcher:
 
     def close(self) -> None:
         self._stop.set()
+        self._client.cancel_streams()
         with contextlib.suppress(queue.Full):
             self._inspects.put_nowait(None)
         for thread in self._threads:
@@ -140,6 +141,8 @@ class EngineWatcher:
                 warned = False
                 self._follow(since)
             except EngineError as exc:
+                if self._stop.is_set():
+                    return  # close() ended the stream
                 self._set_up(False)
                 if not warned:
                     log.warning(
