@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from execwatch.attribution.engine_api import (
@@ -11,7 +12,7 @@ from execwatch.attribution.engine_api import (
     container_from_inspect,
     socket_from_host,
 )
-from execwatch.attribution.engines import _merge
+from execwatch.attribution.engines import EngineSocket, EngineWatcher, _merge
 from execwatch.attribution.layout import CgroupKind, parse_cgroup_path
 from execwatch.attribution.podman_storage import PodmanStorage
 from execwatch.output import human_line
@@ -137,3 +138,16 @@ def test_podman_state_gives_name_image_and_the_layer_chain(tmp_path: Path) -> No
     assert PodmanStorage(tmp_path).container("f" * 64) is None
     (state / "containers.json").write_text("[" * 100000)  # nested past the parser's depth
     assert PodmanStorage(tmp_path).container(CID) is None
+
+
+def test_an_id_waited_for_in_vain_is_not_waited_for_again_at_once() -> None:
+    """A cgroup laid out like this engine's that it never reports (another daemon's): one
+    wait, then none for UNKNOWN_TTL, so repeated failures there cost no budget."""
+    watcher = EngineWatcher(EngineSocket("docker", "/nonexistent.sock"))
+    watcher.up = True  # as if its events stream were open
+    began = time.monotonic()
+    assert watcher.get(CID, wait=0.2) is None
+    assert time.monotonic() - began >= 0.2
+    began = time.monotonic()
+    assert watcher.get(CID, wait=0.2) is None
+    assert time.monotonic() - began < 0.05

@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 PODMAN_ROOTFUL_SOCKET = "/run/podman/podman.sock"
 PODMAN_ROOTLESS_SOCKETS = "/run/user/*/podman/podman.sock"
+UNKNOWN_TTL = 2.0  # seconds an id waited for in vain is not waited for again
 PODMAN_STORAGE_ENV = "EXECWATCH_PODMAN_STORAGE"  # rootful Podman's graph root, if not the default
 
 
@@ -80,6 +81,9 @@ class EngineWatcher:
         self._cache: TTLCache[str, EngineContainer] = TTLCache(
             self.config.cache_size, self.config.ttl
         )
+        # Ids waited for in vain (another engine's, or never reported): not waited for again
+        # until they expire.
+        self._unknown: TTLCache[str, bool] = TTLCache(self.config.cache_size, UNKNOWN_TTL)
         self._changed = threading.Condition()
         self._stop = threading.Event()
         self._inspects: queue.Queue[ContainerEvent | None] = queue.Queue(self.config.inspect_queue)
@@ -110,10 +114,16 @@ class EngineWatcher:
         inspected, wait up to `wait` seconds for its event and inspect to come in."""
         deadline = time.monotonic() + wait
         with self._changed:
+            if container_id in self._unknown:
+                return self._cache.get(container_id)
             while True:
                 found = self._cache.get(container_id)
                 left = deadline - time.monotonic()
-                if (found is not None and found.inspected) or not self.up or left <= 0:
+                if (found is not None and found.inspected) or not self.up:
+                    return found
+                if left <= 0:
+                    if wait > 0:
+                        self._unknown[container_id] = True
                     return found
                 self._changed.wait(left)
 
