@@ -22,10 +22,9 @@ from execwatch.diagnosis import FileDiagnoser
 from execwatch.record import KernelEvent, Reason
 from tests.attribution.runc_env import FOREIGN_BUSYBOX
 from tests.node.images import SIDE_NOSHEBANG, SIDE_SCRIPT, WEB_V2_ARM64, WEB_V2_MUSL
+from tests.support.engines import unified_cgroup
 from tests.support.engines.dockerd import Dockerd
 from tests.support.trace import Trace, running_trace
-
-UNIFIED = Path("/sys/fs/cgroup/unified")
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +125,7 @@ def test_a_stopped_daemon_leaves_the_tracer_reporting_by_id(
 
 def fail_in_docker_cgroup(container_id: str) -> None:
     """A task in a cgroup laid out as Docker's cgroupfs driver does, exec'ing an arm64 binary."""
-    cgroup = UNIFIED / "docker" / container_id
+    cgroup = unified_cgroup(f"/docker/{container_id}")
     cgroup.mkdir(parents=True)
     try:
         script = f"echo $$ > {cgroup}/cgroup.procs && exec {FOREIGN_BUSYBOX} true"

@@ -27,11 +27,11 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.support.engines import unified_cgroup
 from tests.support.engines.dockerd import unmount_below
 from tests.support.wait import wait_until
 
 ULIMITS = ("--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
-UNIFIED = Path("/sys/fs/cgroup/unified")
 USER_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"  # not root's: the user cannot read it
 
 
@@ -180,8 +180,8 @@ class RootlessPodman(Podman):
             _rmdir_when_empty(scope)
 
     def scope(self, container_id: str) -> Path:
-        service = f"user.slice/user-{self.uid}.slice/user@{self.uid}.service"
-        return UNIFIED / service / "user.slice" / f"libpod-{container_id}.scope"
+        service = f"/user.slice/user-{self.uid}.slice/user@{self.uid}.service"
+        return unified_cgroup(f"{service}/user.slice/libpod-{container_id}.scope")
 
     def stop(self) -> None:
         super().stop()
