@@ -101,6 +101,11 @@ class Attribution:
     image: str | None = None
     workload_kind: str | None = None
     workload: str | None = None
+    # A Docker or Podman container's, from its engine (container and image above name it):
+    image_id: str | None = None
+    compose_project: str | None = None  # com.docker.compose.project
+    compose_service: str | None = None  # com.docker.compose.service
+    engine_user: str | None = None  # the user whose rootless engine runs the container
 
 
 class Kind(enum.IntEnum):

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from execwatch.attribution.cri.client import CriContainers
+from execwatch.attribution.engine_api import Layers
+from execwatch.attribution.engines import Engines, Named
 from execwatch.attribution.inventory import CgroupInventory
 from execwatch.attribution.layout import CgroupKind, CgroupLayout, parse_cgroup_path
 from execwatch.attribution.metadata import (
@@ -65,12 +67,14 @@ class Attributor:
         mounts: CgroupMounts | None = None,
         containers: ContainerSource | None = None,
         pods: PodSource | None = None,
+        engines: Engines | None = None,
         proc: Path = Path("/proc"),
     ) -> None:
         self.config = config or AttributorConfig()
         self._mounts = mounts
         self._containers = containers
         self._pods = pods
+        self._engines = engines
         self._proc = proc
         self.inventory: CgroupInventory | None = None
         self._lock = threading.Lock()
@@ -88,6 +92,9 @@ class Attributor:
         self._mounts = mounts
         if self._containers is None:
             self._containers = CriContainers()
+        if self._engines is None:
+            self._engines = Engines()
+        self._engines.start()
         if mounts.unified is not None:
             hook = self._on_new_cgroup if self.config.prefetch else None
             self.inventory = CgroupInventory(
@@ -120,6 +127,8 @@ class Attributor:
             self._pods.close()
         if self._containers is not None:
             self._containers.close()
+        if self._engines is not None:
+            self._engines.close()
         self._started = False
 
     def __enter__(self) -> Attributor:
@@ -158,15 +167,49 @@ class Attributor:
         if layout.kind is CgroupKind.HOST:
             return Attribution(AttributionStatus.HOST, cgroup_path=layout.path)
         if layout.kind is CgroupKind.CONTAINER:
-            return Attribution(
-                AttributionStatus.HOST,
-                cgroup_path=layout.path,
-                runtime=layout.runtime,
-                container_id=layout.container_id,
-            )
+            return self._engine_container(layout)
         if layout.kind is CgroupKind.UNKNOWN:
             return Attribution(AttributionStatus.UNATTRIBUTED, cgroup_path=layout.path)
         return self._kubernetes(layout)
+
+    def engine_layers(
+        self, cgroup_id: int, pid: int | None = None, *, name: str = "", parent_id: int = 0
+    ) -> tuple[str, Layers] | None:
+        """(container id, its graph driver's directories) of a Docker or Podman container,
+        from memory: the root of a container already gone, for the diagnosis."""
+        layout = self._layout(cgroup_id, pid, name, parent_id)
+        if layout is None or layout.kind is not CgroupKind.CONTAINER or not layout.container_id:
+            return None
+        named = self._engine_named(layout, wait=0.0)
+        if named is None or named.container.layers is None:
+            return None
+        return layout.container_id, named.container.layers
+
+    def _engine_named(self, layout: CgroupLayout, wait: float) -> Named | None:
+        """An engine reports a container it starts a moment after its cgroup appears:
+        waited for at most `wait` (resolve's budget), never while the engine is down."""
+        if self._engines is None or not layout.container_id:
+            return None
+        return self._engines.lookup(
+            layout.runtime, layout.container_id, layout.owner_uid, wait=wait
+        )
+
+    def _engine_container(self, layout: CgroupLayout) -> Attribution:
+        """A container outside Kubernetes: `host`, named by its engine when it knows it."""
+        named = self._engine_named(layout, wait=self.config.budget)
+        found = named.container if named is not None else None
+        return Attribution(
+            AttributionStatus.HOST,
+            cgroup_path=layout.path,
+            runtime=layout.runtime,
+            container_id=layout.container_id,
+            container=found.name if found else None,
+            image=found.image if found else None,
+            image_id=found.image_id if found else None,
+            compose_project=found.compose_project if found else None,
+            compose_service=found.compose_service if found else None,
+            engine_user=named.user if named else None,
+        )
 
     def has_names_for(self, container_id: str) -> bool:
         """Whether the runtime's metadata for this container is already held (diagnostics)."""

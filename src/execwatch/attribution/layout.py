@@ -56,6 +56,7 @@ _CGROUPFS_POD = re.compile(r"^pod(?P<uid>[0-9a-f-]+)$")
 _CGROUPFS_CONTAINER = re.compile(rf"^(?:(?P<prefix>{_PREFIX})-)?(?P<id>{_HEX64})(?:\.scope)?$")
 _UID = re.compile(rf"^(?:{_UUID}|{_HASH32})$")
 _SERVICE = re.compile(r"^[A-Za-z0-9:_.\\@-]+\.(?:service|scope|slice)$")
+_USER_SERVICE = re.compile(r"^user@(?P<uid>[0-9]{1,10})\.service$")
 _MAX_PATH = 4096
 
 
@@ -72,6 +73,7 @@ class CgroupLayout:
     container_id: str | None = None
     monitor: bool = False  # crio-conmon / libpod-conmon: the runtime's monitor process
     unit: str | None = None  # innermost systemd unit, for host processes
+    owner_uid: int | None = None  # a container in user@UID.service: a rootless engine's
 
 
 def parse_cgroup_path(path: str, kubelet_root: str | None = None) -> CgroupLayout:
@@ -203,6 +205,7 @@ def _outside_kubernetes(path: str, parts: list[str]) -> CgroupLayout:
                 runtime=_runtime(m["prefix"]),
                 container_id=m["id"],
                 monitor=m["prefix"].endswith("-conmon"),
+                owner_uid=_owner_uid(parts[:index]),
             )
         nxt = parts[index + 1] if index + 1 < len(parts) else None
         if part in ("docker", "libpod_parent") and nxt:
@@ -221,3 +224,11 @@ def _outside_kubernetes(path: str, parts: list[str]) -> CgroupLayout:
     if units and _SERVICE.match(parts[0]):
         return CgroupLayout(CgroupKind.HOST, path, CgroupDriver.SYSTEMD, unit=units[-1])
     return CgroupLayout(CgroupKind.UNKNOWN, path)
+
+
+def _owner_uid(ancestors: list[str]) -> int | None:
+    """The user whose systemd instance (user@UID.service) holds the container."""
+    for part in ancestors:
+        if m := _USER_SERVICE.match(part):
+            return int(m["uid"])
+    return None

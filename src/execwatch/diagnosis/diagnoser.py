@@ -12,17 +12,19 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+from execwatch.attribution.engine_api import Layers
 from execwatch.binfmt import Platform, node_platform
 from execwatch.diagnosis import wording
 from execwatch.diagnosis.budget import SlowFileSystem, SlowMounts
 from execwatch.diagnosis.container_rootfs import Candidate, ContainerRootfs
+from execwatch.diagnosis.engine_root import EngineRoots
 from execwatch.diagnosis.examine import Context, Examiner
 from execwatch.diagnosis.roots import RootLocator
 from execwatch.diagnosis.startup import StartupDiagnoser
 from execwatch.diagnosis.target import TargetOpener
 from execwatch.probe import events
 from execwatch.record import Diagnosis, KernelEvent, Reason, UndiagnosedCause
-from execwatch.runnable.openat2 import Resolver
+from execwatch.runnable.openat2 import Resolver, Root
 
 
 class ContainerIds(Protocol):
@@ -31,6 +33,10 @@ class ContainerIds(Protocol):
     def container_id(
         self, cgroup_id: int, pid: int | None = None, *, name: str = "", parent_id: int = 0
     ) -> str | None: ...
+
+    def engine_layers(
+        self, cgroup_id: int, pid: int | None = None, *, name: str = "", parent_id: int = 0
+    ) -> tuple[str, Layers] | None: ...
 
 
 class FileDiagnoser:
@@ -49,7 +55,19 @@ class FileDiagnoser:
                 container_id = _container_of(containers, event)
             return rootfs.candidates(container_id or None, parent=event.ppid)
 
-        made = cls(RootLocator(extra=[container_rootfs]), slow=slow)
+        engine_roots = EngineRoots()
+
+        def engine_root(event: KernelEvent) -> Root | None:
+            found = containers.engine_layers(
+                event.cgroup_id,
+                event.tgid,
+                name=event.cgroup_name,
+                parent_id=event.cgroup_parent_id,
+            )
+            return engine_roots.open(*found) if found is not None else None
+
+        locator = RootLocator(extra=[container_rootfs], last=[engine_root])
+        made = cls(locator, slow=slow)
         made._containers = containers
         return made
 

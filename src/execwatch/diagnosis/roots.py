@@ -24,14 +24,23 @@ from execwatch.runnable.openat2 import Resolver, Root
 
 AT_FDCWD = -100
 ExtraLocator = Callable[[KernelEvent], Iterable[Candidate]]
+# A root stood up from what a container engine recorded by the container's id (its image
+# layers), when no live root is left: tried last, as its root is not the kernel's inode.
+LastResort = Callable[[KernelEvent], Root | None]
 
 
 class RootLocator:
     """Opens an O_PATH fd on the root of the task that failed, or of a live stand-in."""
 
-    def __init__(self, proc: Path = Path("/proc"), extra: Iterable[ExtraLocator] = ()) -> None:
+    def __init__(
+        self,
+        proc: Path = Path("/proc"),
+        extra: Iterable[ExtraLocator] = (),
+        last: Iterable[LastResort] = (),
+    ) -> None:
         self._proc = proc
         self._extra = list(extra)
+        self._last = list(last)
         self._resolver = Resolver()
         self._rootfs = ContainerRootfs(proc)
         self._peer_by_root: OrderedDict[tuple[int, int], int] = OrderedDict()  # bounded LRU
@@ -57,6 +66,9 @@ class RootLocator:
         peer = self._find_peer(event)
         if peer is not None and (root := self._open_pid_root(peer, event)):
             return Root(root.fd, f"root of pid {peer}, a live task with the same root")
+        for stand_up in self._last:
+            if root := stand_up(event):
+                return root
         return None
 
     def _open_recorded(self, event: KernelEvent) -> Root | None:

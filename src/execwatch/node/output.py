@@ -40,12 +40,29 @@ def human_line(failure: ExecFailure) -> str:
         pod = f"{a.namespace or ''}/{a.pod}"
         parts.append(f"pod={safe_text(pod)} container={safe_text(a.container or '')}")
     elif a.container_id:
-        parts.append(f"container={a.container_id[:12]}")
+        parts.extend(_engine_container(failure))
     if failure.count > 1:
         parts.append(f"x{failure.count} more")
     if d.detail:
         parts.append(f"— {safe_text(d.detail)}")
     return " ".join(parts)
+
+
+def _engine_container(failure: ExecFailure) -> list[str]:
+    """A Docker or Podman container: its id, and what its engine named."""
+    a = failure.attribution
+    cid = (a.container_id or "")[:12]
+    if not a.container:
+        return [f"container={cid}"]
+    parts = [f"container={safe_text(a.container)} ({cid} {a.runtime or ''})".replace(" )", ")")]
+    if a.image:
+        parts.append(f"image={safe_text(a.image)}")
+    if a.compose_project or a.compose_service:
+        compose = f"{a.compose_project or ''}/{a.compose_service or ''}"
+        parts.append(f"compose={safe_text(compose)}")
+    if a.engine_user:
+        parts.append(f"user={safe_text(a.engine_user)}")
+    return parts
 
 
 class Printer:
