@@ -15,7 +15,7 @@ from execwatch.attribution.engine_api import (
 from execwatch.attribution.engines import EngineSocket, EngineWatcher, _merge
 from execwatch.attribution.layout import CgroupKind, parse_cgroup_path
 from execwatch.attribution.podman_storage import PodmanStorage
-from execwatch.output import human_line
+from execwatch.node.output import human_line
 from execwatch.record import Attribution, AttributionStatus, Diagnosis, ExecFailure, KernelEvent
 from execwatch.runnable.reason import Reason
 
