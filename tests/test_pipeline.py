@@ -364,6 +364,8 @@ def test_every_kind_has_one_entry_the_diagnoser_dispatches_on() -> None:
         assert events.repeat_key(raw).kind == kind
         if kind == Kind.ENOEXEC_EXIT:
             assert entry.diagnose is None
+            with pytest.raises(ValueError, match="ENOEXEC_EXIT records are not diagnosed"):
+                FileDiagnoser().diagnose(decoded)
         else:
             assert callable(entry.diagnose)
     assert not events.KINDS[Kind.EMULATED].reads_files
