@@ -107,8 +107,8 @@ class Attribution:
 
 class Kind(enum.IntEnum):
     """What the kernel reported: enum ew_kind of bpf/execwatch.h, the first field of every
-    ring-buffer record. Each kind has its decoder, repeat key and diagnosis
-    (probe.events.KINDS)."""
+    ring-buffer record. Each kind has its event type (below: ExecFailed, EarlyDeath,
+    Emulated, EnoexecExit), decoder, repeat key and diagnosis (probe.events.KINDS)."""
 
     EXEC_FAILED = 1  # an exec the kernel refused
     EARLY_DEATH = 2  # a process that died in its loader or by a fatal signal right after exec
