@@ -44,7 +44,7 @@ from execwatch.attribution.cri.client import CriContainers
 from execwatch.diagnosis import FileDiagnoser
 from execwatch.diagnosis.budget import SlowMounts
 from execwatch.diagnosis.sandbox import DiagnosisPool
-from execwatch.record import Diagnosis, ExecFailure, KernelEvent, Reason
+from execwatch.record import Diagnosis, ExecFailed, ExecFailure, Reason
 
 EM_AARCH64 = 183
 
@@ -81,9 +81,9 @@ def diagnosed(record: ExecFailure | None, death: Death | None) -> bool:
     return d.reason is Reason.FOREIGN_ARCHITECTURE and d.binary_arch == FOREIGN_ARCH
 
 
-def own_failure(path: Path) -> KernelEvent:
+def own_failure(path: Path) -> ExecFailed:
     """A failed exec of `path` by this process, as the probe would report it."""
-    return KernelEvent(
+    return ExecFailed(
         time=time.time(),
         errno=errno.ENOEXEC,
         pid=os.getpid(),
@@ -115,9 +115,9 @@ def timings(call: Callable[[], Diagnosis], calls: int) -> dict[str, float]:
     }
 
 
-def thread_handoff(diagnoser: FileDiagnoser, event: KernelEvent, calls: int) -> dict[str, float]:
+def thread_handoff(diagnoser: FileDiagnoser, event: ExecFailed, calls: int) -> dict[str, float]:
     """The old design: the event queued to a diagnosis thread, the answer waited for."""
-    jobs: queue.SimpleQueue[KernelEvent | None] = queue.SimpleQueue()
+    jobs: queue.SimpleQueue[ExecFailed | None] = queue.SimpleQueue()
     answers: queue.SimpleQueue[Diagnosis] = queue.SimpleQueue()
 
     def work() -> None:

@@ -4,21 +4,19 @@ real probe's part is in tests/probe/test_missing_shebang.py."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from execwatch.pipeline.fates import (
     FATE_EXIT_FORGOTTEN,
     FATE_HOLD_FULL,
     FATE_LOST,
     Fates,
 )
-from execwatch.record import Diagnosis, ExecFailure, KernelEvent, Kind, Reason
+from execwatch.record import Diagnosis, EnoexecExit, ExecFailed, ExecFailure, Reason
 
 FAILED_AT = 1000.0
 
 
 def failure(tgid: int, at: float = FAILED_AT) -> ExecFailure:
-    event = KernelEvent(
+    event = ExecFailed(
         time=at,
         errno=8,
         pid=tgid,
@@ -36,13 +34,18 @@ def failure(tgid: int, at: float = FAILED_AT) -> ExecFailure:
     return ExecFailure(event, diagnosis)
 
 
-def exit_of(tgid: int, code: int = 1, *, execed: bool = False) -> KernelEvent:
+def exit_of(tgid: int, code: int = 1, *, execed: bool = False) -> EnoexecExit:
     held = failure(tgid).event
-    return replace(
-        held,
-        kind=Kind.ENOEXEC_EXIT,
-        errno=0,
-        path="",
+    return EnoexecExit(
+        time=held.time,
+        pid=held.pid,
+        tgid=held.tgid,
+        ppid=held.ppid,
+        uid=held.uid,
+        comm=held.comm,
+        parent_comm=held.parent_comm,
+        cgroup_id=held.cgroup_id,
+        mntns=held.mntns,
         syscall="exit_group",
         exit_code=code,
         age_ms=0.1,

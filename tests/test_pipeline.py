@@ -8,9 +8,10 @@ import multiprocessing
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import cast
+from typing import ClassVar, cast
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -138,7 +139,11 @@ def test_different_containers_and_errnos_are_kept_apart(
     p.on_record(raw_event(b"/bin/x", cgroup=2))
     p.on_record(raw_event(b"/bin/x", cgroup=2, err=2))
     settled(p)
-    assert sorted((f.event.cgroup_id, f.event.errno) for f in emitted) == [(1, 8), (2, 2), (2, 8)]
+    assert sorted((f.event.cgroup_id, f.event.status) for f in emitted) == [
+        (1, "ENOEXEC"),
+        (2, "ENOENT"),
+        (2, "ENOEXEC"),
+    ]
 
 
 def test_evicting_a_slot_emits_its_pending_count(
@@ -284,12 +289,20 @@ class Sample(ctypes.Structure):
 SAMPLE = layout.Record(ProbeKind.SAMPLE, "EW_KIND_SAMPLE", Sample)
 
 
-def decode_sample(raw: bytes, epoch_offset: float) -> KernelEvent:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SampleEvent(KernelEvent):
+    """The new kind's event: the fields it has."""
+
+    kind: ClassVar[Kind] = cast(Kind, ProbeKind.SAMPLE)
+    value: int
+
+
+def decode_sample(raw: bytes, epoch_offset: float) -> SampleEvent:
     r = SAMPLE.unpack(raw)
-    return KernelEvent(
-        time=epoch_offset + r.ktime_ns / 1e9, errno=0, pid=r.pid, tgid=r.tgid, ppid=r.ppid,
+    return SampleEvent(
+        time=epoch_offset + r.ktime_ns / 1e9, pid=r.pid, tgid=r.tgid, ppid=r.ppid,
         uid=r.uid, comm="", parent_comm="", path=str(r.value), cgroup_id=r.cgroup_id,
-        mntns=r.mntns, syscall="", root_ino=r.root_ino, kind=cast(Kind, ProbeKind.SAMPLE),
+        mntns=r.mntns, syscall="", root_ino=r.root_ino, value=r.value,
     )  # fmt: skip
 
 
@@ -299,10 +312,15 @@ def sample_key(raw: bytes) -> RepeatKey:
 
 
 class SampleDiagnoser(FileDiagnoser):
-    """The new kind's diagnosis: the method its entry names."""
+    """The new kind's diagnosis, which its entry calls."""
 
-    def sample(self, event: KernelEvent) -> Diagnosis:
-        return Diagnosis(Reason.UNDIAGNOSED, self.node_arch, detail=f"sample {event.path}")
+    def sample(self, event: SampleEvent) -> Diagnosis:
+        return Diagnosis(Reason.UNDIAGNOSED, self.node_arch, detail=f"sample {event.value}")
+
+
+def diagnose_sample(by: events.Diagnoses, event: SampleEvent) -> Diagnosis:
+    assert isinstance(by, SampleDiagnoser)
+    return by.sample(event)
 
 
 def test_a_new_kind_of_record_is_one_entry(
@@ -313,7 +331,9 @@ def test_a_new_kind_of_record_is_one_entry(
     """Decoding, repeat keys, folding and the diagnoser's dispatch all go by the record's
     kind through probe.events.KINDS: one more entry there carries a new kind of record
     through the pipeline, apart from the others' records with the same numbers."""
-    entry = events.RecordKind(SAMPLE, decode_sample, sample_key, "sample", reads_files=False)
+    entry = events.RecordKind(
+        SampleEvent, SAMPLE, decode_sample, sample_key, diagnose_sample, reads_files=False
+    )
     monkeypatch.setattr(events, "KINDS", MappingProxyType({**events.KINDS, SAMPLE.kind: entry}))
     sample = SAMPLE.pack(cgroup_id=7, mntns=MNTNS, root_ino=2, pid=10, tgid=10, value=11)
     p = pipeline(SampleDiagnoser(), emitted)
@@ -332,19 +352,22 @@ def test_a_new_kind_of_record_is_one_entry(
 
 
 def test_every_kind_has_one_entry_the_diagnoser_dispatches_on() -> None:
-    """Each kind of record the probe sends: decoded with its kind, keyed with it, and
-    diagnosed by the method its entry names (none of them by the fields it has set), but
-    an enoexec exit, which only decides a held failure's fate."""
+    """Each kind of record the probe sends: decoded into its own event type, keyed with its
+    kind, and diagnosed by the callable its entry holds, but an enoexec exit, which only
+    decides a held failure's fate."""
     assert sorted(events.KINDS) == sorted(Kind)
     for kind, entry in events.KINDS.items():
         raw = entry.layout.pack(cgroup_id=7, mntns=MNTNS, root_ino=2)
-        assert events.decode_record(raw, 0.0).kind is Kind(kind)
+        decoded = events.decode_record(raw, 0.0)
+        assert type(decoded) is entry.event
+        assert decoded.kind is entry.event.kind is Kind(kind)
         assert events.repeat_key(raw).kind == kind
         if kind == Kind.ENOEXEC_EXIT:
             assert entry.diagnose is None
+            with pytest.raises(ValueError, match="ENOEXEC_EXIT records are not diagnosed"):
+                FileDiagnoser().diagnose(decoded)
         else:
-            assert entry.diagnose is not None
-            assert callable(getattr(FileDiagnoser, entry.diagnose))
+            assert callable(entry.diagnose)
     assert not events.KINDS[Kind.EMULATED].reads_files
     assert not events.KINDS[Kind.ENOEXEC_EXIT].reads_files
 

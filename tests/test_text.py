@@ -19,7 +19,7 @@ from execwatch.binfmt import Platform
 from execwatch.kube.safe import is_label_value
 from execwatch.logs import KeyValueFormatter
 from execwatch.node.output import human_line, json_line
-from execwatch.record import Diagnosis, ExecFailure, KernelEvent, Reason
+from execwatch.record import Diagnosis, ExecFailed, ExecFailure, Reason
 from execwatch.text import (
     REPORT_LIMIT,
     c_string,
@@ -177,7 +177,10 @@ def test_uri_paths_percent_encode_the_exact_bytes(path: str, uri: str) -> None:
 
 def test_trace_prints_a_name_as_every_report_shows_it() -> None:
     path = os.fsdecode(b"/bin/[bold]a\x1b[1m\xff\\x")
-    event = KernelEvent(0.0, 8, 2, 2, 1, 0, "sh", "init", path, 1, 1, "execve")
+    event = ExecFailed(
+        time=0.0, errno=8, pid=2, tgid=2, ppid=1, uid=0, comm="sh", parent_comm="init",
+        path=path, cgroup_id=1, mntns=1, syscall="execve",
+    )  # fmt: skip
     failure = ExecFailure(event, Diagnosis(Reason.FOREIGN_ARCHITECTURE, "amd64"))
     shown = "/bin/[bold]a\\x1b[1m\\xff\\\\x"
     assert safe_name(path) == shown

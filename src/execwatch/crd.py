@@ -17,7 +17,7 @@ from typing import Any
 
 from execwatch.kube import client
 from execwatch.kube.safe import printable
-from execwatch.record import AttributionStatus, ExecFailure, KernelEvent, Kind, Reason
+from execwatch.record import AttributionStatus, ExecFailed, ExecFailure, KernelEvent, Reason
 from execwatch.text import safe_text
 
 GROUP = "execwatch.io"
@@ -42,7 +42,7 @@ SYSCALLS = ("execve", "execveat", "exit_group", "signal")  # the CRD's enum
 def _status(e: KernelEvent) -> str:
     """ENOEXEC for a failed exec; EXIT127 or SIGSEGV for a death right after one;
     EMULATED for an exec an emulator ran."""
-    if e.kind is not Kind.EXEC_FAILED:
+    if not isinstance(e, ExecFailed):
         return e.status
     return errno_mod.errorcode.get(e.errno, f"E{e.errno}".replace("-", ""))
 

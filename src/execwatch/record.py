@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import errno as errno_mod
+import signal as signal_mod
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from execwatch.runnable.reason import Reason as Reason  # the vocabulary every record speaks
 
@@ -110,8 +112,8 @@ class Attribution:
 
 class Kind(enum.IntEnum):
     """What the kernel reported: enum ew_kind of bpf/execwatch.h, the first field of every
-    ring-buffer record. Each kind has its decoder, repeat key and diagnosis
-    (probe.events.KINDS)."""
+    ring-buffer record. Each kind has its event type (below: ExecFailed, EarlyDeath,
+    Emulated, EnoexecExit), decoder, repeat key and diagnosis (probe.events.KINDS)."""
 
     EXEC_FAILED = 1  # an exec the kernel refused
     EARLY_DEATH = 2  # a process that died in its loader or by a fatal signal right after exec
@@ -154,55 +156,29 @@ class RepeatKey(NamedTuple):
         return cls(cgroup_id, mntns, root_ino, kind, status, name)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class KernelEvent:
-    """One record of the BPF program, decoded; `kind` says which. A field whose comment
-    names a kind is that kind's own (None or 0 in the others).
+    """One record of the BPF program, decoded: what every kind has (struct ew_head, and
+    what the agent adds before a diagnosis worker takes it). Each kind is a subclass with
+    its own fields (ExecFailed, EarlyDeath, Emulated, EnoexecExit); `kind` says which."""
 
-    For an early death errno is 0, path is the executable (mm->exe_file) and exit_code or
-    signal says how it died. For an emulated exec errno is 0 and path is the file run."""
-
+    kind: ClassVar[Kind]
     time: float  # seconds since the epoch
-    errno: int
     pid: int
     tgid: int
     ppid: int
     uid: int
     comm: str
     parent_comm: str
-    path: str  # the filename argument, or the fd's name for fexecve
     cgroup_id: int
     mntns: int
-    syscall: str  # "execve" or "execveat"; "exit_group" or "signal" for an early death
-    kind: Kind = Kind.EXEC_FAILED
-    dirfd: int = -100
-    flags: int = 0
-    via_fd: bool = False  # fexecve: path is only the basename behind dirfd
+    # How the task got here: "execve" or "execveat" for an exec; "exit_group" or "signal"
+    # for a task that ended.
+    syscall: str
+    path: str = ""  # the file the record is about; "" when none
     root_ino: int = 0  # inode of the caller's root directory, to recognise a stand-in root
     cgroup_parent_id: int = 0  # the cgroup's parent, whose path outlives the cgroup
     cgroup_name: str = ""  # the cgroup directory's own name
-    # What finds the root and the file once the caller is gone (from the dentry chain):
-    root_dev: int = 0  # st_dev of the caller's root directory
-    root_mnt_id: int = 0
-    root_path: str | None = None  # the root's path in its mount namespace, when whole
-    # When the root is its mount namespace's (a container's): its path inside its own
-    # filesystem (st_dev root_dev), which a mount of that filesystem elsewhere shows.
-    root_fs_path: str | None = None
-    base_dev: int = 0  # the base: the fd's file for fexecve, else the directory
-    base_ino: int = 0  # (dirfd or cwd) a relative path resolves against
-    base_mnt_id: int = 0
-    base_path: str | None = None  # the base's path inside the caller's root, when whole
-    # early death: exit_group status from inside the loader; enoexec exit: any status
-    exit_code: int | None = None
-    signal: int | None = None  # early death, enoexec exit: fatal signal, default action
-    age_ms: float | None = None  # early death: time since the task started (enoexec exit:
-    # since the failed exec)
-    exe_ino: int = 0  # early death: the executable's inode and device (os.makedev form)
-    exe_dev: int = 0
-    emulator: str | None = None  # emulated: the binfmt_misc interpreter that ran path
-    emulated_arch: str | None = None  # emulated: the architecture its entry selects
-    failed_time: float | None = None  # enoexec exit: the time of the failed exec it follows
-    execed: bool = False  # enoexec exit: a successful exec came between
     # The container the agent's live inventory names for cgroup_id, looked up in the agent
     # before the event goes to a diagnosis worker, whose copy of the inventory is as old as
     # the worker ("": looked up, none; None: not looked up).
@@ -214,26 +190,90 @@ class KernelEvent:
     root_description: str = ""
 
     @property
-    def early_death(self) -> bool:
-        return self.kind == Kind.EARLY_DEATH
+    def status(self) -> str:
+        """What the record says happened, in one word: the kind's name unless it has its own."""
+        return self.kind.name
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecFailed(KernelEvent):
+    """An exec the kernel refused. `path` is the filename argument, or the basename behind
+    the fd for fexecve (`via_fd`)."""
+
+    kind: ClassVar[Kind] = Kind.EXEC_FAILED
+    errno: int
+    syscall: str = "execve"
+    dirfd: int = -100
+    flags: int = 0
+    via_fd: bool = False  # fexecve: path is only the basename behind dirfd
+    # What finds the root and the file once the caller is gone (from the dentry chain):
+    root_dev: int = 0  # st_dev of the caller's root directory
+    root_mnt_id: int = 0
+    root_path: str | None = None  # the root's path in its mount namespace, when whole
+    # When the root is its mount namespace's (a container's): its path inside its own
+    # filesystem (st_dev root_dev), which a mount of that filesystem elsewhere shows.
+    root_fs_path: str | None = None
+    base_dev: int = 0  # the base: the fd's file for fexecve, else the directory
+    base_ino: int = 0  # (dirfd or cwd) a relative path resolves against
+    base_mnt_id: int = 0
+    base_path: str | None = None  # the base's path inside the caller's root, when whole
 
     @property
     def status(self) -> str:
-        """The errno's name for a failed exec; SIGSEGV or EXIT127 for an early death;
-        EMULATED for an emulated exec."""
-        import errno as errno_mod
-        import signal as signal_mod
+        """The errno's name: ENOENT, ENOEXEC..."""
+        return errno_mod.errorcode.get(self.errno, str(self.errno))
 
-        if self.kind == Kind.EXEC_FAILED:
-            return errno_mod.errorcode.get(self.errno, str(self.errno))
-        if self.kind != Kind.EARLY_DEATH:
-            return self.kind.name  # a kind with no status of its own: EMULATED
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ended(KernelEvent):
+    """A task that ended: by a fatal signal (default action), or by exit_group."""
+
+    exit_code: int | None = None  # exit_group's status; None when a signal ended it
+    signal: int | None = None  # the fatal signal; None when it exited
+    # Since the task started (an early death) or since the failed exec (an enoexec exit).
+    age_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EarlyDeath(Ended):
+    """A process that died in its loader (exit_group from inside it) or by a fatal signal
+    right after exec. `path` is its executable (mm->exe_file)."""
+
+    kind: ClassVar[Kind] = Kind.EARLY_DEATH
+    syscall: str = "exit_group"
+    exe_ino: int = 0  # the executable's inode and device (os.makedev form)
+    exe_dev: int = 0
+
+    @property
+    def status(self) -> str:
+        """SIGSEGV, or EXIT127."""
         if self.signal is not None:
             try:
                 return signal_mod.Signals(self.signal).name
             except ValueError:
                 return f"SIG{self.signal}"
         return f"EXIT{self.exit_code}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Emulated(KernelEvent):
+    """An exec a binfmt_misc emulator ran. `path` is the file run."""
+
+    kind: ClassVar[Kind] = Kind.EMULATED
+    syscall: str = "execve"
+    emulator: str | None = None  # the binfmt_misc interpreter that ran path
+    emulated_arch: str | None = None  # the architecture its entry selects
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnoexecExit(Ended):
+    """A task that exited within the death window of an exec refused with ENOEXEC: never
+    diagnosed, it decides the fate of the failed exec's record (pipeline.fates)."""
+
+    kind: ClassVar[Kind] = Kind.ENOEXEC_EXIT
+    syscall: str = "exit_group"
+    failed_time: float | None = None  # the time of the failed exec it follows
+    execed: bool = False  # a successful exec came between
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +287,9 @@ class ExecFailure:
 
     def to_json(self) -> dict[str, Any]:
         e, d = self.event, self.diagnosis
+        exit_code, signal, age_ms = (
+            (e.exit_code, e.signal, e.age_ms) if isinstance(e, Ended) else (None, None, None)
+        )
         out: dict[str, Any] = {
             "time": e.time,
             "errno": e.status,
@@ -260,9 +303,9 @@ class ExecFailure:
             "symbol": d.symbol,
             "version": d.version,
             "cause": None if d.cause is None else str(d.cause),
-            "exit_code": e.exit_code,
-            "signal": e.signal,
-            "age_ms": e.age_ms,
+            "exit_code": exit_code,
+            "signal": signal,
+            "age_ms": age_ms,
             "pid": e.tgid,
             "tid": e.pid,
             "ppid": e.ppid,

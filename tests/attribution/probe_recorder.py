@@ -10,7 +10,7 @@ from types import TracebackType
 
 from execwatch.probe import Probe
 from execwatch.probe.events import boot_to_epoch_offset, decode_record
-from execwatch.record import KernelEvent
+from execwatch.record import ExecFailed, KernelEvent
 
 MAX_EVENTS = 10000
 
@@ -72,7 +72,7 @@ class ProbeRecorder:
         """Wait for the failed exec of ``path`` (unique per container in these tests)."""
 
         def match(event: KernelEvent) -> bool:
-            return event.path == path and event.errno == err
+            return isinstance(event, ExecFailed) and event.path == path and event.errno == err
 
         event = self.wait_for(match, timeout)
         self.take(match)

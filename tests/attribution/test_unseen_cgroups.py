@@ -17,7 +17,7 @@ import pytest
 
 from execwatch.attribution import Attributor
 from execwatch.attribution.mounts import cgroup_mounts
-from execwatch.record import AttributionStatus
+from execwatch.record import AttributionStatus, ExecFailed
 from tests.attribution.probe_recorder import ProbeRecorder
 
 
@@ -62,7 +62,9 @@ def test_the_probe_records_the_cgroup_name_and_its_parent(
             os._exit(0)
     os.waitpid(pid, 0)
 
-    event = probe.wait_for(lambda e: e.path == str(binary) and e.errno == errno.ENOEXEC)
+    event = probe.wait_for(
+        lambda e: isinstance(e, ExecFailed) and e.path == str(binary) and e.errno == errno.ENOEXEC
+    )
 
     assert event.cgroup_id == container.stat().st_ino
     assert event.cgroup_name == container.name

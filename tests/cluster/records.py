@@ -13,8 +13,8 @@ from execwatch.record import (
     Attribution,
     AttributionStatus,
     Diagnosis,
+    ExecFailed,
     ExecFailure,
-    KernelEvent,
     Reason,
 )
 
@@ -58,7 +58,7 @@ def exec_failure(
         workload_kind="Deployment" if name else None,
         workload="app" if name else None,
     )
-    event = KernelEvent(
+    event = ExecFailed(
         time=when if when is not None else time.time(),
         errno=err,
         pid=4242,

@@ -10,7 +10,7 @@ import dataclasses
 from kubernetes import client
 
 from execwatch.diagnosis.diagnoser import emulated
-from execwatch.record import ExecFailure, Kind, Reason
+from execwatch.record import Emulated, ExecFailure, Reason
 from tests.cluster.conftest import NODE, PodFactory, label_of
 from tests.cluster.records import exec_failure
 from tests.cluster.test_handler import (
@@ -29,8 +29,20 @@ WORDS = f"an arm64 binary ran under {QEMU} on this amd64 node"
 def emulated_exec(pod: dict[str, object], path: str, count: int) -> ExecFailure:
     """What the agent publishes for `path` run by QEMU: errno 0, the emulator's fields."""
     failure = exec_failure(pod=pod, path=path, err=0, count=count, comm="server")
-    event = dataclasses.replace(
-        failure.event, kind=Kind.EMULATED, emulator=QEMU, emulated_arch="arm64"
+    e = failure.event
+    event = Emulated(
+        time=e.time,
+        pid=e.pid,
+        tgid=e.tgid,
+        ppid=e.ppid,
+        uid=e.uid,
+        comm=e.comm,
+        parent_comm=e.parent_comm,
+        path=e.path,
+        cgroup_id=e.cgroup_id,
+        mntns=e.mntns,
+        emulator=QEMU,
+        emulated_arch="arm64",
     )
     return dataclasses.replace(failure, event=event, diagnosis=emulated(event, "amd64"))
 

@@ -9,14 +9,14 @@ import time
 from pathlib import Path
 
 from execwatch.diagnosis import FileDiagnoser
-from execwatch.record import KernelEvent, Reason
+from execwatch.record import ExecFailed, Reason
 
 
-def fexecve_event(fd: int, recorded: os.stat_result) -> KernelEvent:
+def fexecve_event(fd: int, recorded: os.stat_result) -> ExecFailed:
     """The record of an fexecve by this very process, as if its pid had been reused: the
     kernel recorded `recorded` as the fd's file."""
     top = os.stat("/")
-    return KernelEvent(
+    return ExecFailed(
         time=time.time(), errno=errno.ENOEXEC, pid=os.getpid(), tgid=os.getpid(),
         ppid=os.getppid(), uid=0, comm="t", parent_comm="p", path="app", cgroup_id=0,
         mntns=os.stat("/proc/self/ns/mnt").st_ino, syscall="execveat", dirfd=fd,

@@ -15,7 +15,7 @@ import pytest
 
 from execwatch.binfmt import Platform
 from execwatch.diagnosis import FileDiagnoser
-from execwatch.record import KernelEvent, Reason
+from execwatch.record import ExecFailed, Reason
 from execwatch.scan.runner import ScanOptions, scan
 from execwatch.scan.vocabulary import REASON_OF_CHECK
 from tests.binfmt.cbuild import HELLO_C, compile_c
@@ -81,9 +81,9 @@ def chrooted(pid: int, root: Path) -> bool:
     return os.stat(f"/proc/{pid}/root").st_ino == root.stat().st_ino
 
 
-def failed_exec(pid: int, root: Path, path: str, err: int) -> KernelEvent:
+def failed_exec(pid: int, root: Path, path: str, err: int) -> ExecFailed:
     top = root.stat()
-    return KernelEvent(
+    return ExecFailed(
         time=time.time(), errno=err, pid=pid, tgid=pid, ppid=os.getpid(), uid=0, comm="app",
         parent_comm="sh", path=path, cgroup_id=0, mntns=os.stat("/proc/self/ns/mnt").st_ino,
         syscall="execve", root_ino=top.st_ino, root_dev=top.st_dev,

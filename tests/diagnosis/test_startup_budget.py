@@ -12,7 +12,7 @@ import pytest
 
 from execwatch.diagnosis.roots import RootLocator
 from execwatch.diagnosis.startup import StartupDiagnoser
-from execwatch.record import KernelEvent, Reason
+from execwatch.record import EarlyDeath, Reason
 from tests.binfmt.elfbuild import ElfSpec, build_elf
 
 DIRS, LIBS = 4096, 9  # 9 names x 4,096 directories: past the 32,768 probes of one search
@@ -58,11 +58,11 @@ def chrooted(tmp_path: Path) -> Iterator[tuple[int, Path]]:
 def test_a_search_past_its_budget_is_undiagnosed_and_says_why(chrooted: tuple[int, Path]) -> None:
     pid, root = chrooted
     app, top = (root / "app").stat(), root.stat()
-    event = KernelEvent(
-        time=time.time(), errno=0, pid=pid, tgid=pid, ppid=os.getpid(), uid=0, comm="app",
+    event = EarlyDeath(
+        time=time.time(), pid=pid, tgid=pid, ppid=os.getpid(), uid=0, comm="app",
         parent_comm="sh", path="/app", cgroup_id=0,
         mntns=os.stat("/proc/self/ns/mnt").st_ino, syscall="exit_group", exit_code=127,
-        exe_ino=app.st_ino, exe_dev=app.st_dev, root_ino=top.st_ino, root_dev=top.st_dev,
+        exe_ino=app.st_ino, exe_dev=app.st_dev, root_ino=top.st_ino,
     )  # fmt: skip
 
     started = time.monotonic()

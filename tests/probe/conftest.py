@@ -48,7 +48,7 @@ class Tracer:
             return next((r for r in self.records if match(r)), None)
 
         def seen() -> str:
-            seen = [(r.event.path, r.event.errno, str(r.diagnosis.reason)) for r in self.records]
+            seen = [(r.event.path, r.event.status, str(r.diagnosis.reason)) for r in self.records]
             return f"no matching failed exec; saw {seen[-20:]}"
 
         record: ExecFailure = wait_until(found, timeout, step=0, explain=seen)

@@ -22,7 +22,7 @@ from execwatch.node.stack import StackOptions
 from execwatch.pipeline import PipelineOptions
 from execwatch.probe.events import decode_record
 from execwatch.probe.loader import ProbeOptions
-from execwatch.record import QUIET_REASONS, ExecFailure, KernelEvent, Reason
+from execwatch.record import QUIET_REASONS, EarlyDeath, ExecFailure, KernelEvent, Reason
 from tests.attribution.runc_env import FOREIGN_BUSYBOX, HOST_BUSYBOX
 from tests.probe.roots import (
     MUSL_LOADER,
@@ -97,8 +97,9 @@ class Death:
         assert d.reason is self.reason, (d.reason, d.detail)
         found = {name: getattr(d, name) for name in self.details}
         assert found == self.details, (found, d.detail)
-        died = (e.path, e.exit_code, e.signal, e.errno)
-        assert died == (self.path, self.exit_code, self.signal, 0), died
+        assert isinstance(e, EarlyDeath), e
+        died = (e.path, e.exit_code, e.signal)
+        assert died == (self.path, self.exit_code, self.signal), died
         assert e.age_ms is not None and 0 <= e.age_ms < 2000, e.age_ms
 
 
@@ -283,7 +284,7 @@ class DeathTracer:
             seen = [
                 (r.event.path, r.event.status, str(r.diagnosis.reason), r.attribution.container_id)
                 for r in self.records
-                if r.event.errno == 0
+                if isinstance(r.event, EarlyDeath)
             ]
             return f"no matching early death; saw {seen[-20:]}"
 

@@ -23,7 +23,7 @@ from execwatch.attribution.cri.client import CriContainers
 from execwatch.diagnosis import FileDiagnoser
 from execwatch.probe import Probe
 from execwatch.probe.events import decode_record
-from execwatch.record import AttributionStatus, ExecFailure, KernelEvent, Reason
+from execwatch.record import AttributionStatus, EarlyDeath, ExecFailure, Reason
 from tests.attribution.containerd_env import Containerd, Pod, oci_archive_of
 from tests.attribution.runc_env import (
     KubeletCgroup,
@@ -209,7 +209,7 @@ def test_runc_side_process(
         )
 
 
-def died_in(keepers: Keepers, root: Path, *, alone: bool, own_mounts: bool = False) -> KernelEvent:
+def died_in(keepers: Keepers, root: Path, *, alone: bool, own_mounts: bool = False) -> EarlyDeath:
     """The kernel's record of ls dying in `root`; alone: once no task is left in that root
     (else its keeper lingers there while the record is diagnosed)."""
     raw: list[bytes] = []
@@ -226,7 +226,7 @@ def died_in(keepers: Keepers, root: Path, *, alone: bool, own_mounts: bool = Fal
         ):
             probe.poll(50)
     [event] = events
-    assert event.exit_code == 127
+    assert isinstance(event, EarlyDeath) and event.exit_code == 127
     return event
 
 

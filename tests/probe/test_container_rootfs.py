@@ -16,7 +16,7 @@ from pathlib import Path
 
 from execwatch.diagnosis.container_rootfs import MAX_CANDIDATES, Candidate, ContainerRootfs
 from execwatch.diagnosis.roots import RootLocator
-from execwatch.record import KernelEvent
+from execwatch.record import ExecFailed
 
 CID = "4f" * 32
 
@@ -151,7 +151,7 @@ def test_a_symlink_in_a_views_root_never_leads_to_the_nodes_files(tmp_path: Path
     view_root.mkdir(parents=True)
     (view_root / "ctr").symlink_to("/etc")
     host = os.stat("/etc")
-    event = KernelEvent(
+    event = ExecFailed(
         time=0.0, errno=8, pid=1 << 22, tgid=1 << 22, ppid=0, uid=0, comm="t",
         parent_comm="p", path="/x", cgroup_id=0, mntns=0, syscall="execve",
         root_ino=host.st_ino, root_dev=host.st_dev,

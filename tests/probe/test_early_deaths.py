@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from execwatch.record import Reason
+from execwatch.record import EarlyDeath, Reason
 from tests.probe.deaths import BY_NAME, EXITER, DeathTracer
 from tests.probe.roots import Keepers, build_musl, gcompat_root, keepers, needed_libraries
 from tests.probe.test_trace_cli import TraceProcess, start_trace
@@ -51,7 +51,8 @@ def test_debian_binary_without_one_of_its_libraries(
     assert record.diagnosis.reason is Reason.MISSING_LIBRARY
     assert record.diagnosis.library == "libselinux.so.1"
     e = record.event
-    assert (e.path, e.exit_code, e.signal, e.errno) == ("/usr/bin/ls", 127, None, 0)
+    assert isinstance(e, EarlyDeath), e
+    assert (e.path, e.exit_code, e.signal) == ("/usr/bin/ls", 127, None)
     assert e.comm == "ls" and e.ppid != os.getpid()  # the keeper inside the root
     st = os.stat(root / "usr/bin/ls")
     assert (e.exe_ino, e.exe_dev) == (st.st_ino, st.st_dev)
@@ -96,7 +97,7 @@ def test_newer_debian_binary_against_the_hosts_older_glibc(
     assert record.diagnosis.reason is Reason.MISSING_SYMBOL_VERSION
     assert record.diagnosis.version == "GLIBC_2.38"
     assert record.diagnosis.library is not None and record.diagnosis.library.endswith("libc.so.6")
-    assert record.event.exit_code == 1
+    assert isinstance(record.event, EarlyDeath) and record.event.exit_code == 1
 
 
 def test_glibc_cxx_binary_under_musls_loader_named_like_glibcs(
@@ -148,6 +149,7 @@ def test_unrelated_startup_crash_is_shown_only_when_asked(
     assert ran.signal == signal.SIGSEGV
     record = crash_tracer.for_pid(ran.pid)
     assert record.diagnosis.reason is Reason.STARTUP_CRASH
+    assert isinstance(record.event, EarlyDeath)
     assert (record.event.signal, record.event.exit_code) == (signal.SIGSEGV, None)
     assert record.event.status == "SIGSEGV" and record.event.path == "/usr/bin/dash"
     tracer.none_shown({ran.pid})

@@ -24,7 +24,7 @@ from execwatch.probe import Probe
 from execwatch.probe.events import decode_record
 from execwatch.probe.fairness import ShedWatch, with_pods
 from execwatch.probe.loader import ProbeOptions, budget_config
-from execwatch.record import Attribution, AttributionStatus, KernelEvent, Kind
+from execwatch.record import Attribution, AttributionStatus, ExecFailed, KernelEvent
 
 STORM = 3000  # unique names: folding sends each one
 RING = 1 << 18  # 256 KiB: about 230 records
@@ -98,7 +98,7 @@ def test_a_storm_of_unique_names_does_not_crowd_out_another_cgroups_failure(
         caplog.at_level(logging.WARNING, logger="execwatch.probe.fairness"),
     ):
         events = storm_then_one_failure(probe, a, b, binary)
-        from_b = [e for e in events if e.cgroup_id == b_id and e.kind == Kind.EXEC_FAILED]
+        from_b = [e for e in events if e.cgroup_id == b_id and isinstance(e, ExecFailed)]
         assert [(e.path, e.errno) for e in from_b] == [(str(binary), errno.ENOEXEC)]
 
         from_a = len([e for e in events if e.cgroup_id == a_id])

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from execwatch.node.output import human_line
-from execwatch.record import Reason
+from execwatch.record import ExecFailed, Reason
 from tests.probe.conftest import Tracer
 from tests.support.foreignos import universal
 
@@ -51,7 +51,8 @@ def test_another_os_executable_is_named_foreign_os(
     assert refused_exec(binary) == want_errno
 
     record = tracer.for_path(binary)
-    assert record.event.errno == want_errno and record.event.ppid == os.getpid()
+    assert isinstance(record.event, ExecFailed) and record.event.errno == want_errno
+    assert record.event.ppid == os.getpid()
     assert record.diagnosis.reason is Reason.FOREIGN_OS, record.diagnosis
     assert (record.diagnosis.binary_arch, record.diagnosis.detail) == (arch, detail)
     line = human_line(record)

@@ -22,7 +22,7 @@ import pytest
 from execwatch.diagnosis import FileDiagnoser
 from execwatch.node.stack import StackOptions
 from execwatch.pipeline import PipelineOptions
-from execwatch.record import Diagnosis, ExecFailure, KernelEvent, Reason
+from execwatch.record import Diagnosis, ExecFailed, ExecFailure, KernelEvent, Reason
 from tests.support.node import Running, node_stack
 from tests.support.wait import wait_until
 
@@ -104,6 +104,7 @@ def test_a_chrooted_shell_that_execs_a_glibc_binary_in_a_musl_root(
     assert run.returncode == 127, run.stderr
 
     record = records.of("/app/glibc-binary")
+    assert isinstance(record.event, ExecFailed)
     assert record.event.comm == "sh"
     assert record.event.root_path == str(root)
     assert record.diagnosis.reason is Reason.MISSING_INTERPRETER, record.diagnosis
@@ -135,6 +136,7 @@ def test_a_pivot_rooted_caller_gone_with_its_mount_namespace(
     assert run.returncode == 127, run.stderr
 
     record = records.of("/app/glibc-binary")
+    assert isinstance(record.event, ExecFailed)
     assert record.event.mntns != os.stat("/proc/self/ns/mnt").st_ino
     assert record.event.root_path == "/"
     assert record.event.root_fs_path == str(root)  # tmp_path is on the root file system
@@ -153,6 +155,7 @@ def test_a_chroot_that_was_replaced_is_not_trusted(records: Records, tmp_path: P
     assert mover.wait() == 0
 
     record = records.of("/app/tool")
+    assert isinstance(record.event, ExecFailed)
     assert record.event.root_path == str(root)
     assert record.diagnosis.reason is Reason.UNDIAGNOSED
 
@@ -175,6 +178,7 @@ def test_execveat_resolves_a_relative_name_against_dirfd(
     assert err == errno.ENOEXEC
 
     record = records.of("tool")
+    assert isinstance(record.event, ExecFailed)
     assert record.event.syscall == "execveat"
     assert record.event.base_path == str(tmp_path / "dir")
     assert record.diagnosis.reason is Reason.FOREIGN_ARCHITECTURE
@@ -194,6 +198,7 @@ def test_a_relative_execve_resolves_against_the_cwd_it_had(
     assert err == errno.ENOEXEC
 
     record = records.of("./tool")
+    assert isinstance(record.event, ExecFailed)
     assert record.event.base_path == str(tmp_path)
     assert record.diagnosis.binary_arch == "ppc64le"
 
@@ -211,6 +216,7 @@ def test_fexecve_of_a_foreign_binary_by_a_process_that_exits_at_once(
     assert err == errno.ENOEXEC
 
     record = records.of(binary.name)
+    assert isinstance(record.event, ExecFailed)
     assert record.event.via_fd
     assert record.event.base_path == str(binary)
     assert (record.event.base_dev, record.event.base_ino) == (

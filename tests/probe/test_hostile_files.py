@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from execwatch.diagnosis import FileDiagnoser
-from execwatch.record import KernelEvent, Reason
+from execwatch.record import ExecFailed, Reason
 from tests.probe.conftest import Children, Tracer
 
 
-def event_for(path: str, err: int, pid: int | None = None) -> KernelEvent:
+def event_for(path: str, err: int, pid: int | None = None) -> ExecFailed:
     pid = pid or os.getpid()
-    return KernelEvent(
+    return ExecFailed(
         time=time.time(), errno=err, pid=pid, tgid=pid, ppid=os.getppid(), uid=0,
         comm="t", parent_comm="p", path=path, cgroup_id=0,
         mntns=os.stat("/proc/self/ns/mnt").st_ino, syscall="execve",

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from execwatch.binfmt import node_platform
-from execwatch.record import Reason
+from execwatch.record import ExecFailed, Reason
 from tests.probe.conftest import Children, Tracer
 
 NODE_ARCH = node_platform().architecture
@@ -43,7 +43,7 @@ def test_foreign_binary_is_reported_with_its_architecture(
     assert record.diagnosis.reason is Reason.FOREIGN_ARCHITECTURE
     assert record.diagnosis.binary_arch == FOREIGN_BINARIES[debian_arch]
     assert record.diagnosis.node_arch == NODE_ARCH
-    assert record.event.errno == errno.ENOEXEC
+    assert isinstance(record.event, ExecFailed) and record.event.errno == errno.ENOEXEC
     assert record.event.ppid == os.getpid()
     assert record.event.syscall == "execve"
 
@@ -178,7 +178,7 @@ def test_fexecve_goes_through_execveat(
     record = tracer.wait_for(
         lambda r: r.event.syscall == "execveat" and r.event.path == binary.name
     )
-    assert record.event.via_fd
+    assert isinstance(record.event, ExecFailed) and record.event.via_fd
     assert record.diagnosis.reason is Reason.FOREIGN_ARCHITECTURE
     assert record.diagnosis.binary_arch == "riscv64"
 

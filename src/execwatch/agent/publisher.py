@@ -50,7 +50,7 @@ from execwatch import crd
 from execwatch.agent.metrics import PublisherMetrics
 from execwatch.agent.spool import MAX_COUNT, Handover, Loaded, Spool, StoredRecord
 from execwatch.kube import errors
-from execwatch.record import AttributionStatus, ExecFailure
+from execwatch.record import AttributionStatus, ExecFailed, ExecFailure
 from execwatch.text import safe_text
 
 log = logging.getLogger(__name__)
@@ -168,7 +168,8 @@ def aggregation_key(failure: ExecFailure) -> Key:
     """Failures that are 'the same' for an administrator: one container, one path."""
     a = failure.attribution
     who = a.container_id or a.pod_uid or a.cgroup_path or f"cgroup:{failure.event.cgroup_id}"
-    return (who, failure.event.path, str(failure.diagnosis.reason), failure.event.errno)
+    e = failure.event
+    return (who, e.path, str(failure.diagnosis.reason), e.errno if isinstance(e, ExecFailed) else 0)
 
 
 @dataclass

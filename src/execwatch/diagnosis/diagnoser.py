@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Protocol
 
 from execwatch.attribution.engine_api import Layers
@@ -23,7 +23,15 @@ from execwatch.diagnosis.roots import RootLocator
 from execwatch.diagnosis.startup import StartupDiagnoser
 from execwatch.diagnosis.target import TargetOpener
 from execwatch.probe import events
-from execwatch.record import Diagnosis, KernelEvent, Reason, UndiagnosedCause
+from execwatch.record import (
+    Diagnosis,
+    EarlyDeath,
+    Emulated,
+    ExecFailed,
+    KernelEvent,
+    Reason,
+    UndiagnosedCause,
+)
 from execwatch.runnable.openat2 import Resolver, Root
 
 
@@ -76,7 +84,7 @@ class FileDiagnoser:
         live state knows (the container of the cgroup, from the attribution inventory), and
         the caller's root, opened now (`root_fd`, the caller's to close): a dying task or
         container is gone within milliseconds, and the open fd pins its file system."""
-        if not events.KINDS[event.kind].reads_files:
+        if not events.reads_files(event):
             return event  # diagnosed from the record alone
         if self._containers is not None and event.container_id is None:
             container = _container_of(self._containers, event) or ""
@@ -105,20 +113,16 @@ class FileDiagnoser:
         return self._node.architecture
 
     def diagnose(self, event: KernelEvent) -> Diagnosis:
-        """By the event's kind: the entry point its probe.events.KINDS entry names."""
-        name = events.KINDS[event.kind].diagnose
-        if name is None:
-            raise ValueError(f"{event.kind.name} records are not diagnosed")
-        entry: Callable[[KernelEvent], Diagnosis] = getattr(self, name)
-        return entry(event)
+        """By the event's kind: its probe.events.KINDS entry's diagnosis."""
+        return events.diagnose(self, event)
 
-    def early_death(self, event: KernelEvent) -> Diagnosis:
+    def early_death(self, event: EarlyDeath) -> Diagnosis:
         return self._startup.diagnose(event)
 
-    def emulated_exec(self, event: KernelEvent) -> Diagnosis:
+    def emulated_exec(self, event: Emulated) -> Diagnosis:
         return emulated(event, self._node.architecture)
 
-    def exec_failed(self, event: KernelEvent) -> Diagnosis:
+    def exec_failed(self, event: ExecFailed) -> Diagnosis:
         root = self._locator.open(event)
         if root is None:
             return self._examiner.result(
@@ -137,7 +141,7 @@ class FileDiagnoser:
         finally:
             root.close()
 
-    def _diagnose_in(self, ctx: Context, event: KernelEvent) -> Diagnosis:
+    def _diagnose_in(self, ctx: Context, event: ExecFailed) -> Diagnosis:
         try:
             fd = self._target.open(ctx.root, event)
         except OSError as exc:
@@ -146,7 +150,7 @@ class FileDiagnoser:
             return self._examiner.examine(ctx, f.fileno(), event.path)
 
 
-def emulated(event: KernelEvent, node_arch: str) -> Diagnosis:
+def emulated(event: Emulated, node_arch: str) -> Diagnosis:
     """The kernel named the architecture (the entry's magic) and the emulator: no file to read."""
     return Diagnosis(
         Reason.EMULATED,

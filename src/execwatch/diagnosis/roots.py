@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from execwatch.diagnosis.container_rootfs import Candidate, ContainerRootfs
-from execwatch.record import KernelEvent
+from execwatch.record import ExecFailed, KernelEvent
 from execwatch.runnable.openat2 import Resolver, Root
 
 AT_FDCWD = -100
@@ -59,7 +59,12 @@ class RootLocator:
             for candidate in locate(event):
                 if root := self._open_rootfs(candidate, event):
                     return root
-        found = self._rootfs.in_filesystem(event.root_dev, event.root_fs_path, event.ppid)
+        recorded = _recorded(event)
+        found = self._rootfs.in_filesystem(
+            recorded.root_dev if recorded else 0,
+            recorded.root_fs_path if recorded else None,
+            event.ppid,
+        )
         for candidate in found:
             if root := self._open_rootfs(candidate, event):
                 return root
@@ -74,17 +79,19 @@ class RootLocator:
     def _open_recorded(self, event: KernelEvent) -> Root | None:
         """The root's path as the kernel recorded it (a chroot), when the caller was in the
         host's mount namespace: accepted only if it is still the very same directory."""
-        host = self._host()
-        if event.root_path is None or host is None or event.mntns != host[0]:
+        host, recorded = self._host(), _recorded(event)
+        if recorded is None or recorded.root_path is None or host is None:
             return None
-        path = host[1] / event.root_path.lstrip("/")
+        if event.mntns != host[0]:
+            return None
+        path = host[1] / recorded.root_path.lstrip("/")
         try:
             fd = os.open(path, os.O_PATH | os.O_DIRECTORY)
         except OSError:
             return None
         st = os.fstat(fd)
-        if (st.st_ino, st.st_dev) == (event.root_ino, event.root_dev):
-            return Root(fd, f"root {event.root_path} recorded by the kernel")
+        if (st.st_ino, st.st_dev) == (event.root_ino, recorded.root_dev):
+            return Root(fd, f"root {recorded.root_path} recorded by the kernel")
         os.close(fd)
         return None
 
@@ -109,13 +116,14 @@ class RootLocator:
         finally:
             view.close()
         st = os.fstat(fd)
-        same_dev = not event.root_dev or st.st_dev == event.root_dev  # deaths carry no dev
+        recorded = _recorded(event)  # deaths carry no dev
+        same_dev = recorded is None or not recorded.root_dev or st.st_dev == recorded.root_dev
         if event.root_ino and st.st_ino == event.root_ino and same_dev:
             return Root(fd, f"container rootfs {candidate.path}")
         os.close(fd)  # without the kernel's root inode a guess could be any filesystem
         return None
 
-    def absolute(self, event: KernelEvent, path: str) -> str | None:
+    def absolute(self, event: ExecFailed, path: str) -> str | None:
         """A relative path joined to what the kernel resolved it against (dirfd or cwd, as
         recorded at the failure); else to the caller's cwd, or its parent's once it is gone."""
         if path.startswith("/"):
@@ -184,3 +192,8 @@ class RootLocator:
         self._peer_by_root.move_to_end(key)
         while len(self._peer_by_root) > limit:
             self._peer_by_root.popitem(last=False)
+
+
+def _recorded(event: KernelEvent) -> ExecFailed | None:
+    """The event that recorded where its root is (a failed exec's dentry chain)."""
+    return event if isinstance(event, ExecFailed) else None

@@ -26,7 +26,7 @@ from execwatch.binfmt.isa import read_cpu_levels
 from execwatch.diagnosis import wording
 from execwatch.diagnosis.budget import SlowFileSystem, SlowMounts
 from execwatch.diagnosis.roots import RootLocator
-from execwatch.record import Diagnosis, KernelEvent, Reason, UndiagnosedCause, undiagnosed
+from execwatch.record import Diagnosis, EarlyDeath, Reason, UndiagnosedCause, undiagnosed
 from execwatch.runnable import rules
 from execwatch.runnable.errors import InputError
 from execwatch.runnable.fs import FileSystem
@@ -72,7 +72,7 @@ class StartupDiagnoser:
             tuple[int, int, int, int, int | None, int | None], tuple[Diagnosis, float]
         ] = OrderedDict()
 
-    def diagnose(self, event: KernelEvent) -> Diagnosis:
+    def diagnose(self, event: EarlyDeath) -> Diagnosis:
         key = (
             event.mntns,
             event.root_ino,
@@ -94,7 +94,7 @@ class StartupDiagnoser:
             self._cache.popitem(last=False)
         return diagnosis
 
-    def _diagnose(self, event: KernelEvent) -> tuple[Diagnosis, bool]:
+    def _diagnose(self, event: EarlyDeath) -> tuple[Diagnosis, bool]:
         """The diagnosis, and whether the root was read to reach it."""
         try:
             return self._diagnose_in_root(event), True
@@ -108,7 +108,7 @@ class StartupDiagnoser:
             detail = f"not diagnosed: {exc}"
             return undiagnosed(UndiagnosedCause.UNREADABLE, detail, self._node.architecture), True
 
-    def _diagnose_in_root(self, event: KernelEvent) -> Diagnosis:
+    def _diagnose_in_root(self, event: EarlyDeath) -> Diagnosis:
         root = self._locator.open(event)
         if root is None:
             raise _RootGone
@@ -158,7 +158,7 @@ class StartupDiagnoser:
 
     def _unexplained(
         self,
-        event: KernelEvent,
+        event: EarlyDeath,
         why: str,
         flavor: LibcFlavor | None = None,
         *,

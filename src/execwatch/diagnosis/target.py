@@ -11,7 +11,7 @@ import errno
 import os
 
 from execwatch.diagnosis.roots import RootLocator
-from execwatch.record import KernelEvent
+from execwatch.record import ExecFailed
 from execwatch.runnable.openat2 import MountGuard, Resolver, Root, reopen_regular
 
 
@@ -23,7 +23,7 @@ class TargetOpener:
         self._resolver = resolver
         self._slow = slow
 
-    def open(self, root: Root, event: KernelEvent) -> int:
+    def open(self, root: Root, event: ExecFailed) -> int:
         if event.via_fd:  # fexecve: the caller's fd is the file
             return self._open_fd_target(root, event)
         path = self._locator.absolute(event, event.path)
@@ -33,7 +33,7 @@ class TargetOpener:
             )
         return self._resolver.open_regular(root, path)
 
-    def _open_fd_target(self, root: Root, event: KernelEvent) -> int:
+    def _open_fd_target(self, root: Root, event: ExecFailed) -> int:
         """Through the caller's fd while it lives and still holds the file the kernel
         recorded (device and inode: the pid may have been reused); then by the path inside
         its root that the kernel recorded, if that is still the very same file."""
@@ -54,7 +54,7 @@ class TargetOpener:
         return reopen_regular(path_fd, event.path, self._slow)
 
 
-def _same_file(fd: int, event: KernelEvent) -> bool:
+def _same_file(fd: int, event: ExecFailed) -> bool:
     """The fd is the file the kernel recorded for fexecve (when it recorded one)."""
     if not event.base_ino:
         return True

@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any, TextIO
 
-from execwatch.record import ExecFailure, Reason
+from execwatch.record import Ended, ExecFailure, Reason
 from execwatch.text import safe_text
 
 
@@ -30,7 +30,7 @@ def human_line(failure: ExecFailure) -> str:
     for key in ("library", "symbol", "version"):
         if j[key]:
             parts.append(f"{key}={safe_text(j[key])}")
-    if e.age_ms is not None:
+    if isinstance(e, Ended) and e.age_ms is not None:
         parts.append(f"age={e.age_ms:.0f}ms")
     parts.append(
         f"pid={e.tgid} ppid={e.ppid} comm={safe_text(e.comm)} parent={safe_text(e.parent_comm)}"

@@ -35,7 +35,7 @@ from execwatch.pipeline.fates import Fates, awaits_fate
 from execwatch.pipeline.health import CountsPruner, Heartbeat
 from execwatch.pipeline.sink import Output, PipelineObserver, Sink
 from execwatch.probe import layout
-from execwatch.probe.events import decode_record
+from execwatch.probe.events import decode_enoexec_exit, decode_record
 from execwatch.record import (
     Attribution,
     ExecFailure,
@@ -155,7 +155,7 @@ class NodePipeline:
         now = time.monotonic()
         if layout.KIND.unpack_from(raw)[0] == _ENOEXEC_EXIT:
             self.heartbeat.beat(now)
-            self._release(self._fates.exited(self._decode(raw), now))
+            self._release(self._fates.exited(decode_enoexec_exit(raw, self._epoch_offset), now))
             return
         key = aggregation_key(raw)
         self.heartbeat.beat(now)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 from execwatch.diagnosis import wording
-from execwatch.record import Diagnosis, ExecFailure, KernelEvent, Kind, Reason
+from execwatch.record import Diagnosis, EnoexecExit, ExecFailed, ExecFailure, Reason
 
 T = TypeVar("T")  # what the caller holds with each failure (the pipeline's slot)
 MAX_HELD = 1024  # failures waiting for their caller's fate
@@ -46,7 +46,7 @@ class _Held(Generic[T]):
 
 def awaits_fate(failure: ExecFailure) -> bool:
     """Whether this failure's reason depends on what its caller does next."""
-    return failure.event.kind == Kind.EXEC_FAILED and failure.diagnosis.reason is Reason.NO_SHEBANG
+    return isinstance(failure.event, ExecFailed) and failure.diagnosis.reason is Reason.NO_SHEBANG
 
 
 class Fates(Generic[T]):
@@ -71,7 +71,7 @@ class Fates(Generic[T]):
         self._max_exits = max_exits
         self._held: OrderedDict[int, list[_Held[T]]] = OrderedDict()  # by tgid, oldest first
         self._count = 0
-        self._exits: OrderedDict[tuple[int, float], tuple[KernelEvent, float]] = OrderedDict()
+        self._exits: OrderedDict[tuple[int, float], tuple[EnoexecExit, float]] = OrderedDict()
         self._lock = threading.Lock()
 
     def hold(self, token: T, failure: ExecFailure, now: float) -> list[tuple[T, ExecFailure]]:
@@ -91,7 +91,7 @@ class Fates(Generic[T]):
             self._dropped(FATE_HOLD_FULL)
         return [(t, f) for t, f in out]
 
-    def exited(self, event: KernelEvent, now: float) -> list[tuple[T, ExecFailure]]:
+    def exited(self, event: EnoexecExit, now: float) -> list[tuple[T, ExecFailure]]:
         """An enoexec exit: the verdict of the failure it follows, or kept until that
         failure is diagnosed (when the table is full, the oldest exit is forgotten)."""
         forgotten = 0
@@ -175,7 +175,7 @@ def went_on(failure: ExecFailure, fate: str) -> ExecFailure:
     return replace(failure, diagnosis=_with_fate(failure.diagnosis, Reason.NO_SHEBANG, fate))
 
 
-def judge(failure: ExecFailure, exit_: KernelEvent) -> ExecFailure:
+def judge(failure: ExecFailure, exit_: EnoexecExit) -> ExecFailure:
     """The verdict of an exit within the window: after an exec, its caller retried (a shell
     or execvp() running the file with /bin/sh); with no exec since the failure, a failing
     status or a fatal signal is MissingShebang (its caller gave up, as a runtime's init

@@ -1,9 +1,9 @@
-"""Ring-buffer records by kind: each kind's decoder into KernelEvent, its repeat key and
-its diagnosis.
+"""Ring-buffer records by kind: each kind's decoder into its typed event, its repeat key
+and its diagnosis.
 
 Every record starts with its kind (enum ew_kind in bpf/execwatch.h, record.Kind); KINDS
-maps it to the record's layout, decoder, repeat key and the diagnoser's entry point. A new
-kind of record is one entry there (and that entry point's method).
+maps it to the record's layout, decoder, repeat key and diagnosis. A new kind of record is
+one event type (record.py) and one entry there (with its Diagnoses method).
 """
 
 from __future__ import annotations
@@ -14,10 +14,19 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from execwatch.probe import layout
-from execwatch.record import KernelEvent, Kind, RepeatKey
+from execwatch.record import (
+    Diagnosis,
+    EarlyDeath,
+    Emulated,
+    EnoexecExit,
+    ExecFailed,
+    KernelEvent,
+    Kind,
+    RepeatKey,
+)
 from execwatch.text import c_string
 
 AT_EMPTY_PATH = 0x1000
@@ -50,15 +59,14 @@ def _head(r: Any, epoch_offset: float) -> dict[str, Any]:
     }
 
 
-def decode_exec_failed(raw: bytes, epoch_offset: float) -> KernelEvent:
+def decode_exec_failed(raw: bytes, epoch_offset: float) -> ExecFailed:
     r = layout.EXEC_FAILED.unpack(raw)
     path = c_string(r.filename)
     via_fd = not path and bool(r.flags & AT_EMPTY_PATH)
     if via_fd:
         path = c_string(r.fd_name)  # fexecve: only the basename behind the fd is known
-    return KernelEvent(
+    return ExecFailed(
         **_head(r, epoch_offset),
-        kind=Kind.EXEC_FAILED,
         errno=r.err,
         path=path,
         syscall=layout.SYSCALLS[r.syscall] if r.syscall < len(layout.SYSCALLS) else str(r.syscall),
@@ -84,14 +92,12 @@ def _root_path(flags: int, raw: bytes) -> str | None:
     return leaf_first(raw) if flags & layout.ROOT_PATH_OK else None
 
 
-def decode_early_death(raw: bytes, epoch_offset: float) -> KernelEvent:
+def decode_early_death(raw: bytes, epoch_offset: float) -> EarlyDeath:
     r = layout.EARLY_DEATH.unpack(raw)
     signal_death = r.cause == layout.DEATH_SIGNAL
     path = leaf_first(r.exe_path)
-    return KernelEvent(
+    return EarlyDeath(
         **_head(r, epoch_offset),
-        kind=Kind.EARLY_DEATH,
-        errno=0,
         path=path if r.exe_flags & layout.EXE_PATH_OK else "…" + path,
         syscall="signal" if signal_death else "exit_group",
         exit_code=None if signal_death else r.exit_code,
@@ -102,27 +108,21 @@ def decode_early_death(raw: bytes, epoch_offset: float) -> KernelEvent:
     )
 
 
-def decode_emulated(raw: bytes, epoch_offset: float) -> KernelEvent:
+def decode_emulated(raw: bytes, epoch_offset: float) -> Emulated:
     r = layout.EMULATED.unpack(raw)
-    return KernelEvent(
+    return Emulated(
         **_head(r, epoch_offset),
-        kind=Kind.EMULATED,
-        errno=0,
         path=c_string(r.filename),
-        syscall="execve",
         emulator=c_string(r.interp),
         emulated_arch=c_string(r.arch),
     )
 
 
-def decode_enoexec_exit(raw: bytes, epoch_offset: float) -> KernelEvent:
+def decode_enoexec_exit(raw: bytes, epoch_offset: float) -> EnoexecExit:
     r = layout.ENOEXEC_EXIT.unpack(raw)
     by_signal = r.signal != 0
-    return KernelEvent(
+    return EnoexecExit(
         **_head(r, epoch_offset),
-        kind=Kind.ENOEXEC_EXIT,
-        errno=0,
-        path="",
         syscall="signal" if by_signal else "exit_group",
         exit_code=None if by_signal else r.exit_code,
         signal=r.signal if by_signal else None,
@@ -192,38 +192,79 @@ def enoexec_exit_key(raw: bytes) -> RepeatKey:
     return _new_key(RepeatKey, (cgroup, mntns, root, _ENOEXEC_EXIT, tgid, b"", b"", 0, failed_ns))
 
 
+class Diagnoses(Protocol):
+    """The diagnosis of each kind that is diagnosed (diagnosis.diagnoser.FileDiagnoser)."""
+
+    def exec_failed(self, event: ExecFailed) -> Diagnosis: ...
+    def early_death(self, event: EarlyDeath) -> Diagnosis: ...
+    def emulated_exec(self, event: Emulated) -> Diagnosis: ...
+
+
+E = TypeVar("E", bound=KernelEvent)
+
+
 @dataclass(frozen=True)
-class RecordKind:
+class RecordKind(Generic[E]):
     """One kind of ring-buffer record: its layout, decoder, repeat key and diagnosis."""
 
+    event: type[E]
     layout: layout.Record
-    decode: Callable[[bytes, float], KernelEvent]
+    decode: Callable[[bytes, float], E]
     repeat_key: Callable[[bytes], RepeatKey]
-    # The name of the diagnosis.diagnoser.FileDiagnoser method for it; None: not diagnosed,
-    # the pipeline's own (an enoexec exit decides a held failure's fate: pipeline.fates).
-    diagnose: str | None
+    # Its diagnosis by a Diagnoses; None: not diagnosed, the pipeline's own (an enoexec
+    # exit decides a held failure's fate: pipeline.fates).
+    diagnose: Callable[[Diagnoses, E], Diagnosis] | None
     # Whether its diagnosis reads the caller's files (FileDiagnoser.prepare opens its root).
     reads_files: bool = True
 
 
-KINDS: Mapping[int, RecordKind] = MappingProxyType(
+def _diagnose_exec_failed(by: Diagnoses, event: ExecFailed) -> Diagnosis:
+    return by.exec_failed(event)
+
+
+def _diagnose_early_death(by: Diagnoses, event: EarlyDeath) -> Diagnosis:
+    return by.early_death(event)
+
+
+def _diagnose_emulated(by: Diagnoses, event: Emulated) -> Diagnosis:
+    return by.emulated_exec(event)
+
+
+_EXEC_FAILED_KIND = RecordKind(
+    ExecFailed, layout.EXEC_FAILED, decode_exec_failed, exec_failed_key, _diagnose_exec_failed
+)
+_EARLY_DEATH_KIND = RecordKind(
+    EarlyDeath, layout.EARLY_DEATH, decode_early_death, early_death_key, _diagnose_early_death
+)
+_EMULATED_KIND = RecordKind(
+    Emulated, layout.EMULATED, decode_emulated, emulated_key, _diagnose_emulated, reads_files=False
+)
+_ENOEXEC_EXIT_KIND = RecordKind(
+    EnoexecExit, layout.ENOEXEC_EXIT, decode_enoexec_exit, enoexec_exit_key, None, reads_files=False
+)
+KINDS: Mapping[int, RecordKind[Any]] = MappingProxyType(
     {
         k.layout.kind: k
-        for k in (
-            RecordKind(layout.EXEC_FAILED, decode_exec_failed, exec_failed_key, "exec_failed"),
-            RecordKind(layout.EARLY_DEATH, decode_early_death, early_death_key, "early_death"),
-            RecordKind(
-                layout.EMULATED, decode_emulated, emulated_key, "emulated_exec", reads_files=False
-            ),
-            RecordKind(
-                layout.ENOEXEC_EXIT, decode_enoexec_exit, enoexec_exit_key, None, reads_files=False
-            ),
-        )
+        for k in (_EXEC_FAILED_KIND, _EARLY_DEATH_KIND, _EMULATED_KIND, _ENOEXEC_EXIT_KIND)
     }
 )
 
 
-def kind_of(raw: bytes) -> RecordKind:
+def diagnose(by: Diagnoses, event: KernelEvent) -> Diagnosis:
+    """The event's diagnosis, by its kind's KINDS entry; ValueError for a kind never
+    diagnosed."""
+    entry = KINDS[event.kind]
+    if entry.diagnose is None:
+        raise ValueError(f"{event.kind.name} records are not diagnosed")
+    return entry.diagnose(by, event)
+
+
+def reads_files(event: KernelEvent) -> bool:
+    """Whether the event's diagnosis reads the caller's files."""
+    return KINDS[event.kind].reads_files
+
+
+def kind_of(raw: bytes) -> RecordKind[Any]:
     kind = layout.KIND.unpack_from(raw)[0] if len(raw) >= layout.KIND.size else None
     found = KINDS.get(kind) if kind is not None else None
     if found is None or len(raw) < found.layout.size:
@@ -236,7 +277,8 @@ def kind_of(raw: bytes) -> RecordKind:
 
 def decode_record(raw: bytes, epoch_offset: float) -> KernelEvent:
     """Any ring buffer's record, by its kind."""
-    return kind_of(raw).decode(raw, epoch_offset)
+    event: KernelEvent = kind_of(raw).decode(raw, epoch_offset)
+    return event
 
 
 def repeat_key(raw: bytes) -> RepeatKey:
