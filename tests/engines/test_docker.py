@@ -19,7 +19,7 @@ import pytest
 from execwatch.attribution import Attributor
 from execwatch.attribution.engines import Engines, EngineSocket
 from execwatch.diagnosis import FileDiagnoser
-from execwatch.record import KernelEvent, Reason
+from execwatch.record import ExecFailed, Reason
 from tests.attribution.runc_env import FOREIGN_BUSYBOX
 from tests.node.images import SIDE_NOSHEBANG, SIDE_SCRIPT, WEB_V2_ARM64, WEB_V2_MUSL
 from tests.support.engines import unified_cgroup
@@ -157,9 +157,9 @@ def test_a_removed_container_is_diagnosed_from_its_image_layers(
     assert (diagnosis.reason, diagnosis.binary_arch) == (Reason.FOREIGN_ARCHITECTURE, "arm64")
 
 
-def gone_caller(record: dict[str, Any]) -> KernelEvent:
+def gone_caller(record: dict[str, Any]) -> ExecFailed:
     """The probe's record of a failed exec, its caller and the caller's parent long gone."""
-    return KernelEvent(
+    return ExecFailed(
         time=record["time"],
         errno=errno.ENOEXEC,
         pid=record["tid"],

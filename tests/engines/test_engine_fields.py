@@ -16,7 +16,7 @@ from execwatch.attribution.engines import EngineSocket, EngineWatcher, _merge
 from execwatch.attribution.layout import CgroupKind, parse_cgroup_path
 from execwatch.attribution.podman_storage import PodmanStorage
 from execwatch.node.output import human_line
-from execwatch.record import Attribution, AttributionStatus, Diagnosis, ExecFailure, KernelEvent
+from execwatch.record import Attribution, AttributionStatus, Diagnosis, ExecFailed, ExecFailure
 from execwatch.runnable.reason import Reason
 
 CID = "c0ffee" * 10 + "abcd"
@@ -91,7 +91,7 @@ def test_a_rootless_podman_cgroup_names_its_user() -> None:
 
 
 def test_the_human_line_names_container_image_and_compose_service() -> None:
-    event = KernelEvent(
+    event = ExecFailed(
         time=0.0, errno=8, pid=7, tgid=7, ppid=1, uid=0, comm="runc:[2:INIT]",
         parent_comm="runc", path="/bin/server", cgroup_id=1, mntns=1, syscall="execve",
     )  # fmt: skip
