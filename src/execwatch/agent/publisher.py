@@ -39,7 +39,6 @@ import heapq
 import json
 import logging
 import os
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -49,7 +48,7 @@ from typing import Any, Protocol
 from execwatch import crd
 from execwatch.agent.metrics import PublisherMetrics
 from execwatch.agent.spool import MAX_COUNT, Handover, Loaded, Spool, StoredRecord
-from execwatch.kube import errors
+from execwatch.kube import backoff, errors
 from execwatch.record import AttributionStatus, ExecFailure
 from execwatch.text import safe_text
 
@@ -196,12 +195,6 @@ class _TokenBucket:
         self.tokens -= 1
 
 
-def _backoff(attempts: int, initial: float, cap: float) -> float:
-    """Exponential in the attempts, with full jitter in [0.5, 1] of the step."""
-    step = min(cap, initial * 2.0 ** max(0, attempts - 1))
-    return step * random.uniform(0.5, 1.0)
-
-
 @dataclass
 class Publisher:
     """Aggregates, rate-limits, spools and creates records; one worker thread.
@@ -229,7 +222,7 @@ class Publisher:
         self._bucket = _TokenBucket(self.config.rate, self.config.burst, self.clock)
         self._nonce = os.urandom(6).hex()
         self._seq = 0
-        self._server_backoff = 0.0
+        self._server_failures = 0  # in a row: the server's own backoff
         self._server_retry_at = 0.0
         self._next_flush = 0.0
         self._next_adopt = 0.0
@@ -524,7 +517,7 @@ class Publisher:
                 del self._open[entry.key]
             self._dirty.discard(entry.name)
             self._gone.add(entry.name)
-            self._server_backoff = 0.0
+            self._server_failures = 0
             self._server_retry_at = 0.0
             self._update_gauges()
         if published:
@@ -555,20 +548,18 @@ class Publisher:
             if not refused:  # a refused record takes in no new failures
                 self._reopen(entry)
             delay = errors.delay(
-                err, _backoff(entry.attempts, cfg.backoff_initial, cfg.backoff_max)
+                err, backoff.delay(entry.attempts, cfg.backoff_initial, cfg.backoff_max)
             )
             entry.ready_at = self.clock() + delay
             self._schedule(entry)
             self._dirty.add(entry.name)
             if err.status in (0, 429, 503):  # the server, not this record: pause everyone
-                self._server_backoff = min(
-                    cfg.backoff_max, max(cfg.backoff_initial, self._server_backoff * 2)
-                )
+                self._server_failures += 1
                 self._server_retry_at = self.clock() + errors.delay(
-                    err, self._server_backoff * random.uniform(0.5, 1.0)
+                    err, backoff.delay(self._server_failures, cfg.backoff_initial, cfg.backoff_max)
                 )
             else:
-                self._server_backoff = 0.0
+                self._server_failures = 0
                 self._server_retry_at = 0.0
         log.warning(
             "create failed, will retry",
