@@ -15,9 +15,10 @@ import os
 import posixpath
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+
+from cachetools import LRUCache
 
 from execwatch.attribution.cri.client import CriContainers
 from execwatch.attribution.inventory import CgroupInventory
@@ -74,7 +75,7 @@ class Attributor:
         self._proc = proc
         self.inventory: CgroupInventory | None = None
         self._lock = threading.Lock()
-        self._cache: OrderedDict[str, CriContainer] = OrderedDict()
+        self._cache: LRUCache[str, CriContainer] = LRUCache(self.config.cache_size)
         self._unknown: dict[str, float] = {}  # container id -> retry after (monotonic)
         self._runtime_down_until = 0.0
         self._prefetch = DelayQueue(self.config.prefetch_queue)
@@ -282,9 +283,8 @@ class Attributor:
         """Runtime metadata, from the cache or within the budget; None if unknown now."""
         now = time.monotonic()
         with self._lock:
-            cached = self._cache.get(container_id)
+            cached = self._cache.get(container_id)  # an LRU hit: now the newest
             if cached is not None:
-                self._cache.move_to_end(container_id)
                 return cached
             if self._unknown.get(container_id, 0.0) > now or self._runtime_down_until > now:
                 return None
@@ -316,8 +316,6 @@ class Attributor:
                 return None
             self._unknown.pop(container_id, None)
             self._cache[container_id] = found
-            while len(self._cache) > self.config.cache_size:
-                self._cache.popitem(last=False)
         return found
 
     def _on_new_cgroup(self, _cgroup_id: int, path: str) -> None:

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+from cachetools import FIFOCache
 
 from execwatch.diagnosis.container_rootfs import Candidate, ContainerRootfs
 from execwatch.record import KernelEvent
@@ -24,6 +25,8 @@ from execwatch.runnable.openat2 import Resolver, Root
 
 AT_FDCWD = -100
 ExtraLocator = Callable[[KernelEvent], Iterable[Candidate]]
+
+PEERS_KEPT = 4096  # roots whose live stand-in is remembered, the oldest found forgotten first
 
 
 class RootLocator:
@@ -34,7 +37,7 @@ class RootLocator:
         self._extra = list(extra)
         self._resolver = Resolver()
         self._rootfs = ContainerRootfs(proc)
-        self._peer_by_root: OrderedDict[tuple[int, int], int] = OrderedDict()  # bounded LRU
+        self._peer_by_root: FIFOCache[tuple[int, int], int] = FIFOCache(PEERS_KEPT)
 
     def open(self, event: KernelEvent) -> Root | None:
         if event.root_fd >= 0:  # opened by the agent before the worker took the event
@@ -166,9 +169,5 @@ class RootLocator:
                 return int(entry.name)
         return None
 
-    def _remember(self, event: KernelEvent, pid: int, limit: int = 4096) -> None:
-        key = (event.mntns, event.root_ino)
-        self._peer_by_root[key] = pid
-        self._peer_by_root.move_to_end(key)
-        while len(self._peer_by_root) > limit:
-            self._peer_by_root.popitem(last=False)
+    def _remember(self, event: KernelEvent, pid: int) -> None:
+        self._peer_by_root[(event.mntns, event.root_ino)] = pid
