@@ -49,6 +49,7 @@ from execwatch import crd
 from execwatch.agent.metrics import PublisherMetrics
 from execwatch.agent.spool import MAX_COUNT, Handover, Loaded, Spool, StoredRecord
 from execwatch.kube import backoff, errors
+from execwatch.kube.ratelimit import TokenBucket
 from execwatch.record import AttributionStatus, ExecFailure
 from execwatch.text import safe_text
 
@@ -171,31 +172,6 @@ def aggregation_key(failure: ExecFailure) -> Key:
 
 
 @dataclass
-class _TokenBucket:
-    rate: float
-    burst: int
-    clock: Callable[[], float]
-    tokens: float = 0.0
-    stamp: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.tokens = float(self.burst)
-        self.stamp = self.clock()
-
-    def wait_time(self) -> float:
-        """Seconds until a token is available (0: take one now)."""
-        now = self.clock()
-        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        if self.tokens >= 1:
-            return 0.0
-        return (1 - self.tokens) / self.rate
-
-    def take(self) -> None:
-        self.tokens -= 1
-
-
-@dataclass
 class Publisher:
     """Aggregates, rate-limits, spools and creates records; one worker thread.
 
@@ -219,7 +195,7 @@ class Publisher:
         self._paces: dict[Key, _Pace] = {}
         self._dirty: set[str] = set()
         self._gone: set[str] = set()
-        self._bucket = _TokenBucket(self.config.rate, self.config.burst, self.clock)
+        self._bucket = TokenBucket(self.config.rate, self.config.burst, self.clock)
         self._nonce = os.urandom(6).hex()
         self._seq = 0
         self._server_failures = 0  # in a row: the server's own backoff

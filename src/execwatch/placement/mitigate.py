@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from execwatch.kube import errors
 from execwatch.kube.client import Rest, path
+from execwatch.kube.ratelimit import TokenBucket
 from execwatch.placement.controller import Note, post_event
 from execwatch.placement.modes import MITIGATE, NamespaceModes, never_placed
 
@@ -97,13 +98,13 @@ class Mitigator:
     _windows: FIFOCache[str, deque[tuple[float, int]]] = field(init=False)
     _done: FIFOCache[str, None] = field(init=False)
     _pending: FIFOCache[str, _Pending] = field(init=False)
-    _tokens: float = -1.0
-    _refilled: float = 0.0
+    _bucket: TokenBucket = field(init=False)  # config.rate evictions a second
 
     def __post_init__(self) -> None:
         self._windows = FIFOCache(self.config.max_pods)
         self._done = FIFOCache(self.config.max_pods)
         self._pending = FIFOCache(self.config.max_pods)
+        self._bucket = TokenBucket(self.config.rate, self.config.burst, self.clock)
         if self.modes is None:
             self.modes = NamespaceModes(
                 self.rest, self.own_namespace, self.config.namespace_ttl, clock=self.clock
@@ -132,7 +133,7 @@ class Mitigator:
         for uid, pending in list(self._pending.items()):
             if pending.due > now:
                 continue
-            if not self._take(now):
+            if not self._bucket.try_take():
                 return
             self._evict(uid, pending)
 
@@ -158,17 +159,6 @@ class Mitigator:
                 "namespace not read", extra={"kv": {"namespace": namespace, **errors.as_dict(err)}}
             )
             return ""
-
-    def _take(self, now: float) -> bool:
-        cfg = self.config
-        if self._tokens < 0:
-            self._tokens, self._refilled = float(cfg.burst), now
-        self._tokens = min(float(cfg.burst), self._tokens + (now - self._refilled) * cfg.rate)
-        self._refilled = now
-        if self._tokens < 1:
-            return False
-        self._tokens -= 1
-        return True
 
     def _evict(self, uid: str, pending: _Pending) -> None:
         obs = pending.obs
