@@ -55,7 +55,7 @@ from execwatch.text import safe_text
 
 log = logging.getLogger(__name__)
 
-Key = tuple[str, str, str, int]
+RecordKey = tuple[str, str, str, int]  # container (or pod, cgroup), path, reason, errno
 
 
 class RecordSink(Protocol):
@@ -111,7 +111,7 @@ class _Entry:
     (`maybe_created`): from then on it is only ever re-sent as it is."""
 
     name: str
-    key: Key
+    key: RecordKey
     body: dict[str, Any]
     count: int
     first_seen: float
@@ -164,8 +164,10 @@ def _entry(record: StoredRecord, now: float) -> _Entry:
     )
 
 
-def aggregation_key(failure: ExecFailure) -> Key:
-    """Failures that are 'the same' for an administrator: one container, one path."""
+def record_key(failure: ExecFailure) -> RecordKey:
+    """The key repeats fold into one record by: failures that are 'the same' for an
+    administrator (one container, one path, one reason and errno). Not the node's
+    `record.RepeatKey`, which folds raw kernel records before their diagnosis."""
     a = failure.attribution
     who = a.container_id or a.pod_uid or a.cgroup_path or f"cgroup:{failure.event.cgroup_id}"
     return (who, failure.event.path, str(failure.diagnosis.reason), failure.event.errno)
@@ -188,11 +190,11 @@ class Publisher:
     def __post_init__(self) -> None:
         self._lock = threading.Condition()
         self._entries: dict[str, _Entry] = {}
-        self._open: dict[Key, str] = {}  # the entry of each key that repeats fold into
+        self._open: dict[RecordKey, str] = {}  # the entry of each key that repeats fold into
         self._ready: list[tuple[float, int, str]] = []  # heap: (ready_at, seq, name)
         self._sending: str | None = None
         self._bytes = 0
-        self._paces: dict[Key, _Pace] = {}
+        self._paces: dict[RecordKey, _Pace] = {}
         self._dirty: set[str] = set()
         self._gone: set[str] = set()
         self._bucket = TokenBucket(self.config.rate, self.config.burst, self.clock)
@@ -218,7 +220,7 @@ class Publisher:
     def _accept(self, failure: ExecFailure) -> None:
         now, wall = self.clock(), failure.event.time or self.wall()
         n = max(1, failure.count)
-        key = aggregation_key(failure)
+        key = record_key(failure)
         self.metrics.failures.inc(n)
         if failure.attribution.status in (
             AttributionStatus.UNATTRIBUTED,

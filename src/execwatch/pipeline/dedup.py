@@ -10,11 +10,7 @@ from dataclasses import dataclass
 
 from cachetools import FIFOCache
 
-from execwatch.probe.events import repeat_key
 from execwatch.record import ExecFailure, RepeatKey
-
-# The record's repeat key, by its kind (probe.events.KINDS), straight from its bytes.
-aggregation_key = repeat_key
 
 
 @dataclass
