@@ -107,3 +107,24 @@ def test_parse_takes_each_string_at_its_bound_and_refuses_one_longer(dotted: str
 def test_parse_refuses_a_count_out_of_the_range(count: int) -> None:
     with pytest.raises(crd.InvalidRecord):
         crd.parse(put(valid(), "count", count))
+
+
+def descriptions(node: object) -> set[str]:
+    if isinstance(node, dict):
+        found = {node["description"]} if isinstance(node.get("description"), str) else set()
+        return found.union(*(descriptions(v) for v in node.values()))
+    if isinstance(node, list):
+        return set().union(*(descriptions(v) for v in node))
+    return set()
+
+
+def test_no_description_is_cut_short_by_a_yaml_comment() -> None:
+    """An unquoted ` #` starts a comment: `or #! interpreter` once lost its end."""
+    text = SCHEMA.read_text()
+    parsed = descriptions(yaml.safe_load(text))
+    written = [
+        line.split("description:", 1)[1].strip().strip('"')
+        for line in text.splitlines()
+        if line.strip().startswith("description:")
+    ]
+    assert written and all(line in parsed for line in written)
