@@ -110,8 +110,9 @@ def test_the_handler_without_credentials_says_so_in_one_line(
 
 @pytest.mark.parametrize("argv", [["--window", "1"], ["--window=0.5"], ["--window"]])
 def test_the_agent_has_one_window_and_the_old_flag_names_it(argv: list[str]) -> None:
-    """The node's folding follows --aggregation-window: a second window flag would be
-    read with a meaning the operator did not mean."""
+    """--aggregation-window is the agent's one repeat window (--aggregation-window-max
+    caps its growth; the node's own fold is a fixed second, agent.daemon.NODE_WINDOW_S):
+    a second window flag would be read with a meaning the operator did not mean."""
     out = subprocess.run(
         [sys.executable, "-m", "execwatch.cli", "agent", "--node", "worker-1", *argv],
         capture_output=True, text=True, timeout=60,

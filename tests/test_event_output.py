@@ -145,7 +145,9 @@ EXPECTED: dict[str, dict[str, Any]] = {
         '"container_id": "abc", "root_fd": -1, "root_description": "", '
         '"pod_uid": "uid-1", "namespace": "shop", "pod": "web-1", "container": '
         '"server", "image": "registry.example/app:1", "workload_kind": '
-        '"Deployment", "workload": "web", "image_id": null, "compose_project": null, "compose_service": null, "engine_user": null, "attribution": "attributed"}',
+        '"Deployment", "workload": "web", '
+        '"image_id": null, "compose_project": null, '
+        '"compose_service": null, "engine_user": null, "attribution": "attributed"}',
         "human": "22:13:25.250 ENOEXEC Undiagnosed /app/server (arm64 on amd64) "
         "interpreter=/lib/ld-linux-aarch64.so.1 library=libc.so.6 symbol=memcpy "
         "version=GLIBC_2.38 pid=4242 ppid=4200 comm=server "
@@ -192,7 +194,9 @@ EXPECTED: dict[str, dict[str, Any]] = {
         '"container_id": "abc", "root_fd": -1, "root_description": "", "pod_uid": '
         '"uid-1", "namespace": "shop", "pod": "web-1", "container": "server", '
         '"image": "registry.example/app:1", "workload_kind": "Deployment", '
-        '"workload": "web", "image_id": null, "compose_project": null, "compose_service": null, "engine_user": null, "attribution": "attributed"}',
+        '"workload": "web", '
+        '"image_id": null, "compose_project": null, '
+        '"compose_service": null, "engine_user": null, "attribution": "attributed"}',
         "human": "22:13:25.250 ENOENT Undiagnosed tool (arm64 on amd64) "
         "interpreter=/lib/ld-linux-aarch64.so.1 library=libc.so.6 symbol=memcpy "
         "version=GLIBC_2.38 pid=4242 ppid=4200 comm=server parent=containerd-shim "
@@ -241,7 +245,9 @@ EXPECTED: dict[str, dict[str, Any]] = {
         '"root_description": "", "pod_uid": "uid-1", "namespace": '
         '"shop", "pod": "web-1", "container": "server", "image": '
         '"registry.example/app:1", "workload_kind": "Deployment", '
-        '"workload": "web", "image_id": null, "compose_project": null, "compose_service": null, "engine_user": null, "attribution": "attributed"}',
+        '"workload": "web", '
+        '"image_id": null, "compose_project": null, '
+        '"compose_service": null, "engine_user": null, "attribution": "attributed"}',
         "human": "22:13:25.250 EXIT127 Undiagnosed /usr/bin/ls (arm64 on amd64) "
         "interpreter=/lib/ld-linux-aarch64.so.1 library=libc.so.6 "
         "symbol=memcpy version=GLIBC_2.38 age=2ms pid=4242 ppid=4200 "
@@ -291,7 +297,9 @@ EXPECTED: dict[str, dict[str, Any]] = {
         '"root_description": "", "pod_uid": "uid-1", "namespace": '
         '"shop", "pod": "web-1", "container": "server", "image": '
         '"registry.example/app:1", "workload_kind": "Deployment", '
-        '"workload": "web", "image_id": null, "compose_project": null, "compose_service": null, "engine_user": null, "attribution": "attributed"}',
+        '"workload": "web", '
+        '"image_id": null, "compose_project": null, '
+        '"compose_service": null, "engine_user": null, "attribution": "attributed"}',
         "human": "22:13:25.250 SIGSEGV Undiagnosed …/app (arm64 on amd64) "
         "interpreter=/lib/ld-linux-aarch64.so.1 library=libc.so.6 "
         "symbol=memcpy version=GLIBC_2.38 age=2ms pid=4242 ppid=4200 "
@@ -338,7 +346,9 @@ EXPECTED: dict[str, dict[str, Any]] = {
         '"container_id": "abc", "root_fd": -1, "root_description": "", "pod_uid": '
         '"uid-1", "namespace": "shop", "pod": "web-1", "container": "server", '
         '"image": "registry.example/app:1", "workload_kind": "Deployment", '
-        '"workload": "web", "image_id": null, "compose_project": null, "compose_service": null, "engine_user": null, "attribution": "attributed"}',
+        '"workload": "web", '
+        '"image_id": null, "compose_project": null, '
+        '"compose_service": null, "engine_user": null, "attribution": "attributed"}',
         "human": "22:13:25.250 EMULATED Undiagnosed /app/arm-tool (arm64 on amd64) "
         "interpreter=/lib/ld-linux-aarch64.so.1 library=libc.so.6 symbol=memcpy "
         "version=GLIBC_2.38 pid=4242 ppid=4200 comm=server parent=containerd-shim "
@@ -385,7 +395,9 @@ EXPECTED: dict[str, dict[str, Any]] = {
         '"root_description": "", "pod_uid": "uid-1", "namespace": "shop", '
         '"pod": "web-1", "container": "server", "image": '
         '"registry.example/app:1", "workload_kind": "Deployment", "workload": '
-        '"web", "image_id": null, "compose_project": null, "compose_service": null, "engine_user": null, "attribution": "attributed"}',
+        '"web", '
+        '"image_id": null, "compose_project": null, '
+        '"compose_service": null, "engine_user": null, "attribution": "attributed"}',
         "human": "22:13:25.250 ENOEXEC_EXIT Undiagnosed  (arm64 on amd64) "
         "interpreter=/lib/ld-linux-aarch64.so.1 library=libc.so.6 "
         "symbol=memcpy version=GLIBC_2.38 age=1ms pid=4242 ppid=4200 "

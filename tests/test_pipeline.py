@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from execwatch.diagnosis import FileDiagnoser
 from execwatch.diagnosis.budget import Mount, SlowMounts
 from execwatch.node.metrics import NodeMetrics, undiagnosed_summary
-from execwatch.pipeline import Heartbeat, NodePipeline, aggregation_key
+from execwatch.pipeline import Heartbeat, NodePipeline, repeat_key
 from execwatch.probe import events, layout
 from execwatch.record import (
     Attribution,
@@ -250,7 +250,7 @@ def test_records_of_different_kinds_with_colliding_numbers_never_fold_together(
         raw_event(b"/app/server", err=0),
         raw_emulated(b"/app/server"),
     ]
-    keys = [aggregation_key(raw) for raw in records]
+    keys = [repeat_key(raw) for raw in records]
     assert len({k._replace(kind=0) for k in keys}) == 3, "the numbers collide in pairs"
     assert len(set(keys)) == 6
     diagnoser = CountingDiagnoser()

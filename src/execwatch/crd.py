@@ -4,6 +4,10 @@ The schema lives in deploy/base/crd.yaml; this module is its Python side. The ag
 builds the whole object in `to_body` (one create, nothing to fill in later). The handler
 never trusts what it reads: `parse` re-checks every field the schema checks, because a
 record may predate a schema change or come from an agent that is not ours.
+
+The schema's bounds are stated once, in the tables below (`MAX_LENGTH`, `REQUIRED`,
+`COUNT`, `UID`, `SYSCALLS`): `to_body` and `parse` use them, and
+tests/deploy/test_crd_bounds.py fails when the yaml says otherwise.
 """
 
 from __future__ import annotations
@@ -11,8 +15,10 @@ from __future__ import annotations
 import errno as errno_mod
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import Any
 
 from execwatch.kube import client
@@ -26,12 +32,42 @@ PLURAL = "execfailures"
 KIND = "ExecFailure"
 DEFAULT_NAMESPACE = "execwatch"
 
-# Limits mirrored from the CRD's OpenAPI schema.
 MAX_PATH = 4096
 MAX_DETAIL = 1024
 MAX_COMM = 64
 MAX_NAME = 253
 MAX_ARCH = 32
+
+# The schema's maxLength of every string of spec, by its dotted path.
+MAX_LENGTH: Mapping[str, int] = MappingProxyType(
+    {
+        "node": MAX_NAME,
+        "nodeArch": MAX_ARCH,
+        "errno": 32,
+        "detail": MAX_DETAIL,
+        "path": MAX_PATH,
+        "binaryArch": MAX_ARCH,
+        "interpreter": MAX_PATH,
+        "comm": MAX_COMM,
+        "parentComm": MAX_COMM,
+        "pod.name": MAX_NAME,
+        "pod.namespace": 63,
+        "pod.uid": 64,
+        "container.name": MAX_NAME,
+        "container.id": 128,
+        "container.image": 1024,
+        "container.runtime": 32,
+        "workload.kind": 63,
+        "workload.name": MAX_NAME,
+        "cgroup": MAX_PATH,
+    }
+)
+# spec's required fields (a required string must not be empty either)
+REQUIRED = (
+    "node", "nodeArch", "errno", "reason", "path", "firstSeen", "lastSeen", "count", "attribution",
+)  # fmt: skip
+COUNT = (1, 1_000_000_000)  # spec.count: minimum, maximum
+UID = (0, 4294967295)  # spec.uid: minimum, maximum
 
 _DNS_LABEL = re.compile(r"[^a-z0-9-]+")
 
@@ -90,8 +126,8 @@ def record_name(node: str, nonce: str, seq: int) -> str:
     return f"{prefix}-{digest}"
 
 
-def _opt(value: str | None, limit: int) -> str | None:
-    return None if value is None else safe_text(value, limit)
+def _opt(value: str | None, dotted: str) -> str | None:
+    return None if value is None else safe_text(value, MAX_LENGTH[dotted])
 
 
 def to_body(
@@ -109,17 +145,17 @@ def to_body(
     spec: dict[str, Any] = {
         "node": safe_text(node, MAX_NAME),
         "nodeArch": safe_text(d.node_arch or "unknown", MAX_ARCH),
-        "errno": _status(e)[:32],
+        "errno": _status(e)[: MAX_LENGTH["errno"]],
         "reason": str(d.reason),
         "detail": safe_text(d.detail, MAX_DETAIL),
         "path": safe_text(e.path, MAX_PATH) or "?",
         "comm": safe_text(e.comm, MAX_COMM),
         "parentComm": safe_text(e.parent_comm, MAX_COMM),
         "syscall": e.syscall if e.syscall in SYSCALLS else "execve",
-        "uid": max(0, min(e.uid, 4294967295)),
+        "uid": max(UID[0], min(e.uid, UID[1])),
         "firstSeen": rfc3339(first_seen),
         "lastSeen": rfc3339(max(first_seen, last_seen)),
-        "count": max(1, count),
+        "count": max(COUNT[0], count),
         "attribution": str(a.status),
     }
     if d.binary_arch:
@@ -129,9 +165,9 @@ def to_body(
     pod = {
         k: v
         for k, v in (
-            ("name", _opt(a.pod, MAX_NAME)),
-            ("namespace", _opt(a.namespace, 63)),
-            ("uid", _opt(a.pod_uid, 64)),
+            ("name", _opt(a.pod, "pod.name")),
+            ("namespace", _opt(a.namespace, "pod.namespace")),
+            ("uid", _opt(a.pod_uid, "pod.uid")),
         )
         if v
     }
@@ -140,18 +176,20 @@ def to_body(
     container = {
         k: v
         for k, v in (
-            ("name", _opt(a.container, MAX_NAME)),
-            ("id", _opt(a.container_id, 128)),
-            ("image", _opt(a.image, 1024)),
-            ("runtime", _opt(a.runtime, 32)),
+            ("name", _opt(a.container, "container.name")),
+            ("id", _opt(a.container_id, "container.id")),
+            ("image", _opt(a.image, "container.image")),
+            ("runtime", _opt(a.runtime, "container.runtime")),
         )
         if v
     }
     if container:
         spec["container"] = container
     if a.workload:
-        spec["workload"] = {"kind": safe_text(a.workload_kind or "", 63), "name": a.workload}
-        spec["workload"]["name"] = safe_text(a.workload, MAX_NAME)
+        spec["workload"] = {
+            "kind": safe_text(a.workload_kind or "", MAX_LENGTH["workload.kind"]),
+            "name": safe_text(a.workload, MAX_LENGTH["workload.name"]),
+        }
     if a.cgroup_path and a.status in (AttributionStatus.UNATTRIBUTED, AttributionStatus.HOST):
         spec["cgroup"] = safe_text(a.cgroup_path, MAX_PATH)
     return {
@@ -207,18 +245,21 @@ class Record:
         return bool(self.pod and self.namespace)
 
 
-def _str(spec: dict[str, Any], key: str, limit: int, *, required: bool = False) -> str:
-    value = spec.get(key)
+def _str(spec: dict[str, Any], dotted: str) -> str:
+    """spec's string at `dotted` (`pod.name`), checked against MAX_LENGTH and REQUIRED."""
+    parent, _, key = dotted.rpartition(".")
+    value = (_sub(spec, parent) if parent else spec).get(key)
+    limit, required = MAX_LENGTH[dotted], dotted in REQUIRED
     if value is None:
         if required:
-            raise InvalidRecord("malformed", f"missing spec.{key}")
+            raise InvalidRecord("malformed", f"missing spec.{dotted}")
         return ""
     if not isinstance(value, str):
-        raise InvalidRecord("malformed", f"spec.{key} is not a string")
+        raise InvalidRecord("malformed", f"spec.{dotted} is not a string")
     if len(value) > limit:
-        raise InvalidRecord("oversized", f"spec.{key} is longer than {limit}")
+        raise InvalidRecord("oversized", f"spec.{dotted} is longer than {limit}")
     if required and not value:
-        raise InvalidRecord("malformed", f"spec.{key} is empty")
+        raise InvalidRecord("malformed", f"spec.{dotted} is empty")
     return printable(value, limit)
 
 
@@ -247,36 +288,35 @@ def parse(obj: dict[str, Any]) -> Record:
     except ValueError:
         raise InvalidRecord("malformed", "unknown attribution") from None
     count = spec.get("count")
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1_000_000_000:
+    if isinstance(count, bool) or not isinstance(count, int) or not COUNT[0] <= count <= COUNT[1]:
         raise InvalidRecord("malformed", "count out of range")
     first, last = parse_time(spec.get("firstSeen")), parse_time(spec.get("lastSeen"))
     if first is None or last is None or last < first:
         raise InvalidRecord("malformed", "bad firstSeen/lastSeen")
-    pod, container, workload = _sub(spec, "pod"), _sub(spec, "container"), _sub(spec, "workload")
     return Record(
         name=name,
         uid=uid,
-        node=_str(spec, "node", MAX_NAME, required=True),
-        node_arch=_str(spec, "nodeArch", MAX_ARCH, required=True),
-        errno=_str(spec, "errno", 32, required=True),
+        node=_str(spec, "node"),
+        node_arch=_str(spec, "nodeArch"),
+        errno=_str(spec, "errno"),
         reason=reason,
-        path=_str(spec, "path", MAX_PATH, required=True),
+        path=_str(spec, "path"),
         count=count,
         first_seen=first,
         last_seen=last,
         attribution=attribution,
-        binary_arch=_str(spec, "binaryArch", MAX_ARCH),
-        interpreter=_str(spec, "interpreter", MAX_PATH),
-        detail=_str(spec, "detail", MAX_DETAIL),
-        comm=_str(spec, "comm", MAX_COMM),
-        pod=_str(pod, "name", MAX_NAME),
-        namespace=_str(pod, "namespace", 63),
-        pod_uid=_str(pod, "uid", 64),
-        container=_str(container, "name", MAX_NAME),
-        container_id=_str(container, "id", 128),
-        image=_str(container, "image", 1024),
-        workload_kind=_str(workload, "kind", 63),
-        workload=_str(workload, "name", MAX_NAME),
+        binary_arch=_str(spec, "binaryArch"),
+        interpreter=_str(spec, "interpreter"),
+        detail=_str(spec, "detail"),
+        comm=_str(spec, "comm"),
+        pod=_str(spec, "pod.name"),
+        namespace=_str(spec, "pod.namespace"),
+        pod_uid=_str(spec, "pod.uid"),
+        container=_str(spec, "container.name"),
+        container_id=_str(spec, "container.id"),
+        image=_str(spec, "container.image"),
+        workload_kind=_str(spec, "workload.kind"),
+        workload=_str(spec, "workload.name"),
     )
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from execwatch.pipeline import aggregation_key
+from execwatch.pipeline import repeat_key
 from execwatch.probe import Probe
 from execwatch.probe.loader import ProbeOptions
 
@@ -50,7 +50,7 @@ def test_overflowing_ring_buffer_keeps_exact_counts(
 
             counted = probe.counts_by_cgroup()[(cgroup_id, errno.ENOEXEC)]
             dropped = probe.stats()["ringbuf_full"] - drops_before
-        ours = [raw for raw in delivered if aggregation_key(raw)[0] == cgroup_id]
+        ours = [raw for raw in delivered if repeat_key(raw)[0] == cgroup_id]
         assert counted == FAILURES
         assert dropped >= FAILURES - len(ours)  # other processes' records may be dropped too
         if ours:

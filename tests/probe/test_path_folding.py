@@ -21,9 +21,8 @@ from pathlib import Path
 import pytest
 
 from execwatch.node.stack import StackOptions
-from execwatch.pipeline import PipelineOptions, aggregation_key
+from execwatch.pipeline import PipelineOptions, repeat_key
 from execwatch.probe import Probe, layout
-from execwatch.probe.loader import ProbeOptions
 from execwatch.record import ExecFailure, Reason, RepeatKey
 from tests.probe.roots import GLIBC_LOADER
 from tests.support.node import Running, node_stack
@@ -140,7 +139,7 @@ def test_search_storm_is_folded_in_the_kernel_and_counted_exactly(
     failures = 5 * SEARCHES if not found else 4 * SEARCHES
     assert traced.folds.probe.counts_by_cgroup()[(cgroup_id, errno.ENOENT)] == failures
 
-    sent = [raw for raw in traced.raw if aggregation_key(raw)[0] == cgroup_id]
+    sent = [raw for raw in traced.raw if repeat_key(raw)[0] == cgroup_id]
     folded = sum(n for name, n in traced.folds.taken.items() if name[0] == cgroup_id)
     assert len(sent) + folded == failures
     assert len(sent) <= len(dirs) * (os.cpu_count() or 1) * windows  # not one per miss
@@ -249,7 +248,7 @@ def sharing_a_set(key: list[int], cgroup_id: int, first: bytes) -> list[bytes]:
 
 
 def sent_per_name(sent: list[bytes], cgroup_id: int) -> Counter[bytes]:
-    return Counter(key.name for key in map(aggregation_key, sent) if key.cgroup_id == cgroup_id)
+    return Counter(key.name for key in map(repeat_key, sent) if key.cgroup_id == cgroup_id)
 
 
 def test_a_name_that_finds_its_set_full_is_never_folded(own_cgroup: Path) -> None:
@@ -259,7 +258,7 @@ def test_a_name_that_finds_its_set_full_is_never_folded(own_cgroup: Path) -> Non
     kernel's, the last name would pick another set, and fold.)"""
     cgroup_id = own_cgroup.stat().st_ino
     sent: list[bytes] = []
-    with Probe(ProbeOptions(fold_window_ms=60_000)) as probe:
+    with Probe(fold_window_s=60.0) as probe:
         *held, last = sharing_a_set(probe.fold_key, cgroup_id, b"/nonexistent/ewprog-set")
         probe.open_ring_buffer(sent.append)
         miss_on_one_cpu(own_cgroup, [*held, last], SEARCHES)
@@ -280,7 +279,7 @@ def test_a_slot_changes_names_only_once_its_folds_were_read(own_cgroup: Path) ->
     cgroup_id = own_cgroup.stat().st_ino
     sent: list[bytes] = []
     taken: list[dict[layout.FoldedName, int]] = []
-    with Probe(ProbeOptions(fold_window_ms=300)) as probe:
+    with Probe(fold_window_s=0.3) as probe:
         *held, last = sharing_a_set(probe.fold_key, cgroup_id, b"/nonexistent/ewprog-owner")
         probe.open_ring_buffer(sent.append)
         for names in (held, [last], [last]):
@@ -321,7 +320,7 @@ def test_a_new_fold_window_sends_a_names_next_miss_again(own_cgroup: Path) -> No
     name = b"/nonexistent/ewprog-window"
     cgroup_id = own_cgroup.stat().st_ino
     sent: list[bytes] = []
-    with Probe(ProbeOptions(fold_window_ms=300)) as probe:
+    with Probe(fold_window_s=0.3) as probe:
         probe.open_ring_buffer(sent.append)
         miss_on_one_cpu(own_cgroup, [name], 3)  # no take_folds() yet: one epoch, however slow
         time.sleep(0.35)
@@ -333,7 +332,7 @@ def test_a_new_fold_window_sends_a_names_next_miss_again(own_cgroup: Path) -> No
         second = probe.take_folds()
     key = (cgroup_id, *_root(), errno.ENOENT, name)
     folded = RepeatKey.of_fold(*key)
-    assert sum(aggregation_key(raw) == folded for raw in sent) == 2  # one per epoch
+    assert sum(repeat_key(raw) == folded for raw in sent) == 2  # one per epoch
     assert {k: n for k, n in first.items() if k[0] == cgroup_id} == {key: 2}
     assert {k: n for k, n in second.items() if k[0] == cgroup_id} == {key: 2}
 
@@ -343,7 +342,7 @@ def test_folds_taken_after_a_quiet_spell_are_all_handed_over(own_cgroup: Path) -
     credit again, and nothing folded meanwhile is lost or counted twice."""
     name = b"/nonexistent/ewprog-quiet"
     key = (own_cgroup.stat().st_ino, *_root(), errno.ENOENT, name)
-    with Probe(ProbeOptions(fold_window_ms=60_000)) as probe:
+    with Probe(fold_window_s=60.0) as probe:
         miss_on_one_cpu(own_cgroup, [name], 3)
         taken = [probe.take_folds() for _ in range(4)]  # the last ones find nothing new
         miss_on_one_cpu(own_cgroup, [name], 2)
@@ -374,7 +373,7 @@ def test_a_removed_cgroups_last_folds_are_handed_over_once(
     cgroup_id = own_cgroup.stat().st_ino
     sent: list[bytes] = []
     taken: Counter[layout.FoldedName] = Counter()
-    with Probe(ProbeOptions(fold_window_ms=60_000)) as probe:
+    with Probe(fold_window_s=60.0) as probe:
         probe.open_ring_buffer(sent.append)
         search_in(own_cgroup, dirs, SEARCHES)  # NAME is nowhere: five misses per search
         taken.update(probe.take_folds())
@@ -387,7 +386,7 @@ def test_a_removed_cgroups_last_folds_are_handed_over_once(
         taken.update(probe.take_folds())
         assert (cgroup_id, errno.ENOENT) not in probe.counts_by_cgroup()
         assert not [name for name in probe.take_folds() if name[0] == cgroup_id]
-    ours = [raw for raw in sent if aggregation_key(raw)[0] == cgroup_id]
+    ours = [raw for raw in sent if repeat_key(raw)[0] == cgroup_id]
     folded = sum(n for name, n in taken.items() if name[0] == cgroup_id)
     assert len(ours) + folded == 10 * SEARCHES
     assert len(ours) <= len(dirs) * (os.cpu_count() or 1)  # one per name and CPU at most

@@ -39,7 +39,6 @@ import heapq
 import json
 import logging
 import os
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -49,13 +48,14 @@ from typing import Any, Protocol
 from execwatch import crd
 from execwatch.agent.metrics import PublisherMetrics
 from execwatch.agent.spool import MAX_COUNT, Handover, Loaded, Spool, StoredRecord
-from execwatch.kube import errors
+from execwatch.kube import backoff, errors
+from execwatch.kube.ratelimit import TokenBucket
 from execwatch.record import AttributionStatus, ExecFailed, ExecFailure
 from execwatch.text import safe_text
 
 log = logging.getLogger(__name__)
 
-Key = tuple[str, str, str, int]
+RecordKey = tuple[str, str, str, int]  # container (or pod, cgroup), path, reason, errno
 
 
 class RecordSink(Protocol):
@@ -111,7 +111,7 @@ class _Entry:
     (`maybe_created`): from then on it is only ever re-sent as it is."""
 
     name: str
-    key: Key
+    key: RecordKey
     body: dict[str, Any]
     count: int
     first_seen: float
@@ -164,43 +164,14 @@ def _entry(record: StoredRecord, now: float) -> _Entry:
     )
 
 
-def aggregation_key(failure: ExecFailure) -> Key:
-    """Failures that are 'the same' for an administrator: one container, one path."""
+def record_key(failure: ExecFailure) -> RecordKey:
+    """The key repeats fold into one record by: failures that are 'the same' for an
+    administrator (one container, one path, one reason and errno). Not the node's
+    `record.RepeatKey`, which folds raw kernel records before their diagnosis."""
     a = failure.attribution
     who = a.container_id or a.pod_uid or a.cgroup_path or f"cgroup:{failure.event.cgroup_id}"
     e = failure.event
     return (who, e.path, str(failure.diagnosis.reason), e.errno if isinstance(e, ExecFailed) else 0)
-
-
-@dataclass
-class _TokenBucket:
-    rate: float
-    burst: int
-    clock: Callable[[], float]
-    tokens: float = 0.0
-    stamp: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.tokens = float(self.burst)
-        self.stamp = self.clock()
-
-    def wait_time(self) -> float:
-        """Seconds until a token is available (0: take one now)."""
-        now = self.clock()
-        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        if self.tokens >= 1:
-            return 0.0
-        return (1 - self.tokens) / self.rate
-
-    def take(self) -> None:
-        self.tokens -= 1
-
-
-def _backoff(attempts: int, initial: float, cap: float) -> float:
-    """Exponential in the attempts, with full jitter in [0.5, 1] of the step."""
-    step = min(cap, initial * 2.0 ** max(0, attempts - 1))
-    return step * random.uniform(0.5, 1.0)
 
 
 @dataclass
@@ -220,17 +191,17 @@ class Publisher:
     def __post_init__(self) -> None:
         self._lock = threading.Condition()
         self._entries: dict[str, _Entry] = {}
-        self._open: dict[Key, str] = {}  # the entry of each key that repeats fold into
+        self._open: dict[RecordKey, str] = {}  # the entry of each key that repeats fold into
         self._ready: list[tuple[float, int, str]] = []  # heap: (ready_at, seq, name)
         self._sending: str | None = None
         self._bytes = 0
-        self._paces: dict[Key, _Pace] = {}
+        self._paces: dict[RecordKey, _Pace] = {}
         self._dirty: set[str] = set()
         self._gone: set[str] = set()
-        self._bucket = _TokenBucket(self.config.rate, self.config.burst, self.clock)
+        self._bucket = TokenBucket(self.config.rate, self.config.burst, self.clock)
         self._nonce = os.urandom(6).hex()
         self._seq = 0
-        self._server_backoff = 0.0
+        self._server_failures = 0  # in a row: the server's own backoff
         self._server_retry_at = 0.0
         self._next_flush = 0.0
         self._next_adopt = 0.0
@@ -250,7 +221,7 @@ class Publisher:
     def _accept(self, failure: ExecFailure) -> None:
         now, wall = self.clock(), failure.event.time or self.wall()
         n = max(1, failure.count)
-        key = aggregation_key(failure)
+        key = record_key(failure)
         self.metrics.failures.inc(n)
         if failure.attribution.status in (
             AttributionStatus.UNATTRIBUTED,
@@ -525,7 +496,7 @@ class Publisher:
                 del self._open[entry.key]
             self._dirty.discard(entry.name)
             self._gone.add(entry.name)
-            self._server_backoff = 0.0
+            self._server_failures = 0
             self._server_retry_at = 0.0
             self._update_gauges()
         if published:
@@ -556,20 +527,18 @@ class Publisher:
             if not refused:  # a refused record takes in no new failures
                 self._reopen(entry)
             delay = errors.delay(
-                err, _backoff(entry.attempts, cfg.backoff_initial, cfg.backoff_max)
+                err, backoff.delay(entry.attempts, cfg.backoff_initial, cfg.backoff_max)
             )
             entry.ready_at = self.clock() + delay
             self._schedule(entry)
             self._dirty.add(entry.name)
             if err.status in (0, 429, 503):  # the server, not this record: pause everyone
-                self._server_backoff = min(
-                    cfg.backoff_max, max(cfg.backoff_initial, self._server_backoff * 2)
-                )
+                self._server_failures += 1
                 self._server_retry_at = self.clock() + errors.delay(
-                    err, self._server_backoff * random.uniform(0.5, 1.0)
+                    err, backoff.delay(self._server_failures, cfg.backoff_initial, cfg.backoff_max)
                 )
             else:
-                self._server_backoff = 0.0
+                self._server_failures = 0
                 self._server_retry_at = 0.0
         log.warning(
             "create failed, will retry",

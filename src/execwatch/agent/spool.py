@@ -75,7 +75,7 @@ class StoredRecord:
     the record must only ever be re-sent as it is."""
 
     name: str
-    key: str  # the aggregation key, JSON
+    key: str  # the publisher's record_key, JSON
     body: str  # the ExecFailure object, JSON
     count: int
     first_seen: float

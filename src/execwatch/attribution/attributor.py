@@ -15,9 +15,10 @@ import os
 import posixpath
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+
+from cachetools import LRUCache, TTLCache
 
 from execwatch.attribution.cri.client import CriContainers
 from execwatch.attribution.engine_api import Layers
@@ -78,8 +79,11 @@ class Attributor:
         self._proc = proc
         self.inventory: CgroupInventory | None = None
         self._lock = threading.Lock()
-        self._cache: OrderedDict[str, CriContainer] = OrderedDict()
-        self._unknown: dict[str, float] = {}  # container id -> retry after (monotonic)
+        self._cache: LRUCache[str, CriContainer] = LRUCache(self.config.cache_size)
+        # container ids the runtime did not know: not asked again for negative_ttl
+        self._unknown: TTLCache[str, None] = TTLCache(
+            self.config.cache_size, self.config.negative_ttl, timer=time.monotonic
+        )
         self._runtime_down_until = 0.0
         self._prefetch = DelayQueue(self.config.prefetch_queue)
         self._prefetch_thread: threading.Thread | None = None
@@ -325,11 +329,10 @@ class Attributor:
         """Runtime metadata, from the cache or within the budget; None if unknown now."""
         now = time.monotonic()
         with self._lock:
-            cached = self._cache.get(container_id)
+            cached = self._cache.get(container_id)  # an LRU hit: now the newest
             if cached is not None:
-                self._cache.move_to_end(container_id)
                 return cached
-            if self._unknown.get(container_id, 0.0) > now or self._runtime_down_until > now:
+            if container_id in self._unknown or self._runtime_down_until > now:
                 return None
         return self._ask_runtime(container_id, self.config.budget)
 
@@ -352,15 +355,10 @@ class Attributor:
             if found is None:
                 if not remember_unknown:
                     return None
-                self._unknown[container_id] = time.monotonic() + self.config.negative_ttl
-                if len(self._unknown) > self.config.cache_size:
-                    now = time.monotonic()
-                    self._unknown = {k: v for k, v in self._unknown.items() if v > now}
+                self._unknown[container_id] = None
                 return None
             self._unknown.pop(container_id, None)
             self._cache[container_id] = found
-            while len(self._cache) > self.config.cache_size:
-                self._cache.popitem(last=False)
         return found
 
     def _on_new_cgroup(self, _cgroup_id: int, path: str) -> None:

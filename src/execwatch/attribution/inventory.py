@@ -16,9 +16,10 @@ import os
 import select
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from cachetools import LRUCache
 
 from execwatch.attribution.handles import HandleResolver
 from execwatch.attribution.inotify import (
@@ -76,7 +77,6 @@ class CgroupInventory:
         on_new_cgroup: NewCgroupHook | None = None,
     ) -> None:
         self.mount = mount
-        self._recent_capacity = recent_capacity
         self._rescan_interval = rescan_interval
         self._use_handles = use_handles
         self._watch = watch
@@ -85,7 +85,7 @@ class CgroupInventory:
         self._lock = threading.Lock()
         self._live: dict[int, str] = {}
         self._by_path: dict[str, int] = {}
-        self._recent: OrderedDict[int, str] = OrderedDict()
+        self._recent: LRUCache[int, str] = LRUCache(recent_capacity)
         self._wd_path: dict[int, str] = {}
         self._path_wd: dict[str, int] = {}
         self._rescans = 0
@@ -139,9 +139,8 @@ class CgroupInventory:
             path = self._live.get(cgroup_id)
             if path is not None:
                 return CgroupEntry(cgroup_id, path, alive=True)
-            path = self._recent.get(cgroup_id)
+            path = self._recent.get(cgroup_id)  # an LRU hit: now the newest
             if path is not None:
-                self._recent.move_to_end(cgroup_id)
                 return CgroupEntry(cgroup_id, path, alive=False)
         handles = self._handles
         if handles is not None:
@@ -318,9 +317,6 @@ class CgroupInventory:
                 if self._inotify is not None:
                     self._inotify.rm_watch(wd)  # kernfs may not send IN_IGNORED for a while
         self._recent[cgroup_id] = path
-        self._recent.move_to_end(cgroup_id)
-        while len(self._recent) > self._recent_capacity:
-            self._recent.popitem(last=False)
 
     def _forget_watch(self, wd: int) -> None:
         with self._lock:

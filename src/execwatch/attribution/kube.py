@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from cachetools import FIFOCache
 from prometheus_client import CollectorRegistry, Counter
 
 from execwatch.attribution.metadata import (
@@ -57,15 +57,13 @@ class KubernetesPodCache:
     ) -> None:
         self.node_name = node_name
         self._rest = rest
-        self._tombstone_capacity = tombstones
-        self._owner_capacity = owner_cache
         self._watch_timeout = watch_timeout
         self._retry_delay = retry_delay
         self._registry = registry or CollectorRegistry()
         self._lock = threading.Lock()
         self._pods: dict[str, PodMeta] = {}
-        self._tombstones: OrderedDict[str, PodMeta] = OrderedDict()
-        self._owners: OrderedDict[tuple[str, str, str], Workload | None] = OrderedDict()
+        self._tombstones: FIFOCache[str, PodMeta] = FIFOCache(tombstones)
+        self._owners: FIFOCache[tuple[str, str, str], Workload | None] = FIFOCache(owner_cache)
         self._listing: list[dict[str, Any]] | None = None
         self._stop = threading.Event()
         self._watcher: Watcher | None = None
@@ -154,9 +152,6 @@ class KubernetesPodCache:
             labels=meta.labels,
             deleted=True,
         )
-        self._tombstones.move_to_end(meta.uid)
-        while len(self._tombstones) > self._tombstone_capacity:
-            self._tombstones.popitem(last=False)
 
     def _to_meta(self, pod: dict[str, Any]) -> PodMeta | None:
         md = pod.get("metadata") or {}
@@ -208,8 +203,6 @@ class KubernetesPodCache:
         workload = Workload(*parent) if parent else None
         with self._lock:
             self._owners[key] = workload
-            while len(self._owners) > self._owner_capacity:
-                self._owners.popitem(last=False)
         return {owner: workload}
 
 

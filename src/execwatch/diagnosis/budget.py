@@ -15,10 +15,11 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from cachetools import FIFOCache
 
 log = logging.getLogger(__name__)
 
@@ -112,10 +113,9 @@ class SlowMounts:
         forget_after: float = 600.0,
     ) -> None:
         self._proc_self = proc_self
-        self._limit = limit
         self._suspect_after = suspect_after
         self._forget_after = forget_after
-        self._slow: OrderedDict[int | str, tuple[Mount, float]] = OrderedDict()
+        self._slow: FIFOCache[int | str, tuple[Mount, float]] = FIFOCache(limit)
         self._inflight: set[Attempt] = set()
         self._refused: tuple[Refusal, ...] = ()  # the agent's, in a worker process
         self._report: Callable[[Mount], None] | None = None
@@ -128,7 +128,7 @@ class SlowMounts:
         self._lock = threading.Lock()
         self._local = threading.local()
         self._inflight = set()
-        self._slow = OrderedDict()
+        self._slow = FIFOCache(self._slow.maxsize)
         self._report = report
 
     def adopt(self, refusals: tuple[Refusal, ...]) -> None:
@@ -233,10 +233,7 @@ class SlowMounts:
         with self._lock:
             for key in (mount.mount_id, mount.device):
                 if key:
-                    self._slow[key] = (mount, now)
-                    self._slow.move_to_end(key)
-            while len(self._slow) > self._limit:
-                self._slow.popitem(last=False)
+                    self._slow[key] = (mount, now)  # now the newest
         log.warning(
             "slow file system: not waiting for it again", extra={"kv": {"mount": str(mount)}}
         )

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+from cachetools import FIFOCache
 
 from execwatch.diagnosis.container_rootfs import Candidate, ContainerRootfs
 from execwatch.record import ExecFailed, KernelEvent
@@ -27,6 +28,8 @@ ExtraLocator = Callable[[KernelEvent], Iterable[Candidate]]
 # A root stood up from what a container engine recorded by the container's id (its image
 # layers), when no live root is left: tried last, as its root is not the kernel's inode.
 LastResort = Callable[[KernelEvent], Root | None]
+
+PEERS_KEPT = 4096  # roots whose live stand-in is remembered, the oldest found forgotten first
 
 
 class RootLocator:
@@ -43,7 +46,7 @@ class RootLocator:
         self._last = list(last)
         self._resolver = Resolver()
         self._rootfs = ContainerRootfs(proc)
-        self._peer_by_root: OrderedDict[tuple[int, int], int] = OrderedDict()  # bounded LRU
+        self._peer_by_root: FIFOCache[tuple[int, int], int] = FIFOCache(PEERS_KEPT)
 
     def open(self, event: KernelEvent) -> Root | None:
         if event.root_fd >= 0:  # opened by the agent before the worker took the event
@@ -186,12 +189,8 @@ class RootLocator:
                 return int(entry.name)
         return None
 
-    def _remember(self, event: KernelEvent, pid: int, limit: int = 4096) -> None:
-        key = (event.mntns, event.root_ino)
-        self._peer_by_root[key] = pid
-        self._peer_by_root.move_to_end(key)
-        while len(self._peer_by_root) > limit:
-            self._peer_by_root.popitem(last=False)
+    def _remember(self, event: KernelEvent, pid: int) -> None:
+        self._peer_by_root[(event.mntns, event.root_ino)] = pid
 
 
 def _recorded(event: KernelEvent) -> ExecFailed | None:

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import signal
 import time
-from collections import OrderedDict
 from dataclasses import replace
+
+from cachetools import TTLCache
 
 from execwatch.binfmt import BinfmtError, ElfInfo, LibcFlavor, Platform, node_platform
 from execwatch.binfmt.isa import read_cpu_levels
@@ -68,9 +69,9 @@ class StartupDiagnoser:
         self._cpu_levels = (
             read_cpu_levels() if self._node.architecture in ("amd64", "386") else None
         )
-        self._cache: OrderedDict[
-            tuple[int, int, int, int, int | None, int | None], tuple[Diagnosis, float]
-        ] = OrderedDict()
+        self._cache: TTLCache[tuple[int, int, int, int, int | None, int | None], Diagnosis] = (
+            TTLCache(CACHE_SIZE, CACHE_TTL_S, timer=time.monotonic)
+        )
 
     def diagnose(self, event: EarlyDeath) -> Diagnosis:
         key = (
@@ -81,17 +82,12 @@ class StartupDiagnoser:
             event.exit_code,
             event.signal,
         )
-        now = time.monotonic()
-        cached = self._cache.get(key)
-        if cached is not None and now - cached[1] < CACHE_TTL_S:
-            self._cache.move_to_end(key)
-            return cached[0]
+        cached = self._cache.get(key)  # a hit (younger than CACHE_TTL_S): now the newest
+        if cached is not None:
+            return cached
         diagnosis, settled = self._diagnose(event)
         if settled:  # a root not read this time may be readable the next
-            self._cache[key] = (diagnosis, now)
-            self._cache.move_to_end(key)
-        while len(self._cache) > CACHE_SIZE:
-            self._cache.popitem(last=False)
+            self._cache[key] = diagnosis
         return diagnosis
 
     def _diagnose(self, event: EarlyDeath) -> tuple[Diagnosis, bool]:

@@ -37,12 +37,12 @@ import contextlib
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from cachetools import FIFOCache
 from prometheus_client import CollectorRegistry
 
 from execwatch import crd
@@ -62,6 +62,8 @@ MIN_DELETE_BUDGET = 0.05  # seconds: below this a delete would only time out
 RESOLVE_PAUSE = 0.05  # seconds between deletes of one unsure record at failover
 
 __all__ = ["LABEL", "Handler", "HandlerConfig", "HookFactory", "RecordHook", "Retry", "workload_of"]
+
+RECENT_RECORDS = 8192  # records handled whose later sightings are stale
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,7 @@ class Handler:
         self._term: threading.Event = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
-        self._recent: OrderedDict[str, str] = OrderedDict()  # record name -> uid, handled
+        self._recent: FIFOCache[str, str] = FIFOCache(RECENT_RECORDS)  # name -> uid, handled
         # (record name, uid) -> how to count it once its removal is known
         self._unsure: dict[tuple[str, str], _Unsure] = {}
         self._term_threads: list[threading.Thread] = []
@@ -392,8 +394,6 @@ class Handler:
         sightings of this name/uid are stale, another uid is an agent's re-creation."""
         self._unsure.pop((name, uid), None)
         self._recent[name] = uid
-        while len(self._recent) > 8192:
-            self._recent.popitem(last=False)
 
     def _finish_duplicate(self, rec: crd.Record) -> None:
         def duplicate() -> None:

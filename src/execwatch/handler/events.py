@@ -20,11 +20,12 @@ import hashlib
 import json
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+from cachetools import FIFOCache
 
 from execwatch.crd import Record
 from execwatch.diagnosis import wording
@@ -125,8 +126,11 @@ class EventWriter:
     instance: str
     clock: Callable[[], float]
     cache_size: int = 4096
-    _cache: OrderedDict[str, _Series] = field(default_factory=OrderedDict)
+    _cache: FIFOCache[str, _Series] = field(init=False)  # a write makes one the newest
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self._cache = FIFOCache(self.cache_size)
 
     def record(self, rec: Record, pod: Pod, container_index: str | None) -> bool:
         """Fold `rec` into its pod's series Event. True if written, False if already there."""
@@ -177,9 +181,6 @@ class EventWriter:
     def _remember(self, key: str, state: _Series) -> None:
         with self._lock:
             self._cache[key] = state
-            self._cache.move_to_end(key)
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
 
     def _forget(self, key: str) -> None:
         with self._lock:

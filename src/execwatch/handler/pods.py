@@ -17,9 +17,10 @@ pod's spec in the cluster.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from cachetools import LRUCache
 
 from execwatch.attribution.metadata import workload_from_owner
 from execwatch.kube import errors
@@ -87,19 +88,21 @@ def _facts(obj: dict[str, Any]) -> Pod:
 class PodReader:
     rest: Rest
     cache_size: int = 8192
-    _cache: OrderedDict[tuple[str, str], Pod] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     cached_reads: int = 0
     quorum_reads: int = 0
+    _cache: LRUCache[tuple[str, str], Pod] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._cache = LRUCache(self.cache_size)
 
     def get(self, namespace: str, name: str, uid: str) -> Pod | None:
         """The pod, if it exists with this UID (any UID when `uid` is empty) and is bound
         to a node; None if it does not. Raises `errors.ApiError` when the API cannot tell."""
         key = (namespace, name)
         with self._lock:
-            hit = self._cache.get(key)
+            hit = self._cache.get(key)  # now the newest (an LRU)
             if hit is not None and uid and hit.uid == uid:
-                self._cache.move_to_end(key)
                 self.cached_reads += 1
                 return hit
         pod = self._read(namespace, name, quorum=False)
@@ -124,9 +127,6 @@ class PodReader:
     def _remember(self, pod: Pod) -> None:
         with self._lock:
             self._cache[(pod.namespace, pod.name)] = pod
-            self._cache.move_to_end((pod.namespace, pod.name))
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
 
     def label(self, pod: Pod, value: str) -> None:
         """Set LABEL=value with a merge patch of that one label, unless it already is.

@@ -14,14 +14,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from execwatch.kube import errors
+from execwatch.kube import backoff, errors
 from execwatch.kube.client import Rest
 from execwatch.kube.workqueue import WorkQueue
 
@@ -124,7 +123,7 @@ class Watcher:
 
     def run(self, term: threading.Event) -> None:
         rv: str | None = None
-        backoff = self.config.retry_initial
+        failures = 0
         last_list = 0.0
         while not term.is_set():
             try:
@@ -132,7 +131,7 @@ class Watcher:
                     rv = self._list()
                     last_list = self.clock()
                 rv = self._watch_once(rv, term)
-                backoff = self.config.retry_initial
+                failures = 0
             except errors.ApiError as err:
                 if term.is_set():
                     return
@@ -140,8 +139,9 @@ class Watcher:
                     rv = None
                 self.metrics.api_errors.labels("watch", errors.code(err)).inc()
                 log.warning("watch interrupted", extra={"kv": errors.as_dict(err)})
-                term.wait(errors.delay(err, backoff * random.uniform(0.8, 1.2)))
-                backoff = min(self.config.retry_max, backoff * 2)
+                failures += 1
+                wait = backoff.delay(failures, self.config.retry_initial, self.config.retry_max)
+                term.wait(errors.delay(err, wait))
 
     def _watch_once(self, rv: str, term: threading.Event) -> str | None:
         """One watch request from `rv`; returns where to resume (None: list again)."""

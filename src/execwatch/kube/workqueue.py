@@ -14,13 +14,14 @@ another namespace's wait behind all of theirs.
 from __future__ import annotations
 
 import heapq
-import random
 import threading
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from execwatch.kube import backoff
 
 
 def by_name(obj: dict[str, Any]) -> str:
@@ -53,7 +54,8 @@ class WorkQueue:
     _heap: list[tuple[float, int, str]] = field(default_factory=list)
     _seq: int = 0
     _failures: dict[str, int] = field(default_factory=dict)
-    _ready: OrderedDict[str, deque[str]] = field(default_factory=OrderedDict)  # due, by group
+    # due, by group; not a cache but the round-robin order of the groups (move_to_end)
+    _ready: OrderedDict[str, deque[str]] = field(default_factory=OrderedDict)
     _queued: set[str] = field(default_factory=set)  # the keys in _ready
     _busy: Counter[str] = field(default_factory=Counter)  # taken, not finished, by group
 
@@ -141,8 +143,7 @@ class WorkQueue:
         with self._cond:
             n = self._failures.get(name, 0) + 1
             self._failures[name] = n
-        delay: float = min(cap, initial * 2.0 ** (n - 1)) * random.uniform(0.8, 1.2)
-        return delay
+        return backoff.delay(n, initial, cap)
 
     def failures(self, name: str) -> int:
         """How many times this record has failed since it was last done."""

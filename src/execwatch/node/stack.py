@@ -11,7 +11,6 @@ builds it with a pod watch): it must outlive the stack.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -45,7 +44,8 @@ RecordTap = Callable[[bytes, Callable[[bytes], None]], None]
 @dataclass(frozen=True)
 class StackOptions:
     """What a caller chooses. `pipeline.window` is the one repeat window: the kernel folds
-    a PATH search's misses over the same window (`probe.fold_window_ms` is ignored).
+    a PATH search's misses over the same window. `probe.death_window_ms` is the one
+    death window: the pipeline waits as long for a caller's fate.
     The rest replace a part of the stack (tests, benchmarks): `diagnoser` the
     FileDiagnoser, `observer` the NodeMetrics, `folds` what reads the kernel's folds,
     `tap` sees each raw record and passes it on."""
@@ -81,9 +81,9 @@ class NodeStack:
     def open(cls, options: StackOptions, sink: Sink) -> Iterator[NodeStack]:
         """Load the probe and start the pipeline into `sink`; on exit, drain the pipeline
         and stop its workers, then detach the probe."""
-        window_ms = options.pipeline.window * 1000 if options.kernel_folds else 0.0
+        fold_window = options.pipeline.window if options.kernel_folds else 0.0
         with (
-            Probe(dataclasses.replace(options.probe, fold_window_ms=window_ms)) as probe,
+            Probe(options.probe, fold_window_s=fold_window) as probe,
             _attribution(options) as attributor,
         ):
             if attributor is not None:  # a crowding cgroup is logged with its pod
@@ -94,19 +94,19 @@ class NodeStack:
                 if options.suspect_after is None
                 else SlowMounts(suspect_after=options.suspect_after)
             )
-            death_window = options.probe.death_window_ms / 1000
             observer = options.observer or NodeMetrics(registry, probe)
             try:
                 with NodePipeline(
                     options.diagnoser or FileDiagnoser.for_host(attributor, slow),
                     sink,
-                    dataclasses.replace(options.pipeline, death_window=death_window),
+                    options.pipeline,
                     epoch_offset=boot_to_epoch_offset(),
                     attributor=attributor,
                     observer=observer,
                     slow=slow,
                     heartbeat=options.heartbeat,
                     folds=options.folds(probe) if options.folds else probe,
+                    death_window=options.probe.death_window_ms / 1000,
                 ) as pipeline:
                     tap, on_record = options.tap, pipeline.on_record
                     on = on_record if tap is None else lambda r: tap(r, on_record)

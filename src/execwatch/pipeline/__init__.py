@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from execwatch.diagnosis.budget import SlowMounts
-from execwatch.pipeline.dedup import Repeats, Slot, aggregation_key
+from execwatch.pipeline.dedup import Repeats, Slot
 from execwatch.pipeline.executor import (
     DIAGNOSIS_BUDGET_S,
     Attributor,
@@ -35,7 +35,7 @@ from execwatch.pipeline.fates import Fates, awaits_fate
 from execwatch.pipeline.health import CountsPruner, Heartbeat
 from execwatch.pipeline.sink import Output, PipelineObserver, Sink
 from execwatch.probe import layout
-from execwatch.probe.events import decode_enoexec_exit, decode_record
+from execwatch.probe.events import DEATH_WINDOW_S, decode_enoexec_exit, decode_record, repeat_key
 from execwatch.record import (
     Attribution,
     ExecFailure,
@@ -59,7 +59,7 @@ __all__ = [
     "PipelineOptions",
     "RecordSource",
     "Sink",
-    "aggregation_key",
+    "repeat_key",
 ]
 
 # Records submitted without a wakeup (see wakeup_flag in the BPF C) come at most 10 ms
@@ -95,8 +95,6 @@ class PipelineOptions:
     show_crashes: bool = False
     show_no_shebang: bool = False  # a file with no #! that its caller went on from
     budget: Budget = dataclasses.field(default_factory=Budget)
-    # The probe's death window: how long a file with no #! waits for its caller's fate.
-    death_window: float = 2.0
 
 
 class NodePipeline:
@@ -115,7 +113,10 @@ class NodePipeline:
         slow: SlowMounts | None = None,
         heartbeat: Heartbeat | None = None,
         folds: KernelFolds | None = None,
+        death_window: float = DEATH_WINDOW_S,
     ) -> None:
+        """`death_window`: the probe's (seconds), how long a file with no #! waits for its
+        caller's fate; not an option of the pipeline's own."""
         options = options or PipelineOptions()
         self._epoch_offset = epoch_offset
         self._window = options.window
@@ -141,7 +142,7 @@ class NodePipeline:
             heartbeat=self.heartbeat,
         )
         self.slow = self._executor.slow
-        self._fates: Fates[Slot] = Fates(options.death_window, dropped=self._output.dropped)
+        self._fates: Fates[Slot] = Fates(death_window, dropped=self._output.dropped)
         self._closed = False
 
     def __enter__(self) -> NodePipeline:
@@ -157,7 +158,7 @@ class NodePipeline:
             self.heartbeat.beat(now)
             self._release(self._fates.exited(decode_enoexec_exit(raw, self._epoch_offset), now))
             return
-        key = aggregation_key(raw)
+        key = repeat_key(raw)
         self.heartbeat.beat(now)
         folded, known = self._repeats.repeat(key, raw, now)
         if folded:

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 
-from execwatch.probe.events import repeat_key
-from execwatch.record import ExecFailure, RepeatKey
+from cachetools import FIFOCache
 
-# The record's repeat key, by its kind (probe.events.KINDS), straight from its bytes.
-aggregation_key = repeat_key
+from execwatch.record import ExecFailure, RepeatKey
 
 
 @dataclass
@@ -39,9 +36,8 @@ class Repeats:
 
     def __init__(self, window: float, max_slots: int, rediagnose_after: float = 60.0) -> None:
         self.window = window
-        self._max_slots = max_slots
         self._rediagnose_after = rediagnose_after
-        self._slots: OrderedDict[RepeatKey, Slot] = OrderedDict()
+        self._slots: FIFOCache[RepeatKey, Slot] = FIFOCache(max_slots)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._unsettled = 0  # slots whose first occurrence is not emitted yet
@@ -67,10 +63,10 @@ class Repeats:
         with self._lock:
             stale = self._slots.pop(key, None)
             evicted = [stale] if stale is not None else []
+            while len(self._slots) >= self._slots.maxsize:  # evicted here, to be emitted
+                evicted.append(self._slots.popitem()[1])
             slot = Slot(key, None, raw, 0, now, now)
             self._slots[key] = slot
-            while len(self._slots) > self._max_slots:
-                evicted.append(self._slots.popitem(last=False)[1])
             self._unsettled += 1
         return slot, evicted
 

@@ -69,6 +69,8 @@ class Fates(Generic[T]):
         self._alive = alive or _task_alive
         self._max_held = max_held
         self._max_exits = max_exits
+        # Not caches but queues in deadline order (ordered dicts as such): every entry
+        # leaves with a verdict, or is counted as dropped (FATE_HOLD_FULL, _EXIT_FORGOTTEN).
         self._held: OrderedDict[int, list[_Held[T]]] = OrderedDict()  # by tgid, oldest first
         self._count = 0
         self._exits: OrderedDict[tuple[int, float], tuple[EnoexecExit, float]] = OrderedDict()

@@ -11,13 +11,14 @@ leader removes the binding from a namespace that no longer carries the label (`s
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from cachetools import LRUCache
 
 from execwatch.kube import errors
 from execwatch.kube.client import Rest, path
@@ -46,19 +47,19 @@ class NamespaceAccess:
     account: str
     max_known: int = 4096
     clock: Callable[[], float] = time.monotonic
-    _known: collections.OrderedDict[str, float] = field(
-        default_factory=collections.OrderedDict, init=False
-    )
+    _known: LRUCache[str, float] = field(init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+
+    def __post_init__(self) -> None:
+        self._known = LRUCache(self.max_known)
 
     def ensure(self, namespace: str) -> float:
         """Bind the role in `namespace` unless done already; the time from which reads
         there are authorized (a binding just made takes a moment to apply). NotOptedIn
         when the API server refuses the binding (the namespace did not opt in)."""
         with self._lock:
-            since = self._known.get(namespace)
+            since = self._known.get(namespace)  # an LRU hit: now the newest
             if since is not None:
-                self._known.move_to_end(namespace)
                 return since
         try:
             self.rest.call("POST", self._bindings(namespace), body=self._binding(namespace))
@@ -71,8 +72,6 @@ class NamespaceAccess:
             raise
         with self._lock:
             self._known[namespace] = since
-            while len(self._known) > self.max_known:
-                self._known.popitem(last=False)
         return since
 
     def forget(self, namespace: str) -> None:

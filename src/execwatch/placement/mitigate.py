@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cachetools import FIFOCache
 from prometheus_client import CollectorRegistry, Counter
 
 from execwatch.kube import errors
 from execwatch.kube.client import Rest, path
+from execwatch.kube.ratelimit import TokenBucket
 from execwatch.placement.controller import Note, post_event
 from execwatch.placement.modes import MITIGATE, NamespaceModes, never_placed
 
@@ -81,13 +83,6 @@ class MitigateMetrics:
         )
 
 
-def _bounded_put(store: OrderedDict[str, Any], key: str, value: Any, limit: int) -> None:
-    store[key] = value
-    store.move_to_end(key)
-    while len(store) > limit:
-        store.popitem(last=False)
-
-
 @dataclass
 class Mitigator:
     """Runs on the observed feed's one thread: no locks."""
@@ -98,14 +93,18 @@ class Mitigator:
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
     own_namespace: str = "execwatch"
-    _windows: OrderedDict[str, deque[tuple[float, int]]] = field(default_factory=OrderedDict)
-    _done: OrderedDict[str, None] = field(default_factory=OrderedDict)
-    _pending: OrderedDict[str, _Pending] = field(default_factory=OrderedDict)
     modes: NamespaceModes | None = None  # shared with the feedback; made when None
-    _tokens: float = -1.0
-    _refilled: float = 0.0
+    # by pod UID, config.max_pods each, the oldest written forgotten first
+    _windows: FIFOCache[str, deque[tuple[float, int]]] = field(init=False)
+    _done: FIFOCache[str, None] = field(init=False)
+    _pending: FIFOCache[str, _Pending] = field(init=False)
+    _bucket: TokenBucket = field(init=False)  # config.rate evictions a second
 
     def __post_init__(self) -> None:
+        self._windows = FIFOCache(self.config.max_pods)
+        self._done = FIFOCache(self.config.max_pods)
+        self._pending = FIFOCache(self.config.max_pods)
+        self._bucket = TokenBucket(self.config.rate, self.config.burst, self.clock)
         if self.modes is None:
             self.modes = NamespaceModes(
                 self.rest, self.own_namespace, self.config.namespace_ttl, clock=self.clock
@@ -121,13 +120,11 @@ class Mitigator:
             return
         self._windows.pop(uid, None)
         if _controller(pod) is None:
-            _bounded_put(self._done, uid, None, self.config.max_pods)
+            self._done[uid] = None
             self.metrics.evictions.labels("bare").inc()
             self._event(obs, "PlacementNotMitigated", self._bare_note(obs, failures))
             return
-        _bounded_put(
-            self._pending, uid, _Pending(obs, failures, self.clock()), self.config.max_pods
-        )
+        self._pending[uid] = _Pending(obs, failures, self.clock())
         self.tick()
 
     def tick(self) -> None:
@@ -136,7 +133,7 @@ class Mitigator:
         for uid, pending in list(self._pending.items()):
             if pending.due > now:
                 continue
-            if not self._take(now):
+            if not self._bucket.try_take():
                 return
             self._evict(uid, pending)
 
@@ -149,7 +146,7 @@ class Mitigator:
         seen.append((now, max(1, count)))
         while seen and seen[0][0] < now - self.config.window:
             seen.popleft()
-        _bounded_put(self._windows, uid, seen, self.config.max_pods)
+        self._windows[uid] = seen
         return sum(n for _, n in seen)
 
     def _mode(self, namespace: str) -> str:
@@ -162,17 +159,6 @@ class Mitigator:
                 "namespace not read", extra={"kv": {"namespace": namespace, **errors.as_dict(err)}}
             )
             return ""
-
-    def _take(self, now: float) -> bool:
-        cfg = self.config
-        if self._tokens < 0:
-            self._tokens, self._refilled = float(cfg.burst), now
-        self._tokens = min(float(cfg.burst), self._tokens + (now - self._refilled) * cfg.rate)
-        self._refilled = now
-        if self._tokens < 1:
-            return False
-        self._tokens -= 1
-        return True
 
     def _evict(self, uid: str, pending: _Pending) -> None:
         obs = pending.obs
@@ -211,7 +197,7 @@ class Mitigator:
 
     def _finish(self, uid: str, result: str) -> None:
         self._pending.pop(uid, None)
-        _bounded_put(self._done, uid, None, self.config.max_pods)
+        self._done[uid] = None
         self.metrics.evictions.labels(result).inc()
 
     def _event(self, obs: Observation, reason: str, message: str) -> None:

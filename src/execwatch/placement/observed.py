@@ -14,11 +14,11 @@ image confirms the failing file is the image's (scanned.py).
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cachetools import TTLCache
 from prometheus_client import CollectorRegistry
 
 from execwatch import crd
@@ -92,9 +92,13 @@ class Feedback:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     wall: Callable[[], float] = time.time
     clock: Callable[[], float] = time.monotonic
-    _written: OrderedDict[tuple[str, ...], float] = field(default_factory=OrderedDict)
+    # the sightings written within rewrite_after, by digest and sighting key
+    _written: TTLCache[tuple[str, ...], None] = field(init=False)
 
     def __post_init__(self) -> None:
+        self._written = TTLCache(
+            self.config.mitigate.max_pods, self.config.rewrite_after, timer=self.clock
+        )
         self.metrics = VerdictMetrics(self.registry)
         self.store = VerdictStore(self.rest, self.wall)
         cfg = self.config
@@ -164,8 +168,8 @@ class Feedback:
             f"linux/{obs.node_arch}", obs.namespace, owner, obs.path,
             now_rfc3339(self.wall), obs.why, obs.count,
         )  # fmt: skip
-        key, now = (digest, *seen.key), self.clock()
-        if now - self._written.get(key, -self.config.rewrite_after) < self.config.rewrite_after:
+        key = (digest, *seen.key)
+        if key in self._written:
             return True
         try:
             self.store.record(digest, image, [], [seen])
@@ -173,9 +177,7 @@ class Feedback:
             self.metrics.writes.labels("observed", "failed").inc()
             return False
         self.metrics.writes.labels("observed", "written").inc()
-        self._written[key] = now
-        while len(self._written) > self.config.mitigate.max_pods:
-            self._written.popitem(last=False)
+        self._written[key] = None
         return True
 
     def _dropped(self, obs: Observation) -> None:

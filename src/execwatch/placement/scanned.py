@@ -29,10 +29,11 @@ import functools
 import posixpath
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from cachetools import FIFOCache, LRUCache
 
 from execwatch.binfmt import Platform
 from execwatch.crd import parse_time
@@ -119,8 +120,10 @@ class ScannedVerdicts:
     writer: VerdictWriter | None = None  # the ImageVerdict store: read first, scans written
     fresh_for: float = 86400.0  # seconds a stored scan verdict saves a scan
     observed_for: float = SIGHTING_TTL  # seconds a sighting decides from when it was written
-    memo: OrderedDict[tuple[str, str, Started], list[Seen]] = field(default_factory=OrderedDict)
-    _touched: OrderedDict[str, float] = field(default_factory=OrderedDict)
+    memo: LRUCache[tuple[str, str, Started], list[Seen]] = field(
+        default_factory=lambda: LRUCache(MEMO_SIZE)
+    )
+    _touched: FIFOCache[str, float] = field(default_factory=lambda: FIFOCache(MEMO_SIZE))
     _lock: threading.Lock = field(default_factory=threading.Lock)  # the controller's workers
 
     def __post_init__(self) -> None:
@@ -249,13 +252,11 @@ class ScannedVerdicts:
         assert self.writer is not None and target.book is not None
         self.writer.metrics.reads.labels(how).inc()
         now = time.time()
-        last = max(target.book.last_used or 0.0, self._touched.get(target.digest, 0.0))
-        if now - last < TOUCH_EVERY:
-            return
         with self._lock:
+            last = max(target.book.last_used or 0.0, self._touched.get(target.digest, 0.0))
+            if now - last < TOUCH_EVERY:
+                return
             self._touched[target.digest] = now
-            while len(self._touched) > MEMO_SIZE:
-                self._touched.popitem(last=False)
         self.writer.offer(Write(target.digest, target.image, (), "touch"))
 
     def _write_scan(self, target: Target, platform: str, deciding: list[Seen]) -> None:
@@ -289,8 +290,7 @@ class ScannedVerdicts:
         key = (str(image.digest or label), str(platform), programs)
         with self._lock:
             if key in self.memo:
-                self.memo.move_to_end(key)
-                return self.memo[key], False
+                return self.memo[key], False  # an LRU hit: now the newest
         left = deadline - time.time()
         if left <= 0:
             raise VerdictUnavailable("no verdict before the pod's deadline")
@@ -301,8 +301,6 @@ class ScannedVerdicts:
             raise VerdictUnavailable(one_line(str(exc) or type(exc).__name__)) from None
         with self._lock:
             self.memo[key] = seen
-            while len(self.memo) > MEMO_SIZE:
-                self.memo.popitem(last=False)
         return seen, True
 
 

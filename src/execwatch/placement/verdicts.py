@@ -20,7 +20,6 @@ import datetime as dt
 import functools
 import logging
 import queue
-import random
 import re
 import threading
 import time
@@ -31,7 +30,7 @@ from typing import Any, Generic, TypeVar
 from prometheus_client import CollectorRegistry, Counter
 
 from execwatch.crd import parse_time
-from execwatch.kube import errors
+from execwatch.kube import backoff, errors
 from execwatch.kube.client import Rest, path
 from execwatch.placement.decision import Outcome
 
@@ -226,7 +225,7 @@ class VerdictStore:
                     self.rest.call("PUT", self._path(name), body=body)
                 return verdict
             except errors.ConflictError:  # another writer came first: merge into theirs
-                time.sleep(random.uniform(0, min(0.2, 0.01 * 2**attempt)))
+                time.sleep(backoff.delay(attempt + 1, 0.01, 0.2, backoff.Jitter.FULL))
         raise errors.RetryableError(409, "Conflict", f"{name}: {WRITE_ATTEMPTS} writers raced")
 
     def _read(self, name: str, timeout: float | None = None) -> dict[str, Any] | None:

@@ -29,6 +29,9 @@ from execwatch.record import (
 )
 from execwatch.text import c_string
 
+# A process dying this soon after its exec is an early death, and a caller exiting this
+# soon after an ENOEXEC gave up on the file: the probe's default (ProbeOptions).
+DEATH_WINDOW_S = 2.0
 AT_EMPTY_PATH = 0x1000
 
 

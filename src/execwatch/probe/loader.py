@@ -22,6 +22,7 @@ from typing import TypeVar
 from execwatch.binfmt import emulation, node_platform
 from execwatch.binfmt.emulation import Emulator
 from execwatch.probe import caps, layout
+from execwatch.probe.events import DEATH_WINDOW_S
 from execwatch.probe.fairness import Describe, ShedWatch, describe_cgroup
 from execwatch.probe.folds import FoldSlots
 from execwatch.probe.libbpf import LibbpfMissing, RingBufferCallback, load_libbpf
@@ -109,10 +110,9 @@ class ProbeOptions:
     all_errnos: bool = False
     wakeup_interval_ms: float = 10.0
     object_path: Path | None = None
-    death_window_ms: float = 2000.0  # a process dying this soon after it started is reported
+    # a process dying this soon after it started is reported
+    death_window_ms: float = DEATH_WINDOW_S * 1000
     death_ringbuf_bytes: int = 1 << 20
-    fold_window_ms: float = 1000.0  # ENOENT repeats of one name are only counted until the
-    # first take_folds() this long after the last new fold epoch (0: folding off)
     # Each cgroup's share of the events ring buffer (bpf/execwatch.h, "Fairness"): records
     # per second and back to back; 0: no budget. A crash loop fails a few times a second
     # and folding sends a PATH search's repeats once per window: far below either.
@@ -160,10 +160,15 @@ def ensure_tracefs() -> None:
 
 
 class Probe:
-    """The loaded and attached BPF program. Use as a context manager: close() detaches all."""
+    """The loaded and attached BPF program. Use as a context manager: close() detaches all.
 
-    def __init__(self, options: ProbeOptions | None = None) -> None:
+    `fold_window_s`: ENOENT repeats of one name are only counted until the first
+    take_folds() this long after the last new fold epoch (0: folding off). Not an option
+    of its own in a NodeStack: there it is the pipeline's repeat window."""
+
+    def __init__(self, options: ProbeOptions | None = None, *, fold_window_s: float = 1.0) -> None:
         self.options = options or ProbeOptions()
+        self.fold_window_s = fold_window_s
         self._obj: int | None = None
         self._links: list[int] = []
         self._ringbuf: int | None = None
@@ -237,7 +242,7 @@ class Probe:
             wakeup_interval_ns=int(self.options.wakeup_interval_ms * 1e6),
             all_errnos=int(self.options.all_errnos),
             death_window_ns=int(self.options.death_window_ms * 1e6),
-            fold_window_ns=int(self.options.fold_window_ms * 1e6),
+            fold_window_ns=round(self.fold_window_s * 1e9),
             **budget_config(self.options.budget_rate, self.options.budget_burst),
         )
         key = os.urandom(8 * layout.FOLD_KEY_WORDS)  # a tenant cannot know it
@@ -278,7 +283,7 @@ class Probe:
             self._lib.bpf_map__fd(self._map("fold_names")),
             self._fold_entries(),
             write_clock,
-            self.options.fold_window_ms / 1000,
+            self.fold_window_s,
         )
 
     def _choose_emulation(self) -> None:

@@ -20,13 +20,16 @@ stops at that library too), otherwise BudgetExhausted is raised. It never report
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import posixpath
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
+
+from cachetools import LRUCache
 
 from execwatch.binfmt import ElfInfo, LibcFlavor, musl_arch
 from execwatch.binfmt.symbols import DynamicSymbols, SymbolRef
@@ -176,12 +179,18 @@ class Linker:
         self._ld_library_path_list: list[str] | None = None
         self._conf_dirs: list[str] | None = None
         self._musl_paths: dict[str, list[str]] = {}
-        self._lookups: OrderedDict[tuple[str, int, str], tuple[str | None, str]] = OrderedDict()
-        self._dir_lists: OrderedDict[tuple[str, ...], int] = OrderedDict()
-        self._listed_dirs = 0
+        self._lookups: LRUCache[tuple[str, int, str], tuple[str | None, str]] = LRUCache(
+            MAX_LOOKUPS
+        )
+        # search list -> (its id, its length): MAX_LISTED_DIRS directories in all
+        self._dir_lists: LRUCache[tuple[str, ...], tuple[int, int]] = LRUCache(
+            MAX_LISTED_DIRS, getsizeof=lambda found: found[1]
+        )
         self._next_list_id = 0
-        self._symbols: OrderedDict[str, DynamicSymbols | None] = OrderedDict()
-        self._symbol_bytes = 0
+        # at most MAX_SYMBOL_TABLES tables of MAX_SYMBOL_BYTES in all
+        self._symbols: LRUCache[str, DynamicSymbols | None] = LRUCache(
+            MAX_SYMBOL_BYTES, getsizeof=lambda table: table.size if table is not None else 0
+        )
         self._answers = _Answers()
 
     # --- public ---------------------------------------------------------------------------
@@ -265,16 +274,12 @@ class Linker:
 
     def _symbols_of(self, fs: SymbolSource, path: str) -> DynamicSymbols | None:
         if path in self._symbols:
-            self._symbols.move_to_end(path)
-            return self._symbols[path]
+            return self._symbols[path]  # an LRU hit: now the newest
         table = fs.dynamic_symbols(path, imports=False)
-        self._symbols[path] = table
-        self._symbol_bytes += table.size if table is not None else 0
-        while len(self._symbols) > 1 and (
-            len(self._symbols) > MAX_SYMBOL_TABLES or self._symbol_bytes > MAX_SYMBOL_BYTES
-        ):
-            _, old = self._symbols.popitem(last=False)
-            self._symbol_bytes -= old.size if old is not None else 0
+        with contextlib.suppress(ValueError):  # one table over MAX_SYMBOL_BYTES: not kept
+            self._symbols[path] = table
+        while len(self._symbols) > MAX_SYMBOL_TABLES:
+            self._symbols.popitem()
         return table
 
     # --- search -----------------------------------------------------------------------------
@@ -299,29 +304,23 @@ class Linker:
             list_id = self._list_id(dirs, run.work)
         key = (name, list_id, run.flavor + obj.info.arch + str(obj.info.elf_class))
         if key in self._lookups:
-            self._lookups.move_to_end(key)
-            return self._lookups[key]
+            return self._lookups[key]  # an LRU hit: now the newest
         result = self._first_match(candidates, obj.info, run)
         self._lookups[key] = result
-        if len(self._lookups) > MAX_LOOKUPS:
-            self._lookups.popitem(last=False)
         return result
 
     def _list_id(self, dirs: tuple[str, ...], work: Work) -> int:
         """A number for a search list, the key of the lookups made with it: the list is kept
         once (LRU, MAX_LISTED_DIRS in all), not once per lookup. Ids are never reused."""
         work.spend(steps=len(dirs))  # hashing the tuple
-        found = self._dir_lists.get(dirs)
+        found = self._dir_lists.get(dirs)  # an LRU hit: now the newest
         if found is not None:
-            self._dir_lists.move_to_end(dirs)
-            return found
-        found = self._dir_lists[dirs] = self._next_list_id
+            return found[0]
+        list_id = self._next_list_id
         self._next_list_id += 1
-        self._listed_dirs += len(dirs)
-        while len(self._dir_lists) > 1 and self._listed_dirs > MAX_LISTED_DIRS:
-            old, _ = self._dir_lists.popitem(last=False)
-            self._listed_dirs -= len(old)
-        return found
+        with contextlib.suppress(ValueError):  # one list over MAX_LISTED_DIRS: not kept
+            self._dir_lists[dirs] = (list_id, len(dirs))
+        return list_id
 
     def _first_match(
         self, candidates: Iterable[str], want: ElfInfo, run: _Run

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import os
 import stat
-from collections import OrderedDict
 from collections.abc import Iterator
+
+from cachetools import LRUCache
 
 from execwatch.binfmt.symbols import DynamicSymbols
 from execwatch.runnable.fs import Node, describe_file, read_symbols
@@ -32,7 +33,7 @@ class RootView:
         self._root = root
         self._slow = slow
         self._resolver = Resolver()
-        self._cache: OrderedDict[str, Node | None] = OrderedDict()
+        self._cache: LRUCache[str, Node | None] = LRUCache(MAX_NODES)
 
     def _lookup(self, path: str) -> int:
         """An O_PATH fd, after `slow` (diagnosis/budget.py) has seen its mount: a hung file
@@ -48,11 +49,8 @@ class RootView:
 
     def node(self, path: str) -> Node | None:
         if path in self._cache:
-            self._cache.move_to_end(path)
-            return self._cache[path]
+            return self._cache[path]  # an LRU hit: now the newest
         node = self._cache[path] = self._load(path)
-        if len(self._cache) > MAX_NODES:
-            self._cache.popitem(last=False)
         return node
 
     @property

@@ -28,10 +28,11 @@ import os
 import secrets
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from cachetools import LRUCache, TLRUCache
 
 if TYPE_CHECKING:
     import requests
@@ -59,36 +60,31 @@ class ContentMemo:
 
     max_entries: int = MEMO_ENTRIES
     max_bytes: int = MEMO_BYTES
-    _items: OrderedDict[str, Content] = field(default_factory=OrderedDict)
-    _bytes: int = 0
+    _items: LRUCache[str, Content] = field(init=False)  # weighed by bytes
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self._items = LRUCache(self.max_bytes, getsizeof=lambda content: len(content.raw))
 
     def get(self, key: str) -> Content | None:
         with self._lock:
-            found = self._items.get(key)
-            if found is not None:
-                self._items.move_to_end(key)
-            return found
+            return self._items.get(key)  # a hit: now the newest
 
     def put(self, key: str, content: Content) -> None:
         """Keep `content`, which the caller has checked against the digest in `key`."""
         if len(content.raw) > self.max_bytes // 8:  # one entry never empties the memo
             return
         with self._lock:
-            old = self._items.pop(key, None)
-            self._bytes -= len(old.raw) if old is not None else 0
-            self._items[key] = content
-            self._bytes += len(content.raw)
-            while len(self._items) > self.max_entries or self._bytes > self.max_bytes:
-                _, out = self._items.popitem(last=False)
-                self._bytes -= len(out.raw)
+            self._items[key] = content  # the least recently used out past max_bytes
+            while len(self._items) > self.max_entries:
+                self._items.popitem()
 
     def __len__(self) -> int:
         return len(self._items)
 
     @property
     def bytes(self) -> int:
-        return self._bytes
+        return int(self._items.currsize)
 
 
 AuthKey = tuple[str, str, str]  # registry host, repository, credential key
@@ -100,35 +96,34 @@ class AuthCache:
 
     max_entries: int = AUTH_ENTRIES
     clock: Callable[[], float] = time.monotonic
-    _items: OrderedDict[AuthKey, tuple[str, float]] = field(default_factory=OrderedDict)
+    _items: TLRUCache[AuthKey, tuple[str, float]] = field(init=False)  # (header, its ttl)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self._items = TLRUCache(
+            self.max_entries, lambda _key, found, now: now + found[1], timer=self.clock
+        )
 
     def get(self, key: AuthKey) -> str | None:
         with self._lock:
-            found = self._items.get(key)
-            if found is None:
-                return None
-            if found[1] <= self.clock():
-                del self._items[key]
-                return None
-            self._items.move_to_end(key)
-            return found[0]
+            found = self._items.get(key)  # a hit not expired: now the newest
+            return found[0] if found is not None else None
 
     def put(self, key: AuthKey, header: str, ttl: float) -> None:
         if ttl <= 0:
             return
         with self._lock:
             self._items.pop(key, None)
-            self._items[key] = (header, self.clock() + ttl)
-            while len(self._items) > self.max_entries:
-                self._items.popitem(last=False)
+            self._items[key] = (header, ttl)
 
     def forget(self, key: AuthKey) -> None:
         with self._lock:
             self._items.pop(key, None)
 
     def __len__(self) -> int:
-        return len(self._items)
+        with self._lock:
+            self._items.expire()
+            return len(self._items)
 
 
 def token_ttl(expires_in: object) -> float:
@@ -174,19 +169,21 @@ class SessionPool:
 
     max_sessions: int = SESSIONS
     connections: int = CONNECTIONS
-    _items: OrderedDict[SessionKey, requests.Session] = field(default_factory=OrderedDict)
+    _items: LRUCache[SessionKey, requests.Session] = field(init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self._items = LRUCache(max(1, self.max_sessions))
 
     def get(self, key: SessionKey) -> requests.Session:
         with self._lock:
-            found = self._items.get(key)
+            found = self._items.get(key)  # a hit: now the newest
             if found is not None:
-                self._items.move_to_end(key)
                 return found
+            evicted = []  # closed out of the lock, never dropped unclosed by the cache
+            while len(self._items) >= self._items.maxsize:
+                evicted.append(self._items.popitem()[1])
             made = self._items[key] = new_session(self.connections)
-            evicted = []
-            while len(self._items) > self.max_sessions:
-                evicted.append(self._items.popitem(last=False)[1])
         for session in evicted:
             session.close()
         return made

@@ -20,7 +20,6 @@ is counted once in execwatch_metrics_auth_requests_total, by result.
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import logging
 import ssl
@@ -34,6 +33,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from cachetools import TLRUCache
 from prometheus_client import CollectorRegistry, Counter
 
 from execwatch.kube import errors
@@ -167,8 +167,8 @@ class MetricsAuth:
     def __post_init__(self) -> None:
         self.metrics = AuthMetrics(self.registry)
         self._reviews = Reviews(self.api, self.config.audiences)
-        self._cache: collections.OrderedDict[bytes, tuple[Verdict, float]] = (
-            collections.OrderedDict()
+        self._cache: TLRUCache[bytes, Verdict] = TLRUCache(
+            self.config.max_entries, self._expiry, timer=self.clock
         )
         self._inflight: dict[bytes, Future[Verdict]] = {}
         self._lock = threading.Lock()
@@ -192,13 +192,11 @@ class MetricsAuth:
         if scheme.lower() != "bearer" or not token:
             return Verdict.UNAUTHENTICATED
         key = hashlib.sha256(token.encode()).digest()
-        now = self.clock()
         with self._lock:
-            cached = self._cache.get(key)
-            if cached is not None and cached[1] > now:
-                self._cache.move_to_end(key)
+            cached = self._cache.get(key)  # a hit not expired: now the newest
+            if cached is not None:
                 self.metrics.cache_hits.inc()
-                return cached[0]
+                return cached
             work = self._inflight.get(key)
             if work is not None:
                 return work
@@ -229,12 +227,12 @@ class MetricsAuth:
         with self._lock:
             self._inflight.pop(key, None)
             if verdict in _FINAL:
-                ttl = self.config.allow_ttl if verdict is Verdict.ALLOWED else self.config.deny_ttl
-                self._cache[key] = (verdict, self.clock() + ttl)
-                self._cache.move_to_end(key)
-                while len(self._cache) > self.config.max_entries:
-                    self._cache.popitem(last=False)
+                self._cache[key] = verdict
         return verdict
+
+    def _expiry(self, _key: bytes, verdict: Verdict, now: float) -> float:
+        ttl = self.config.allow_ttl if verdict is Verdict.ALLOWED else self.config.deny_ttl
+        return now + ttl
 
     def _verdict(self, token: str, deadline: float) -> Verdict:
         self.metrics.reviews.labels("token").inc()
