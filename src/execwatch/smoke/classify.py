@@ -41,7 +41,17 @@ class Verdict:
 
 
 def classify(outcome: Outcome, root: str, timeout_fails: bool = False) -> Verdict:
-    """What happened to the program, in the words of the node's diagnoses."""
+    """What happened to the program, in the words of the node's diagnoses, with the last
+    line it wrote on stderr."""
+    verdict = _classify(outcome, root, timeout_fails)
+    lines = outcome.stderr.strip().splitlines()
+    if not lines:
+        return verdict
+    last = lines[-1][:200].decode(errors="replace")
+    return Verdict(verdict.started, verdict.reason, f"{verdict.detail}; stderr: {last}")
+
+
+def _classify(outcome: Outcome, root: str, timeout_fails: bool) -> Verdict:
     if outcome.exec_errno is not None:
         return _refused(outcome.exec_errno, outcome.program, root)
     if outcome.timed_out:
