@@ -1,0 +1,103 @@
+"""The loader's own words, from real builds: a run names MissingLibrary and
+MissingSymbolVersion as the static checks do, and each report format carries `source: run`;
+a kernel that refuses the sandbox's user namespace gets one line naming the sysctl."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.binfmt.cbuild import compile_c
+from tests.scan.imagebuild import Entry, Image, file, oci_layout
+from tests.smoke.conftest import execwatch_scan, runs
+from tests.smoke.test_run import glibc_base
+
+LIBFOO_C = "int foo(void) { return 1; }\nint foo2(void) { return 2; }\n"
+MAPS = {
+    "new": "FOO_1.0 { global: foo; local: *; };\nFOO_2.0 { global: foo2; } FOO_1.0;\n",
+    "old": "FOO_1.0 { global: foo; foo2; local: *; };\n",
+}
+USES_FOO_C = "int foo2(void);\nint main(void) { return foo2(); }\n"
+
+
+@pytest.fixture(scope="module")
+def libfoo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """uses-foo needs foo2@FOO_2.0 of libfoo.so.1; the old libfoo defines FOO_1.0 only."""
+    d = tmp_path_factory.mktemp("libfoo")
+    out = {}
+    for name, script in MAPS.items():
+        (d / name).mkdir()
+        (d / f"{name}.map").write_text(script)
+        flags = (
+            "-shared",
+            "-fPIC",
+            "-Wl,-soname,libfoo.so.1",
+            f"-Wl,--version-script={d}/{name}.map",
+        )
+        out[name] = compile_c(d / name / "libfoo.so.1", LIBFOO_C, "gcc", *flags)
+        (d / name / "libfoo.so").symlink_to("libfoo.so.1")
+    out["uses-foo"] = compile_c(d / "uses-foo", USES_FOO_C, "gcc", f"-L{d / 'new'}", "-lfoo")
+    return out
+
+
+def image(libfoo: dict[str, Path], lib: str | None) -> Image:
+    layer: list[Entry] = [*glibc_base(), file("app/uses-foo", libfoo["uses-foo"].read_bytes())]
+    if lib:
+        layer.append(file("lib/x86_64-linux-gnu/libfoo.so.1", libfoo[lib].read_bytes()))
+    return Image([layer], entrypoint=["/app/uses-foo"])
+
+
+@pytest.mark.parametrize(
+    ("lib", "check"),
+    [(None, "missing-library"), ("old", "missing-symbol-version"), ("new", "run-started")],
+)
+def test_the_loaders_words_become_the_same_checks(
+    libfoo: dict[str, Path], shared_dir: Path, lib: str | None, check: str
+) -> None:
+    layout = oci_layout(shared_dir / "img", [image(libfoo, lib)])
+    _, doc, err = execwatch_scan(str(layout), "--run")
+    [run] = runs(doc)
+    assert run["check"] == check, run["message"]
+    static = {
+        f["check"] for f in doc["findings"] if f["source"] == "static" and f["severity"] == "error"
+    }
+    assert static == (set() if lib == "new" else {check}), err
+    assert "disagreement" not in run
+
+
+def test_sarif_and_junit_carry_the_run(
+    libfoo: dict[str, Path], shared_dir: Path, tmp_path: Path
+) -> None:
+    layout = oci_layout(shared_dir / "img", [image(libfoo, None)])
+    sarif = json.loads(subprocess.run(
+        [sys.executable, "-m", "execwatch.cli", "scan", str(layout), "--run", "--format", "sarif"],
+        capture_output=True, text=True, check=False).stdout)  # fmt: skip
+    results = sarif["runs"][0]["results"]
+    assert {r["properties"]["source"] for r in results} == {"static", "run"}
+    junit = subprocess.run(
+        [sys.executable, "-m", "execwatch.cli", "scan", str(layout), "--run", "--format", "junit"],
+        capture_output=True, text=True, check=False).stdout  # fmt: skip
+    assert "run: exit 127: the loader says: error while loading shared libraries" in junit
+
+
+def test_a_refused_user_namespace_is_one_line_naming_the_sysctl(
+    libfoo: dict[str, Path], shared_dir: Path
+) -> None:
+    """user.max_user_namespaces = 0, set in a user namespace of the test's own."""
+    layout = oci_layout(shared_dir / "img", [image(libfoo, "new")])
+    script = (
+        "echo 0 > /proc/sys/user/max_user_namespaces && exec "
+        f"{sys.executable} -m execwatch.cli scan --no-progress {layout} --run"
+    )
+    proc = subprocess.run(
+        ["unshare", "-Ur", "sh", "-c", script], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        "execwatch scan: error: unprivileged user namespaces are refused here"
+        " (user.max_user_namespaces = 0): cannot run\n"
+    )
