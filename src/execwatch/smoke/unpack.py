@@ -177,7 +177,7 @@ def _file(
     assert data is not None
     disk.stats.bytes_written += member.size
     if disk.stats.bytes_written > disk.max_bytes:
-        raise LimitExceeded(f"the image unpacks to more than {disk.max_bytes} bytes (--max-unpack)")
+        raise LimitExceeded(f"the image unpacks to more than {disk.max_bytes} bytes")
     fd = os.open(base, WRITE_FLAGS, 0o600, dir_fd=parent)
     with os.fdopen(fd, "wb") as out:
         shutil.copyfileobj(data, out, 1 << 20)
