@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from execwatch.runnable.limits import Limits
 from execwatch.runnable.openat2 import Resolver, Root
-from execwatch.scan.errors import LimitExceeded, ScanInputError
-from execwatch.scan.layers import OPAQUE, WHITEOUT, member_path
+from execwatch.scan.errors import CorruptInput, LimitExceeded, ScanInputError
+from execwatch.scan.layers import OPAQUE, WHITEOUT, bounded_tarinfo, member_path
 from execwatch.scan.sources import Budget, ImageSource, layer_stream
 
 WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -55,6 +55,8 @@ class _Disk:
             fd = self.directory(parent)
             try:
                 os.mkdir(base, 0o755, dir_fd=fd)
+            except FileExistsError as exc:  # a symlink leading nowhere in the root
+                raise ScanInputError(f"{path}: a symlink to nothing inside the image") from exc
             finally:
                 os.close(fd)
             return self.resolver.lookup(self.root, path)
@@ -78,9 +80,13 @@ def unpack_image(image: ImageSource, dest: str, limits: Limits, max_bytes: int) 
     try:
         for layer in image.layers:
             with layer_stream(layer, limits, counter, budget) as stream:
-                tar = tarfile.open(fileobj=stream, mode="r|")  # type: ignore[call-overload]  # noqa: SIM115
+                tar = tarfile.open(fileobj=stream, mode="r|", tarinfo=bounded_tarinfo(limits))  # type: ignore[call-overload]  # noqa: SIM115
                 with tar:
                     _apply(disk, tar, layer.name, limits, entries, budget)
+    except tarfile.HeaderError as exc:
+        raise LimitExceeded(f"{image.label}: corrupt layer: {exc}") from exc
+    except (tarfile.TarError, EOFError) as exc:
+        raise CorruptInput(f"{image.label}: corrupt layer: {exc or type(exc).__name__}") from exc
     finally:
         disk.close()
     return disk.stats
