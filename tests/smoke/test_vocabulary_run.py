@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.binfmt.cbuild import compile_c
-from tests.scan.imagebuild import Entry, Image, file, oci_layout
+from tests.scan.imagebuild import Entry, Image, file, oci_layout, symlink
 from tests.smoke.conftest import CACHE, execwatch_scan, runs
 from tests.smoke.test_run import glibc_base
 
@@ -116,3 +116,31 @@ def test_trixies_hello_on_a_glibc_2_36_base_needs_glibc_2_38(shared_dir: Path) -
     [run] = runs(doc)
     assert run["check"] == "missing-symbol-version"
     assert "exit 1: the loader says: version `GLIBC_2.38' not found" in run["message"]
+
+
+CXX_C = (
+    "#include <iostream>\n#include <string>\n"
+    'thread_local std::string s = "hi";\n'
+    "int main() { std::cout << s << std::endl; return 0; }\n"
+)
+
+
+def test_a_glibc_cxx_program_on_gcompat_style_musl_is_libc_mismatch(
+    shared_dir: Path, tmp_path: Path
+) -> None:
+    """musl's loader in ld-linux's place, as gcompat installs it: the glibc C++ program's
+    libstdc++ asks musl for glibc-only symbols (FACTS.md: `Error relocating`, 127)."""
+    program = compile_c(tmp_path / "cxx", CXX_C, "g++")
+    musl = Path("/lib/ld-musl-x86_64.so.1").resolve().read_bytes()
+    libs = [file(f"usr/lib/{name}", Path(f"/lib/x86_64-linux-gnu/{name}").resolve().read_bytes())
+            for name in ("libstdc++.so.6", "libgcc_s.so.1")]  # fmt: skip
+    layer = [file("lib/ld-musl-x86_64.so.1", musl),
+             symlink("lib64/ld-linux-x86-64.so.2", "/lib/ld-musl-x86_64.so.1"),
+             *libs, file("app/cxx", program.read_bytes())]  # fmt: skip
+    layout = oci_layout(shared_dir / "img", [Image([layer], entrypoint=["/app/cxx"])])
+    code, doc, err = execwatch_scan(str(layout), "--run")
+    assert code == 1, err
+    [run] = runs(doc)
+    assert run["check"] == "libc-mismatch", run["message"]
+    assert "Error relocating" in run["message"]
+    assert run["disagreement"].startswith("the static side says it runs")  # gcompat hides it

@@ -27,6 +27,9 @@ LOADER_WORDS: tuple[tuple[re.Pattern[bytes], Reason], ...] = (
     (re.compile(rb"Error relocating [^:]+: [^:]+: symbol not found"), Reason.MISSING_SYMBOL),
     (re.compile(rb"qemu-[a-z0-9_]+: Could not open '[^']+'"), Reason.MISSING_INTERPRETER),
 )
+LIBC_SYMPTOMS = frozenset(
+    {Reason.MISSING_LIBRARY, Reason.MISSING_SYMBOL, Reason.MISSING_SYMBOL_VERSION}
+)
 LIMIT_SIGNALS: dict[int, str] = {
     signal.SIGXCPU: "its CPU-time limit",
     signal.SIGXFSZ: "its file-size limit",
@@ -65,8 +68,8 @@ def _classify(outcome: Outcome, root: str, timeout_fails: bool) -> Verdict:
         match = pattern.search(outcome.stderr)
         if code != 0 and match:
             words = match.group(0).decode(errors="replace")
-            if reason is Reason.MISSING_SYMBOL and _libc_mismatch(outcome.program, root):
-                reason = Reason.LIBC_MISMATCH
+            if reason in LIBC_SYMPTOMS and _libc_mismatch(outcome.program, root):
+                reason = Reason.LIBC_MISMATCH  # musl's complaints about a glibc program
             return Verdict(False, reason, f"exit {code}: the loader says: {words}")
     return Verdict(True, None, f"started: exit {code}")
 
