@@ -5,6 +5,7 @@ a kernel that refuses the sandbox's user namespace gets one line naming the sysc
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -69,7 +70,7 @@ def test_the_loaders_words_become_the_same_checks(
     assert "disagreement" not in run
 
 
-def test_sarif_and_junit_carry_the_run(
+def test_sarif_junit_and_the_table_carry_the_run(
     libfoo: dict[str, Path], shared_dir: Path, tmp_path: Path
 ) -> None:
     layout = oci_layout(shared_dir / "img", [image(libfoo, None)])
@@ -82,6 +83,10 @@ def test_sarif_and_junit_carry_the_run(
         [sys.executable, "-m", "execwatch.cli", "scan", str(layout), "--run", "--format", "junit"],
         capture_output=True, text=True, check=False).stdout  # fmt: skip
     assert "run: exit 127: the loader says: error while loading shared libraries" in junit
+    table = subprocess.run(
+        [sys.executable, "-m", "execwatch.cli", "scan", str(layout), "--run", "--no-progress"],
+        capture_output=True, text=True, check=False, env={**os.environ, "COLUMNS": "300"}).stdout  # fmt: skip
+    assert "missing-library" in table and "run: exit 127: the loader says" in table
 
 
 def test_a_refused_user_namespace_is_one_line_naming_the_sysctl(
