@@ -85,7 +85,8 @@ def test_sarif_junit_and_the_table_carry_the_run(
     assert "run: exit 127: the loader says: error while loading shared libraries" in junit
     table = subprocess.run(
         [sys.executable, "-m", "execwatch.cli", "scan", str(layout), "--run", "--no-progress"],
-        capture_output=True, text=True, check=False, env={**os.environ, "COLUMNS": "300"}).stdout  # fmt: skip
+        capture_output=True, text=True, check=False,
+        env={**os.environ, "COLUMNS": "300"}).stdout  # fmt: skip
     assert "missing-library" in table and "run: exit 127: the loader says" in table
 
 
