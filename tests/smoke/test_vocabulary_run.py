@@ -150,3 +150,20 @@ def test_a_glibc_cxx_program_on_gcompat_style_musl_is_libc_mismatch(
     assert run["check"] == "libc-mismatch", run["message"]
     assert "Error relocating" in run["message"]
     assert run["disagreement"].startswith("the static side says it runs")  # gcompat hides it
+
+
+def test_root_of_a_user_namespace_without_65534_runs_as_itself(
+    libfoo: dict[str, Path], shared_dir: Path
+) -> None:
+    """A rootless container's root (here `unshare -Ur`: only uid 0 mapped) cannot drop to
+    65534 and needs not: it is no one outside. The run nests its namespaces in that one."""
+    layout = oci_layout(shared_dir / "img", [image(libfoo, "new")])
+    script = (
+        f"exec {sys.executable} -m execwatch.cli scan --no-progress {layout} --run --format json"
+    )
+    proc = subprocess.run(
+        ["unshare", "-Ur", "sh", "-c", script], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    [run] = runs(json.loads(proc.stdout))
+    assert run["check"] == "run-started"

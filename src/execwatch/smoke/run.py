@@ -135,8 +135,8 @@ def run_image(
         def unpack_and_run() -> tuple[Outcome, Unpacked]:
             unpacked = unpack_image(image, lower, limits, options.max_unpack)
             uid, gid = _user(str(cfg.get("User") or ""), lower)
-            if os.getuid() == 0:
-                _drop(work)
+            if os.getuid() == 0 and _mapped(DROP_UID):
+                _drop(work)  # else root of a user namespace that lacks 65534: no host root
             launch = Launch(lower, stage, tuple(argv), env, workdir, uid, gid, emulator, machines)
             return sandbox.run(launch, options.limits), unpacked
 
@@ -175,6 +175,17 @@ def _emulation(
     # opened here, named by its fd: a root caller's directory may be closed to the dropped uid
     fd = os.open(found, os.O_RDONLY)
     return Emulator(name, f"/proc/self/fd/{fd}", magic, mask, options.binfmt), (machine,)
+
+
+def _mapped(uid: int) -> bool:
+    """Whether `uid` exists in this process's user namespace (it always does in the
+    initial one, where root must drop)."""
+    with open("/proc/self/uid_map") as f:
+        for line in f:
+            inside, _, count = (int(n) for n in line.split())
+            if inside <= uid < inside + count:
+                return True
+    return False
 
 
 def _drop(work: str) -> None:
