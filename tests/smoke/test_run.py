@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.binfmt.cbuild import HELLO_C, compile_c
 from tests.scan.imagebuild import Entry, Image, file, oci_layout, tree, usrmerge
 from tests.smoke.conftest import ARM64_ROOT, EMULATORS, NOBODY, execwatch_scan, runs
 
@@ -99,3 +100,23 @@ def test_no_entrypoint_and_no_image_is_one_line_and_exit_2(shared_dir: Path) -> 
     code, _, err = execwatch_scan("/bin/true", "--run")
     assert code == 2
     assert err.count("\n") == 1 and "--run needs an image" in err
+
+
+def test_a_run_that_starts_despite_a_static_error_is_named(
+    shared_dir: Path, tmp_path: Path
+) -> None:
+    """A program marked x86-64-v3, checked against --cpu-level x86-64-v2 nodes: an error for
+    the static side; the run uses this machine's CPU (AVX2 here), so it starts, and the report
+    says both."""
+    if " avx2 " not in Path("/proc/cpuinfo").read_text():
+        pytest.fail("this test needs an x86-64-v3 machine (AVX2)")
+    program = compile_c(tmp_path / "v3", HELLO_C, "musl-gcc", "-static", "-Wl,-z,x86-64-v3")
+    image = Image([[file("v3", program.read_bytes())]], entrypoint=["/v3"])
+    layout = oci_layout(shared_dir / "img", [image])
+    code, doc, err = execwatch_scan(str(layout), "--run", "--cpu-level", "x86-64-v2")
+    assert code == 1, err
+    static = {(f["check"], f["severity"]) for f in doc["findings"] if f["source"] == "static"}
+    assert static == {("cpu-level", "error")}
+    [run] = runs(doc)
+    assert run["check"] == "run-started"
+    assert run["disagreement"] == "the static side said cpu-level but it started"
