@@ -113,7 +113,8 @@ ALLOWED: dict[str, set[str]] = {
     },
     "agent": {"attribution", "crd", "kube", "node", "pipeline", "probe", "record", "text"},
     "handler": {"attribution", "binfmt", "crd", "diagnosis", "kube", "record", "text"},
-    "scan": {"binfmt", "cliargs", "record", "rlimits", "runnable", "text"},
+    "scan": {"binfmt", "cliargs", "record", "rlimits", "runnable", "smoke", "text"},
+    "smoke": {"binfmt", "runnable", "scan", "text"},
     "audit": {"binfmt", "cliargs", "kube", "placement", "record", "runnable", "scan", "text"},
     "placement": {
         "binfmt",

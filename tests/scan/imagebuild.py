@@ -22,7 +22,7 @@ import zstandard
 @dataclass
 class Entry:
     path: str
-    kind: str = "file"  # file, dir, symlink, hardlink
+    kind: str = "file"  # file, dir, symlink, hardlink, chr, fifo
     data: bytes = b""
     mode: int = 0o755
     link: str = ""
@@ -88,7 +88,10 @@ def layer_tar(entries: list[Entry]) -> bytes:
                 "dir": tarfile.DIRTYPE,
                 "symlink": tarfile.SYMTYPE,
                 "hardlink": tarfile.LNKTYPE,
+                "chr": tarfile.CHRTYPE,  # /dev/null's numbers
+                "fifo": tarfile.FIFOTYPE,
             }[e.kind]
+            info.devmajor, info.devminor = (1, 3) if e.kind == "chr" else (0, 0)
             info.linkname = e.link
             tar.addfile(info)
     return buf.getvalue()

@@ -39,7 +39,7 @@ def test_json_findings_have_the_documented_fields(
     (image,) = doc["images"]
     assert first == {
         "check": "arch-mismatch", "path": "/app/server", "platform": "linux/amd64",
-        "severity": "error", "entrypoint": True,
+        "severity": "error", "entrypoint": True, "source": "static",
         "message": "ELF for linux/arm64 cannot run on linux/amd64 (exec format error)",
         "image": {"source": image["source"], "platform": "linux/amd64",
                   "digest": image["digest"]},

@@ -15,7 +15,10 @@ def test_every_reason_the_scan_reports_has_exactly_one_check_name() -> None:
 def test_every_check_name_spells_one_reason_or_is_the_scans_own() -> None:
     for check in Check:
         assert (check in REASON_OF_CHECK) != (check in SCAN_ONLY), check
-    assert frozenset({Check.NOT_STATIC, Check.SHEBANG_CRLF, Check.ENV_NOT_ON_PATH}) == SCAN_ONLY
+    assert frozenset(
+        {Check.NOT_STATIC, Check.SHEBANG_CRLF, Check.ENV_NOT_ON_PATH,
+         Check.RUN_STARTED, Check.RUN_FAILED}
+    ) == SCAN_ONLY  # fmt: skip
 
 
 def test_the_spellings_of_the_stable_reasons() -> None:
@@ -34,8 +37,9 @@ def test_the_spellings_of_the_stable_reasons() -> None:
         "NotFound": "missing-entrypoint",
         "CorruptBinary": "corrupt-binary",
         "UnsupportedCPU": "cpu-level",
+        "StartupCrash": "startup-crash",
     }
     assert set(Reason) - set(CHECK_OF_REASON) == {
         Reason.NO_SHEBANG, Reason.PERMISSION_DENIED, Reason.UNDIAGNOSED,
-        Reason.STARTUP_CRASH, Reason.BENIGN_EXIT, Reason.EMULATED,
+        Reason.BENIGN_EXIT, Reason.EMULATED,
     }  # fmt: skip

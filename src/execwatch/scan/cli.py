@@ -82,6 +82,32 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="address space the scan's own process may add (default 4G); past it the scan"
         " stops with exit 2",
     )
+    p.add_argument(
+        "--run",
+        action="store_true",
+        help="also start each platform's entrypoint in a sandbox (QEMU for a foreign one):"
+        " its outcome joins the report as a finding with source: run",
+    )
+    p.add_argument(
+        "--run-args",
+        metavar="ARGS",
+        help="--run: the arguments to try (e.g. --version) instead of Cmd",
+    )
+    p.add_argument(
+        "--run-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="--run: wall-clock deadline per run; past it the sandbox is killed (default 10)",
+    )
+    p.add_argument(
+        "--run-timeout-fails",
+        action="store_true",
+        help="--run: a program still running at the deadline is a failure (default: started)",
+    )
+    p.add_argument(
+        "--qemu-dir", metavar="DIR", help="--run: where qemu-<arch>-static are (default PATH)"
+    )
     p.add_argument("--all", action="store_true", help="table: show every finding")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     registry.add_arguments(p)
@@ -103,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         limits = ProcessLimits(memory=args.max_memory)
         report = run_isolated(lambda: _scan(args, options), limits, args.target)
+        if args.run:
+            _run(args, options, report)
     except ScanInputError as exc:
         _say(f"error: {exc}")
         return EXIT_BAD_INPUT
@@ -140,6 +168,25 @@ def _scan(args: argparse.Namespace, options: ScanOptions) -> ScanReport:
         transient=True,
     ) as bar:
         return scan(args.target, options, _progress(bar))
+
+
+def _run(args: argparse.Namespace, options: ScanOptions, report: ScanReport) -> None:
+    """--run: start every platform's entrypoint (execwatch.smoke), after the static scan."""
+    import shlex
+
+    from execwatch.smoke.run import RunOptions, run_report
+    from execwatch.smoke.sandbox import SandboxLimits
+
+    run_options = RunOptions(
+        args=None if args.run_args is None else tuple(shlex.split(args.run_args)),
+        timeout_fails=args.run_timeout_fails,
+        qemu_dir=args.qemu_dir,
+        binfmt=os.environ.get("EXECWATCH_RUN_QEMU") != "direct",
+        limits=SandboxLimits(deadline_s=args.run_timeout),
+    )
+    run_report(
+        args.target, report, options.platforms, run_options, options.registry, options.limits
+    )
 
 
 def _say(message: str) -> None:

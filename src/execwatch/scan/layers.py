@@ -54,6 +54,12 @@ class _HeaderTooBig(tarfile.HeaderError):
     pass
 
 
+def bounded_tarinfo(limits: Limits) -> type[tarfile.TarInfo]:
+    """A TarInfo class that refuses extension headers over limits.max_tar_header_bytes
+    (raising a tarfile.HeaderError)."""
+    return type("_TarInfo", (_BoundedTarInfo,), {"max_header_bytes": limits.max_tar_header_bytes})
+
+
 def member_path(name: str, layer: str) -> str | None:
     """The image path of a tar member; None for the root itself. Refuses escapes."""
     if name.startswith("/"):
@@ -82,9 +88,7 @@ def apply_layer(
     """
     added: set[str] = set()
     opaque: set[str] = set()
-    tarinfo = type(
-        "_TarInfo", (_BoundedTarInfo,), {"max_header_bytes": limits.max_tar_header_bytes}
-    )
+    tarinfo = bounded_tarinfo(limits)
     tally = Tally(stream)
     try:
         tar = tarfile.open(fileobj=tally, mode="r|", tarinfo=tarinfo)  # type: ignore[call-overload]  # noqa: SIM115

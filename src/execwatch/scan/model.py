@@ -32,6 +32,8 @@ class Finding:
     platform: str
     message: str
     entrypoint: bool = False
+    source: str = "static"  # "run": the outcome of starting it (--run)
+    disagreement: str | None = None  # a run that contradicts the static verdict, named
 
 
 @dataclass

@@ -224,7 +224,7 @@ def scan_image(
         fs,
         platform,
         options,
-        env=_env(cfg.get("Env")),
+        env=image_env(cfg.get("Env")),
         entrypoint=entrypoint,
         workdir=posixpath.join("/", str(cfg.get("WorkingDir") or "/")),
         config_platform=config_platform,
@@ -269,7 +269,7 @@ def _argv(cfg: dict[str, object]) -> list[str] | None:
     return argv or None
 
 
-def _env(raw: object) -> dict[str, str]:
+def image_env(raw: object) -> dict[str, str]:
     env = {}
     if isinstance(raw, list):
         for item in raw:

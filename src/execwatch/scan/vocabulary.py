@@ -1,11 +1,12 @@
 """The scan's check names: Reason, spelled for JSON, SARIF rule ids and JUnit test names.
 
 The one table between the two: a check the rules report is the spelling of exactly one
-Reason, and back. Three checks are the scan's own and no Reason: `not-static` is a policy
+Reason, and back. Three static checks are the scan's own and no Reason: `not-static` is a policy
 (--require-static), not a failure; `shebang-crlf` says why a `#!` interpreter will be
 missing even where the scan cannot look for it (the node reports that case as
 MissingShebangInterpreter, with the CR in its detail); `env-not-on-PATH` is the failure of
-`env`'s own PATH lookup, after the script's exec succeeded.
+`env`'s own PATH lookup, after the script's exec succeeded. Two are the runs' own
+(`--run`): `run-started`, and `run-failed` for a failure no other check names.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ class Check(enum.StrEnum):
     MISSING_ENTRYPOINT = "missing-entrypoint"
     CORRUPT_BINARY = "corrupt-binary"
     CPU_LEVEL = "cpu-level"
+    STARTUP_CRASH = "startup-crash"
+    RUN_STARTED = "run-started"
+    RUN_FAILED = "run-failed"
 
 
 CHECK_OF_REASON: dict[Reason, Check] = {
@@ -50,9 +54,18 @@ CHECK_OF_REASON: dict[Reason, Check] = {
     Reason.NOT_FOUND: Check.MISSING_ENTRYPOINT,
     Reason.CORRUPT_BINARY: Check.CORRUPT_BINARY,
     Reason.UNSUPPORTED_CPU: Check.CPU_LEVEL,
+    Reason.STARTUP_CRASH: Check.STARTUP_CRASH,
 }
 REASON_OF_CHECK: dict[Check, Reason] = {c: r for r, c in CHECK_OF_REASON.items()}
-SCAN_ONLY = frozenset({Check.NOT_STATIC, Check.SHEBANG_CRLF, Check.ENV_NOT_ON_PATH})
+SCAN_ONLY = frozenset(
+    {
+        Check.NOT_STATIC,
+        Check.SHEBANG_CRLF,
+        Check.ENV_NOT_ON_PATH,
+        Check.RUN_STARTED,
+        Check.RUN_FAILED,
+    }
+)
 
 CHECK_DESCRIPTIONS: dict[Check, str] = {
     Check.ARCH_MISMATCH: "ELF machine, class, endianness or variant does not run on the platform",
@@ -71,4 +84,7 @@ CHECK_DESCRIPTIONS: dict[Check, str] = {
     Check.MISSING_ENTRYPOINT: "the image's entrypoint/cmd program does not exist",
     Check.CORRUPT_BINARY: "the file starts like an ELF but its headers are malformed",
     Check.CPU_LEVEL: "an executable or a library it loads needs an x86-64 level the CPUs lack",
+    Check.STARTUP_CRASH: "the program died of a signal at start-up (--run)",
+    Check.RUN_STARTED: "the entrypoint started in the sandbox (--run)",
+    Check.RUN_FAILED: "the entrypoint could not be started in the sandbox (--run)",
 }

@@ -24,6 +24,9 @@ def finding_dict(f: Finding, image: dict[str, str | None] | None = None) -> dict
     }
     if f.entrypoint:
         out["entrypoint"] = True
+    out["source"] = f.source
+    if f.disagreement:
+        out["disagreement"] = safe_prose(f.disagreement)
     if image is not None:
         out["image"] = image
     return out

@@ -54,6 +54,7 @@ def render_sarif(report: ScanReport) -> str:
                     "properties": {
                         "platform": safe_name(f.platform),
                         "entrypoint": f.entrypoint,
+                        "source": f.source,
                         "image": identity(r),
                     },
                 }
