@@ -113,7 +113,7 @@ ALLOWED: dict[str, set[str]] = {
     },
     "agent": {"attribution", "crd", "kube", "node", "pipeline", "probe", "record", "text"},
     "handler": {"attribution", "binfmt", "crd", "diagnosis", "kube", "record", "text"},
-    "scan": {"binfmt", "cliargs", "record", "rlimits", "runnable", "smoke", "text"},
+    "scan": {"binfmt", "cliargs", "record", "rlimits", "runnable", "text"},
     "smoke": {"binfmt", "runnable", "scan", "text"},
     "audit": {"binfmt", "cliargs", "kube", "placement", "record", "runnable", "scan", "text"},
     "placement": {
