@@ -114,7 +114,7 @@ ALLOWED: dict[str, set[str]] = {
     "agent": {"attribution", "crd", "kube", "node", "pipeline", "probe", "record", "text"},
     "handler": {"attribution", "binfmt", "crd", "diagnosis", "kube", "record", "text"},
     "scan": {"binfmt", "cliargs", "record", "rlimits", "runnable", "text"},
-    "audit": {"binfmt", "cliargs", "kube", "placement", "record", "runnable", "scan", "text"},
+    "audit": {"binfmt", "cliargs", "kube", "record", "runnable", "scan", "text"},
     "placement": {
         "binfmt",
         "cliargs",

@@ -38,7 +38,7 @@ from execwatch.binfmt import Platform
 from execwatch.crd import parse_time
 from execwatch.kube import errors
 from execwatch.placement.controller import VerdictUnavailable
-from execwatch.placement.decision import ContainerVerdict, Outcome
+from execwatch.placement.decision import ContainerVerdict
 from execwatch.placement.pullsecrets import PullSecrets
 from execwatch.placement.started import Started, Unresolved, started
 from execwatch.placement.verdicts import (
@@ -55,6 +55,7 @@ from execwatch.placement.verdicts import (
 from execwatch.placement.verdicts import MAX_WHY as STORED_WHY
 from execwatch.record import EVERY_ARCHITECTURE_REASONS
 from execwatch.runnable.limits import Limits
+from execwatch.runnable.verdict import Outcome
 from execwatch.scan import Check, ScanOptions, Severity, scan_image
 from execwatch.scan.egress import Egress
 from execwatch.scan.errors import ScanInputError
