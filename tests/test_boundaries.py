@@ -112,7 +112,7 @@ ALLOWED: dict[str, set[str]] = {
         "text",
     },
     "agent": {"attribution", "crd", "kube", "node", "pipeline", "probe", "record", "text"},
-    "handler": {"attribution", "binfmt", "crd", "diagnosis", "kube", "record", "text"},
+    "handler": {"attribution", "binfmt", "crd", "kube", "record", "runnable", "text"},
     "scan": {"binfmt", "cliargs", "record", "rlimits", "runnable", "text"},
     "audit": {"binfmt", "cliargs", "kube", "record", "runnable", "scan", "text"},
     "placement": {

@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from execwatch.binfmt import Platform, node_platform
-from execwatch.diagnosis import wording
 from execwatch.diagnosis.budget import SlowFileSystem, SlowMounts
 from execwatch.diagnosis.container_rootfs import Candidate, ContainerRootfs
 from execwatch.diagnosis.examine import Context, Examiner
@@ -23,6 +22,7 @@ from execwatch.diagnosis.target import TargetOpener
 from execwatch.probe import events
 from execwatch.record import Diagnosis, KernelEvent, Reason, UndiagnosedCause
 from execwatch.runnable.openat2 import Resolver
+from execwatch.runnable.reason import emulated_detail
 
 
 class ContainerIds(Protocol):
@@ -135,7 +135,7 @@ def emulated(event: KernelEvent, node_arch: str) -> Diagnosis:
         node_arch,
         binary_arch=event.emulated_arch or "foreign",
         interpreter=event.emulator,
-        detail=wording.emulated(event.emulated_arch, event.emulator, node_arch),
+        detail=emulated_detail(event.emulated_arch, event.emulator, node_arch),
     )
 
 

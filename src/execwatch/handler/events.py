@@ -5,7 +5,7 @@ A series is one (pod UID, container, reason, path, binary arch): its Event note 
 patches `series.count` and `series.lastObservedTime`. A crash loop therefore stays ONE
 Event whose count grows, as client-go's event recorder does for isomorphic events. An
 exec that a binfmt_misc emulator ran (Emulated) did not fail: its series, one per pod and
-binary like the others, says what ran it, in the diagnosis's words (diagnosis/wording.py).
+binary like the others, says what ran it, in the diagnosis's words (reason.emulated_detail).
 
 Idempotence across restarts and failover: the Event carries the names and UIDs of the
 last records folded into it (annotation `execwatch.io/records`). A handler that re-reads
@@ -27,12 +27,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from execwatch.crd import Record
-from execwatch.diagnosis import wording
 from execwatch.handler.pods import Pod
 from execwatch.kube import errors
 from execwatch.kube.client import MERGE_PATCH, Rest, path
 from execwatch.kube.safe import fit_bytes, is_label_value, printable
 from execwatch.record import Reason
+from execwatch.runnable.reason import emulated_detail
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def note_for(rec: Record) -> str:
 
 def _emulated_note(rec: Record) -> str:
     """An exec that succeeded: what ran it, never "could not exec"."""
-    how = wording.emulated(rec.binary_arch, rec.interpreter, rec.node_arch)
+    how = emulated_detail(rec.binary_arch, rec.interpreter, rec.node_arch)
     return f'container "{rec.container or "?"}" ran {rec.path}: {how}; node {rec.node}'
 
 
