@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from execwatch.audit.emulation import EVERY_NODE, Emulation, emulates
+from execwatch.audit.node_emulation import EVERY_NODE, Emulation, emulates
 from execwatch.audit.report import WORD
 from execwatch.runnable.verdict import Outcome, worst
 from tests.audit.test_audit import audit, sel, statuses, template

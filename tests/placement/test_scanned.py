@@ -19,7 +19,7 @@ import pytest
 from kubernetes import client
 
 from execwatch.placement.affinity import ARCH_LABEL
-from execwatch.placement.controller import Outcome as Placed
+from execwatch.placement.controller import Handled as Placed
 from execwatch.placement.controller import Placer
 from execwatch.placement.observed import Feedback
 from execwatch.placement.pullsecrets import PullSecrets

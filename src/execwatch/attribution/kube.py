@@ -21,7 +21,7 @@ from execwatch.attribution.metadata import (
     ContainerMeta,
     ContainerRole,
     PodMeta,
-    Workload,
+    WorkloadRef,
     workload_from_owner,
 )
 
@@ -57,7 +57,7 @@ class KubernetesPodCache:
         self._lock = threading.Lock()
         self._pods: dict[str, PodMeta] = {}
         self._tombstones: OrderedDict[str, PodMeta] = OrderedDict()
-        self._owners: OrderedDict[tuple[str, str, str], Workload | None] = OrderedDict()
+        self._owners: OrderedDict[tuple[str, str, str], WorkloadRef | None] = OrderedDict()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.synced = threading.Event()
@@ -175,7 +175,7 @@ class KubernetesPodCache:
 
     def _parents(
         self, namespace: str | None, owner: tuple[str, str]
-    ) -> dict[tuple[str, str], Workload | None] | None:
+    ) -> dict[tuple[str, str], WorkloadRef | None] | None:
         """The ReplicaSet's or Job's own controller, from the API, cached; None if unknown."""
         kind, name = owner
         if kind not in ("ReplicaSet", "Job") or not namespace:
@@ -195,7 +195,7 @@ class KubernetesPodCache:
             log.debug("owner lookup failed", extra={"kind": kind, "name": name, "error": str(exc)})
             return None
         parent = _controller(getattr(obj.metadata, "ownerReferences", None))
-        workload = Workload(*parent) if parent else None
+        workload = WorkloadRef(*parent) if parent else None
         with self._lock:
             self._owners[key] = workload
             while len(self._owners) > self._owner_capacity:

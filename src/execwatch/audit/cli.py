@@ -16,9 +16,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from execwatch import cliargs
-from execwatch.audit.emulation import Emulation, emulates
 from execwatch.audit.engine import AuditReport, ImageAuditor, Tick, audit
 from execwatch.audit.inventory import Inventory
+from execwatch.audit.node_emulation import Emulation, emulates
 from execwatch.audit.report import print_table, to_json, to_sarif
 from execwatch.kube.client import Rest
 from execwatch.runnable.limits import Limits

@@ -5,7 +5,7 @@ A verdict is cached on disk under the image's digest and the platform, so a re-a
 scans images that changed; a tag that is not pinned by a running pod costs one manifest
 request to learn its digest.
 
-On nodes that emulate other architectures (`--emulates`, audit/emulation.py), a binary of
+On nodes that emulate other architectures (`--emulates`, audit/node_emulation.py), a binary of
 such an architecture runs, slowly, instead of failing: the platform's image is judged a
 second time as that architecture (its loader and libraries must be there too), and a
 verdict whose every failure is such a binary is EMULATED.
@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from execwatch import __version__
-from execwatch.audit.emulation import Emulation
 from execwatch.audit.inventory import Inventory, Workload
+from execwatch.audit.node_emulation import Emulation
 from execwatch.audit.scheduling import allowed_architectures
 from execwatch.binfmt import Platform
 from execwatch.record import EVERY_ARCHITECTURE_REASONS

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from execwatch.crd import Record
+from execwatch.crd import ParsedRecord
 from execwatch.handler.pods import Pod
 from execwatch.kube import errors
 from execwatch.kube.client import MERGE_PATCH, Rest, path
@@ -58,7 +58,7 @@ def event_reason(reason: Reason) -> str:
     return name if is_label_value(name) and name else "ExecFailed"
 
 
-def note_for(rec: Record) -> str:
+def note_for(rec: ParsedRecord) -> str:
     """The Event message: which binary, its architecture against the node's, which container."""
     if rec.reason is Reason.EMULATED:
         return _fit(_emulated_note(rec))
@@ -76,7 +76,7 @@ def note_for(rec: Record) -> str:
     return _fit("; ".join(parts))
 
 
-def _emulated_note(rec: Record) -> str:
+def _emulated_note(rec: ParsedRecord) -> str:
     """An exec that succeeded: what ran it, never "could not exec"."""
     how = emulated_detail(rec.binary_arch, rec.interpreter, rec.node_arch)
     return f'container "{rec.container or "?"}" ran {rec.path}: {how}; node {rec.node}'
@@ -86,7 +86,7 @@ def _fit(note: str) -> str:
     return fit_bytes(printable(note, 4 * NOTE_LIMIT), NOTE_LIMIT)
 
 
-def series_name(rec: Record, pod_name: str, pod_uid: str) -> str:
+def series_name(rec: ParsedRecord, pod_name: str, pod_uid: str) -> str:
     digest = hashlib.sha256(
         "\0".join((pod_uid, rec.container, str(rec.reason), rec.path, rec.binary_arch)).encode()
     ).hexdigest()[:16]
@@ -128,7 +128,7 @@ class EventWriter:
     _cache: OrderedDict[str, _Series] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def record(self, rec: Record, pod: Pod, container_index: str | None) -> bool:
+    def record(self, rec: ParsedRecord, pod: Pod, container_index: str | None) -> bool:
         """Fold `rec` into its pod's series Event. True if written, False if already there."""
         name = series_name(rec, pod.name, pod.uid)
         key = f"{pod.namespace}/{name}"
@@ -186,7 +186,7 @@ class EventWriter:
             self._cache.pop(key, None)
 
     def _create(
-        self, rec: Record, pod: Pod, name: str, marker: str, container_index: str | None
+        self, rec: ParsedRecord, pod: Pod, name: str, marker: str, container_index: str | None
     ) -> None:
         now = self.clock()
         ns = pod.namespace
@@ -226,7 +226,7 @@ class EventWriter:
         rv = str(created["metadata"]["resourceVersion"])
         self._remember(f"{ns}/{name}", _Series(rec.count, [marker], rv))
 
-    def _patch(self, rec: Record, ns: str, name: str, state: _Series, marker: str) -> None:
+    def _patch(self, rec: ParsedRecord, ns: str, name: str, state: _Series, marker: str) -> None:
         count = state.count + rec.count
         records = [*state.records, marker][-RING:]
         body = {
