@@ -311,7 +311,7 @@ def test_symbol_work_counts_grow_linearly_up_to_the_budget(make: Callable[[int],
     counts = []
     for step in sizes(256, 4096) if make is verneed_per_import else sizes(4 << 10, 4 * MiB):
         data = make(step)
-        work = SYMBOLS.Work()
+        work = SYMBOLS.SymbolWork()
         elf = io.BytesIO(data)
         info = read_elf(elf)
         with suppress(BinfmtError):
