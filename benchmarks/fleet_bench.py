@@ -84,7 +84,7 @@ from benchmarks.cluster_bench import (
 from benchmarks.common import RESULTS, rss_mb, save
 from execwatch import crd
 from execwatch.agent.publisher import Publisher, PublisherConfig
-from execwatch.handler.events import CONTROLLER
+from execwatch.handler.pod_events import CONTROLLER
 
 NAMESPACE = "rollout"
 WORKLOAD = "bad"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from collections.abc import Collection
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "execwatch"
@@ -112,10 +113,10 @@ ALLOWED: dict[str, set[str]] = {
         "text",
     },
     "agent": {"attribution", "crd", "kube", "node", "pipeline", "probe", "record", "text"},
-    "handler": {"attribution", "binfmt", "crd", "diagnosis", "kube", "record", "text"},
+    "handler": {"attribution", "binfmt", "crd", "kube", "record", "runnable", "text"},
     "scan": {"binfmt", "cliargs", "record", "rlimits", "runnable", "text"},
     "smoke": {"binfmt", "runnable", "scan", "text"},
-    "audit": {"binfmt", "cliargs", "kube", "placement", "record", "runnable", "scan", "text"},
+    "audit": {"binfmt", "cliargs", "kube", "record", "runnable", "scan", "text"},
     "placement": {
         "binfmt",
         "cliargs",
@@ -180,3 +181,48 @@ def test_what_the_layering_check_catches() -> None:
     assert against_the_layers("from execwatch import crd\n", "execwatch.kube.watch") == [
         "execwatch.crd"
     ]
+
+
+# Names two packages use for the same meaning, each for its own part, with the reason.
+SAME_MEANING_MODULES = {
+    "__init__.py": "a package",
+    "cli.py": "a command's options and main",
+    "metrics.py": "a part's Prometheus metrics",
+    "errors.py": "a package's exceptions",
+    "client.py": "a package's client of its API: kube's API server, attribution's CRI runtime",
+    "controller.py": "a control loop: the handler's over records, placement's over gated pods",
+}
+SAME_MEANING_CLASSES = {
+    # the Protocol of what the executor calls, which attribution.Attributor meets
+    "Attributor": "pipeline.executor, attribution.attributor",
+}
+
+
+def shared_names(named: list[tuple[str, str]], allowed: Collection[str]) -> dict[str, list[str]]:
+    """Each (name, where) whose name stands in more than one place and is not allowed."""
+    places: dict[str, set[str]] = {}
+    for name, where in named:
+        places.setdefault(name, set()).add(where)
+    return {n: sorted(w) for n, w in places.items() if len(w) > 1 and n not in allowed}
+
+
+def public_classes(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    return [n.name for n in tree.body if isinstance(n, ast.ClassDef) and not is_private(n.name)]
+
+
+def test_no_two_modules_of_different_packages_share_a_file_name() -> None:
+    named = [(p.name, package_of(module_name(p))) for p in SRC.rglob("*.py")]
+    assert shared_names(named, SAME_MEANING_MODULES) == {}
+
+
+def test_no_two_public_classes_share_a_name() -> None:
+    named = [(c, module_name(p)) for p in SRC.rglob("*.py") for c in public_classes(p)]
+    assert shared_names(named, SAME_MEANING_CLASSES) == {}
+
+
+def test_what_the_name_checks_catch() -> None:
+    named = [("Budget", "probe.layout"), ("Budget", "scan.sources"), ("Limits", "runnable")]
+    assert shared_names(named, {}) == {"Budget": ["probe.layout", "scan.sources"]}
+    assert shared_names(named, {"Budget": "why"}) == {}
+    assert shared_names([("cli.py", "scan"), ("cli.py", "scan")], {}) == {}

@@ -213,7 +213,7 @@ class InvalidRecord(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class Record:
+class ParsedRecord:
     """An ExecFailure as the handler reads it: validated, typed, strings already safe."""
 
     name: str
@@ -270,7 +270,7 @@ def _sub(spec: dict[str, Any], key: str) -> dict[str, Any]:
     return value
 
 
-def parse(obj: dict[str, Any]) -> Record:
+def parse(obj: dict[str, Any]) -> ParsedRecord:
     """Validate one ExecFailure object read from the API server."""
     meta = obj.get("metadata")
     spec = obj.get("spec")
@@ -293,7 +293,7 @@ def parse(obj: dict[str, Any]) -> Record:
     first, last = parse_time(spec.get("firstSeen")), parse_time(spec.get("lastSeen"))
     if first is None or last is None or last < first:
         raise InvalidRecord("malformed", "bad firstSeen/lastSeen")
-    return Record(
+    return ParsedRecord(
         name=name,
         uid=uid,
         node=_str(spec, "node"),

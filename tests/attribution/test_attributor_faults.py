@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from execwatch.attribution import Attributor, AttributorConfig, PodMeta, Workload
+from execwatch.attribution import Attributor, AttributorConfig, PodMeta, WorkloadRef
 from execwatch.attribution.cri.client import CriContainers
 from execwatch.attribution.metadata import (
     ContainerMeta,
@@ -186,7 +186,7 @@ def test_the_api_pod_cache_supplies_owner_and_init_or_ephemeral_container_names(
                 uid=fake_container.uid,
                 namespace="batch",
                 name="report-28930110-x7k2p",
-                workload=Workload("CronJob", "report"),
+                workload=WorkloadRef("CronJob", "report"),
                 containers={
                     fake_container.cid: ContainerMeta(
                         fake_container.cid,

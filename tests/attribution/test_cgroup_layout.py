@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from execwatch.attribution.layout import (
+from execwatch.attribution.cgroup_layout import (
     CgroupDriver,
     CgroupKind,
     CgroupLayout,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from execwatch.attribution.inventory import CgroupInventory
+from execwatch.attribution.cgroup_inventory import CgroupInventory
 from execwatch.attribution.mounts import HierarchyMount, cgroup_mounts, parse_mountinfo
 
 

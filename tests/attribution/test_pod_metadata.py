@@ -9,7 +9,7 @@ import pytest
 from execwatch.attribution.kube import KubernetesPodCache
 from execwatch.attribution.metadata import (
     ContainerRole,
-    Workload,
+    WorkloadRef,
     workload_from_labels,
     workload_from_owner,
 )
@@ -19,32 +19,36 @@ from execwatch.attribution.procfs import parse_proc_cgroup
 @pytest.mark.parametrize(
     ("pod", "labels", "expected"),
     [
-        ("web-7d4b9c8f5-x2x9q", {"pod-template-hash": "7d4b9c8f5"}, Workload("Deployment", "web")),
+        (
+            "web-7d4b9c8f5-x2x9q",
+            {"pod-template-hash": "7d4b9c8f5"},
+            WorkloadRef("Deployment", "web"),
+        ),
         (
             "my-api-v2-66b8d7c9f-abcde",
             {"pod-template-hash": "66b8d7c9f"},
-            Workload("Deployment", "my-api-v2"),
+            WorkloadRef("Deployment", "my-api-v2"),
         ),
         (
             "db-12",
             {"controller-revision-hash": "db-5c9d8", "statefulset.kubernetes.io/pod-name": "db-12"},
-            Workload("StatefulSet", "db"),
+            WorkloadRef("StatefulSet", "db"),
         ),
         (
             "fluentd-k8n2q",
             {"controller-revision-hash": "7f9c", "pod-template-generation": "3"},
-            Workload("DaemonSet", "fluentd"),
+            WorkloadRef("DaemonSet", "fluentd"),
         ),
         (
             "backup-x-abcde",
             {"batch.kubernetes.io/job-name": "backup-x"},
-            Workload("Job", "backup-x"),
+            WorkloadRef("Job", "backup-x"),
         ),
-        ("old-job-abcde", {"job-name": "old-job"}, Workload("Job", "old-job")),
+        ("old-job-abcde", {"job-name": "old-job"}, WorkloadRef("Job", "old-job")),
     ],
 )
 def test_controllers_labels_name_the_workload(
-    pod: str, labels: dict[str, str], expected: Workload
+    pod: str, labels: dict[str, str], expected: WorkloadRef
 ) -> None:
     assert workload_from_labels(pod, labels) == expected
 
@@ -68,17 +72,17 @@ def test_no_workload_is_guessed_without_a_controller_label_that_fits(
 
 def test_owner_references_are_followed_to_the_top_level_workload() -> None:
     labels = {"pod-template-hash": "7d4b9c8f5"}
-    assert workload_from_owner("ReplicaSet", "web-7d4b9c8f5", labels) == Workload(
+    assert workload_from_owner("ReplicaSet", "web-7d4b9c8f5", labels) == WorkloadRef(
         "Deployment", "web"
     )
-    parents = {("Job", "report-28930110"): Workload("CronJob", "report")}
-    assert workload_from_owner("Job", "report-28930110", {}, parents) == Workload(
+    parents = {("Job", "report-28930110"): WorkloadRef("CronJob", "report")}
+    assert workload_from_owner("Job", "report-28930110", {}, parents) == WorkloadRef(
         "CronJob", "report"
     )
     standalone = {("Job", "once"): None}
-    assert workload_from_owner("Job", "once", {}, standalone) == Workload("Job", "once")
-    assert workload_from_owner("ReplicaSet", "bare-rs", {}) == Workload("ReplicaSet", "bare-rs")
-    assert workload_from_owner("DaemonSet", "fluentd", {}) == Workload("DaemonSet", "fluentd")
+    assert workload_from_owner("Job", "once", {}, standalone) == WorkloadRef("Job", "once")
+    assert workload_from_owner("ReplicaSet", "bare-rs", {}) == WorkloadRef("ReplicaSet", "bare-rs")
+    assert workload_from_owner("DaemonSet", "fluentd", {}) == WorkloadRef("DaemonSet", "fluentd")
     assert workload_from_owner(None, None, {}) is None
 
 
@@ -167,7 +171,7 @@ def test_the_pod_cache_knows_container_roles_owners_and_remembers_deleted_pods()
     cache.apply("MODIFIED", web)
 
     got = cache.pod("u1")
-    assert got is not None and got.workload == Workload("Deployment", "web")
+    assert got is not None and got.workload == WorkloadRef("Deployment", "web")
     assert {c.name: c.role for c in got.containers.values()} == {
         "app": ContainerRole.REGULAR,
         "migrate": ContainerRole.INIT,
@@ -175,7 +179,7 @@ def test_the_pod_cache_knows_container_roles_owners_and_remembers_deleted_pods()
     }
     assert got.containers["a" * 64].image == "shop/web:3"
     job_meta = cache.pod("u2")
-    assert job_meta is not None and job_meta.workload == Workload("CronJob", "report")
+    assert job_meta is not None and job_meta.workload == WorkloadRef("CronJob", "report")
     assert api.paths == [  # each owner read once, then cached
         "GET /apis/apps/v1/namespaces/shop/replicasets/web-7d4b9c8f5",
         "GET /apis/batch/v1/namespaces/shop/jobs/report-28930110",

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from execwatch.audit.engine import ImageAuditor, Status
+from execwatch.audit.engine import ImageAuditor
 from execwatch.audit.engine import audit as run_audit
-from execwatch.audit.inventory import Container, Inventory, Workload
-from execwatch.audit.inventory import Node as InventoryNode
+from execwatch.audit.inventory import ClusterNode, Container, Inventory, Workload
 from execwatch.cli import main
 from execwatch.runnable.limits import Limits
+from execwatch.runnable.verdict import Outcome
 from execwatch.scan.isolated import MiB, ProcessLimits
 from execwatch.scan.registry import RegistryOptions, resolve
 from tests.kube.cluster import ADMIN_TOKEN, KubeCluster
@@ -516,17 +516,15 @@ def test_every_image_failure_is_that_workloads_error_verdict(tmp_path: Path) -> 
         ]
         options = RegistryOptions(insecure=frozenset({hostile.host}), cache_dir=str(tmp_path))
         auditor = ImageAuditor(options, Limits(), str(tmp_path))
-        report = run_audit(
-            Inventory(workloads, [InventoryNode("n1", "amd64", "linux")]), [], auditor
-        )
+        report = run_audit(Inventory(workloads, [ClusterNode("n1", "amd64", "linux")]), [], auditor)
     finally:
         hostile.close()
     verdicts = {w.workload.name: w.archs[0].containers[0].verdict for w in report.workloads}
     assert {n: v.status for n, v in verdicts.items()} == {
-        "deep": Status.WOULD_FAIL,
-        "deeper": Status.ERROR,
-        "liar": Status.ERROR,
-        "escape": Status.ERROR,
+        "deep": Outcome.FAILS,
+        "deeper": Outcome.UNKNOWN,
+        "liar": Outcome.UNKNOWN,
+        "escape": Outcome.UNKNOWN,
     }
     assert "deeper than 2048" in verdicts["deeper"].message
     assert "its descriptor says 9" in verdicts["liar"].message
@@ -558,12 +556,10 @@ def test_an_image_that_exhausts_its_process_is_an_error_and_the_audit_goes_on(
         options = RegistryOptions(insecure=frozenset({hostile.host}), cache_dir=str(tmp_path))
         process = ProcessLimits(memory=64 * MiB, cpu_s=60, wall_s=60)
         auditor = ImageAuditor(options, Limits(), str(tmp_path), process)
-        report = run_audit(
-            Inventory(workloads, [InventoryNode("n1", "amd64", "linux")]), [], auditor
-        )
+        report = run_audit(Inventory(workloads, [ClusterNode("n1", "amd64", "linux")]), [], auditor)
     finally:
         hostile.close()
     verdicts = {w.workload.name: w.archs[0].containers[0].verdict for w in report.workloads}
-    assert verdicts["hungry"].status is Status.ERROR
+    assert verdicts["hungry"].status is Outcome.UNKNOWN
     assert "over its memory budget (64 MiB)" in verdicts["hungry"].message
-    assert verdicts["plain"].status is Status.WOULD_FAIL
+    assert verdicts["plain"].status is Outcome.FAILS

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from execwatch.audit.emulation import EVERY_NODE, Emulation, emulates
-from execwatch.audit.engine import Status
-from execwatch.placement.decision import Outcome
+from execwatch.audit.node_emulation import EVERY_NODE, Emulation, emulates
+from execwatch.audit.report import WORD
+from execwatch.runnable.verdict import Outcome, worst
 from tests.audit.test_audit import audit, sel, statuses, template
 from tests.kube.cluster import KubeCluster
 from tests.registry.fixtures import arm64_root
@@ -177,5 +177,12 @@ def test_emulates_values() -> None:
     assert emulation.of("arm64") == {"amd64"}
 
 
-def test_the_verdict_is_placements_word() -> None:
-    assert Status.EMULATED.label == Outcome.EMULATED
+def test_audit_and_placement_speak_one_vocabulary() -> None:
+    """The report has a word for every outcome placement writes, the same word for EMULATED,
+    and a workload's outcome is the worst of its containers'."""
+    assert set(WORD) == set(Outcome)
+    assert WORD[Outcome.EMULATED] == Outcome.EMULATED
+    ranked = [Outcome.RUNS, Outcome.EMULATED, Outcome.MISSING_PLATFORM, Outcome.FAILS]
+    assert [worst([*ranked[: i + 1], Outcome.RUNS]) for i in range(4)] == ranked
+    assert worst([Outcome.FAILS, Outcome.UNKNOWN, Outcome.RUNS]) is Outcome.UNKNOWN
+    assert worst([]) is Outcome.RUNS

@@ -16,14 +16,14 @@ from rich.console import Console
 from execwatch.audit.engine import (
     ArchResult,
     AuditReport,
-    ContainerVerdict,
-    Status,
+    ContainerResult,
     Verdict,
     WorkloadResult,
 )
 from execwatch.audit.inventory import Container, Workload
 from execwatch.audit.report import print_table, to_json, to_sarif
 from execwatch.binfmt import Platform
+from execwatch.runnable.verdict import Outcome
 from execwatch.scan.model import Severity
 from execwatch.scan.runner import ScanOptions, scan
 from tests.scan.test_report_escaping import MARKUP, build_root, expected_paths, strict_json
@@ -44,13 +44,13 @@ def verdict_of(root: Path) -> Verdict:
          "message": f.message, "entrypoint": f.entrypoint}
         for f in result.findings if f.severity >= Severity.ERROR
     ]  # fmt: skip
-    return Verdict(Status.WOULD_FAIL, result.platform, "sha256:" + "a" * 64, findings)
+    return Verdict(Outcome.FAILS, result.platform, "sha256:" + "a" * 64, findings)
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> AuditReport:
     failing = verdict_of(build_root(tmp_path_factory.mktemp("hostile")))
-    broken = Verdict(Status.ERROR, "linux/arm64", message=REPLY)
+    broken = Verdict(Outcome.UNKNOWN, "linux/arm64", message=REPLY)
     workload = Workload("Deployment", "shop", "web", {}, [Container("main", IMAGE)])
     return AuditReport(
         {"amd64": "1 nodes", "arm64": "planned"},
@@ -58,8 +58,8 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> AuditReport:
             WorkloadResult(
                 workload,
                 [
-                    ArchResult("amd64", [ContainerVerdict("main", IMAGE, IMAGE, False, failing)]),
-                    ArchResult("arm64", [ContainerVerdict("main", IMAGE, IMAGE, False, broken)]),
+                    ArchResult("amd64", [ContainerResult("main", IMAGE, IMAGE, False, failing)]),
+                    ArchResult("arm64", [ContainerResult("main", IMAGE, IMAGE, False, broken)]),
                 ],
                 [],
             )
@@ -85,9 +85,9 @@ def test_the_table_in_a_terminal_shows_names_literally_and_no_control_but_its_st
 def test_the_table_shows_a_markup_path_literally(tmp_path: Path) -> None:
     root = build_root(tmp_path)
     findings = [f for f in verdict_of(root).findings if f["path"] == MARKUP]
-    verdict = Verdict(Status.WOULD_FAIL, "linux/amd64", None, findings)
+    verdict = Verdict(Outcome.FAILS, "linux/amd64", None, findings)
     workload = Workload("Job", "shop", "[red]job[/]", {}, [Container("main", IMAGE)])
-    arch = ArchResult("amd64", [ContainerVerdict("main", IMAGE, IMAGE, False, verdict)])
+    arch = ArchResult("amd64", [ContainerResult("main", IMAGE, IMAGE, False, verdict)])
     out = io.StringIO()
     print_table(
         AuditReport({"amd64": "1 nodes"}, [WorkloadResult(workload, [arch], [])]),

@@ -27,9 +27,9 @@ with atheris.instrument_imports():
     from execwatch.binfmt.symbols import DynamicSymbols, SymbolRef, read_dynamic_symbols
     from execwatch.runnable.limits import Limits
     from execwatch.runnable.memory import MemoryFS
+    from execwatch.scan.bounded import parse_json
     from execwatch.scan.errors import ScanInputError
     from execwatch.scan.layers import apply_layer
-    from execwatch.scan.limits import parse_json
 
 PEAK_BYTES = 16 << 20
 SECONDS = 5.0  # instrumentation slows Python 10-20x, CI load more; exact: parser_bench

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from execwatch.binfmt import BinfmtError, ElfInfo, read_elf
-from execwatch.binfmt.errors import LimitExceeded, TruncatedFile
+from execwatch.binfmt.errors import ParseLimitExceeded, TruncatedFile
 from execwatch.binfmt.symbols import (
     FREE_STEPS,
     MAX_AVERAGE_STEPS,
@@ -30,13 +30,13 @@ PEAK_BYTES = 16 << 20
 
 EXPECTED: dict[str, type[BaseException] | type[ElfInfo]] = {
     "string-reuse-bomb": ElfInfo,
-    "string-offsets-bomb": LimitExceeded,
-    "8189-distinct-needed": LimitExceeded,
-    "huge-e_phnum": LimitExceeded,
+    "string-offsets-bomb": ParseLimitExceeded,
+    "8189-distinct-needed": ParseLimitExceeded,
+    "huge-e_phnum": ParseLimitExceeded,
     "max-e_phnum": ElfInfo,
     "huge-e_shnum-arm": ElfInfo,
-    "verneed-chain": LimitExceeded,
-    "verdef-chain": LimitExceeded,
+    "verneed-chain": ParseLimitExceeded,
+    "verdef-chain": ParseLimitExceeded,
     "overlapping-tables": BinfmtError,
     "16MiB-unterminated-string": BinfmtError,
     "dynsym-suffix-bomb": ElfInfo,
@@ -82,7 +82,7 @@ def test_truncation_and_hostility_are_told_apart() -> None:
     data = CORPUS["string-reuse-bomb"]()
     with pytest.raises(TruncatedFile):
         read_elf(io.BytesIO(data[:1000]))
-    with pytest.raises(LimitExceeded, match="more than 1024 DT_NEEDED libraries"):
+    with pytest.raises(ParseLimitExceeded, match="more than 1024 DT_NEEDED libraries"):
         read_elf(io.BytesIO(CORPUS["8189-distinct-needed"]()))
 
 

@@ -33,7 +33,7 @@ import pytest
 
 from execwatch.binfmt import BinfmtError, ElfInfo, Shebang, parse_shebang, read_elf
 from execwatch.binfmt.elf import DEFAULT_LIMITS as ELF_LIMITS
-from execwatch.binfmt.errors import LimitExceeded
+from execwatch.binfmt.errors import ParseLimitExceeded
 from execwatch.binfmt.isa import MAX_NOTE_BYTES, parse_isa_needed
 from execwatch.binfmt.platform import Platform
 from execwatch.diagnosis.startup import explain
@@ -294,10 +294,10 @@ def test_a_version_for_every_import_or_a_refusal_never_a_partial_table() -> None
             versions = [ref.version for ref in outcome.imports]
             assert len(versions) == count and set(versions) == {"FOO_1.0"}, count
         else:
-            assert isinstance(outcome, LimitExceeded), repr(outcome)
+            assert isinstance(outcome, ParseLimitExceeded), repr(outcome)
     assert isinstance(outcomes[4096], SYMBOLS.DynamicSymbols)  # 8,192 records
-    assert isinstance(outcomes[8192], LimitExceeded)
-    assert isinstance(outcomes[30000], LimitExceeded)
+    assert isinstance(outcomes[8192], ParseLimitExceeded)
+    assert isinstance(outcomes[30000], ParseLimitExceeded)
 
 
 @pytest.mark.parametrize(
@@ -311,7 +311,7 @@ def test_symbol_work_counts_grow_linearly_up_to_the_budget(make: Callable[[int],
     counts = []
     for step in sizes(256, 4096) if make is verneed_per_import else sizes(4 << 10, 4 * MiB):
         data = make(step)
-        work = SYMBOLS.Work()
+        work = SYMBOLS.SymbolWork()
         elf = io.BytesIO(data)
         info = read_elf(elf)
         with suppress(BinfmtError):
@@ -475,7 +475,7 @@ def test_elf_reader_cost_is_linear_and_bounded(family: str) -> None:
     for r in runs:
         assert isinstance(r.outcome, (ElfInfo, BinfmtError)), repr(r.outcome)
     if family != "padded-file":  # the last size of every other family is past a limit
-        assert isinstance(runs[-1].outcome, LimitExceeded), repr(runs[-1].outcome)
+        assert isinstance(runs[-1].outcome, ParseLimitExceeded), repr(runs[-1].outcome)
 
 
 @pytest.mark.parametrize("family", sorted(ELF_FAMILIES))
@@ -499,7 +499,7 @@ def test_a_library_needed_past_the_entry_budget_is_not_dropped() -> None:
     strtab = b"\0libc.so.6\0libhidden.so\0"
     filler = [(DT["NEEDED"], 1)] * ELF_LIMITS.max_dynamic_entries
     data = raw_elf64([*filler, (DT["NEEDED"], 11)], strtab)
-    with pytest.raises(LimitExceeded, match="dynamic entries before DT_NULL"):
+    with pytest.raises(ParseLimitExceeded, match="dynamic entries before DT_NULL"):
         read_elf(io.BytesIO(data))
     within = raw_elf64([*filler[:100], (DT["NEEDED"], 11)], strtab)
     assert read_elf(io.BytesIO(within)).needed == ("libc.so.6", "libhidden.so")

@@ -18,12 +18,12 @@ from elftools.elf.gnuversions import GNUVerDefSection, GNUVerNeedSection, GNUVer
 from elftools.elf.sections import SymbolTableSection
 
 from execwatch.binfmt import read_elf
-from execwatch.binfmt.errors import LimitExceeded
+from execwatch.binfmt.errors import ParseLimitExceeded
 from execwatch.binfmt.symbols import (
     DynamicSymbols,
     SymbolLimits,
     SymbolRef,
-    Work,
+    SymbolWork,
     read_dynamic_symbols,
 )
 from tests.binfmt.cbuild import compile_c
@@ -171,11 +171,11 @@ def test_every_version_record_walked_is_counted_once_per_step() -> None:
         needs = next(s for s in ELFFile(f).iter_sections() if isinstance(s, GNUVerNeedSection))
         records = sum(1 + len(list(aux)) for _, aux in needs.iter_versions())
         info = read_elf(f)
-        work = Work()
+        work = SymbolWork()
         assert read_dynamic_symbols(f, info, work=work) is not None
         assert work.records == records
-        with pytest.raises(LimitExceeded, match="symbol version records"):
-            read_dynamic_symbols(f, info, work=Work(SymbolLimits(max_records=records - 1)))
+        with pytest.raises(ParseLimitExceeded, match="symbol version records"):
+            read_dynamic_symbols(f, info, work=SymbolWork(SymbolLimits(max_records=records - 1)))
 
 
 @pytest.mark.parametrize(
@@ -190,5 +190,5 @@ def test_every_version_record_walked_is_counted_once_per_step() -> None:
 def test_each_budget_refuses_rather_than_returning_part(limits: SymbolLimits, message: str) -> None:
     with open("/bin/ls", "rb") as f:
         info = read_elf(f)
-        with pytest.raises(LimitExceeded, match=message):
-            read_dynamic_symbols(f, info, work=Work(limits))
+        with pytest.raises(ParseLimitExceeded, match=message):
+            read_dynamic_symbols(f, info, work=SymbolWork(limits))

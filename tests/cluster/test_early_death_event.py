@@ -21,7 +21,7 @@ import pytest
 from kubernetes import client
 
 from execwatch.handler.controller import Handler
-from execwatch.handler.events import event_reason
+from execwatch.handler.pod_events import event_reason
 from tests.attribution.runc_env import KubeletCgroup, Runc, remove_pod_cgroups
 from tests.cluster.conftest import NODE, PodFactory, label_of
 from tests.cluster.test_end_to_end import pod_reader_rbac, running_agent

@@ -15,7 +15,7 @@ from kubernetes import client
 
 from execwatch import crd
 from execwatch.handler.controller import Handler, HandlerConfig, Retry
-from execwatch.handler.events import RECORDS_ANNOTATION
+from execwatch.handler.pod_events import RECORDS_ANNOTATION
 from execwatch.kube.safe import is_label_value
 from execwatch.record import AttributionStatus, ExecFailure, Reason
 from tests.cluster.conftest import NODE, PodFactory, label_of, list_records

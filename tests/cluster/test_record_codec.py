@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from execwatch import crd
-from execwatch.handler.events import NOTE_LIMIT, note_for
+from execwatch.handler.pod_events import NOTE_LIMIT, note_for
 from execwatch.kube.safe import fit_bytes, is_label_value, printable
 from execwatch.text import safe_text
 from tests.cluster.records import exec_failure

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from execwatch.handler.events import event_reason
+from execwatch.handler.pod_events import event_reason
 from execwatch.record import NOT_ALERTED, PLATFORM_REASONS, Reason, UndiagnosedCause
 from tests.deploy.chart import REPO, find, render
 

@@ -6,6 +6,7 @@ import json
 import time
 from pathlib import Path
 
+from execwatch.attribution.cgroup_layout import CgroupKind, parse_cgroup_path
 from execwatch.attribution.engine_api import (
     EngineContainer,
     _event,
@@ -13,7 +14,6 @@ from execwatch.attribution.engine_api import (
     socket_from_host,
 )
 from execwatch.attribution.engines import EngineSocket, EngineWatcher, _merge
-from execwatch.attribution.layout import CgroupKind, parse_cgroup_path
 from execwatch.attribution.podman_storage import PodmanStorage
 from execwatch.node.output import human_line
 from execwatch.record import Attribution, AttributionStatus, Diagnosis, ExecFailed, ExecFailure

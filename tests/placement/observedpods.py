@@ -60,11 +60,11 @@ def record_of(
     node_arch: str = "arm64",
     count: int = 1,
     path: str = "/opt/tool",
-) -> crd.Record:
+) -> crd.ParsedRecord:
     """The record the handler counts for a failure of the pod's container `app`."""
     meta = pod["metadata"]
     now = time.time()
-    return crd.Record(
+    return crd.ParsedRecord(
         name=f"{NODE}-{uuid.uuid4().hex[:16]}",
         uid=str(uuid.uuid4()),
         node=NODE,

@@ -15,8 +15,9 @@ from kubernetes import client
 
 from execwatch.placement.affinity import ARCH_LABEL, NO_ARCH_LABEL
 from execwatch.placement.controller import Placer, VerdictUnavailable
-from execwatch.placement.decision import ContainerVerdict, Outcome
+from execwatch.placement.decision import ContainerVerdict
 from execwatch.placement.webhook import GATE, GATED_LABEL
+from execwatch.runnable.verdict import Outcome
 from tests.placement.cluster import create_pod, gates, namespace, rest_for
 
 R, F = Outcome.RUNS, Outcome.FAILS

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from execwatch.placement.affinity import ARCH_LABEL, NO_ARCH_LABEL, user_pin
-from execwatch.placement.decision import Action, ContainerVerdict, Outcome, decide
+from execwatch.placement.decision import Action, ContainerVerdict, decide
+from execwatch.runnable.verdict import Outcome
 
 CLUSTER = ("amd64", "arm64")
 R, E, F, U = Outcome.RUNS, Outcome.EMULATED, Outcome.FAILS, Outcome.UNKNOWN

@@ -7,9 +7,9 @@ import time
 
 from kubernetes import client
 
-from execwatch.placement.decision import Outcome
 from execwatch.placement.expiry import ExpiryConfig, VerdictExpiry, _entry
 from execwatch.placement.verdicts import GROUP, PLURAL, VERSION, PlatformVerdict, VerdictStore
+from execwatch.runnable.verdict import Outcome
 from tests.placement.cluster import rest_for
 from tests.placement.test_verdicts import crd, store
 

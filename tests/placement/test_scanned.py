@@ -19,9 +19,8 @@ import pytest
 from kubernetes import client
 
 from execwatch.placement.affinity import ARCH_LABEL
-from execwatch.placement.controller import Outcome as Placed
+from execwatch.placement.controller import Handled as Placed
 from execwatch.placement.controller import Placer
-from execwatch.placement.decision import Outcome
 from execwatch.placement.observed import Feedback
 from execwatch.placement.pullsecrets import PullSecrets
 from execwatch.placement.scanned import ScannedVerdicts
@@ -36,6 +35,7 @@ from execwatch.placement.verdicts import (
     VerdictWriter,
 )
 from execwatch.runnable.limits import Limits
+from execwatch.runnable.verdict import Outcome
 from execwatch.scan.egress import Egress
 from execwatch.scan.registry import RegistryOptions
 from tests.placement.cluster import create_pod, gates, namespace, rest_for

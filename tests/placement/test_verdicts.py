@@ -14,7 +14,6 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from execwatch.placement.decision import Outcome
 from execwatch.placement.verdicts import (
     GROUP,
     MAX_SIGHTINGS,
@@ -25,6 +24,7 @@ from execwatch.placement.verdicts import (
     VerdictStore,
     object_name,
 )
+from execwatch.runnable.verdict import Outcome
 from tests.kube.cluster import KubeCluster, apply
 from tests.placement.cluster import rest_for
 

@@ -21,11 +21,12 @@ import pytest
 from kubernetes import client
 
 from execwatch.placement.controller import REPORTING_CONTROLLER, Placer
-from execwatch.placement.decision import ContainerVerdict, Outcome
+from execwatch.placement.decision import ContainerVerdict
 from execwatch.placement.pullsecrets import PullSecrets
 from execwatch.placement.serving import WebhookServer
 from execwatch.placement.warnmode import WarnWorker
 from execwatch.placement.webhook import GATED_LABEL, http_handler
+from execwatch.runnable.verdict import Outcome
 from tests.kube.cluster import KubeCluster, make_pki
 from tests.placement.cluster import (
     OWN_NAMESPACE,

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from execwatch.node.stack import StackOptions
-from execwatch.pipeline import Budget, Heartbeat, PipelineOptions
+from execwatch.pipeline import ExecutorBudget, Heartbeat, PipelineOptions
 from execwatch.record import ExecFailure, Reason
 from execwatch.serving.exposition import serve
 from execwatch.serving.http import BoundedServer
@@ -47,7 +47,7 @@ class Agent:
     def open(cls) -> Iterator[Agent]:
         agent = cls()
         options = StackOptions(
-            pipeline=PipelineOptions(window=0.05, budget=Budget(seconds=BUDGET)),
+            pipeline=PipelineOptions(window=0.05, budget=ExecutorBudget(seconds=BUDGET)),
             heartbeat=Heartbeat(stall_after=1.0),
         )
         with node_stack(options, agent._sink, loop="run") as running:

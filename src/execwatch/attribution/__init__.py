@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from execwatch.attribution.layout import CgroupKind, CgroupLayout, parse_cgroup_path
-from execwatch.attribution.metadata import ContainerMeta, PodMeta, PodSource, Workload
+from execwatch.attribution.cgroup_layout import CgroupKind, CgroupLayout, parse_cgroup_path
+from execwatch.attribution.metadata import ContainerMeta, PodMeta, PodSource, WorkloadRef
 
 if TYPE_CHECKING:
     from execwatch.attribution.attributor import Attributor, AttributorConfig
@@ -23,7 +23,7 @@ __all__ = [
     "ContainerMeta",
     "PodMeta",
     "PodSource",
-    "Workload",
+    "WorkloadRef",
     "parse_cgroup_path",
 ]
 

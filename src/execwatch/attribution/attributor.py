@@ -20,18 +20,18 @@ from pathlib import Path
 
 from cachetools import LRUCache, TTLCache
 
+from execwatch.attribution.cgroup_inventory import CgroupInventory
+from execwatch.attribution.cgroup_layout import CgroupKind, CgroupLayout, parse_cgroup_path
 from execwatch.attribution.cri.client import CriContainers
 from execwatch.attribution.engine_api import Layers
 from execwatch.attribution.engines import Engines, Named
-from execwatch.attribution.inventory import CgroupInventory
-from execwatch.attribution.layout import CgroupKind, CgroupLayout, parse_cgroup_path
 from execwatch.attribution.metadata import (
     ContainerSource,
     CriContainer,
     CriUnavailable,
     PodMeta,
     PodSource,
-    Workload,
+    WorkloadRef,
     workload_from_labels,
 )
 from execwatch.attribution.mounts import CgroupMounts, cgroup_mounts
@@ -310,7 +310,7 @@ class Attributor:
     @staticmethod
     def _workload(
         pod: PodMeta | None, cri: CriContainer | None, pod_name: str | None
-    ) -> Workload | None:
+    ) -> WorkloadRef | None:
         if pod is not None and pod.workload is not None:
             return pod.workload
         labels = pod.labels if pod is not None and pod.labels else (cri.pod_labels if cri else {})

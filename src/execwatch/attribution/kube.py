@@ -24,7 +24,7 @@ from execwatch.attribution.metadata import (
     ContainerMeta,
     ContainerRole,
     PodMeta,
-    Workload,
+    WorkloadRef,
     workload_from_owner,
 )
 from execwatch.kube import client, errors
@@ -63,7 +63,7 @@ class KubernetesPodCache:
         self._lock = threading.Lock()
         self._pods: dict[str, PodMeta] = {}
         self._tombstones: FIFOCache[str, PodMeta] = FIFOCache(tombstones)
-        self._owners: FIFOCache[tuple[str, str, str], Workload | None] = FIFOCache(owner_cache)
+        self._owners: FIFOCache[tuple[str, str, str], WorkloadRef | None] = FIFOCache(owner_cache)
         self._listing: list[dict[str, Any]] | None = None
         self._stop = threading.Event()
         self._watcher: Watcher | None = None
@@ -183,7 +183,7 @@ class KubernetesPodCache:
 
     def _parents(
         self, namespace: str | None, owner: tuple[str, str]
-    ) -> dict[tuple[str, str], Workload | None] | None:
+    ) -> dict[tuple[str, str], WorkloadRef | None] | None:
         """The ReplicaSet's or Job's own controller, from the API, cached; None if unknown."""
         kind, name = owner
         if kind not in ("ReplicaSet", "Job") or not namespace:
@@ -200,7 +200,7 @@ class KubernetesPodCache:
             log.debug("owner lookup failed", extra={"kind": kind, "name": name, "error": str(exc)})
             return None
         parent = _controller((obj.get("metadata") or {}).get("ownerReferences"))
-        workload = Workload(*parent) if parent else None
+        workload = WorkloadRef(*parent) if parent else None
         with self._lock:
             self._owners[key] = workload
         return {owner: workload}

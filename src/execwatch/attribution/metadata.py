@@ -40,7 +40,7 @@ class ContainerMeta:
 
 
 @dataclass(frozen=True, slots=True)
-class Workload:
+class WorkloadRef:
     kind: str
     name: str
 
@@ -50,7 +50,7 @@ class PodMeta:
     uid: str
     namespace: str | None = None
     name: str | None = None
-    workload: Workload | None = None
+    workload: WorkloadRef | None = None
     containers: Mapping[str, ContainerMeta] = field(default_factory=dict)  # by container id
     labels: Mapping[str, str] = field(default_factory=dict)
     deleted: bool = False  # seen deleted by the API: names still valid, pod gone
@@ -101,7 +101,7 @@ _HASH_SUFFIX = re.compile(r"^[a-z0-9]{5}$")
 _ORDINAL = re.compile(r"^(?P<set>.+)-(?P<ordinal>\d+)$")
 
 
-def workload_from_labels(pod_name: str | None, labels: Mapping[str, str]) -> Workload | None:
+def workload_from_labels(pod_name: str | None, labels: Mapping[str, str]) -> WorkloadRef | None:
     """The owning workload as the controllers' own labels and naming rules reveal it.
 
     Used only when no API owner is known. Each rule needs a controller-set label, so a
@@ -114,20 +114,20 @@ def workload_from_labels(pod_name: str | None, labels: Mapping[str, str]) -> Wor
     if template_hash:
         prefix, sep, suffix = pod_name.rpartition("-")
         if sep and _HASH_SUFFIX.match(suffix) and prefix.endswith("-" + template_hash):
-            return Workload("Deployment", prefix[: -len(template_hash) - 1])
+            return WorkloadRef("Deployment", prefix[: -len(template_hash) - 1])
         return None
     if "controller-revision-hash" in labels:
         if labels.get("statefulset.kubernetes.io/pod-name") == pod_name:
             m = _ORDINAL.match(pod_name)
-            return Workload("StatefulSet", m["set"]) if m else None
+            return WorkloadRef("StatefulSet", m["set"]) if m else None
         if "pod-template-generation" in labels:
             prefix, sep, suffix = pod_name.rpartition("-")
             if sep and _HASH_SUFFIX.match(suffix):
-                return Workload("DaemonSet", prefix)
+                return WorkloadRef("DaemonSet", prefix)
         return None
     job = labels.get("batch.kubernetes.io/job-name") or labels.get("job-name")
     if job:
-        return Workload("Job", job)
+        return WorkloadRef("Job", job)
     return None
 
 
@@ -135,8 +135,8 @@ def workload_from_owner(
     owner_kind: str | None,
     owner_name: str | None,
     labels: Mapping[str, str],
-    parent_of: Mapping[tuple[str, str], Workload | None] | None = None,
-) -> Workload | None:
+    parent_of: Mapping[tuple[str, str], WorkloadRef | None] | None = None,
+) -> WorkloadRef | None:
     """The top-level workload from a pod's controller owner reference.
 
     ``parent_of`` maps (kind, name) of a ReplicaSet or Job to its own controller, as the
@@ -148,9 +148,9 @@ def workload_from_owner(
     if owner_kind in ("ReplicaSet", "Job") and parent_of is not None:
         key = (owner_kind, owner_name)
         if key in parent_of:
-            return parent_of[key] or Workload(owner_kind, owner_name)
+            return parent_of[key] or WorkloadRef(owner_kind, owner_name)
     if owner_kind == "ReplicaSet":
         template_hash = labels.get("pod-template-hash")
         if template_hash and owner_name.endswith("-" + template_hash):
-            return Workload("Deployment", owner_name[: -len(template_hash) - 1])
-    return Workload(owner_kind, owner_name)
+            return WorkloadRef("Deployment", owner_name[: -len(template_hash) - 1])
+    return WorkloadRef(owner_kind, owner_name)

@@ -16,12 +16,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from execwatch import cliargs
-from execwatch.audit.emulation import Emulation, emulates
-from execwatch.audit.engine import AuditReport, ImageAuditor, Status, Tick, audit
+from execwatch.audit.engine import AuditReport, ImageAuditor, Tick, audit
 from execwatch.audit.inventory import Inventory
+from execwatch.audit.node_emulation import Emulation, emulates
 from execwatch.audit.report import print_table, to_json, to_sarif
 from execwatch.kube.client import Rest
 from execwatch.runnable.limits import Limits
+from execwatch.runnable.verdict import Outcome
 from execwatch.scan import registry
 from execwatch.scan.cli import output_problem, write_report
 from execwatch.scan.errors import ScanInputError
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
             inventory = read_cluster(rest, args.namespace)
     except (ApiError, OSError) as exc:  # OSError: a token or CA file that went away
         return _refused(err, f"cluster: {getattr(exc, 'reason', None) or exc}")
-    try:  # each image's failure is its own ERROR verdict: this is for the rest of the run
+    try:  # each image's failure is its own UNKNOWN verdict: this is for the rest of the run
         report = _audit(inventory, args, err)
     except ScanInputError as exc:
         return _refused(err, str(exc))
@@ -95,9 +96,9 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:
         return _refused(err, f"the report could not be written: {_describe(exc)}")
     worst = report.worst()
-    if worst is Status.ERROR:
+    if worst is Outcome.UNKNOWN:
         return EXIT_BAD_INPUT
-    return EXIT_FAILING if worst is not None and worst > Status.READY else EXIT_CLEAN
+    return EXIT_FAILING if worst is not None and worst is not Outcome.RUNS else EXIT_CLEAN
 
 
 def _audit(inventory: Inventory, args: argparse.Namespace, err: Console) -> AuditReport:

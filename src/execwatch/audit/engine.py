@@ -1,10 +1,11 @@
-"""Verdicts per workload and architecture, from one scan per image digest and platform.
+"""Verdicts per workload and architecture (runnable.verdict.Outcome), from one scan per
+image digest and platform.
 
 A verdict is cached on disk under the image's digest and the platform, so a re-audit only
 scans images that changed; a tag that is not pinned by a running pod costs one manifest
 request to learn its digest.
 
-On nodes that emulate other architectures (`--emulates`, audit/emulation.py), a binary of
+On nodes that emulate other architectures (`--emulates`, audit/node_emulation.py), a binary of
 such an architecture runs, slowly, instead of failing: the platform's image is judged a
 second time as that architecture (its loader and libraries must be there too), and a
 verdict whose every failure is such a binary is EMULATED.
@@ -13,7 +14,6 @@ verdict whose every failure is such a binary is EMULATED.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
 import hashlib
 import json
@@ -24,13 +24,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from execwatch import __version__
-from execwatch.audit.emulation import Emulation
 from execwatch.audit.inventory import Inventory, Workload
+from execwatch.audit.node_emulation import Emulation
 from execwatch.audit.scheduling import allowed_architectures
 from execwatch.binfmt import Platform
-from execwatch.placement.decision import Outcome
 from execwatch.record import EVERY_ARCHITECTURE_REASONS
 from execwatch.runnable.limits import Limits
+from execwatch.runnable.verdict import Outcome, worst
 from execwatch.scan import Check, ScanOptions, scan_image
 from execwatch.scan.errors import ScanInputError
 from execwatch.scan.isolated import ProcessLimits, run_isolated
@@ -48,25 +48,9 @@ from execwatch.scan.vocabulary import CHECK_OF_REASON
 from execwatch.text import one_line
 
 
-class Status(enum.IntEnum):
-    """Ordered: a workload's status on an architecture is the worst of its containers'."""
-
-    READY = 0
-    EMULATED = 1  # runs, slowly, through a binfmt_misc emulator of these nodes
-    MISSING_PLATFORM = 2
-    WOULD_FAIL = 3
-    ERROR = 4  # the image could not be checked
-
-    @property
-    def label(self) -> str:
-        if self is Status.EMULATED:
-            return str(Outcome.EMULATED)  # placement's word for the same verdict
-        return self.name.lower().replace("_", "-")
-
-
 @dataclass
 class Verdict:
-    status: Status
+    status: Outcome
     platform: str
     digest: str | None = None
     findings: list[dict[str, Any]] = field(default_factory=list)
@@ -77,7 +61,7 @@ class Verdict:
 
 
 @dataclass
-class ContainerVerdict:
+class ContainerResult:
     container: str
     image: str
     reference: str
@@ -88,11 +72,12 @@ class ContainerVerdict:
 @dataclass
 class ArchResult:
     arch: str
-    containers: list[ContainerVerdict]
+    containers: list[ContainerResult]
 
     @property
-    def status(self) -> Status:
-        return max((c.verdict.status for c in self.containers), default=Status.READY)
+    def status(self) -> Outcome:
+        """The worst of its containers' outcomes."""
+        return worst(c.verdict.status for c in self.containers)
 
 
 @dataclass
@@ -110,8 +95,9 @@ class AuditReport:
     from_cache: int = 0
     emulates: dict[str, list[str]] = field(default_factory=dict)  # arch -> what its nodes emulate
 
-    def worst(self) -> Status | None:
-        return max((a.status for w in self.workloads for a in w.archs), default=None)
+    def worst(self) -> Outcome | None:
+        statuses = [a.status for w in self.workloads for a in w.archs]
+        return worst(statuses) if statuses else None
 
 
 Tick = Callable[[str], None]
@@ -139,24 +125,24 @@ class ImageAuditor:
         self.from_cache = 0
 
     def verdict(self, reference: str, arch: str, emulates: frozenset[str] = frozenset()) -> Verdict:
-        """Never raises for one image: whatever stops its check is its ERROR verdict, and
+        """Never raises for one image: whatever stops its check is its UNKNOWN verdict, and
         the audit goes on with the next (an Exception, not a KeyboardInterrupt). On nodes
         that emulate `emulates`, failures that are binaries of those run, slowly."""
         platform = Platform("linux", arch)
         try:
             digest = self._digest(reference)
         except Exception as exc:
-            return Verdict(Status.ERROR, str(platform), message=_cause(exc))
+            return Verdict(Outcome.UNKNOWN, str(platform), message=_cause(exc))
         verdict = self._judged(reference, digest, platform)
-        if verdict.status is Status.MISSING_PLATFORM:
+        if verdict.status is Outcome.MISSING_PLATFORM:
             return self._fails_everywhere(reference, digest, verdict)
-        if verdict.status is not Status.WOULD_FAIL or not emulates:
+        if verdict.status is not Outcome.FAILS or not emulates:
             return verdict
         return self._emulated(reference, digest, verdict, platform, emulates)
 
     def _fails_everywhere(self, reference: str, digest: str, verdict: Verdict) -> Verdict:
         """An image without this platform whose entrypoint fails on every architecture (no
-        `#!`, another OS's executable) would fail here as well: WOULD_FAIL, with those
+        `#!`, another OS's executable) would fail here as well: FAILS, with those
         findings of the platform it has. Else the MISSING_PLATFORM verdict as it is."""
         try:
             images = self._images(reference, digest)
@@ -169,7 +155,7 @@ class ImageAuditor:
             if everywhere:
                 why = f"{verdict.message}; what it starts fails on every architecture"
                 return dataclasses.replace(
-                    verdict, status=Status.WOULD_FAIL, findings=everywhere, message=why
+                    verdict, status=Outcome.FAILS, findings=everywhere, message=why
                 )
         return verdict
 
@@ -192,7 +178,7 @@ class ImageAuditor:
         platform: Platform,
         emulates: frozenset[str],
     ) -> Verdict:
-        """Which foreign binaries of a WOULD_FAIL verdict an emulator runs: those with no
+        """Which foreign binaries of a FAILS verdict an emulator runs: those with no
         failure when the same tree is judged as an emulated architecture."""
         foreign = {f["path"] for f in verdict.findings if f["check"] == Check.ARCH_MISMATCH}
         runs: dict[str, str] = {}
@@ -201,7 +187,7 @@ class ImageAuditor:
             if not left:
                 break
             judged = self._judged(reference, digest, platform, arch)
-            if judged.status in (Status.READY, Status.WOULD_FAIL):
+            if judged.status in (Outcome.RUNS, Outcome.FAILS):
                 failing = {f["path"] for f in judged.findings}
                 runs.update({path: arch for path in left - failing})
         if not runs:
@@ -212,7 +198,7 @@ class ImageAuditor:
 
         findings = [f for f in verdict.findings if not emulated(f)]
         ran = [{**f, "arch": runs[f["path"]]} for f in verdict.findings if emulated(f)]
-        status = Status.WOULD_FAIL if findings else Status.EMULATED
+        status = Outcome.FAILS if findings else Outcome.EMULATED
         return dataclasses.replace(verdict, status=status, findings=findings, emulated=ran)
 
     def _digest(self, reference: str) -> str:
@@ -235,12 +221,12 @@ class ImageAuditor:
             options = ScanOptions(limits=self.limits)
             scan_one = functools.partial(scan_image, image, options, platform)
             result = run_isolated(scan_one, self.process, f"{reference} ({key})")
-        except Exception as exc:  # RecursionError, MemoryError, a bug: this image's ERROR
-            return Verdict(Status.ERROR, key, digest, message=_cause(exc))
+        except Exception as exc:  # RecursionError, MemoryError, a bug: this image's UNKNOWN
+            return Verdict(Outcome.UNKNOWN, key, digest, message=_cause(exc))
         self.scanned += 1
         failing = [f for f in result.findings if f.severity >= Severity.ERROR]
         verdict = Verdict(
-            Status.WOULD_FAIL if failing else Status.READY,
+            Outcome.FAILS if failing else Outcome.RUNS,
             result.platform,
             digest,
             [
@@ -267,7 +253,7 @@ class ImageAuditor:
             if (image.platform or image.config_platform() or platform).matches(platform):
                 return image
         have = ", ".join(sorted({str(i.platform or i.config_platform()) for i in images}))
-        verdict = Verdict(Status.MISSING_PLATFORM, str(platform), digest,
+        verdict = Verdict(Outcome.MISSING_PLATFORM, str(platform), digest,
                           message=f"the image has no {platform} (it has: {have})")  # fmt: skip
         self._store(digest, str(platform), verdict)
         return verdict
@@ -282,7 +268,7 @@ class ImageAuditor:
         try:
             with open(self._path(digest, key), encoding="utf-8") as f:
                 doc = json.load(f)
-            verdict = Verdict(**{**doc, "status": Status[doc["status"]], "cached": True})
+            verdict = Verdict(**{**doc, "status": Outcome(doc["status"]), "cached": True})
         except (OSError, ValueError, TypeError, KeyError):
             return None
         self.from_cache += 1
@@ -290,7 +276,7 @@ class ImageAuditor:
 
     def _store(self, digest: str, key: str, verdict: Verdict) -> None:
         """Best effort: a cache that cannot be written costs a re-scan next time, no more."""
-        doc = {**asdict(verdict), "status": verdict.status.name}
+        doc = {**asdict(verdict), "status": str(verdict.status)}
         del doc["cached"]
         try:
             os.makedirs(self.cache_dir, exist_ok=True)
@@ -321,7 +307,7 @@ def judged_as(image: ImageSource, arch: str) -> ImageSource:
 
 
 def _cause(exc: Exception) -> str:
-    """The one line an ERROR verdict carries: an input error's own message, else what
+    """The one line an UNKNOWN verdict carries: an input error's own message, else what
     kind of failure stopped the scan."""
     if isinstance(exc, ScanInputError):
         return one_line(str(exc))
@@ -365,7 +351,7 @@ def audit(
             for c in w.containers:
                 for ref in c.references:
                     verdict = auditor.verdict(ref, arch, emulation.of(arch))
-                    verdicts.append(ContainerVerdict(c.name, c.image, ref, c.init, verdict))
+                    verdicts.append(ContainerResult(c.name, c.image, ref, c.init, verdict))
                     if tick is not None and (ref, arch) not in done:
                         done.add((ref, arch))
                         tick(f"{ref} {arch}")

@@ -56,7 +56,7 @@ class Workload:
 
 
 @dataclass
-class Node:
+class ClusterNode:
     name: str
     arch: str
     os: str
@@ -65,7 +65,7 @@ class Node:
 @dataclass
 class Inventory:
     workloads: list[Workload]
-    nodes: list[Node]
+    nodes: list[ClusterNode]
 
 
 def read_cluster(rest: Rest, namespace: str | None = None) -> Inventory:
@@ -174,12 +174,12 @@ def _attach_pod(
             c.pulled.add(pulled[c.name])
 
 
-def _node(node: dict[str, Any]) -> Node:
+def _node(node: dict[str, Any]) -> ClusterNode:
     meta, info = node.get("metadata") or {}, (node.get("status") or {}).get("nodeInfo") or {}
     labels = meta.get("labels") or {}
     arch = labels.get("kubernetes.io/arch") or info.get("architecture") or "unknown"
     os_name = labels.get("kubernetes.io/os") or info.get("operatingSystem") or "linux"
-    return Node(str(meta.get("name", "")), str(arch), str(os_name))
+    return ClusterNode(str(meta.get("name", "")), str(arch), str(os_name))
 
 
 def _repository(image: str) -> str:

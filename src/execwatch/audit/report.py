@@ -16,35 +16,45 @@ from rich.table import Table
 from rich.text import Text
 
 from execwatch import __version__
-from execwatch.audit.engine import AuditReport, ContainerVerdict, Status
+from execwatch.audit.engine import AuditReport, ContainerResult
+from execwatch.runnable.verdict import Outcome
 from execwatch.text import safe_name, safe_prose, terminal_text
 
+# The report's words for the outcomes (its JSON `status`, its table, its SARIF rule ids)
+WORD = {
+    Outcome.RUNS: "ready",
+    Outcome.EMULATED: "emulated",
+    Outcome.MISSING_PLATFORM: "missing-platform",
+    Outcome.FAILS: "would-fail",
+    Outcome.UNKNOWN: "error",
+}
+
 STYLE = {
-    Status.READY: "green",
-    Status.EMULATED: "cyan",
-    Status.MISSING_PLATFORM: "yellow",
-    Status.WOULD_FAIL: "bold red",
-    Status.ERROR: "magenta",
+    Outcome.RUNS: "green",
+    Outcome.EMULATED: "cyan",
+    Outcome.MISSING_PLATFORM: "yellow",
+    Outcome.FAILS: "bold red",
+    Outcome.UNKNOWN: "magenta",
 }
 
 
-def summary(c: ContainerVerdict) -> str:
+def summary(c: ContainerResult) -> str:
     """One line, escaped."""
     v = c.verdict
     name = safe_name(c.container)
-    if v.status is Status.READY:
+    if v.status is Outcome.RUNS:
         return "ready"
-    if v.status is Status.MISSING_PLATFORM:
+    if v.status is Outcome.MISSING_PLATFORM:
         return f"{name}: no {safe_name(v.platform)} in the image"
-    if v.status is Status.ERROR:
+    if v.status is Outcome.UNKNOWN:
         return f"{name}: not checked ({safe_prose(v.message)})"
-    if v.status is Status.EMULATED:
+    if v.status is Outcome.EMULATED:
         return f"{name}: {_first(v.emulated, _emulated_as)}"
     return f"{name}: {_first(v.findings, lambda f: str(f['check']))}"
 
 
 def _emulated_as(f: dict[str, Any]) -> str:
-    return f"{Status.EMULATED.label} ({f['arch']})"
+    return f"{WORD[Outcome.EMULATED]} ({f['arch']})"
 
 
 def _first(findings: list[dict[str, Any]], what: Callable[[dict[str, Any]], str]) -> str:
@@ -75,19 +85,19 @@ def print_table(report: AuditReport, console: Console) -> None:
     for w in report.workloads:
         cells = {a: Text("not scheduled here", "dim") for a in w.unschedulable}
         for a in w.archs:
-            bad = [c for c in a.containers if c.verdict.status is not Status.READY]
+            bad = [c for c in a.containers if c.verdict.status is not Outcome.RUNS]
             text = "; ".join(summary(c) for c in bad) if bad else "ready"
             cells[a.arch] = Text(text, STYLE[a.status])  # summary() escaped it
         table.add_row(terminal_text(w.workload.key), *(cells.get(a, "") for a in archs))
     console.print(table)
-    counts = {s: 0 for s in Status}
+    counts = {s: 0 for s in Outcome}
     for w in report.workloads:
         for a in w.archs:
             counts[a.status] += 1
     console.print(
         Text(
             f"{len(report.workloads)} workloads; per workload and architecture: "
-            + ", ".join(f"{counts[s]} {s.label}" for s in Status)
+            + ", ".join(f"{counts[s]} {WORD[s]}" for s in Outcome)
             + f". Images scanned: {report.scanned}, from the cache: {report.from_cache}."
             + " ★ = the container's entrypoint."
         )
@@ -109,7 +119,7 @@ def to_json(report: AuditReport) -> str:
                 "notScheduledOn": [safe_name(a) for a in w.unschedulable],
                 "architectures": {
                     safe_name(a.arch): {
-                        "status": a.status.label,
+                        "status": WORD[a.status],
                         "containers": [
                             {
                                 "name": safe_name(c.container),
@@ -118,7 +128,7 @@ def to_json(report: AuditReport) -> str:
                                 "reference": safe_name(c.reference),
                                 "digest": c.verdict.digest and safe_name(c.verdict.digest),
                                 "platform": safe_name(c.verdict.platform),
-                                "status": c.verdict.status.label,
+                                "status": WORD[c.verdict.status],
                                 "message": safe_prose(c.verdict.message),
                                 "findings": [_finding(f) for f in c.verdict.findings],
                                 "emulated": [_finding(f) for f in c.verdict.emulated],
@@ -136,15 +146,15 @@ def to_json(report: AuditReport) -> str:
 
 
 RULES = {
-    Status.EMULATED: "binaries of another architecture that these nodes run, slowly, through a"
+    Outcome.EMULATED: "binaries of another architecture that these nodes run, slowly, through a"
     " binfmt_misc emulator (they fail where it is not registered)",
-    Status.MISSING_PLATFORM: "the image index has no manifest for this node architecture",
-    Status.WOULD_FAIL: "a binary of the image would fail to start on this architecture",
-    Status.ERROR: "the image could not be checked",
+    Outcome.MISSING_PLATFORM: "the image index has no manifest for this node architecture",
+    Outcome.FAILS: "a binary of the image would fail to start on this architecture",
+    Outcome.UNKNOWN: "the image could not be checked",
 }
 
 
-LEVEL = {Status.EMULATED: "warning", Status.MISSING_PLATFORM: "warning"}
+LEVEL = {Outcome.EMULATED: "warning", Outcome.MISSING_PLATFORM: "warning"}
 
 
 def to_sarif(report: AuditReport) -> str:
@@ -153,17 +163,17 @@ def to_sarif(report: AuditReport) -> str:
         for a in w.archs:
             for c in a.containers:
                 v = c.verdict
-                if v.status is Status.READY:
+                if v.status is Outcome.RUNS:
                     continue
                 key = safe_name(w.workload.key)
                 text = f"{key} on {safe_name(a.arch)}: {summary(c)}"
                 if v.findings:
                     text += " — " + safe_prose(v.findings[0]["message"])
-                elif v.status is Status.EMULATED:
-                    text += " — " + RULES[Status.EMULATED]
+                elif v.status is Outcome.EMULATED:
+                    text += " — " + RULES[Outcome.EMULATED]
                 results.append(
                     {
-                        "ruleId": f"audit/{v.status.label}",
+                        "ruleId": f"audit/{WORD[v.status]}",
                         "level": LEVEL.get(v.status, "error"),
                         "message": {"text": text},
                         "locations": [
@@ -176,7 +186,7 @@ def to_sarif(report: AuditReport) -> str:
                         },
                     }
                 )
-    rules = [{"id": f"audit/{s.label}", "shortDescription": {"text": t}} for s, t in RULES.items()]
+    rules = [{"id": f"audit/{WORD[s]}", "shortDescription": {"text": t}} for s, t in RULES.items()]
     doc = {
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
         "version": "2.1.0",

@@ -11,7 +11,7 @@ size, so a 2 GB file costs a few reads.
 Every parse runs on a budget (`ElfLimits`): bytes read, dynamic entries, distinct needed
 libraries and search directories, decoded string bytes, version records and wall time.
 Each string is decoded once per offset, however many entries point at it. A file that
-points past its end raises TruncatedFile, one that exceeds the budget LimitExceeded (both
+points past its end raises TruncatedFile, one that exceeds the budget ParseLimitExceeded (both
 BinfmtError): never a huge allocation, a hang or another exception.
 """
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, NamedTuple
 
 from execwatch.binfmt import isa, machines
-from execwatch.binfmt.errors import BinfmtError, LimitExceeded, TruncatedFile
+from execwatch.binfmt.errors import BinfmtError, ParseLimitExceeded, TruncatedFile
 from execwatch.binfmt.platform import Platform
 
 ELF_MAGIC = b"\x7fELF"
@@ -211,9 +211,9 @@ class _Reader:
             raise TruncatedFile(f"{what} outside the file")
         self.read_bytes += length
         if self.read_bytes > self.limits.max_read_bytes:
-            raise LimitExceeded(f"more than {self.limits.max_read_bytes} bytes of headers")
+            raise ParseLimitExceeded(f"more than {self.limits.max_read_bytes} bytes of headers")
         if time.monotonic() > self.deadline:
-            raise LimitExceeded(f"parsing took more than {self.limits.max_seconds}s")
+            raise ParseLimitExceeded(f"parsing took more than {self.limits.max_seconds}s")
         self.f.seek(offset)
         data = self.f.read(length)
         if len(data) != length:
@@ -285,7 +285,7 @@ class _StringTable:
             out += chunk
             pos += len(chunk)
         if len(out) >= self.limits.max_string_bytes:
-            raise LimitExceeded(
+            raise ParseLimitExceeded(
                 f"a dynamic string longer than {self.limits.max_string_bytes} bytes"
             )
         raise BinfmtError("unterminated dynamic string")
@@ -293,7 +293,7 @@ class _StringTable:
     def _count(self, raw: bytes) -> str:
         self.decoded += len(raw) + 1
         if self.decoded > self.limits.max_total_string_bytes:
-            raise LimitExceeded(
+            raise ParseLimitExceeded(
                 f"more than {self.limits.max_total_string_bytes} bytes of dynamic strings"
             )
         return raw.decode(*_FS_ENCODING)  # os.fsdecode, without its type checks
@@ -381,7 +381,7 @@ def _program_headers(reader: _Reader, layout: _Layout, ehdr: _Ehdr) -> list[_Seg
     if ehdr.e_phentsize != entry:
         raise BinfmtError(f"program header entry size {ehdr.e_phentsize}, expected {entry}")
     if count * entry > MAX_PHDR_BYTES:
-        raise LimitExceeded("program header table too large")
+        raise ParseLimitExceeded("program header table too large")
     table = reader.read(ehdr.e_phoff, count * entry, "program header table")
     segments = []
     for fields in layout.phdr.iter_unpack(table):
@@ -485,7 +485,7 @@ class _Dynamic:
                 tags.setdefault(tag, {})[value] = None
         else:
             if present > count:  # ld.so would read on: what follows is unknown, not absent
-                raise LimitExceeded(f"more than {count} dynamic entries before DT_NULL")
+                raise ParseLimitExceeded(f"more than {count} dynamic entries before DT_NULL")
 
         def first(tag: str) -> int | None:
             values = tags.get(DT[tag])
@@ -532,7 +532,7 @@ def _distinct(items: Iterable[str], limit: int, what: str) -> tuple[str, ...]:
     for item in items:
         out[item] = None
         if len(out) > limit:
-            raise LimitExceeded(f"more than {limit} {what}")
+            raise ParseLimitExceeded(f"more than {limit} {what}")
     return tuple(out)
 
 
@@ -571,7 +571,7 @@ class _Budget:
     def spend(self) -> None:
         self.left -= 1
         if self.left < 0:
-            raise LimitExceeded(f"more than {self.limit} symbol version records")
+            raise ParseLimitExceeded(f"more than {self.limit} symbol version records")
 
 
 def _version_needs(

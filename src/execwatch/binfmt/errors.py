@@ -17,7 +17,7 @@ class TruncatedFile(BinfmtError):
     """An offset or size points past the end of the file: it was cut short (or lies)."""
 
 
-class LimitExceeded(BinfmtError):
+class ParseLimitExceeded(BinfmtError):
     """The file asks for more entries, string bytes, reads or time than any real one needs.
 
     Raised instead of allocating or looping: the parser's budget is a fixed, small multiple

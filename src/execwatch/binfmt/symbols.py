@@ -8,15 +8,16 @@ libLLVM's 91,000 exports cost one read of the tables and then microseconds per n
 for, instead of 250 ms to decode them all. Without any hash table, the exports are decoded
 into a set.
 
-Every read runs on one budget per file (`Work`, limits in `SymbolLimits`): bytes read,
+Every read runs on one budget per file (`SymbolWork`, limits in `SymbolLimits`): bytes read,
 version records walked, name bytes decoded, loop steps and wall time, each checked inside
 its loop. Every version record is unpacked once per offset and every name decoded once per
 offset, at most MAX_STRING_BYTES of it scanned for its end; a record reached again (Debian's
 libjansson.so.4 shares one Verdaux between two Verdefs) is taken from a cache, but still
 counts as a step of the walk, so a chain that every record re-walks (a 66 KB Verneed table
-cost 8 s) runs out of budget. Past a bound the reader raises LimitExceeded: never a partial table
-that would read as "nothing missing". An object without section headers, or whose tables
-lie outside the file, gives None (unknown), and a lookup in a broken hash table None.
+cost 8 s) runs out of budget. Past a bound the reader raises ParseLimitExceeded: never a
+partial table that would read as "nothing missing". An object without section headers, or
+whose tables lie outside the file, gives None (unknown), and a lookup in a broken hash
+table None.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO, NamedTuple, TypeAlias
 
 from execwatch.binfmt.elf import ElfInfo
-from execwatch.binfmt.errors import LimitExceeded
+from execwatch.binfmt.errors import ParseLimitExceeded
 
 SHT_HASH = 5
 SHT_DYNSYM = 11
@@ -100,8 +101,8 @@ DEFAULT_LIMITS = SymbolLimits()
 
 
 @dataclass
-class Work:
-    """What reading one file has cost so far; LimitExceeded as soon as a bound is passed.
+class SymbolWork:
+    """What reading one file has cost so far; ParseLimitExceeded as soon as a bound is passed.
 
     Also the deterministic measure of the scaling tests: every loop of the reader charges
     its steps here, so work proportional to the input shows as counts, not only as time.
@@ -121,25 +122,29 @@ class Work:
     def read(self, size: int) -> None:
         self.read_bytes += size
         if self.read_bytes > self.limits.max_read_bytes:
-            raise LimitExceeded(f"more than {self.limits.max_read_bytes} bytes of symbol tables")
+            raise ParseLimitExceeded(
+                f"more than {self.limits.max_read_bytes} bytes of symbol tables"
+            )
         self.step()
 
     def step(self, count: int = 1) -> None:
         self.steps += count
         if self.steps > self.limits.max_steps:
-            raise LimitExceeded(f"more than {self.limits.max_steps} steps reading symbols")
+            raise ParseLimitExceeded(f"more than {self.limits.max_steps} steps reading symbols")
         if time.monotonic() > self.deadline:
-            raise LimitExceeded(f"reading symbols took more than {self.limits.max_seconds}s")
+            raise ParseLimitExceeded(f"reading symbols took more than {self.limits.max_seconds}s")
 
     def names(self, size: int) -> None:
         self.name_bytes += size
         if self.name_bytes > self.limits.max_name_bytes:
-            raise LimitExceeded(f"more than {self.limits.max_name_bytes} bytes of symbol names")
+            raise ParseLimitExceeded(
+                f"more than {self.limits.max_name_bytes} bytes of symbol names"
+            )
 
     def record(self) -> None:
         """One step of a walk through version records, whether read before or not."""
         if self.records >= self.limits.max_records:
-            raise LimitExceeded(f"more than {self.limits.max_records} symbol version records")
+            raise ParseLimitExceeded(f"more than {self.limits.max_records} symbol version records")
         self.records += 1
         self.step()
 
@@ -179,7 +184,7 @@ class DynamicSymbols:
 
 
 class _File:
-    def __init__(self, f: BinaryIO, info: ElfInfo, work: Work) -> None:
+    def __init__(self, f: BinaryIO, info: ElfInfo, work: SymbolWork) -> None:
         self.f = f
         self.e = "<" if info.little_endian else ">"
         self.wide = info.bits == 64
@@ -191,7 +196,7 @@ class _File:
         if not 0 <= offset <= MAX_OFFSET or size < 0 or offset + size > self.size:
             return None
         if size > MAX_TABLE_BYTES:
-            raise LimitExceeded(f"a symbol table of more than {MAX_TABLE_BYTES} bytes")
+            raise ParseLimitExceeded(f"a symbol table of more than {MAX_TABLE_BYTES} bytes")
         self.work.read(size)
         self.f.seek(offset)
         data = self.f.read(size)
@@ -203,13 +208,13 @@ class _Unknown(Exception):
 
 
 def read_dynamic_symbols(
-    f: BinaryIO, info: ElfInfo, imports: bool = True, work: Work | None = None
+    f: BinaryIO, info: ElfInfo, imports: bool = True, work: SymbolWork | None = None
 ) -> DynamicSymbols | None:
     """The object's symbols; without its imports when `imports` is False (a provider
     library is only asked what it exports: decoding its imports was a sixth of a scan).
-    None when unknown; LimitExceeded past the budget (`work`: a fresh one by default)."""
+    None when unknown; ParseLimitExceeded past the budget (`work`: a fresh one by default)."""
     try:
-        return _read(_File(f, info, work or Work()), imports)
+        return _read(_File(f, info, work or SymbolWork()), imports)
     except _Unknown:
         return None
 
@@ -224,7 +229,7 @@ def _read(r: _File, imports: bool) -> DynamicSymbols:
     if link >= len(sections) or not entsize:
         raise _Unknown
     if size // entsize > MAX_SYMBOLS:
-        raise LimitExceeded(f"more than {MAX_SYMBOLS} dynamic symbols")
+        raise ParseLimitExceeded(f"more than {MAX_SYMBOLS} dynamic symbols")
     strtab = _need(r.read(sections[link][1], sections[link][2]))
     symbols = _Symbols(r, _need(r.read(offset, size)), entsize, strtab)
     versym = _versym(r, by_type.get(SHT_GNU_VERSYM), symbols.count)
@@ -250,7 +255,7 @@ def _need(data: bytes | None) -> bytes:
 
 
 def _imports(
-    symbols: _Symbols, versym: array[int], needs: dict[int, tuple[str, str]], work: Work
+    symbols: _Symbols, versym: array[int], needs: dict[int, tuple[str, str]], work: SymbolWork
 ) -> tuple[SymbolRef, ...]:
     """The hot loop of a scan (every executable's every import), run a chunk of symbols at
     a time through C-level maps rather than a Python statement per symbol. Every name's
@@ -276,7 +281,7 @@ def _imports(
             offsets = list(map(min, offsets, itertools.repeat(last)))
         ends = list(map(find, nul, offsets, map(operator.add, offsets, longest)))
         if -1 in ends:
-            raise LimitExceeded(f"a symbol name longer than {MAX_STRING_BYTES} bytes")
+            raise ParseLimitExceeded(f"a symbol name longer than {MAX_STRING_BYTES} bytes")
         work.names(sum(ends) - sum(offsets))
         names = list(map(cut, map(slice, offsets, ends)))
         hidden = itertools.repeat(0x7FFF)  # the hidden bit is no part of the version index
@@ -284,7 +289,7 @@ def _imports(
         refs = zip(names, map(versions.get, index), map(libraries.get, index), strict=True)
         imports += map(_new_ref, itertools.repeat(SymbolRef), itertools.compress(refs, names))
         if len(imports) > MAX_IMPORTS:
-            raise LimitExceeded(f"more than {MAX_IMPORTS} imported symbols")
+            raise ParseLimitExceeded(f"more than {MAX_IMPORTS} imported symbols")
     return tuple(imports)
 
 
@@ -523,7 +528,7 @@ class _Names:
     naming suffixes of one long string would otherwise hold a copy each (a 6 MB file,
     560 MB), and version records naming one offset would decode it anew each (quadratic)."""
 
-    def __init__(self, strtab: bytes, work: Work) -> None:
+    def __init__(self, strtab: bytes, work: SymbolWork) -> None:
         self.strtab = strtab
         self.work = work
         self.decoded: dict[int, str] = {}
@@ -541,7 +546,7 @@ class _Names:
         end = self.strtab.find(b"\0", offset, stop)
         if end < 0:
             if stop < len(self.strtab):
-                raise LimitExceeded(f"a symbol name longer than {MAX_STRING_BYTES} bytes")
+                raise ParseLimitExceeded(f"a symbol name longer than {MAX_STRING_BYTES} bytes")
             return b""  # running off the table's end: no name
         self.work.names(end - offset)
         return self.strtab[offset:end]

@@ -1,7 +1,7 @@
 """Why did the kernel refuse to run this file? Looks at the file inside the task's root.
 
 FileDiagnoser loads on first use, so that the handler, which needs only the diagnoses'
-words (diagnosis.wording), does not load the diagnoser, the probe's layouts and the
+words (diagnosis.details), does not load the diagnoser, the probe's layouts and the
 rule engine's file readers."""
 
 from __future__ import annotations

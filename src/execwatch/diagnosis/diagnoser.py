@@ -14,7 +14,6 @@ from typing import Protocol
 
 from execwatch.attribution.engine_api import Layers
 from execwatch.binfmt import Platform, node_platform
-from execwatch.diagnosis import wording
 from execwatch.diagnosis.budget import SlowFileSystem, SlowMounts
 from execwatch.diagnosis.container_rootfs import Candidate, ContainerRootfs
 from execwatch.diagnosis.engine_root import EngineRoots
@@ -33,6 +32,7 @@ from execwatch.record import (
     UndiagnosedCause,
 )
 from execwatch.runnable.openat2 import Resolver, Root
+from execwatch.runnable.reason import emulated_detail
 
 
 class ContainerIds(Protocol):
@@ -157,7 +157,7 @@ def emulated(event: Emulated, node_arch: str) -> Diagnosis:
         node_arch,
         binary_arch=event.emulated_arch or "foreign",
         interpreter=event.emulator,
-        detail=wording.emulated(event.emulated_arch, event.emulator, node_arch),
+        detail=emulated_detail(event.emulated_arch, event.emulator, node_arch),
     )
 
 

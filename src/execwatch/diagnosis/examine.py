@@ -23,7 +23,7 @@ from execwatch.binfmt import (
     sniff,
 )
 from execwatch.binfmt.foreign import identify_file
-from execwatch.diagnosis import wording
+from execwatch.diagnosis import details
 from execwatch.record import Diagnosis, Reason, UndiagnosedCause
 from execwatch.runnable import rules
 from execwatch.runnable.fs import HEAD_BYTES
@@ -90,7 +90,7 @@ class Examiner:
         if other_os is not None:
             return other_os
         if ctx.err == errno.ENOEXEC:  # benign or fatal by what its caller does next
-            return self.result(Reason.NO_SHEBANG, detail=wording.no_shebang(head))
+            return self.result(Reason.NO_SHEBANG, detail=details.no_shebang(head))
         return self.result(
             Reason.UNDIAGNOSED, detail="not ELF and no #! line", cause=UndiagnosedCause.UNEXPLAINED
         )
@@ -198,7 +198,7 @@ class Examiner:
     def _word(self, fault: Fault, detail: str | None = None) -> Diagnosis:
         """A fault of the rules as the node words it."""
         if detail is None:
-            detail = wording.exec_detail(fault, self.node_arch)
+            detail = details.exec_detail(fault, self.node_arch)
         return self.result(
             fault.reason, binary_arch=fault.arch, interpreter=fault.interpreter, detail=detail
         )

@@ -82,7 +82,7 @@ class SandboxLimits:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class SandboxResult:
     """A diagnosis, and when its worker was killed, the overrun's stage label (metrics)."""
 
     diagnosis: Diagnosis
@@ -177,10 +177,10 @@ class DiagnosisPool:
                 return None
             return f"no diagnosis worker is alive and none could be started: {self._last_error}"
 
-    def diagnose(self, event: KernelEvent) -> Outcome:
+    def diagnose(self, event: KernelEvent) -> SandboxResult:
         worker = self._borrow()
         if worker is None:
-            return Outcome(self._unavailable())
+            return SandboxResult(self._unavailable())
         now = time.monotonic()
         attempt = Attempt(tid=worker.pid, since=now, started=now)
         refusals: tuple[Refusal, ...] = ()
@@ -391,7 +391,7 @@ class DiagnosisPool:
         why = _status_text(status) if status is not None else "no answer"
         raise OSError(errno.ECHILD, f"the worker did not start ({why})")
 
-    def _await(self, worker: _Worker) -> tuple[Outcome, bool]:
+    def _await(self, worker: _Worker) -> tuple[SandboxResult, bool]:
         """The worker's answer, or why it was killed; healthy: it may be reused."""
         period = min(0.1, self._budget / 4)
         started = time.monotonic()
@@ -415,26 +415,28 @@ class DiagnosisPool:
             if age > self.deadline:
                 cause = f"diagnosis killed: over {self.deadline:g} s"
                 log.warning("diagnosis killed", extra={"kv": {"cause": cause}})
-                return Outcome(undiagnosed(UndiagnosedCause.KILLED, cause), "diagnosis"), False
+                return SandboxResult(
+                    undiagnosed(UndiagnosedCause.KILLED, cause), "diagnosis"
+                ), False
 
-    def _answer(self, message: object) -> tuple[Outcome, bool]:
+    def _answer(self, message: object) -> tuple[SandboxResult, bool]:
         match message:
             case ("done", Diagnosis() as diagnosis):
-                return Outcome(diagnosis), True
+                return SandboxResult(diagnosis), True
             case ("failed", str(text)):
                 failed = undiagnosed(UndiagnosedCause.FAILED, f"diagnosis failed: {text}")
-                return Outcome(failed), True
+                return SandboxResult(failed), True
             case ("memory", int(limit)):
                 cause = f"diagnosis killed: over its memory budget ({limit // MiB} MiB)"
                 log.warning("diagnosis killed", extra={"kv": {"cause": cause}})
-                return Outcome(
+                return SandboxResult(
                     undiagnosed(UndiagnosedCause.KILLED, cause), "diagnosis_memory"
                 ), False
-        return Outcome(
+        return SandboxResult(
             undiagnosed(UndiagnosedCause.FAILED, f"diagnosis failed: bad answer {message!r:.80}")
         ), False
 
-    def _blocked(self, worker: _Worker, *, on_files: bool) -> Outcome:
+    def _blocked(self, worker: _Worker, *, on_files: bool) -> SandboxResult:
         _, mount_id = worker.entered()
         on_mount = on_files and mount_id
         mount = self._slow.mount_by_id(mount_id) if self._slow and on_mount else None
@@ -444,26 +446,28 @@ class DiagnosisPool:
         if mount is not None and self._slow is not None:
             self._slow.mark(mount)
             cause += "; later events there are not waited for"
-        return Outcome(undiagnosed(UndiagnosedCause.OVERRAN, cause), "diagnosis")
+        return SandboxResult(undiagnosed(UndiagnosedCause.OVERRAN, cause), "diagnosis")
 
-    def _death(self, worker: _Worker, exc: OSError | None = None) -> Outcome:
+    def _death(self, worker: _Worker, exc: OSError | None = None) -> SandboxResult:
         """Why a worker ended without answering (killed by close(): not counted)."""
         if self._closed:
-            return Outcome(undiagnosed(UndiagnosedCause.STOPPING, "not diagnosed: stopping"))
+            return SandboxResult(undiagnosed(UndiagnosedCause.STOPPING, "not diagnosed: stopping"))
         wait([worker.pidfd], 0.5)
         status = worker.status()
         if status is not None and os.WIFSIGNALED(status):
             if os.WTERMSIG(status) == signal.SIGXCPU:
                 cause = f"diagnosis killed: over its CPU budget ({self._cpu_s()} s)"
-                return Outcome(undiagnosed(UndiagnosedCause.KILLED, cause), "diagnosis_cpu")
+                return SandboxResult(undiagnosed(UndiagnosedCause.KILLED, cause), "diagnosis_cpu")
             if os.WTERMSIG(status) == signal.SIGKILL:
                 cause = "diagnosis killed by SIGKILL (out of memory?)"
-                return Outcome(undiagnosed(UndiagnosedCause.KILLED, cause), "diagnosis_memory")
+                return SandboxResult(
+                    undiagnosed(UndiagnosedCause.KILLED, cause), "diagnosis_memory"
+                )
         if status is None:
             cause = f"diagnosis failed: the worker's pipe broke ({exc})"
         else:
             cause = f"diagnosis worker died ({_status_text(status)})"
-        return Outcome(undiagnosed(UndiagnosedCause.KILLED, cause), "diagnosis_crash")
+        return SandboxResult(undiagnosed(UndiagnosedCause.KILLED, cause), "diagnosis_crash")
 
     def _cpu_s(self) -> int:
         return self._limits.cpu_s or math.ceil(self.deadline) + 1

@@ -24,7 +24,7 @@ from cachetools import TTLCache
 
 from execwatch.binfmt import BinfmtError, ElfInfo, LibcFlavor, Platform, node_platform
 from execwatch.binfmt.isa import read_cpu_levels
-from execwatch.diagnosis import wording
+from execwatch.diagnosis import details
 from execwatch.diagnosis.budget import SlowFileSystem, SlowMounts
 from execwatch.diagnosis.roots import RootLocator
 from execwatch.record import Diagnosis, EarlyDeath, Reason, UndiagnosedCause, undiagnosed
@@ -47,7 +47,7 @@ def explain(
     None, worded as the node reports it. `cpu_levels`: the x86-64 levels (binfmt.isa) of
     the CPU it ran on, None if unknown."""
     faults = rules.startup_faults(fs, path, info, cpu_levels)
-    return wording.startup_fault(faults[0]) if faults else None
+    return details.startup_fault(faults[0]) if faults else None
 
 
 class _RootGone(Exception):
@@ -150,7 +150,7 @@ class StartupDiagnoser:
         fault = rules.cpu_fault(path, [(path, info.x86_isa_needed)], self._cpu_levels)
         if fault is None:
             return None
-        return replace(wording.sigill(fault), interpreter=info.interpreter)
+        return replace(details.sigill(fault), interpreter=info.interpreter)
 
     def _unexplained(
         self,

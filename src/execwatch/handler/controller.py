@@ -1,7 +1,7 @@
 """Handler side: consume ExecFailure records, act on pods, count, delete.
 
 Only the Lease holder works: `watcher.py` lists and watches records into the work queue
-(`workqueue.py`), worker threads handle them here, `pods.py` and `events.py` make the API
+(`workqueue.py`), worker threads handle them here, `pods.py` and `pod_events.py` make the API
 calls, through `rest.py`, every failure classified by `errors.py`.
 
 For each record, in this order:
@@ -11,7 +11,7 @@ For each record, in this order:
    the reporting node, which admission has bound to the agent's own node. A pod that is
    gone, or on another node, is not believed: such a record is counted as unattributed
    (pod gone) or invalid (another node), never with the namespace or workload it claims;
-3. fold it into the pod's Warning Event series (idempotent: see events.py);
+3. fold it into the pod's Warning Event series (idempotent: see pod_events.py);
 4. label the pod with a merge patch (skipped when the label already says so, and when
    another admission webhook or RBAC refuses it: permanent errors are not retried);
 5. delete the record with a UID precondition; the delete that removes it counts it.
@@ -46,8 +46,8 @@ from cachetools import FIFOCache
 from prometheus_client import CollectorRegistry
 
 from execwatch import crd
-from execwatch.handler.events import DuplicateRecord, EventConflict, EventWriter, event_reason
 from execwatch.handler.metrics import HandlerMetrics
+from execwatch.handler.pod_events import DuplicateRecord, EventConflict, EventWriter, event_reason
 from execwatch.handler.pods import LABEL, Pod, PodReader, workload_of
 from execwatch.kube import errors
 from execwatch.kube.client import Rest
@@ -89,7 +89,7 @@ class RecordHook(Protocol):
     """Offered each counted record once, from a worker: never waits (placement's feedback,
     placement/observed.py). Started and stopped with the handler."""
 
-    def offer(self, rec: crd.Record) -> None: ...
+    def offer(self, rec: crd.ParsedRecord) -> None: ...
     def start(self) -> None: ...
     def stop(self) -> None: ...
     def idle(self) -> bool: ...
@@ -342,7 +342,7 @@ class Handler:
 
     # -- outcomes (each runs once per record, for the delete that removed it) ----------
 
-    def _counted(self, rec: crd.Record, pod: Pod) -> None:
+    def _counted(self, rec: crd.ParsedRecord, pod: Pod) -> None:
         labels: dict[str, str | None] = {
             "namespace": pod.namespace,
             "workload": pod.workload or pod.name,
@@ -359,17 +359,17 @@ class Handler:
             self.feedback.offer(rec)
         self._done(rec, "handled")
 
-    def _unattributed(self, rec: crd.Record, cause: str) -> None:
+    def _unattributed(self, rec: crd.ParsedRecord, cause: str) -> None:
         self.metrics.count_unattributed(rec.node, rec.node_arch, str(rec.reason), cause, rec.count)
         self._done(rec, "pod_missing" if cause == "pod_missing" else "unattributed")
 
-    def _invalid(self, kind: str, rec: crd.Record | None) -> None:
+    def _invalid(self, kind: str, rec: crd.ParsedRecord | None) -> None:
         self.metrics.invalid.labels(kind).inc()
         self.metrics.records.labels("invalid").inc()
         if rec is not None:
             self._remember()
 
-    def _done(self, rec: crd.Record, result: str) -> None:
+    def _done(self, rec: crd.ParsedRecord, result: str) -> None:
         self.metrics.records.labels(result).inc()
         self._remember()
         log.info(
@@ -395,7 +395,7 @@ class Handler:
         self._unsure.pop((name, uid), None)
         self._recent[name] = uid
 
-    def _finish_duplicate(self, rec: crd.Record) -> None:
+    def _finish_duplicate(self, rec: crd.ParsedRecord) -> None:
         def duplicate() -> None:
             self.metrics.records.labels("duplicate").inc()
             log.info(
@@ -406,7 +406,7 @@ class Handler:
 
     # -- API steps ---------------------------------------------------------------------
 
-    def _pod(self, rec: crd.Record) -> Pod | None:
+    def _pod(self, rec: crd.ParsedRecord) -> Pod | None:
         self._fence()
         try:
             return self.pods.get(rec.namespace, rec.pod, rec.pod_uid)
@@ -417,7 +417,7 @@ class Handler:
             self.metrics.api_errors.labels("get_pod", errors.code(err)).inc()
             raise Retry(f"get pod: {err}", err) from None
 
-    def _post_event(self, rec: crd.Record, pod: Pod) -> bool:
+    def _post_event(self, rec: crd.ParsedRecord, pod: Pod) -> bool:
         """Fold the record into its Event series; False if the record turned out to be a
         duplicate (and was finished as one)."""
         known = rec.container in pod.containers
@@ -435,7 +435,7 @@ class Handler:
             self._skip_if_refused("event", rec, err)
         return True
 
-    def _label(self, rec: crd.Record, pod: Pod) -> None:
+    def _label(self, rec: crd.ParsedRecord, pod: Pod) -> None:
         if rec.reason in (Reason.UNDIAGNOSED, Reason.EMULATED) and pod.label:
             # An earlier failure already named its cause: keep it. A crash-looping
             # container can be gone, rootfs and all, before its next failure is diagnosed,
@@ -449,14 +449,14 @@ class Handler:
         except errors.ApiError as err:
             self._skip_if_refused("label_pod", rec, err)
 
-    def _skip_gone(self, verb: str, rec: crd.Record, pod: Pod, err: errors.ApiError) -> None:
+    def _skip_gone(self, verb: str, rec: crd.ParsedRecord, pod: Pod, err: errors.ApiError) -> None:
         """The pod's namespace is gone (an Event cannot be created in it, ever again): the
         failure still happened and is counted; retrying would only be refused again."""
         self.metrics.api_errors.labels(verb, errors.code(err)).inc()
         self.pods.forget(pod)
         log.warning(f"{verb} skipped: namespace gone", extra={"kv": {"record": rec.name}})
 
-    def _skip_if_refused(self, verb: str, rec: crd.Record, err: errors.ApiError) -> None:
+    def _skip_if_refused(self, verb: str, rec: crd.ParsedRecord, err: errors.ApiError) -> None:
         """The Event and the label are extras: a permanent refusal (400/403/422 from
         validation, RBAC or another admission webhook) skips the step and the failure is
         still counted, since retrying would only be refused again. Anything else: retry."""

@@ -18,7 +18,7 @@ from execwatch.cliargs import stop_on_signals
 from execwatch.node.metrics import undiagnosed_summary
 from execwatch.node.output import Printer
 from execwatch.node.stack import NodeStack, StackOptions
-from execwatch.pipeline import DIAGNOSIS_BUDGET_S, Budget, PipelineOptions
+from execwatch.pipeline import DIAGNOSIS_BUDGET_S, ExecutorBudget, PipelineOptions
 from execwatch.probe import ProbeError
 from execwatch.probe.loader import ProbeOptions
 from execwatch.serving.exposition import serve
@@ -119,7 +119,7 @@ def stack_options(args: argparse.Namespace) -> StackOptions:
             show_not_found=args.show_not_found,
             show_crashes=args.show_crashes,
             show_no_shebang=args.show_no_shebang,
-            budget=Budget(seconds=args.diagnosis_budget),
+            budget=ExecutorBudget(seconds=args.diagnosis_budget),
         ),
         make_attributor=None if args.no_attribution else Attributor,
         # A call held by the kernel for a quarter of the budget makes its mount suspect: a

@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from execwatch.diagnosis.budget import SlowMounts
+from execwatch.diagnosis.sandbox import Diagnoser
 from execwatch.pipeline.dedup import Repeats, Slot
 from execwatch.pipeline.executor import (
     DIAGNOSIS_BUDGET_S,
     Attributor,
-    Budget,
     BudgetedExecutor,
-    Diagnoser,
+    ExecutorBudget,
 )
 from execwatch.pipeline.fates import Fates, awaits_fate
 from execwatch.pipeline.health import CountsPruner, Heartbeat
@@ -49,9 +49,9 @@ from execwatch.record import (
 __all__ = [
     "DIAGNOSIS_BUDGET_S",
     "Attributor",
-    "Budget",
     "CountsPruner",
     "Diagnoser",
+    "ExecutorBudget",
     "Heartbeat",
     "KernelFolds",
     "NodePipeline",
@@ -94,7 +94,7 @@ class PipelineOptions:
     show_not_found: bool = False
     show_crashes: bool = False
     show_no_shebang: bool = False  # a file with no #! that its caller went on from
-    budget: Budget = dataclasses.field(default_factory=Budget)
+    budget: ExecutorBudget = dataclasses.field(default_factory=ExecutorBudget)
 
 
 class NodePipeline:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from execwatch.diagnosis.budget import Attempt, SlowMounts
-from execwatch.diagnosis.sandbox import STARVED_FACTOR, DiagnosisPool, SandboxLimits
+from execwatch.diagnosis.sandbox import STARVED_FACTOR, Diagnoser, DiagnosisPool, SandboxLimits
 from execwatch.pipeline.dedup import Slot
 from execwatch.pipeline.health import Heartbeat
 from execwatch.pipeline.sink import Output
@@ -39,10 +39,6 @@ DIAGNOSIS_BUDGET_S = 1.0  # a local diagnosis takes about a millisecond
 Settle = Callable[[Slot, ExecFailure], None]
 
 
-class Diagnoser(Protocol):
-    def diagnose(self, event: KernelEvent) -> Diagnosis: ...
-
-
 class Attributor(Protocol):
     def resolve(
         self, cgroup_id: int, pid: int | None = None, *, name: str = "", parent_id: int = 0
@@ -50,7 +46,7 @@ class Attributor(Protocol):
 
 
 @dataclass(frozen=True)
-class Budget:
+class ExecutorBudget:
     """How much work the executor may do at once, and for how long."""
 
     workers: int = 2  # threads, and diagnosis processes
@@ -99,7 +95,7 @@ class BudgetedExecutor:
         settle: Settle,
         decode: Callable[[bytes], KernelEvent],
         output: Output,
-        budget: Budget,
+        budget: ExecutorBudget,
         slow: SlowMounts,
         heartbeat: Heartbeat,
     ) -> None:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
-from execwatch.diagnosis import wording
+from execwatch.diagnosis import details
 from execwatch.record import Diagnosis, EnoexecExit, ExecFailed, ExecFailure, Reason
 
 T = TypeVar("T")  # what the caller holds with each failure (the pipeline's slot)
@@ -182,7 +182,7 @@ def judge(failure: ExecFailure, exit_: EnoexecExit) -> ExecFailure:
     or execvp() running the file with /bin/sh); with no exec since the failure, a failing
     status or a fatal signal is MissingShebang (its caller gave up, as a runtime's init
     does), and status 0 means it ran the file itself (bash does) and all went well."""
-    how = wording.exit_status(exit_.exit_code, exit_.signal)
+    how = details.exit_status(exit_.exit_code, exit_.signal)
     after = f"{exit_.age_ms or 0.0:.1f} ms later"
     if exit_.execed:
         fate = (

@@ -50,7 +50,7 @@ class Observer(Protocol):
 
 
 @dataclass(frozen=True)
-class Outcome:
+class Handled:
     """What the controller did to one pod."""
 
     action: str  # an Action, or "fail-open"
@@ -79,7 +79,7 @@ class Placer:
         if self.modes is None:
             self.modes = NamespaceModes(self.rest, self.own_namespace)
 
-    def handle(self, pod: Mapping[str, Any]) -> Outcome | None:
+    def handle(self, pod: Mapping[str, Any]) -> Handled | None:
         """Decide for a gated pod and lift its gate; None when it is not gated (any more)
         or not in a namespace placement serves, which is left as it is."""
         spec = pod.get("spec") or {}
@@ -94,7 +94,7 @@ class Placer:
         self._write(pod, decision.affinity(spec))
         self._event(pod, EVENT_REASONS[decision.action], decision.message, decision.warning)
         self.observer.decided(str(decision.action), max(0.0, self.clock() - _created(pod)))
-        return Outcome(str(decision.action), decision.message)
+        return Handled(str(decision.action), decision.message)
 
     def serves(self, pod: Mapping[str, Any]) -> bool:
         """Whether the pod's namespace opted in (enforce, mitigate); a namespace that cannot
@@ -111,7 +111,7 @@ class Placer:
         """When the pod's budget ends (the clock's seconds): a decision or fail open."""
         return _created(pod) + self.budget
 
-    def warn(self, namespace: str, pod: Mapping[str, Any]) -> Outcome | None:
+    def warn(self, namespace: str, pod: Mapping[str, Any]) -> Handled | None:
         """Warn mode: the Event an enforced pod would get, on the pod as admitted (on its
         controller when it has no name yet); nothing is written to the pod."""
         meta = {**(pod.get("metadata") or {}), "namespace": namespace}
@@ -125,13 +125,13 @@ class Placer:
         except VerdictUnavailable as exc:
             message = f"warn mode, not checked: {exc}"
             self._post(subject, "PlacementSkipped", message, warning=True)
-            return Outcome("warn", message)
+            return Handled("warn", message)
         decision = decide(pod.get("spec") or {}, verdicts, self.arches())
         message = f"warn mode, pod unchanged: {decision.message}"
         restricts = decision.action is not Action.LEAVE or decision.warning
         self._post(subject, EVENT_REASONS[decision.action], message, restricts)
         self.observer.decided("warn", max(0.0, self.clock() - started))
-        return Outcome("warn", message)
+        return Handled("warn", message)
 
     def _judge(
         self, pod: Mapping[str, Any], spec: Mapping[str, Any], deadline: float
@@ -159,13 +159,13 @@ class Placer:
         same = (now.get("metadata") or {}).get("uid") == meta.get("uid")
         return now if same and _gate_index(now.get("spec") or {}) is not None else None
 
-    def fail_open(self, pod: Mapping[str, Any], cause: str) -> Outcome:
+    def fail_open(self, pod: Mapping[str, Any], cause: str) -> Handled:
         """Lift the gate, the pod unchanged, and say why."""
         message = f"placed without a verdict: {cause}"
         self._write(pod, None)
         self._event(pod, "PlacementSkipped", message, warning=True)
         self.observer.failed_open(cause.split(":", 1)[0][:64])
-        return Outcome("fail-open", message)
+        return Handled("fail-open", message)
 
     def _write(self, pod: Mapping[str, Any], affinity: dict[str, Any] | None) -> None:
         self.rest.call(

@@ -9,15 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from execwatch.placement.affinity import Spec, narrowed_affinity, user_pin
-
-
-class Outcome(enum.StrEnum):
-    """Whether what a container starts runs on one architecture."""
-
-    RUNS = "runs"
-    EMULATED = "emulated"  # runs, slowly, through a binfmt_misc emulator on such nodes
-    FAILS = "fails"
-    UNKNOWN = "unknown"  # could not be told: placement never restricts on it
+from execwatch.runnable.verdict import Outcome
 
 
 @dataclass(frozen=True)
@@ -26,7 +18,9 @@ class ContainerVerdict:
 
     container: str
     image: str
-    outcomes: Mapping[str, Outcome]  # architecture -> outcome
+    # architecture -> outcome: an image without that platform FAILS there, and UNKNOWN
+    # (could not be told) never restricts the pod
+    outcomes: Mapping[str, Outcome]
     why: Mapping[str, str] = field(default_factory=dict)  # architecture -> one line
     # architecture -> binaries that fail there but that the container does not start
     reported: Mapping[str, str] = field(default_factory=dict)

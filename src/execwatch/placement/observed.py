@@ -50,7 +50,7 @@ class FeedbackConfig:
     mitigate: MitigateConfig = field(default_factory=MitigateConfig)
 
 
-def observation(rec: crd.Record) -> Observation | None:
+def observation(rec: crd.ParsedRecord) -> Observation | None:
     """The record as a failure placement learns from, or None when it says nothing about
     where the image runs (another reason, no pod, an architecture no image names)."""
     if rec.reason not in PLATFORM_REASONS or not rec.names_pod or not rec.pod_uid:
@@ -119,7 +119,7 @@ class Feedback:
             tick=self.mitigator.tick,
         )  # fmt: skip
 
-    def offer(self, rec: crd.Record) -> None:
+    def offer(self, rec: crd.ParsedRecord) -> None:
         """From the handler's worker, once per counted record: never waits."""
         obs = observation(rec)
         if obs is not None:

@@ -39,7 +39,7 @@ from execwatch.binfmt import Platform
 from execwatch.crd import parse_time
 from execwatch.kube import errors
 from execwatch.placement.controller import VerdictUnavailable
-from execwatch.placement.decision import ContainerVerdict, Outcome
+from execwatch.placement.decision import ContainerVerdict
 from execwatch.placement.pullsecrets import PullSecrets
 from execwatch.placement.started import Started, Unresolved, started
 from execwatch.placement.verdicts import (
@@ -56,6 +56,7 @@ from execwatch.placement.verdicts import (
 from execwatch.placement.verdicts import MAX_WHY as STORED_WHY
 from execwatch.record import EVERY_ARCHITECTURE_REASONS
 from execwatch.runnable.limits import Limits
+from execwatch.runnable.verdict import Outcome
 from execwatch.scan import Check, ScanOptions, Severity, scan_image
 from execwatch.scan.egress import Egress
 from execwatch.scan.errors import ScanInputError
@@ -78,7 +79,7 @@ Seen = tuple[str, str, bool, bool]
 
 
 @dataclass(frozen=True)
-class Target:
+class ResolvedImage:
     """One container's image as resolved for its pod, and the digest's stored verdict."""
 
     image: str
@@ -149,7 +150,7 @@ class ScannedVerdicts:
         verdict = _Verdict(str(container.get("name") or ""), image)
         book = self._book(digest, deadline)
         workload = (str((pod.get("metadata") or {}).get("namespace") or ""), owner_of(pod))
-        target = Target(image, digest, images, book, workload)
+        target = ResolvedImage(image, digest, images, book, workload)
         for arch in arches:
             self._judge_arch(verdict, target, container, arch, deadline)
         return verdict.done()
@@ -157,7 +158,7 @@ class ScannedVerdicts:
     def _judge_arch(
         self,
         verdict: _Verdict,
-        target: Target,
+        target: ResolvedImage,
         container: Mapping[str, Any],
         arch: str,
         deadline: float,
@@ -222,7 +223,7 @@ class ScannedVerdicts:
 
     def _confirmed(
         self,
-        target: Target,
+        target: ResolvedImage,
         image: ImageSource,
         platform: Platform,
         sightings: list[Sighting],
@@ -247,7 +248,7 @@ class ScannedVerdicts:
         written = parse_time(found.time)
         return found if written is not None and time.time() - written < self.fresh_for else None
 
-    def _used(self, target: Target, how: str) -> None:
+    def _used(self, target: ResolvedImage, how: str) -> None:
         """Count the read that decided, and renew the verdict's lastUsed now and then."""
         assert self.writer is not None and target.book is not None
         self.writer.metrics.reads.labels(how).inc()
@@ -259,7 +260,7 @@ class ScannedVerdicts:
             self._touched[target.digest] = now
         self.writer.offer(Write(target.digest, target.image, (), "touch"))
 
-    def _write_scan(self, target: Target, platform: str, deciding: list[Seen]) -> None:
+    def _write_scan(self, target: ResolvedImage, platform: str, deciding: list[Seen]) -> None:
         if self.writer is None or not target.digest:
             return
         outcome = Outcome.FAILS if deciding else Outcome.RUNS

@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry, Counter
 from execwatch.crd import parse_time
 from execwatch.kube import backoff, errors
 from execwatch.kube.client import Rest, path
-from execwatch.placement.decision import Outcome
+from execwatch.runnable.verdict import Outcome
 
 GROUP, VERSION, PLURAL = "execwatch.io", "v1alpha1", "imageverdicts"
 DIGEST = re.compile(r"sha256:[a-f0-9]{64}")

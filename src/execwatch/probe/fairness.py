@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from execwatch.attribution.layout import CgroupKind, parse_cgroup_path
+from execwatch.attribution.cgroup_layout import CgroupKind, parse_cgroup_path
 from execwatch.attribution.mounts import cgroup_mounts
 from execwatch.record import Attribution
 

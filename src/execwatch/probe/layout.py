@@ -140,7 +140,7 @@ class EnoexecTask(ctypes.Structure):
     _fields_ = (("failed_ns", ctypes.c_uint64), ("exec_id", ctypes.c_uint64))
 
 
-class EnoexecExit(ctypes.Structure):
+class EnoexecTaskExit(ctypes.Structure):
     """A task that exited within the death window of its ENOEXEC (EW_KIND_ENOEXEC_EXIT)."""
 
     _fields_ = (
@@ -153,7 +153,7 @@ class EnoexecExit(ctypes.Structure):
     )
 
 
-class Emulated(ctypes.Structure):
+class EmulatedExec(ctypes.Structure):
     """A successful exec handed to a registered binfmt_misc emulator (EW_KIND_EMULATED)."""
 
     _fields_ = (
@@ -239,9 +239,9 @@ DECLARED: tuple[tuple[type[ctypes.Structure], str], ...] = (
     (Head, "ew_head"),
     (Event, "ew_event"),
     (Death, "ew_death"),
-    (Emulated, "ew_emulated"),
+    (EmulatedExec, "ew_emulated"),
     (EnoexecTask, "ew_enoexec_task"),
-    (EnoexecExit, "ew_enoexec_exit"),
+    (EnoexecTaskExit, "ew_enoexec_exit"),
     (FileId, "ew_file_id"),
     (EmulatorEntry, "ew_emulator"),
     (EmulatedKey, "ew_emulated_key"),
@@ -359,8 +359,8 @@ class Record:
 
 EXEC_FAILED = Record(KIND_EXEC_FAILED, "EW_KIND_EXEC_FAILED", Event)
 EARLY_DEATH = Record(KIND_EARLY_DEATH, "EW_KIND_EARLY_DEATH", Death)
-EMULATED = Record(KIND_EMULATED, "EW_KIND_EMULATED", Emulated)
-ENOEXEC_EXIT = Record(KIND_ENOEXEC_EXIT, "EW_KIND_ENOEXEC_EXIT", EnoexecExit)
+EMULATED = Record(KIND_EMULATED, "EW_KIND_EMULATED", EmulatedExec)
+ENOEXEC_EXIT = Record(KIND_ENOEXEC_EXIT, "EW_KIND_ENOEXEC_EXIT", EnoexecTaskExit)
 RECORDS = (EXEC_FAILED, EARLY_DEATH, EMULATED, ENOEXEC_EXIT)
 KIND = Struct("=I")  # every record's first field
 

@@ -5,7 +5,9 @@
   openat2.py: the one wrapper of that syscall);
 - the dynamic loader's library search (linker.py), on any view, within a budget
   (limits.py; errors.py for input past it);
-- the rules (rules.py), whose faults speak one vocabulary, Reason (reason.py).
+- the rules (rules.py), whose faults speak one vocabulary, Reason (reason.py);
+- whether an image runs on an architecture, one vocabulary for audit and placement,
+  Outcome (verdict.py).
 
 It imports neither scan nor diagnosis: they both import it.
 """

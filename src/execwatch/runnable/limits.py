@@ -25,7 +25,7 @@ class Limits:
     max_manifests: int = 512
     max_layers: int = 1024
     max_archive_members: int = 100_000  # members of an image archive (blobs, not files)
-    # One image, all of its layers (scan.sources.Budget): bytes read from its source, and
+    # One image, all of its layers (scan.sources.ImageBudget): bytes read from its source, and
     # wall time. 16 GiB compressed is 4x the largest public images (CUDA, ML stacks).
     max_image_bytes: int = 16 << 30
     max_image_seconds: float = 1800.0

@@ -73,10 +73,10 @@ AT_PLATFORM = {"amd64": "x86_64", "386": "i686", "arm64": "aarch64", "ppc64le": 
 
 
 @dataclass(frozen=True)
-class Loaded:
+class LoadedObject:
     path: str  # the path the loader found it at ($ORIGIN is its directory)
     info: ElfInfo
-    parent: Loaded | None = None
+    parent: LoadedObject | None = None
 
 
 @dataclass(frozen=True)
@@ -136,10 +136,10 @@ class Work:
 
 @dataclass
 class Resolution:
-    loaded: list[Loaded] = field(default_factory=list)
+    loaded: list[LoadedObject] = field(default_factory=list)
     missing: list[MissingLibrary] = field(default_factory=list)
     versions: list[MissingVersion] = field(default_factory=list)
-    interpreter: Loaded | None = None
+    interpreter: LoadedObject | None = None
     flavor: LibcFlavor = "glibc"  # whose rules resolved it
     # Why the search stopped early (the budget), with `missing` holding what it found
     # before: the libraries after those were not searched.
@@ -199,7 +199,7 @@ class Linker:
         """Raises BudgetExhausted when the budget runs out before any library is missing."""
         result = Resolution(flavor=flavor)
         self.work = Work(self.limits)
-        by_name: dict[str, Loaded] = {}
+        by_name: dict[str, LoadedObject] = {}
         try:
             self._load_all(_Run(path, info, flavor, self.work), result, by_name)
         except BudgetExhausted as exc:
@@ -211,14 +211,14 @@ class Linker:
             result.versions = self._check_versions(result.loaded, by_name)
         return result
 
-    def _load_all(self, run: _Run, result: Resolution, by_name: dict[str, Loaded]) -> None:
+    def _load_all(self, run: _Run, result: Resolution, by_name: dict[str, LoadedObject]) -> None:
         """Breadth first, as ld.so loads: each object once, each name once."""
         interp = result.interpreter = self._interpreter(run.exe)
         if interp is not None:
             by_name[posixpath.basename(interp.path)] = interp
             if interp.info.soname:
                 by_name[interp.info.soname] = interp
-        queue = deque([Loaded(run.path, run.exe)])
+        queue = deque([LoadedObject(run.path, run.exe)])
         seen_paths = {run.path}
         while queue:
             obj = queue.popleft()
@@ -233,7 +233,7 @@ class Linker:
                     continue
                 node = self.fs.node(found)
                 assert node is not None and node.elf is not None
-                lib = Loaded(found, node.elf, obj)
+                lib = LoadedObject(found, node.elf, obj)
                 by_name[name] = lib
                 if node.elf.soname:
                     by_name.setdefault(node.elf.soname, lib)
@@ -251,7 +251,7 @@ class Linker:
         wanted = self.fs.dynamic_symbols(exe.path)
         if wanted is None or not wanted.imports:
             return []
-        providers: list[tuple[Loaded, str | None]] = [(o, o.path) for o in result.loaded[1:]]
+        providers: list[tuple[LoadedObject, str | None]] = [(o, o.path) for o in result.loaded[1:]]
         if result.interpreter is not None:  # PT_INTERP as written: a symlink on Debian
             providers.append((result.interpreter, resolve(self.fs, result.interpreter.path)))
         tables = _Providers(self._answers)
@@ -284,16 +284,16 @@ class Linker:
 
     # --- search -----------------------------------------------------------------------------
 
-    def _interpreter(self, info: ElfInfo) -> Loaded | None:
+    def _interpreter(self, info: ElfInfo) -> LoadedObject | None:
         if info.interpreter is None:
             return None
         real = resolve(self.fs, info.interpreter)
         node = self.fs.node(real) if real else None
         if node is None or node.elf is None:
             return None
-        return Loaded(info.interpreter, node.elf)
+        return LoadedObject(info.interpreter, node.elf)
 
-    def _find(self, name: str, obj: Loaded, run: _Run) -> tuple[str | None, str]:
+    def _find(self, name: str, obj: LoadedObject, run: _Run) -> tuple[str | None, str]:
         if "/" in name:
             name = self._expand_all(name, obj, run)[0]
             candidates: Iterable[str] = [name]
@@ -344,12 +344,12 @@ class Linker:
             return None, "skipped wrong-ABI candidates: " + ", ".join(rejected[:3])
         return None, "not found in the search path"
 
-    def search_dirs(self, obj: Loaded, run: _Run) -> tuple[str, ...]:
+    def search_dirs(self, obj: LoadedObject, run: _Run) -> tuple[str, ...]:
         """The directories searched for obj's DT_NEEDED names, in order, each once."""
         dirs = _DirList(run.work, self.limits.max_search_dirs)
         if run.flavor == "musl":
             dirs.add(self._ld_library_path_dirs(run.work))
-            node: Loaded | None = obj
+            node: LoadedObject | None = obj
             while node is not None:
                 rpath = node.info.runpath or node.info.rpath
                 dirs.add(
@@ -384,7 +384,7 @@ class Linker:
             self._ld_library_path_list = parse_ld_library_path(self._ld_library_path, self.limits)
         return self._ld_library_path_list
 
-    def _expand_all(self, text: str, obj: Loaded, run: _Run) -> list[str]:
+    def _expand_all(self, text: str, obj: LoadedObject, run: _Run) -> list[str]:
         origin = run.origin_of(obj, self.fs)
         out = text.replace("${ORIGIN}", origin).replace("$ORIGIN", origin)
         platform = AT_PLATFORM.get(obj.info.arch, obj.info.arch)
@@ -477,7 +477,7 @@ class Linker:
     # --- versions ---------------------------------------------------------------------------
 
     def _check_versions(
-        self, loaded: list[Loaded], by_name: dict[str, Loaded]
+        self, loaded: list[LoadedObject], by_name: dict[str, LoadedObject]
     ) -> list[MissingVersion]:
         out = []
         for obj in loaded:
@@ -533,7 +533,7 @@ class _Providers:
         self.by_name: dict[str, tuple[str, DynamicSymbols]] = {}
         self.answers = answers
 
-    def add(self, obj: Loaded, real: str, table: DynamicSymbols) -> None:
+    def add(self, obj: LoadedObject, real: str, table: DynamicSymbols) -> None:
         self.tables.append((real, table))
         self.by_name.setdefault(posixpath.basename(obj.path), (real, table))
         if obj.info.soname:
@@ -648,14 +648,14 @@ class _Run:
     dirs: dict[str, tuple[str, ...]] = field(default_factory=dict)
     origin: str | None = None
 
-    def dirs_of(self, obj: Loaded, linker: Linker) -> tuple[str, ...]:
+    def dirs_of(self, obj: LoadedObject, linker: Linker) -> tuple[str, ...]:
         """Each object is loaded once per run (by path), so its list is built once."""
         found = self.dirs.get(obj.path)
         if found is None:
             found = self.dirs[obj.path] = linker.search_dirs(obj, self)
         return found
 
-    def origin_of(self, obj: Loaded, fs: FileSystem) -> str:
+    def origin_of(self, obj: LoadedObject, fs: FileSystem) -> str:
         """$ORIGIN; the main program's comes from /proc/self/exe: resolved, once."""
         if obj.parent is not None:
             return posixpath.dirname(obj.path) or "/"

@@ -1,5 +1,6 @@
 """The one vocabulary for why a binary does not start: the node's diagnoses and the scan's
-findings both speak it (the scan spells it as check names: scan/vocabulary.py)."""
+findings both speak it (the scan spells it as check names: scan/vocabulary.py), and the
+words a reason's detail shares between the node's diagnosis and the handler's Events."""
 
 from __future__ import annotations
 
@@ -33,3 +34,15 @@ class Reason(enum.StrEnum):
     # A successful exec that a binfmt_misc emulator (user-mode QEMU) runs: slowly.
     EMULATED = "Emulated"
     BENIGN_EXIT = "BenignExit"  # e.g. a shell's "command not found" (127): counted, not reported
+
+
+def emulated_detail(arch: str | None, emulator: str | None, node_arch: str) -> str:
+    """An exec a binfmt_misc emulator ran (Reason.EMULATED): the diagnosis's detail, which
+    the trace line shows, and the pod's Event too (the handler words it from the record)."""
+    arch = arch or "foreign"
+    article = "an" if arch[:1] in "aeiou" else "a"
+    return (
+        f"{article} {arch} binary ran under {emulator or 'an emulator'} on this {node_arch}"
+        " node (binfmt_misc emulation: slow, and it would fail with exec format error"
+        " elsewhere)"
+    )

@@ -174,15 +174,15 @@ def _run(args: argparse.Namespace, options: ScanOptions, report: ScanReport) -> 
     """--run: start every platform's entrypoint (execwatch.smoke), after the static scan."""
     import shlex
 
-    from execwatch.smoke.run import RunOptions, run_report
-    from execwatch.smoke.sandbox import SandboxLimits
+    from execwatch.smoke.namespaces import RunLimits
+    from execwatch.smoke.runs import RunOptions, run_report
 
     run_options = RunOptions(
         args=None if args.run_args is None else tuple(shlex.split(args.run_args)),
         timeout_fails=args.run_timeout_fails,
         qemu_dir=args.qemu_dir,
         binfmt=os.environ.get("EXECWATCH_RUN_QEMU") != "direct",
-        limits=SandboxLimits(deadline_s=args.run_timeout),
+        limits=RunLimits(deadline_s=args.run_timeout),
     )
     run_report(
         args.target, report, options.platforms, run_options, options.registry, options.limits

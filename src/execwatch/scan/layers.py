@@ -21,9 +21,9 @@ from execwatch.binfmt.foreign import identify_stream
 from execwatch.runnable.fs import HEAD_BYTES, Node, describe_file, wants_text
 from execwatch.runnable.limits import Limits
 from execwatch.runnable.memory import MemoryFS
+from execwatch.scan.bounded import Readable, Tally, check_tar_end
 from execwatch.scan.errors import CorruptInput, LimitExceeded, ScanInputError
-from execwatch.scan.limits import Readable, Tally, check_tar_end
-from execwatch.scan.sources import Budget
+from execwatch.scan.sources import ImageBudget
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
@@ -77,7 +77,7 @@ def apply_layer(
     limits: Limits,
     entries: list[int],
     require_end: bool = True,
-    budget: Budget | None = None,
+    budget: ImageBudget | None = None,
 ) -> None:
     """Apply one layer. `entries` counts tar members over all layers of the image.
 

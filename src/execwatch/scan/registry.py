@@ -36,9 +36,9 @@ from urllib.parse import parse_qsl, urlencode, urljoin, urlparse
 from execwatch import cliargs
 from execwatch.binfmt import Platform
 from execwatch.runnable.limits import Limits
+from execwatch.scan.bounded import parse_json
 from execwatch.scan.egress import Deadline, Egress, EgressRefused
 from execwatch.scan.errors import LimitExceeded, ScanInputError
-from execwatch.scan.limits import parse_json
 from execwatch.scan.model import ImageResult
 from execwatch.scan.reuse import (
     BASIC_TTL,

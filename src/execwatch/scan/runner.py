@@ -21,14 +21,14 @@ from execwatch.runnable.fs import FileSystem, describe_file
 from execwatch.runnable.limits import Limits
 from execwatch.runnable.linker import SymbolSource
 from execwatch.runnable.memory import MemoryFS
+from execwatch.scan.bounded import decompressed
 from execwatch.scan.checks import Checker, Target
 from execwatch.scan.errors import CorruptInput, LimitExceeded, NothingToCheck, ScanInputError
 from execwatch.scan.layers import apply_layer
-from execwatch.scan.limits import decompressed
 from execwatch.scan.model import ImageResult, ScanReport
 from execwatch.scan.registry import RegistryOptions, looks_like_reference, registry_images
 from execwatch.scan.sources import (
-    Budget,
+    ImageBudget,
     ImageSource,
     directory_store,
     images_in_store,
@@ -156,7 +156,7 @@ def _scan_rootfs_archive(
 ) -> list[ImageResult]:
     fs = MemoryFS(options.limits)
     counter = [0, 0]
-    budget = Budget.start(path, options.limits)
+    budget = ImageBudget.start(path, options.limits)
     with open(path, "rb") as f:
         stream = decompressed(f, path, options.limits, counter)
         apply_layer(fs, stream, path, options.limits, [0], budget=budget)
@@ -203,7 +203,7 @@ def scan_image(
     started = time.perf_counter()
     fs = MemoryFS(options.limits)
     counter, entries = [0, 0], [0]
-    budget = Budget.start(image.label, options.limits)
+    budget = ImageBudget.start(image.label, options.limits)
     declared = sum(layer.size or 0 for layer in image.layers)
     if declared > budget.max_bytes:
         raise LimitExceeded(

@@ -22,8 +22,7 @@ from typing import IO, Any, Literal
 
 from execwatch.binfmt import Platform
 from execwatch.runnable.limits import Limits
-from execwatch.scan.errors import CorruptInput, LimitExceeded, ScanInputError
-from execwatch.scan.limits import (
+from execwatch.scan.bounded import (
     CHUNK,
     GZIP_MAGIC,
     ZSTD_MAGIC,
@@ -33,6 +32,7 @@ from execwatch.scan.limits import (
     decompressed,
     parse_json,
 )
+from execwatch.scan.errors import CorruptInput, LimitExceeded, ScanInputError
 
 INDEX_TYPES = {
     "application/vnd.oci.image.index.v1+json",
@@ -67,7 +67,7 @@ class Layer:
 
 
 @dataclass
-class Budget:
+class ImageBudget:
     """What one image may cost: wall time and bytes read from its source.
 
     The one place every per-image loop asks (layer reads, tar members): a registry that
@@ -82,7 +82,7 @@ class Budget:
     bytes: int = 0
 
     @classmethod
-    def start(cls, label: str, limits: Limits) -> Budget:
+    def start(cls, label: str, limits: Limits) -> ImageBudget:
         seconds = limits.max_image_seconds
         return cls(label, seconds, limits.max_image_bytes, time.monotonic() + seconds)
 
@@ -554,7 +554,7 @@ def is_archive(path: str) -> bool:
 
 @contextmanager
 def layer_stream(
-    layer: Layer, limits: Limits, counter: list[int], budget: Budget
+    layer: Layer, limits: Limits, counter: list[int], budget: ImageBudget
 ) -> Iterator[Readable]:
     """Open a layer, decompress it (bounded), and check its digest once fully read.
 
@@ -569,7 +569,7 @@ def layer_stream(
 
 
 class _Hashing:
-    def __init__(self, inner: IO[bytes], layer: Layer, budget: Budget) -> None:
+    def __init__(self, inner: IO[bytes], layer: Layer, budget: ImageBudget) -> None:
         self.inner = inner
         self.layer = layer
         self.budget = budget

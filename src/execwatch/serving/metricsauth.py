@@ -44,7 +44,7 @@ from execwatch.text import one_line
 log = logging.getLogger(__name__)
 
 
-class Verdict(StrEnum):
+class AccessVerdict(StrEnum):
     ALLOWED = "allowed"
     UNAUTHENTICATED = "unauthenticated"  # no token, or the API server does not know it
     FORBIDDEN = "forbidden"  # a known identity without `get` on the path
@@ -54,11 +54,15 @@ class Verdict(StrEnum):
 
 
 _STATUS = {
-    Verdict.UNAUTHENTICATED: ("401 Unauthorized", (("WWW-Authenticate", "Bearer"),)),
-    Verdict.FORBIDDEN: ("403 Forbidden", ()),
+    AccessVerdict.UNAUTHENTICATED: ("401 Unauthorized", (("WWW-Authenticate", "Bearer"),)),
+    AccessVerdict.FORBIDDEN: ("403 Forbidden", ()),
 }
 _UNAVAILABLE = ("503 Service Unavailable", (("Retry-After", "5"),))
-_FINAL = (Verdict.ALLOWED, Verdict.UNAUTHENTICATED, Verdict.FORBIDDEN)  # cacheable
+_FINAL = (
+    AccessVerdict.ALLOWED,
+    AccessVerdict.UNAUTHENTICATED,
+    AccessVerdict.FORBIDDEN,
+)  # cacheable
 
 
 @dataclass(frozen=True)
@@ -148,7 +152,7 @@ class AuthMetrics:
             "Scrapes answered from the cache of review results, without an API call.",
             registry=self.registry,
         )
-        for verdict in Verdict:
+        for verdict in AccessVerdict:
             self.requests.labels(verdict.value)
         for kind in ("token", "access"):
             self.reviews.labels(kind)
@@ -167,30 +171,30 @@ class MetricsAuth:
     def __post_init__(self) -> None:
         self.metrics = AuthMetrics(self.registry)
         self._reviews = Reviews(self.api, self.config.audiences)
-        self._cache: TLRUCache[bytes, Verdict] = TLRUCache(
+        self._cache: TLRUCache[bytes, AccessVerdict] = TLRUCache(
             self.config.max_entries, self._expiry, timer=self.clock
         )
-        self._inflight: dict[bytes, Future[Verdict]] = {}
+        self._inflight: dict[bytes, Future[AccessVerdict]] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(self.config.max_inflight, "metrics-auth")
 
     def answer(self, request: Request, serve: Callable[[], bytes]) -> bytes | Deferred:
         outcome = self.check(request.headers.get("authorization", ""))
-        if isinstance(outcome, Verdict):
+        if isinstance(outcome, AccessVerdict):
             return self._finish(request, serve, outcome)
 
         def finish(work: Future[Any] | None) -> bytes:
-            verdict = Verdict.TIMEOUT if work is None else work.result()
+            verdict = AccessVerdict.TIMEOUT if work is None else work.result()
             return self._finish(request, serve, verdict)
 
         return Deferred(outcome, self.clock() + self.config.budget, finish)
 
-    def check(self, authorization: str) -> Verdict | Future[Verdict]:
+    def check(self, authorization: str) -> AccessVerdict | Future[AccessVerdict]:
         """The cached verdict for this token on /metrics, else the review under way."""
         scheme, _, token = authorization.strip().partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
-            return Verdict.UNAUTHENTICATED
+            return AccessVerdict.UNAUTHENTICATED
         key = hashlib.sha256(token.encode()).digest()
         with self._lock:
             cached = self._cache.get(key)  # a hit not expired: now the newest
@@ -201,7 +205,7 @@ class MetricsAuth:
             if work is not None:
                 return work
             if len(self._inflight) >= self.config.max_inflight:
-                return Verdict.BUSY
+                return AccessVerdict.BUSY
             work = self._pool.submit(self._review, key, token)
             self._inflight[key] = work
             return work
@@ -209,40 +213,46 @@ class MetricsAuth:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _finish(self, request: Request, serve: Callable[[], bytes], verdict: Verdict) -> bytes:
+    def _finish(
+        self, request: Request, serve: Callable[[], bytes], verdict: AccessVerdict
+    ) -> bytes:
         self.metrics.requests.labels(verdict.value).inc()
-        if verdict is Verdict.ALLOWED:
+        if verdict is AccessVerdict.ALLOWED:
             return serve()
         status, extra = _STATUS.get(verdict, _UNAVAILABLE)
         text = f"{verdict.value}\n".encode()
         return response(status, "text/plain", text, request.method, extra)
 
-    def _review(self, key: bytes, token: str) -> Verdict:
+    def _review(self, key: bytes, token: str) -> AccessVerdict:
         deadline = self.clock() + self.config.budget
         try:
             verdict = self._verdict(token, deadline)
         except Exception as exc:  # an ApiError of any kind (no answer, 5xx, 403...)
             log.warning("metrics auth review failed: %s", one_line(f"{type(exc).__name__}: {exc}"))
-            verdict = Verdict.TIMEOUT if errors.timed_out(exc) else Verdict.ERROR
+            verdict = AccessVerdict.TIMEOUT if errors.timed_out(exc) else AccessVerdict.ERROR
         with self._lock:
             self._inflight.pop(key, None)
             if verdict in _FINAL:
                 self._cache[key] = verdict
         return verdict
 
-    def _expiry(self, _key: bytes, verdict: Verdict, now: float) -> float:
-        ttl = self.config.allow_ttl if verdict is Verdict.ALLOWED else self.config.deny_ttl
+    def _expiry(self, _key: bytes, verdict: AccessVerdict, now: float) -> float:
+        ttl = self.config.allow_ttl if verdict is AccessVerdict.ALLOWED else self.config.deny_ttl
         return now + ttl
 
-    def _verdict(self, token: str, deadline: float) -> Verdict:
+    def _verdict(self, token: str, deadline: float) -> AccessVerdict:
         self.metrics.reviews.labels("token").inc()
         who = self._reviews.identity(token)
         if who is None:
-            return Verdict.UNAUTHENTICATED
+            return AccessVerdict.UNAUTHENTICATED
         if self.clock() > deadline:  # the scrape got its 503; do not start another call
-            return Verdict.TIMEOUT
+            return AccessVerdict.TIMEOUT
         self.metrics.reviews.labels("access").inc()
-        return Verdict.ALLOWED if self._reviews.allowed(who, METRICS_PATH) else Verdict.FORBIDDEN
+        return (
+            AccessVerdict.ALLOWED
+            if self._reviews.allowed(who, METRICS_PATH)
+            else AccessVerdict.FORBIDDEN
+        )
 
 
 @dataclass

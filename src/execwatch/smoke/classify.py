@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from execwatch.binfmt.elf import read_elf
 from execwatch.runnable.openat2 import Resolver, Root
 from execwatch.runnable.reason import Reason
-from execwatch.smoke.sandbox import Outcome
+from execwatch.smoke.namespaces import ProcessEnd
 
 # (pattern on stderr, reason): the loaders' messages, glibc's then musl's then QEMU's.
 LOADER_WORDS: tuple[tuple[re.Pattern[bytes], Reason], ...] = (
@@ -37,13 +37,13 @@ LIMIT_SIGNALS: dict[int, str] = {
 
 
 @dataclass(frozen=True)
-class Verdict:
+class RunVerdict:
     started: bool
     reason: Reason | None  # None when it started
     detail: str
 
 
-def classify(outcome: Outcome, root: str, timeout_fails: bool = False) -> Verdict:
+def classify(outcome: ProcessEnd, root: str, timeout_fails: bool = False) -> RunVerdict:
     """What happened to the program, in the words of the node's diagnoses, with the last
     line it wrote on stderr."""
     verdict = _classify(outcome, root, timeout_fails)
@@ -51,15 +51,15 @@ def classify(outcome: Outcome, root: str, timeout_fails: bool = False) -> Verdic
     if not lines:
         return verdict
     last = lines[-1][:200].decode(errors="replace")
-    return Verdict(verdict.started, verdict.reason, f"{verdict.detail}; stderr: {last}")
+    return RunVerdict(verdict.started, verdict.reason, f"{verdict.detail}; stderr: {last}")
 
 
-def _classify(outcome: Outcome, root: str, timeout_fails: bool) -> Verdict:
+def _classify(outcome: ProcessEnd, root: str, timeout_fails: bool) -> RunVerdict:
     if outcome.exec_errno is not None:
         return _refused(outcome.exec_errno, outcome.program, root)
     if outcome.timed_out:
         text = "still running at the deadline (a server that does not exit)"
-        return Verdict(not timeout_fails, Reason.UNDIAGNOSED if timeout_fails else None, text)
+        return RunVerdict(not timeout_fails, Reason.UNDIAGNOSED if timeout_fails else None, text)
     status = outcome.status if outcome.status is not None else 0
     if os.WIFSIGNALED(status):
         return _signaled(os.WTERMSIG(status), outcome, root)
@@ -70,40 +70,42 @@ def _classify(outcome: Outcome, root: str, timeout_fails: bool) -> Verdict:
             words = match.group(0).decode(errors="replace")
             if reason in LIBC_SYMPTOMS and _libc_mismatch(outcome.program, root):
                 reason = Reason.LIBC_MISMATCH  # musl's complaints about a glibc program
-            return Verdict(False, reason, f"exit {code}: the loader says: {words}")
-    return Verdict(True, None, f"started: exit {code}")
+            return RunVerdict(False, reason, f"exit {code}: the loader says: {words}")
+    return RunVerdict(True, None, f"started: exit {code}")
 
 
-def _refused(err: int, program: str | None, root: str) -> Verdict:
+def _refused(err: int, program: str | None, root: str) -> RunVerdict:
     name = program or "(none)"
     text = f"exec {name}: {os.strerror(err)}"
     head = _head(program, root) if program else b""
     if err == errno.ENOENT:
         if not head:
-            return Verdict(False, Reason.NOT_FOUND, f"{text}: not in the image")
+            return RunVerdict(False, Reason.NOT_FOUND, f"{text}: not in the image")
         if head.startswith(b"#!"):
-            return Verdict(False, Reason.MISSING_SHEBANG_INTERPRETER, f"{text}: its #! interpreter")
-        return Verdict(False, Reason.MISSING_INTERPRETER, f"{text}: its ELF loader (PT_INTERP)")
+            return RunVerdict(
+                False, Reason.MISSING_SHEBANG_INTERPRETER, f"{text}: its #! interpreter"
+            )
+        return RunVerdict(False, Reason.MISSING_INTERPRETER, f"{text}: its ELF loader (PT_INTERP)")
     if err == errno.ENOEXEC:  # ExecFormatError: no binfmt handler takes the file
         if head.startswith(b"\x7fELF"):
-            return Verdict(False, Reason.FOREIGN_ARCHITECTURE, f"{text} (no binfmt interpreter)")
-        return Verdict(False, Reason.MISSING_SHEBANG, f"{text}: no #! line")
+            return RunVerdict(False, Reason.FOREIGN_ARCHITECTURE, f"{text} (no binfmt interpreter)")
+        return RunVerdict(False, Reason.MISSING_SHEBANG, f"{text}: no #! line")
     if err == errno.EACCES:
-        return Verdict(False, Reason.PERMISSION_DENIED, text)
-    return Verdict(False, Reason.UNDIAGNOSED, text)
+        return RunVerdict(False, Reason.PERMISSION_DENIED, text)
+    return RunVerdict(False, Reason.UNDIAGNOSED, text)
 
 
-def _signaled(sig: int, outcome: Outcome, root: str) -> Verdict:
+def _signaled(sig: int, outcome: ProcessEnd, root: str) -> RunVerdict:
     name = signal.Signals(sig).name if sig in signal.Signals.__members__.values() else str(sig)
     if sig in LIMIT_SIGNALS:
-        return Verdict(True, None, f"started, then stopped by {LIMIT_SIGNALS[sig]} ({name})")
+        return RunVerdict(True, None, f"started, then stopped by {LIMIT_SIGNALS[sig]} ({name})")
     if sig == signal.SIGILL:
-        return Verdict(
+        return RunVerdict(
             False, Reason.UNSUPPORTED_CPU, f"killed by {name}: an instruction the CPU lacks"
         )
     if _libc_mismatch(outcome.program, root):
-        return Verdict(False, Reason.LIBC_MISMATCH, f"killed by {name}: a glibc program on musl")
-    return Verdict(False, Reason.STARTUP_CRASH, f"killed by {name} at start-up")
+        return RunVerdict(False, Reason.LIBC_MISMATCH, f"killed by {name}: a glibc program on musl")
+    return RunVerdict(False, Reason.STARTUP_CRASH, f"killed by {name} at start-up")
 
 
 def _open(program: str, root: str) -> int | None:

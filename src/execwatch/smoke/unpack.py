@@ -21,7 +21,7 @@ from execwatch.runnable.limits import Limits
 from execwatch.runnable.openat2 import Resolver, Root
 from execwatch.scan.errors import CorruptInput, LimitExceeded, ScanInputError
 from execwatch.scan.layers import OPAQUE, WHITEOUT, bounded_tarinfo, member_path
-from execwatch.scan.sources import Budget, ImageSource, layer_stream
+from execwatch.scan.sources import ImageBudget, ImageSource, layer_stream
 
 WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -76,7 +76,7 @@ def unpack_image(image: ImageSource, dest: str, limits: Limits, max_bytes: int) 
     """Every layer of `image` into the empty directory `dest`."""
     disk = _Disk(dest, max_bytes)
     counter, entries = [0, 0], [0]
-    budget = Budget.start(image.label, limits)
+    budget = ImageBudget.start(image.label, limits)
     try:
         for layer in image.layers:
             with layer_stream(layer, limits, counter, budget) as stream:
@@ -94,7 +94,7 @@ def unpack_image(image: ImageSource, dest: str, limits: Limits, max_bytes: int) 
 
 def _apply(
     disk: _Disk, tar: tarfile.TarFile, layer: str, limits: Limits, entries: list[int],
-    budget: Budget,
+    budget: ImageBudget,
 ) -> None:  # fmt: skip
     added: set[str] = set()
     for member in tar:

@@ -27,9 +27,9 @@ from execwatch.scan.sources import (
     survey_archive,
 )
 from execwatch.scan.vocabulary import CHECK_OF_REASON, Check
-from execwatch.smoke import sandbox
-from execwatch.smoke.classify import Verdict, classify
-from execwatch.smoke.sandbox import Emulator, Launch, Outcome, SandboxLimits
+from execwatch.smoke import namespaces
+from execwatch.smoke.classify import RunVerdict, classify
+from execwatch.smoke.namespaces import Launch, ProcessEnd, QemuSetup, RunLimits
 from execwatch.smoke.unpack import Unpacked, remove_tree, unpack_image
 
 DROP_UID = DROP_GID = 65534  # a root caller runs the image as nobody, mapped to the image's user
@@ -56,7 +56,7 @@ class RunOptions:
     timeout_fails: bool = False
     qemu_dir: str | None = None
     binfmt: bool = True  # False: QEMU is always invoked directly (EXECWATCH_RUN_QEMU=direct)
-    limits: SandboxLimits = field(default_factory=SandboxLimits)
+    limits: RunLimits = field(default_factory=RunLimits)
     max_unpack: int = 8 * GiB
 
 
@@ -64,8 +64,8 @@ class RunOptions:
 class RunResult:
     platform: str
     argv: list[str]
-    outcome: Outcome
-    verdict: Verdict
+    outcome: ProcessEnd
+    verdict: RunVerdict
     unpacked: Unpacked
 
 
@@ -75,7 +75,7 @@ def run_report(
 ) -> None:  # fmt: skip
     """Run every image of `target` (of `platforms`, when given) and add the findings to the
     report's result for the same image."""
-    problem = sandbox.refusal()
+    problem = namespaces.refusal()
     if problem:
         raise RunSetupError(problem)
     with _images(target, registry, limits) as images:
@@ -132,13 +132,13 @@ def run_image(
         env = _env(cfg.get("Env"))
         workdir = os.path.normpath(os.path.join("/", str(cfg.get("WorkingDir") or "/")))
 
-        def unpack_and_run() -> tuple[Outcome, Unpacked]:
+        def unpack_and_run() -> tuple[ProcessEnd, Unpacked]:
             unpacked = unpack_image(image, lower, limits, options.max_unpack)
             uid, gid = _user(str(cfg.get("User") or ""), lower)
             if os.getuid() == 0 and _mapped(DROP_UID):
                 _drop(work)  # else root of a user namespace that lacks 65534: no host root
             launch = Launch(lower, stage, tuple(argv), env, workdir, uid, gid, emulator, machines)
-            return sandbox.run(launch, options.limits), unpacked
+            return namespaces.run(launch, options.limits), unpacked
 
         process = ProcessLimits(wall_s=options.limits.deadline_s + 600.0)
         try:
@@ -156,7 +156,7 @@ def run_image(
 
 def _emulation(
     platform: Platform, options: RunOptions
-) -> tuple[Emulator | None, tuple[int, ...] | None]:
+) -> tuple[QemuSetup | None, tuple[int, ...] | None]:
     native = os.uname().machine
     if NATIVE.get(platform.architecture) == native:
         return None, None
@@ -174,7 +174,7 @@ def _emulation(
         raise RunSetupError(f"--run {platform}: no {name}-static on {where} (--qemu-dir)")
     # opened here, named by its fd: a root caller's directory may be closed to the dropped uid
     fd = os.open(found, os.O_RDONLY)
-    return Emulator(name, f"/proc/self/fd/{fd}", magic, mask, options.binfmt), (machine,)
+    return QemuSetup(name, f"/proc/self/fd/{fd}", magic, mask, options.binfmt), (machine,)
 
 
 def _mapped(uid: int) -> bool:
@@ -210,7 +210,7 @@ def _argv(cfg: dict[str, object], args: tuple[str, ...] | None) -> list[str]:
 def _env(raw: object) -> dict[str, str]:
     """The image's Env over what a runtime sets when the image does not."""
     return {
-        "PATH": sandbox.DEFAULT_PATH,
+        "PATH": namespaces.DEFAULT_PATH,
         "HOSTNAME": "execwatch-run",
         "HOME": "/",
         **image_env(raw),
@@ -271,7 +271,7 @@ def _finding(run: RunResult, result: ImageResult) -> Finding:
     return Finding(check, severity, program, run.platform, message, True, "run", disagreement)
 
 
-def _disagreement(verdict: Verdict, program: str, result: ImageResult) -> str | None:
+def _disagreement(verdict: RunVerdict, program: str, result: ImageResult) -> str | None:
     static = [f for f in result.findings if f.source == "static" and f.severity is Severity.ERROR]
     same = [f for f in static if f.path == program or (f.entrypoint and f.path.endswith(program))]
     if verdict.started and same:

@@ -5,7 +5,7 @@ A series is one (pod UID, container, reason, path, binary arch): its Event note 
 patches `series.count` and `series.lastObservedTime`. A crash loop therefore stays ONE
 Event whose count grows, as client-go's event recorder does for isomorphic events. An
 exec that a binfmt_misc emulator ran (Emulated) did not fail: its series, one per pod and
-binary like the others, says what ran it, in the diagnosis's words (diagnosis/wording.py).
+binary like the others, says what ran it, in the diagnosis's words (reason.emulated_detail).
 
 Idempotence across restarts and failover: the Event carries the names and UIDs of the
 last records folded into it (annotation `execwatch.io/records`). A handler that re-reads
@@ -27,13 +27,13 @@ from typing import Any
 
 from cachetools import FIFOCache
 
-from execwatch.crd import Record
-from execwatch.diagnosis import wording
+from execwatch.crd import ParsedRecord
 from execwatch.handler.pods import Pod
 from execwatch.kube import errors
 from execwatch.kube.client import MERGE_PATCH, Rest, path
 from execwatch.kube.safe import fit_bytes, is_label_value, printable
 from execwatch.record import Reason
+from execwatch.runnable.reason import emulated_detail
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def event_reason(reason: Reason) -> str:
     return name if is_label_value(name) and name else "ExecFailed"
 
 
-def note_for(rec: Record) -> str:
+def note_for(rec: ParsedRecord) -> str:
     """The Event message: which binary, its architecture against the node's, which container."""
     if rec.reason is Reason.EMULATED:
         return _fit(_emulated_note(rec))
@@ -77,9 +77,9 @@ def note_for(rec: Record) -> str:
     return _fit("; ".join(parts))
 
 
-def _emulated_note(rec: Record) -> str:
+def _emulated_note(rec: ParsedRecord) -> str:
     """An exec that succeeded: what ran it, never "could not exec"."""
-    how = wording.emulated(rec.binary_arch, rec.interpreter, rec.node_arch)
+    how = emulated_detail(rec.binary_arch, rec.interpreter, rec.node_arch)
     return f'container "{rec.container or "?"}" ran {rec.path}: {how}; node {rec.node}'
 
 
@@ -87,7 +87,7 @@ def _fit(note: str) -> str:
     return fit_bytes(printable(note, 4 * NOTE_LIMIT), NOTE_LIMIT)
 
 
-def series_name(rec: Record, pod_name: str, pod_uid: str) -> str:
+def series_name(rec: ParsedRecord, pod_name: str, pod_uid: str) -> str:
     digest = hashlib.sha256(
         "\0".join((pod_uid, rec.container, str(rec.reason), rec.path, rec.binary_arch)).encode()
     ).hexdigest()[:16]
@@ -132,7 +132,7 @@ class EventWriter:
     def __post_init__(self) -> None:
         self._cache = FIFOCache(self.cache_size)
 
-    def record(self, rec: Record, pod: Pod, container_index: str | None) -> bool:
+    def record(self, rec: ParsedRecord, pod: Pod, container_index: str | None) -> bool:
         """Fold `rec` into its pod's series Event. True if written, False if already there."""
         name = series_name(rec, pod.name, pod.uid)
         key = f"{pod.namespace}/{name}"
@@ -187,7 +187,7 @@ class EventWriter:
             self._cache.pop(key, None)
 
     def _create(
-        self, rec: Record, pod: Pod, name: str, marker: str, container_index: str | None
+        self, rec: ParsedRecord, pod: Pod, name: str, marker: str, container_index: str | None
     ) -> None:
         now = self.clock()
         ns = pod.namespace
@@ -227,7 +227,7 @@ class EventWriter:
         rv = str(created["metadata"]["resourceVersion"])
         self._remember(f"{ns}/{name}", _Series(rec.count, [marker], rv))
 
-    def _patch(self, rec: Record, ns: str, name: str, state: _Series, marker: str) -> None:
+    def _patch(self, rec: ParsedRecord, ns: str, name: str, state: _Series, marker: str) -> None:
         count = state.count + rec.count
         records = [*state.records, marker][-RING:]
         body = {

@@ -10,7 +10,7 @@ deadline, which kills every process of the namespace.
 
 The user namespace maps one id: the image's user onto the caller's own (unprivileged)
 uid. Nothing is privileged outside the namespace; a root caller drops to an unprivileged
-uid before (smoke.run). Setup failures are one line each.
+uid before (smoke.runs). Setup failures are one line each.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class SandboxRefused(Exception):
 
 
 @dataclass(frozen=True)
-class SandboxLimits:
+class RunLimits:
     deadline_s: float = 10.0  # wall clock: past it the namespace's PID 1 is killed
     cpu_s: int = 30  # RLIMIT_CPU
     address_space: int = 4096 * MiB  # RLIMIT_AS
@@ -77,7 +77,7 @@ class SandboxLimits:
 
 
 @dataclass(frozen=True)
-class Emulator:
+class QemuSetup:
     """User-mode QEMU for a foreign ELF machine, as binfmt_misc describes it."""
 
     name: str  # qemu-aarch64
@@ -107,7 +107,7 @@ class Launch:
     workdir: str = "/"
     uid: int = 0  # inside the namespace
     gid: int = 0
-    emulator: Emulator | None = None
+    emulator: QemuSetup | None = None
     # ELF machines (e_machine) the platform's node runs: another ELF entrypoint is refused
     # with ENOEXEC as that node's kernel would (None: whatever this kernel runs)
     machines: tuple[int, ...] | None = None
@@ -115,7 +115,7 @@ class Launch:
 
 
 @dataclass
-class Outcome:
+class ProcessEnd:
     status: int | None = None  # the program's wait status
     exec_errno: int | None = None  # execve refused it
     program: str | None = None  # the path that was (or would have been) executed
@@ -159,7 +159,7 @@ def refusal_text(err: int) -> str:
     )
 
 
-def run(launch: Launch, limits: SandboxLimits) -> Outcome:
+def run(launch: Launch, limits: RunLimits) -> ProcessEnd:
     """Start the program and wait for it, its deadline, or its setup's failure."""
     started = time.monotonic()
     out_r, out_w = os.pipe()
@@ -194,9 +194,7 @@ def run(launch: Launch, limits: SandboxLimits) -> Outcome:
     return outcome
 
 
-def _drain(
-    bufs: dict[int, bytes], limits: SandboxLimits, started: float
-) -> dict[int, bytes] | None:
+def _drain(bufs: dict[int, bytes], limits: RunLimits, started: float) -> dict[int, bytes] | None:
     """Every stream until all close, each kept to output_bytes; None past a backstop
     (the monitor's own deadline plus a margin)."""
     backstop = started + limits.deadline_s + 30.0
@@ -215,8 +213,8 @@ def _drain(
     return bufs
 
 
-def _outcome(info: bytes) -> Outcome:
-    outcome = Outcome()
+def _outcome(info: bytes) -> ProcessEnd:
+    outcome = ProcessEnd()
     for line in info.splitlines():
         try:
             item = json.loads(line)
@@ -235,7 +233,7 @@ def _say(fd: int, **item: object) -> None:
     os.write(fd, (json.dumps(item) + "\n").encode())
 
 
-def _monitor(launch: Launch, limits: SandboxLimits, out: tuple[int, int], info: int) -> None:
+def _monitor(launch: Launch, limits: RunLimits, out: tuple[int, int], info: int) -> None:
     """In the caller's PID namespace: make the namespaces, fork their init, wait for it."""
     kernel = Kernel()
     kernel.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -290,7 +288,7 @@ def _map_ids(launch: Launch, uid: int, gid: int) -> None:
 
 
 def _init(
-    kernel: Kernel, launch: Launch, limits: SandboxLimits, out: tuple[int, int], report: int
+    kernel: Kernel, launch: Launch, limits: RunLimits, out: tuple[int, int], report: int
 ) -> None:
     code = 127
     try:
@@ -320,7 +318,7 @@ def _init(
 
 
 def _prepare(
-    kernel: Kernel, launch: Launch, limits: SandboxLimits, report: int
+    kernel: Kernel, launch: Launch, limits: RunLimits, report: int
 ) -> tuple[list[str], str]:
     """Mounts, pivot, limits: the argv to exec (maybe through QEMU) and the program's path."""
     kernel.mount("none", "/", "", MS_REC | MS_PRIVATE)
@@ -345,7 +343,7 @@ def _prepare(
     return argv, program
 
 
-def _root(kernel: Kernel, launch: Launch, limits: SandboxLimits) -> str:
+def _root(kernel: Kernel, launch: Launch, limits: RunLimits) -> str:
     stage = launch.stage
     kernel.mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV, f"size={limits.writable_bytes}")
     for name in ("upper", "work", "root", "dev"):
@@ -409,7 +407,7 @@ def _emulation(kernel: Kernel, launch: Launch, new: str) -> str | None:
     return "direct"
 
 
-def _foreign(program: str, emulator: Emulator) -> bool:
+def _foreign(program: str, emulator: QemuSetup) -> bool:
     try:
         with open(program, "rb") as f:
             return emulator.matches(f.read(len(emulator.magic)))
@@ -447,7 +445,7 @@ def find_program(name: str, path: str) -> str:
     return name
 
 
-def _limit(limits: SandboxLimits) -> None:
+def _limit(limits: RunLimits) -> None:
     for which, value in (
         (resource.RLIMIT_CPU, limits.cpu_s),
         (resource.RLIMIT_AS, limits.address_space),

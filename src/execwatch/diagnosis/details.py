@@ -1,5 +1,5 @@
 """How the node words the rules' faults in a Diagnosis detail (the scan words the same
-faults in scan/wording.py)."""
+faults in scan/wording.py; what the handler's Events say too is in runnable/reason.py)."""
 
 from __future__ import annotations
 
@@ -23,18 +23,6 @@ def exec_detail(fault: Fault, node_arch: str) -> str:
     if fault.reason is Reason.BAD_INTERPRETER and fault.arch is not None:
         return f"the loader is an {fault.arch} binary"
     return fault.detail
-
-
-def emulated(arch: str | None, emulator: str | None, node_arch: str) -> str:
-    """An exec a binfmt_misc emulator ran (Reason.EMULATED): the diagnosis's detail, which
-    the trace line and the pod's Event both show."""
-    arch = arch or "foreign"
-    article = "an" if arch[:1] in "aeiou" else "a"
-    return (
-        f"{article} {arch} binary ran under {emulator or 'an emulator'} on this {node_arch}"
-        " node (binfmt_misc emulation: slow, and it would fail with exec format error"
-        " elsewhere)"
-    )
 
 
 def startup_fault(fault: Fault) -> Fault:
