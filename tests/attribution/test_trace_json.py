@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.attribution.containerd_env import APP_IMAGE, Containerd
-from tests.attribution.runc_env import FOREIGN_BUSYBOX
+from tests.support.runtime.containerd import APP_IMAGE, Containerd
+from tests.support.runtime.runc import FOREIGN_BUSYBOX
 
 EXECWATCH = Path(sys.executable).parent / "execwatch"
 

@@ -19,9 +19,9 @@ from execwatch.cli import main
 from execwatch.runnable.limits import Limits
 from execwatch.scan.isolated import MiB, ProcessLimits
 from execwatch.scan.registry import RegistryOptions, resolve
-from tests.kube.cluster import ADMIN_TOKEN, KubeCluster
-from tests.registry.server import HostileRegistry, Registry
-from tests.scan.imagebuild import Image, file, layer_tar, oci_layout
+from tests.support.images.imagebuild import Image, file, layer_tar, oci_layout
+from tests.support.kube.apiserver import ADMIN_TOKEN, KubeCluster
+from tests.support.registry.registry_server import HostileRegistry, Registry
 
 NS = "shop"
 ARM64_ONLY = {

@@ -18,10 +18,10 @@ from execwatch.audit.emulation import EVERY_NODE, Emulation, emulates
 from execwatch.audit.engine import Status
 from execwatch.placement.decision import Outcome
 from tests.audit.test_audit import audit, sel, statuses, template
-from tests.kube.cluster import KubeCluster
-from tests.registry.fixtures import arm64_root
-from tests.registry.server import Registry
-from tests.scan.imagebuild import Image, file, oci_layout
+from tests.support.images.imagebuild import Image, file, oci_layout
+from tests.support.kube.apiserver import KubeCluster
+from tests.support.registry.registry_fixtures import arm64_root
+from tests.support.registry.registry_server import Registry
 
 NS = "build"
 ENTRY = ["/usr/bin/hello"]

@@ -14,9 +14,9 @@ import pytest
 from kubernetes import client
 
 from tests.audit.test_audit import audit, sel, template
-from tests.kube.cluster import KubeCluster
-from tests.registry.server import Registry
-from tests.scan.imagebuild import Image, file, oci_layout
+from tests.support.images.imagebuild import Image, file, oci_layout
+from tests.support.kube.apiserver import KubeCluster
+from tests.support.registry.registry_server import Registry
 
 NS = "broken-start"
 

@@ -17,8 +17,8 @@ from execwatch import crd
 from execwatch.handler.controller import LABEL, Handler, HandlerConfig
 from execwatch.handler.metrics import HandlerMetrics
 from execwatch.placement.observed import feedback_hook
-from tests.kube.cluster import KubeCluster
-from tests.kube.fixtures import (
+from tests.support.kube.apiserver import KubeCluster
+from tests.support.kube.apiserver_fixtures import (
     AGENT_NODE,
     admin,
     agent_api,

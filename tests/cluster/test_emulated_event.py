@@ -12,7 +12,6 @@ from kubernetes import client
 from execwatch.diagnosis.diagnoser import emulated
 from execwatch.record import ExecFailure, Kind, Reason
 from tests.cluster.conftest import NODE, PodFactory, label_of
-from tests.cluster.records import exec_failure
 from tests.cluster.test_handler import (
     StartHandler,
     drained,
@@ -20,6 +19,7 @@ from tests.cluster.test_handler import (
     failures_total,
     publish,
 )
+from tests.support.agent.exec_failures import exec_failure
 from tests.support.wait import wait_until
 
 QEMU = "/usr/bin/qemu-aarch64-static"

@@ -30,10 +30,10 @@ from execwatch.agent.records import RecordApi
 from execwatch.attribution import Attributor
 from execwatch.attribution.cri.client import CriContainers
 from execwatch.handler.controller import Handler
-from tests.attribution.runc_env import KubeletCgroup, Runc, remove_pod_cgroups
 from tests.cluster.conftest import NODE, PodFactory, label_of
 from tests.cluster.test_handler import events_of, failures_total
-from tests.kube.cluster import MANIFESTS, KubeCluster, load_manifests
+from tests.support.kube.apiserver import MANIFESTS, KubeCluster, load_manifests
+from tests.support.runtime.runc import KubeletCgroup, Runc, remove_pod_cgroups
 from tests.support.wait import wait_until
 
 

@@ -1,7 +1,7 @@
 """Every failure counted exactly once through lost replies, refusals, resets and failover.
 
 The agent's publisher and the handler replicas talk to the real kube-apiserver through
-a fault-injecting proxy on loopback (tests/kube/faultproxy.py) that, at random, answers
+a fault-injecting proxy on loopback (tests/support/kube/faultproxy.py) that, at random, answers
 429/500/503 itself, delays, resets connections before forwarding, and — the hard case —
 forwards a write, lets the API server carry it out, then drops or resets the reply. The
 Lease calls suffer too, and the leader is replaced several times during the run.
@@ -27,12 +27,12 @@ from execwatch.handler.controller import Handler, HandlerConfig
 from execwatch.kube import kubeapi
 from execwatch.kube.client import Rest
 from tests.cluster.conftest import NODE, PodFactory, list_records
-from tests.cluster.records import exec_failure
 from tests.cluster.test_handler import events_of, failures_total, sample
 from tests.cluster.test_node_binding import record
-from tests.kube.cluster import KubeCluster
-from tests.kube.faultproxy import FaultProxy
-from tests.kube.fixtures import AGENT_SA, HANDLER_SA
+from tests.support.agent.exec_failures import exec_failure
+from tests.support.kube.apiserver import KubeCluster
+from tests.support.kube.apiserver_fixtures import AGENT_SA, HANDLER_SA
+from tests.support.kube.faultproxy import FaultProxy
 from tests.support.wait import wait_until
 
 FAILURES_AT_LEAST = 1000

@@ -19,9 +19,9 @@ from execwatch.handler.events import RECORDS_ANNOTATION
 from execwatch.kube.safe import is_label_value
 from execwatch.record import AttributionStatus, ExecFailure, Reason
 from tests.cluster.conftest import NODE, PodFactory, label_of, list_records
-from tests.cluster.records import exec_failure
-from tests.kube.cluster import KubeCluster
-from tests.kube.fixtures import HANDLER_SA
+from tests.support.agent.exec_failures import exec_failure
+from tests.support.kube.apiserver import KubeCluster
+from tests.support.kube.apiserver_fixtures import HANDLER_SA
 from tests.support.wait import wait_until
 
 StartHandler = Callable[..., Handler]
@@ -541,7 +541,7 @@ def placement_feedback_rules() -> list[dict[str, Any]]:
 def feedback_rbac(admin: client.ApiClient) -> Any:
     import yaml
 
-    from tests.kube.cluster import apply
+    from tests.support.kube.apiserver import apply
 
     apply(admin, [yaml.safe_load(IMAGE_VERDICT_CRD.read_text())])
     rbac = client.RbacAuthorizationV1Api(admin)

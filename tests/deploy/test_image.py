@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 from execwatch import __version__
-from tests.deploy.chart import REPO, find, pod_spec, render
+from tests.support.deploy.chart import REPO, find, pod_spec, render
 
 CONTAINERFILE = REPO / "Containerfile"
 BPF_SRC = REPO / "src" / "execwatch" / "bpf"

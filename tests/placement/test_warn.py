@@ -26,7 +26,6 @@ from execwatch.placement.pullsecrets import PullSecrets
 from execwatch.placement.serving import WebhookServer
 from execwatch.placement.warnmode import WarnWorker
 from execwatch.placement.webhook import GATED_LABEL, http_handler
-from tests.kube.cluster import KubeCluster, make_pki
 from tests.placement.cluster import (
     OWN_NAMESPACE,
     create_pod,
@@ -36,6 +35,7 @@ from tests.placement.cluster import (
     warn_configuration,
 )
 from tests.placement.test_controller import F, R, Scripted, Seen, stored
+from tests.support.kube.apiserver import KubeCluster, make_pki
 from tests.support.wait import wait_until
 
 RS = "web-5d8f"
