@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import secrets
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +30,6 @@ from tests.support.runtime.runc import KubeletCgroup, Runc, remove_pod_cgroups
 from tests.support.wait import wait_until
 
 __all__ = ["pod_reader_rbac"]
-
-
-@pytest.fixture
-def runc(tmp_path: Path) -> Iterator[Runc]:
-    runtime = Runc(tmp_path / "runc")
-    yield runtime
-    runtime.cleanup()
 
 
 @pytest.mark.parametrize("death", DEATHS, ids=lambda d: d.name)

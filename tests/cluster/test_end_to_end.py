@@ -14,7 +14,6 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -52,13 +51,6 @@ def pod_reader_rbac(kube: KubeCluster, admin: client.ApiClient) -> Iterator[None
         rbac.delete_cluster_role_binding("execwatch-agent-pod-reader")
     with contextlib.suppress(ApiException):
         rbac.delete_cluster_role("execwatch-agent-pod-reader")
-
-
-@pytest.fixture
-def runc(tmp_path: Path) -> Iterator[Runc]:
-    runtime = Runc(tmp_path / "runc")  # fails loudly if runc or the arm64 busybox is missing
-    yield runtime
-    runtime.cleanup()
 
 
 @contextlib.contextmanager

@@ -173,7 +173,7 @@ def test_a_lost_delete_reply_is_counted_once(
 ) -> None:
     """Every record delete is carried out by the API server and its reply dropped: the
     retry gets 404 (or the watch's DELETED comes first). Counted once, not zero times."""
-    from tests.cluster.test_handler import publish
+    from tests.cluster.conftest import publish
 
     pod = make_pod()
     proxy.rate = 1.0
@@ -211,7 +211,7 @@ def test_a_label_patch_refused_by_another_webhook_is_counted_and_not_retried(
 ) -> None:
     """Another admission policy forbids label changes in this namespace: 422 (or 403) is
     permanent, so the Event is posted, the label skipped, the failure counted."""
-    from tests.cluster.test_handler import publish
+    from tests.cluster.conftest import publish
 
     policy = f"deny-labels-{namespace}"
     adm = client.AdmissionregistrationV1Api(admin)

@@ -18,8 +18,8 @@ from execwatch import crd
 from execwatch.agent.publisher import Publisher, PublisherConfig
 from execwatch.agent.records import RecordApi
 from execwatch.handler.controller import Handler
-from tests.cluster.conftest import NODE, PodFactory, list_records
-from tests.cluster.test_handler import events_of, failures_total, publish
+from tests.cluster.conftest import NODE, PodFactory, list_records, publish
+from tests.cluster.test_handler import events_of, failures_total
 from tests.support.agent.exec_failures import exec_failure
 from tests.support.kube.apiserver import KubeCluster
 from tests.support.kube.apiserver_fixtures import AGENT_SA, HANDLER_SA

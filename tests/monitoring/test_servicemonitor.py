@@ -31,7 +31,7 @@ from kubernetes import client
 
 from execwatch.agent.metrics import PublisherMetrics
 from execwatch.serving.exposition import serve
-from tests.cluster.test_handler import publish
+from tests.cluster.conftest import publish
 from tests.monitoring.operator import (
     Generated,
     generated,
