@@ -31,9 +31,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from tests.kube.cluster import MANIFESTS, KubeCluster, load_manifests, running_cluster
-from tests.kube.fixtures import AGENT_SA
-from tests.kube.processes import ExecwatchProcess
+from tests.support.kube.apiserver import MANIFESTS, KubeCluster, load_manifests, running_cluster
+from tests.support.kube.apiserver_fixtures import AGENT_SA
+from tests.support.kube.execwatch_process import ExecwatchProcess
 
 from benchmarks.common import require_root, rss_mb, save
 

@@ -34,9 +34,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.attribution.containerd_env import Containerd
-from tests.attribution.probe_recorder import ProbeRecorder
-from tests.attribution.runc_env import (
+from tests.support.probe.probe_recorder import ProbeRecorder
+from tests.support.runtime.containerd import Containerd
+from tests.support.runtime.runc import (
     KubeletCgroup,
     Runc,
     remove_empty_kubepods,

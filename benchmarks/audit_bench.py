@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.audit_bench [--nodes 1000] [--pods 10000] [--images 200]
         [--namespaces 20] [--profile]
 
-The cluster (tests/kube/cluster.py, no controllers: the audit only reads objects):
+The cluster (tests/support/kube/apiserver.py, no controllers: the audit only reads objects):
 `--nodes` Nodes, 30 % arm64; `--pods` pods bound to them (spec.nodeName), spread over
 `--namespaces` namespaces and owned as the controllers own them (Deployment -> ReplicaSet
 -> Pod, StatefulSet, two DaemonSets with a pod per node, one pinned to amd64), each pod's
@@ -53,12 +53,18 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
-from tests.binfmt.cbuild import HELLO_C, compile_c
-from tests.conftest import FOREIGN
-from tests.kube.cluster import KubeCluster, make_pki, running_cluster
-from tests.registry.server import PASSWORD, USER, Registry, TokenServer, running_registry
-from tests.scan.imagebuild import Entry, Image, file, oci_layout, symlink
-from tests.scan.test_checks import glibc_base, musl_base
+from tests.support.binfmt.cbuild import HELLO_C, compile_c
+from tests.support.binfmt.foreign_arch import FOREIGN
+from tests.support.images.base_images import glibc_base, musl_base
+from tests.support.images.imagebuild import Entry, Image, file, oci_layout, symlink
+from tests.support.kube.apiserver import KubeCluster, make_pki, running_cluster
+from tests.support.registry.registry_server import (
+    PASSWORD,
+    USER,
+    Registry,
+    TokenServer,
+    running_registry,
+)
 
 from benchmarks.common import RESULTS, save
 

@@ -57,16 +57,16 @@ from typing import Any
 
 from kubernetes import client, watch
 from prometheus_client.parser import text_string_to_metric_families
-from tests.cluster.records import exec_failure
-from tests.kube.cluster import (
+from tests.support.agent.exec_failures import exec_failure
+from tests.support.kube.apiserver import (
     ADMIN_TOKEN,
     MANIFESTS,
     KubeCluster,
     load_manifests,
     running_cluster,
 )
-from tests.kube.fixtures import AGENT_SA, HANDLER_SA
-from tests.kube.processes import ExecwatchProcess
+from tests.support.kube.apiserver_fixtures import AGENT_SA, HANDLER_SA
+from tests.support.kube.execwatch_process import ExecwatchProcess
 
 from benchmarks.common import rss_mb, save
 from execwatch import crd
@@ -208,7 +208,7 @@ def fresh_namespace(api: client.ApiClient) -> Iterator[str]:
 
 
 def bench_latency(kube: KubeCluster, work: Path, failures: int) -> dict[str, Any]:
-    from tests.attribution.runc_env import KubeletCgroup, Runc, remove_pod_cgroups
+    from tests.support.runtime.runc import KubeletCgroup, Runc, remove_pod_cgroups
 
     if os.geteuid() != 0:
         raise SystemExit("the latency benchmark loads BPF programs: run it as root")
@@ -452,7 +452,7 @@ from execwatch import crd
 from execwatch.kube.client import Rest, config_for
 from execwatch.agent.publisher import Publisher, PublisherConfig
 from execwatch.agent.records import RecordApi
-from tests.cluster.records import exec_failure
+from tests.support.agent.exec_failures import exec_failure
 
 url, ca, token, node, ns, pod, uid, records = sys.argv[1:]
 api = Rest(config_for(url, ca, token))

@@ -15,7 +15,7 @@ is an arm64 binary: it fails exec and the container is gone within milliseconds,
 no task left to read the image through. The node pipeline (probe -> diagnosis ->
 attribution) must still say ForeignArchitecture/arm64, from the container's rootfs
 found by its id and checked against the root inode the kernel reported. With --case,
-the entrypoint is instead a case of tests/probe/deaths.py (an image of its root) that
+the entrypoint is instead a case of tests/support/probe/deaths.py (an image of its root) that
 dies right after a successful exec, and the case's reason is expected.
 """
 
@@ -33,10 +33,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.attribution.containerd_env import APP_IMAGE, Containerd, oci_archive_of
-from tests.attribution.runc_env import FOREIGN_ARCH, FOREIGN_IN_ROOTFS
-from tests.binfmt.elfbuild import ElfSpec, build_elf
-from tests.probe.deaths import BY_NAME, DEATHS, KEEPALIVE, Death, DeathTracer
+from tests.support.binfmt.elfbuild import ElfSpec, build_elf
+from tests.support.probe.deaths import BY_NAME, DEATHS, KEEPALIVE, Death, DeathTracer
+from tests.support.runtime.containerd import APP_IMAGE, Containerd, oci_archive_of
+from tests.support.runtime.runc import FOREIGN_ARCH, FOREIGN_IN_ROOTFS
 
 from benchmarks.common import require_root, rss_mb, save
 from execwatch.attribution import Attributor

@@ -1,4 +1,5 @@
-"""A bad rollout on a simulated fleet: KWOK nodes on a real control plane (tests/fleet/kwok.py).
+"""A bad rollout on a simulated fleet: KWOK nodes on a real control plane
+(tests/support/kube/kwok.py).
 
     .venv/bin/python -m benchmarks.fleet_bench [--nodes 1000] [--pods 10000]
         [--burst-nodes 300] [--burst-seconds 10] [--crash-seconds 300] [--crash-every 10]
@@ -68,10 +69,10 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client, watch
-from tests.cluster.records import CountingRecords, exec_failure
-from tests.fleet.kwok import AGENT, ARCH_LABEL, FLEET_LABEL, TOLERATION, Fleet, fleet_cluster
-from tests.kube.fixtures import HANDLER_SA
-from tests.kube.processes import ExecwatchProcess
+from tests.support.agent.exec_failures import CountingRecords, exec_failure
+from tests.support.kube.apiserver_fixtures import HANDLER_SA
+from tests.support.kube.execwatch_process import ExecwatchProcess
+from tests.support.kube.kwok import AGENT, ARCH_LABEL, FLEET_LABEL, TOLERATION, Fleet, fleet_cluster
 
 from benchmarks.cluster_bench import (
     apiserver_requests,

@@ -22,8 +22,7 @@ import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
-from tests.kernels.test_matrix import RELEASES
-from tests.kernels.vm import Kernel, Vm
+from tests.support.kernels.vm import RELEASES, Kernel, Vm
 
 from benchmarks.common import RESULTS, build_c, require_root, save, sysctl
 from benchmarks.probe_bench import (

@@ -18,7 +18,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from tests.binfmt.elfbuild import ElfSpec, build_elf
+from tests.support.binfmt.elfbuild import ElfSpec, build_elf
 
 from execwatch.diagnosis.startup import explain
 from execwatch.runnable.directory import DirectoryFS

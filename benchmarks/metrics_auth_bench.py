@@ -31,7 +31,7 @@ from execwatch.serving.metricsauth import AuthMetrics, MetricsAuth, tls_context
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.kube.cluster import ensure_namespace, load_manifests, running_cluster  # noqa: E402
+from tests.support.kube.apiserver import ensure_namespace, load_manifests, running_cluster  # noqa: E402
 
 RBAC = "rbac.authorization.k8s.io"
 

@@ -27,10 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client, watch
-from tests.node.images import WEB_V2_ARM64, build_workloads, require_execwatch_archive
-from tests.node.install import NAMESPACE, helm_install, wait_quota_counted
-from tests.node.node import NODE_NAME, Node, running_node, wait_for
-from tests.node.workloads import (
+from tests.support.kubenode.helm_install import NAMESPACE, helm_install, wait_quota_counted
+from tests.support.kubenode.kubelet_node import NODE_NAME, Node, running_node, wait_for
+from tests.support.kubenode.node_images import (
+    WEB_V2_ARM64,
+    build_workloads,
+    require_execwatch_archive,
+)
+from tests.support.kubenode.story_workloads import (
     HANDLER_COMPONENT,
     container,
     deployment,

@@ -29,9 +29,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.binfmt.corpus import CORPUS as ELF_CORPUS
-from tests.binfmt.corpus import measure, sparse_elf
-from tests.scan.corpus import CORPUS as SCAN_CORPUS
+from tests.support.binfmt.hostile_elf import CORPUS as ELF_CORPUS
+from tests.support.binfmt.hostile_elf import measure, sparse_elf
+from tests.support.scan.hostile_inputs import CORPUS as SCAN_CORPUS
 
 import execwatch.binfmt.symbols
 from benchmarks.common import save
@@ -167,7 +167,7 @@ symbols = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = symbols
 spec.loader.exec_module(symbols)
 from execwatch.binfmt import BinfmtError, read_elf
-from tests.binfmt.test_scaling import verdef_long_name, verneed_shared_chain
+from tests.support.binfmt.version_tables import verdef_long_name, verneed_shared_chain
 data = {"verneed-66KB": lambda: verneed_shared_chain(66 << 10),
         "file-2MiB": lambda: verdef_long_name(2 << 20)}[case]()
 info = read_elf(io.BytesIO(data))

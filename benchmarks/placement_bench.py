@@ -46,11 +46,13 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client, watch
-from tests.binfmt.cbuild import HELLO_C, compile_c
-from tests.deploy.chart import find, render
-from tests.kube.cluster import KubeCluster, free_port, load_manifests, running_cluster
-from tests.kube.processes import ExecwatchProcess
-from tests.placement.test_cli import (
+from tests.support.binfmt.cbuild import HELLO_C, compile_c
+from tests.support.deploy.chart import find, render
+from tests.support.images.base_images import glibc_base
+from tests.support.images.imagebuild import Image, file, oci_layout
+from tests.support.kube.apiserver import KubeCluster, free_port, load_manifests, running_cluster
+from tests.support.kube.execwatch_process import ExecwatchProcess
+from tests.support.placement.chart_placement import (
     NAME,
     NODES,
     NS,
@@ -63,15 +65,13 @@ from tests.placement.test_cli import (
     own_env,
     placement_rights,
 )
-from tests.registry.server import (
+from tests.support.registry.registry_server import (
     PASSWORD,
     USER,
     Registry,
     running_registry,
     running_token_registry,
 )
-from tests.scan.imagebuild import Image, file, oci_layout
-from tests.scan.test_checks import glibc_base
 
 from benchmarks.cluster_bench import percentile, wait_for
 from benchmarks.common import rss_mb, save

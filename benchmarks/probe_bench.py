@@ -69,7 +69,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support.emulation import EMULATORS, BinfmtNamespace, aarch64_entry
+from tests.support.binfmt.emulation import EMULATORS, BinfmtNamespace, aarch64_entry
 
 from benchmarks.common import build_c, require_root, rss_mb, save, sysctl
 from execwatch.attribution import Attributor

@@ -5,4 +5,4 @@
 #   usage: dev/containerd-test-env.sh        (root; after `dev/setup.sh --test`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec .venv/bin/python -m tests.attribution.containerd_env
+exec .venv/bin/python -m tests.support.runtime.containerd

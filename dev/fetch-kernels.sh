@@ -22,7 +22,7 @@ deb [trusted=yes] $mirror/debian-security trixie-security main"
 )
 releases=(bullseye bookworm trixie sid)
 # What the guest's initramfs loads to mount the host over 9p, and binfmt_misc for the
-# emulation test (tests/kernels/vm.py).
+# emulation test (tests/support/kernels/vm.py).
 module_dirs=(drivers/virtio net/9p fs/9p fs/netfs fs/fscache "fs/binfmt_misc.ko*")
 
 fetch() {

@@ -13,11 +13,10 @@ import pytest
 
 from execwatch.logs import KeyValueFormatter
 from execwatch.pipeline import NodePipeline
-from tests.attribution.containerd_env import Containerd
 from tests.gotools import TOOLS, BuildRun, ToolUnavailable, order_key, tools_needed
+from tests.support.binfmt.foreign_arch import FOREIGN
+from tests.support.runtime.containerd import Containerd
 
-REPO = Path(__file__).resolve().parent.parent
-FOREIGN = REPO / ".cache" / "foreign"
 GO_TOOLS = pytest.StashKey[dict[str, ToolUnavailable | None]]()  # tool -> why not, once known
 
 
@@ -127,7 +126,7 @@ def pipelines() -> Iterator[list[NodePipeline]]:
 @pytest.fixture(scope="session")
 def foreign_os() -> dict[str, Path]:
     """Go cross-compiles for macOS, Windows and the BSDs (dev/build-foreign-os.sh)."""
-    from tests.support.foreignos import built
+    from tests.support.binfmt.foreignos import built
 
     try:
         return built()

@@ -37,8 +37,8 @@ TOOLS = (
 KUBE = frozenset({"etcd", "kube-apiserver"})
 # (module defining the fixture, fixture name) -> the tools behind it
 FIXTURE_TOOLS: Mapping[tuple[str, str], frozenset[str]] = {
-    ("tests.kube.fixtures", "kube"): KUBE,
-    ("tests.registry.fixtures", "registry"): frozenset({"registry"}),
+    ("tests.support.kube.apiserver_fixtures", "kube"): KUBE,
+    ("tests.support.registry.registry_fixtures", "registry"): frozenset({"registry"}),
     ("tests.node.conftest", "node"): KUBE | {"node"},
     ("tests.node.conftest", "release"): frozenset({"helm"}),
     ("tests.node.conftest", "prometheus"): frozenset({"prometheus"}),
@@ -54,6 +54,12 @@ MODULE_TOOLS: Mapping[str, frozenset[str]] = {
     "tests.node.test_story_rollout": frozenset({"rollouts"}),
     "tests.fleet.": KUBE | {"node", "kwok"},
     "tests.monitoring.": KUBE | {"helm", "prometheus", "prometheus-operator"},
+    # the shared harnesses (tests/support/<concern>/) that start a tool
+    "tests.support.kube.": KUBE,
+    "tests.support.kube.kwok": KUBE | {"node", "kwok"},
+    "tests.support.kubenode.": KUBE | {"node", "helm"},
+    "tests.support.registry.": frozenset({"registry"}),
+    "tests.support.deploy.": frozenset({"helm"}),
 }
 
 

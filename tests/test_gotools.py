@@ -104,18 +104,20 @@ def test_builds_that_ended_without_the_tool_fail_the_wait(tmp_path: Path) -> Non
 
 
 def test_tools_come_from_fixtures_and_imports_in_build_order() -> None:
-    kube = ("tests.kube.fixtures", "kube")
+    kube = ("tests.support.kube.apiserver_fixtures", "kube")
     node = [("tests.node.conftest", f) for f in ("node", "release", "prometheus")]
     assert tools_needed(["tests.scan.test_inputs", "pathlib"], []) == frozenset()
     assert tools_needed(["tests.cluster.test_crd"], [kube]) == {"etcd", "kube-apiserver"}
     # a parametrized argument named like a fixture is not that fixture
     assert tools_needed(["tests.binfmt.test_platform"], [("_pytest.fixtures", "node")]) == set()
     # a module that runs a tool itself, by what it imports
-    assert tools_needed(["tests.placement.test_run", "tests.kube.cluster"], []) == {
+    assert tools_needed(["tests.placement.test_run", "tests.support.kube.apiserver"], []) == {
         "etcd",
         "kube-apiserver",
     }
-    assert tools_needed(["tests.audit.test_audit", "tests.registry.server"], []) == {"registry"}
+    assert tools_needed(
+        ["tests.audit.test_audit", "tests.support.registry.registry_server"], []
+    ) == {"registry"}
     rollout = tools_needed(["tests.node.test_story_rollout"], node)
     assert rollout == {"etcd", "kube-apiserver", "node", "helm", "prometheus", "rollouts"}
     assert order_key(rollout) == TOOLS.index("rollouts")

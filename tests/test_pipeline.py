@@ -31,7 +31,7 @@ from execwatch.record import (
     RepeatKey,
     UndiagnosedCause,
 )
-from tests.support.pipeline import make_pipeline
+from tests.support.node.pipeline import make_pipeline
 
 MNTNS = 4026531840
 

@@ -9,9 +9,9 @@ import pytest
 
 from execwatch.attribution import Attributor
 from execwatch.attribution.cri.client import CriContainers
-from tests.attribution.containerd_env import Containerd
-from tests.attribution.probe_recorder import ProbeRecorder
-from tests.attribution.runc_env import Runc, remove_empty_kubepods
+from tests.support.probe.probe_recorder import ProbeRecorder
+from tests.support.runtime.containerd import Containerd
+from tests.support.runtime.runc import Runc, remove_empty_kubepods
 
 
 @pytest.fixture(scope="session")

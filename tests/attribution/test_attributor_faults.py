@@ -23,7 +23,7 @@ from execwatch.attribution.metadata import (
 )
 from execwatch.attribution.mounts import cgroup_mounts
 from execwatch.record import AttributionStatus
-from tests.attribution.runc_env import remove_pod_cgroups
+from tests.support.runtime.runc import remove_pod_cgroups
 
 
 @dataclass(frozen=True)

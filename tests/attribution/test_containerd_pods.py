@@ -9,8 +9,8 @@ from execwatch.attribution.cri import api_pb2 as pb
 from execwatch.attribution.cri.client import CriContainers
 from execwatch.attribution.mounts import cgroup_mounts
 from execwatch.record import AttributionStatus
-from tests.attribution.containerd_env import APP_IMAGE, Containerd
-from tests.attribution.probe_recorder import ProbeRecorder
+from tests.support.probe.probe_recorder import ProbeRecorder
+from tests.support.runtime.containerd import APP_IMAGE, Containerd
 
 
 def wait_cgroup_removed(path: str, timeout: float = 10) -> None:

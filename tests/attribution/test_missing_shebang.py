@@ -23,9 +23,9 @@ from execwatch.attribution.cri.client import CriContainers
 from execwatch.node.stack import StackOptions
 from execwatch.pipeline import PipelineOptions
 from execwatch.record import AttributionStatus, ExecFailure, Reason
-from tests.attribution.containerd_env import Containerd, oci_archive
-from tests.attribution.runc_env import HOST_BUSYBOX, KubeletCgroup, Runc, remove_pod_cgroups
-from tests.support.node import Running, node_stack
+from tests.support.node.stack_runner import Running, node_stack
+from tests.support.runtime.containerd import Containerd, oci_archive
+from tests.support.runtime.runc import HOST_BUSYBOX, KubeletCgroup, Runc, remove_pod_cgroups
 from tests.support.wait import wait_until
 
 NO_SHEBANG = b"echo hello\n"

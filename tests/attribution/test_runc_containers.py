@@ -9,8 +9,8 @@ import pytest
 from execwatch.attribution import Attributor
 from execwatch.attribution.mounts import cgroup_mounts
 from execwatch.record import AttributionStatus
-from tests.attribution.probe_recorder import ProbeRecorder
-from tests.attribution.runc_env import (
+from tests.support.probe.probe_recorder import ProbeRecorder
+from tests.support.runtime.runc import (
     KubeletCgroup,
     Runc,
     remove_pod_cgroups,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tests.attribution.containerd_env import APP_IMAGE, Containerd
-from tests.attribution.runc_env import FOREIGN_BUSYBOX
+from tests.support.runtime.containerd import APP_IMAGE, Containerd
+from tests.support.runtime.runc import FOREIGN_BUSYBOX
 from tests.support.trace import running_trace
 
 

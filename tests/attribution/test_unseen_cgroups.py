@@ -18,7 +18,7 @@ import pytest
 from execwatch.attribution import Attributor
 from execwatch.attribution.mounts import cgroup_mounts
 from execwatch.record import AttributionStatus, ExecFailed
-from tests.attribution.probe_recorder import ProbeRecorder
+from tests.support.probe.probe_recorder import ProbeRecorder
 
 
 @pytest.fixture

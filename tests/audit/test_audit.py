@@ -3,6 +3,7 @@ registry: a mix of ready and broken workloads, an amd64 node, and arm64 nodes to
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 from pathlib import Path
@@ -19,11 +20,11 @@ from execwatch.runnable.limits import Limits
 from execwatch.runnable.verdict import Outcome
 from execwatch.scan.isolated import MiB, ProcessLimits
 from execwatch.scan.registry import RegistryOptions, resolve
-from tests.kube.cluster import ADMIN_TOKEN, KubeCluster
-from tests.registry.server import HostileRegistry, Registry
-from tests.scan.imagebuild import Image, file, layer_tar, oci_layout
+from tests.audit.audit_cli import NS, AuditCli
+from tests.support.images.imagebuild import Image, file, layer_tar, oci_layout
+from tests.support.kube.apiserver import KubeCluster
+from tests.support.registry.registry_server import HostileRegistry, Registry
 
-NS = "shop"
 ARM64_ONLY = {
     "nodeAffinity": {
         "requiredDuringSchedulingIgnoredDuringExecution": {
@@ -199,37 +200,10 @@ def warm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("audit-cache")
 
 
-def audit(
-    capsys: pytest.CaptureFixture[str],
-    kube: KubeCluster,
-    registry: Registry,
-    tmp_path: Path,
-    *argv: str,
-    token: str = ADMIN_TOKEN,
-    cache: Path | None = None,
-) -> tuple[int, str, str]:
-    kubeconfig = kube.kubeconfig(token, tmp_path / "kubeconfig")
-    auth = registry.auth_file(tmp_path / "auth.json")
-    capsys.readouterr()
-    code = main(
-        [
-            "audit",
-            "--kubeconfig",
-            str(kubeconfig),
-            "-n",
-            NS,
-            "--no-progress",
-            "--registry-config",
-            str(auth),
-            "--registry-ca",
-            str(registry.ca),
-            "--cache-dir",
-            str(cache or tmp_path / "cache"),
-            *argv,
-        ]
-    )
-    out = capsys.readouterr()
-    return code, out.out, out.err
+@pytest.fixture
+def audit_warm(audit_cli: AuditCli, warm: Path) -> AuditCli:
+    """audit_cli with the warm cache."""
+    return functools.partial(audit_cli, "--cache-dir", str(warm))
 
 
 def statuses(doc: dict[str, Any]) -> dict[str, dict[str, str]]:
@@ -241,19 +215,9 @@ def statuses(doc: dict[str, Any]) -> dict[str, dict[str, str]]:
 
 def test_migration_readiness_of_a_mixed_cluster(
     cluster: dict[str, str],
-    kube: KubeCluster,
-    registry: Registry,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    warm: Path,
+    audit_warm: AuditCli,
 ) -> None:
-    code, out, _ = audit(
-        capsys,
-        kube,
-        registry,
-        tmp_path,
-        "--cache-dir",
-        str(warm),
+    code, out, _ = audit_warm(
         "--arch",
         "arm64",
         "--format",
@@ -286,43 +250,28 @@ def test_migration_readiness_of_a_mixed_cluster(
 
 def test_a_re_audit_scans_only_what_changed(
     cluster: dict[str, str],
-    kube: KubeCluster,
-    registry: Registry,
     tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    audit_cli: AuditCli,
 ) -> None:
     cache = tmp_path / "shared-cache"
-    _, out, _ = audit(capsys, kube, registry, tmp_path, "--format", "json", cache=cache)
+    _, out, _ = audit_cli("--format", "json", cache=cache)
     first = json.loads(out)
     assert first["fromCache"] == 0 and first["scanned"] > 0
-    _, out, _ = audit(
-        capsys, kube, registry, tmp_path, "--format", "json", "--arch", "arm64", cache=cache
-    )
+    _, out, _ = audit_cli("--format", "json", "--arch", "arm64", cache=cache)
     second = json.loads(out)
     assert second["fromCache"] >= first["scanned"]  # amd64 verdicts come from the cache
     assert second["scanned"] > 0  # arm64 ones are new
-    _, out, _ = audit(
-        capsys, kube, registry, tmp_path, "--format", "json", "--arch", "arm64", cache=cache
-    )
+    _, out, _ = audit_cli("--format", "json", "--arch", "arm64", cache=cache)
     third = json.loads(out)
     assert third["scanned"] == 0 and statuses(third) == statuses(second)
 
 
 def test_sarif_and_table(
     cluster: dict[str, str],
-    kube: KubeCluster,
-    registry: Registry,
     tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    warm: Path,
+    audit_warm: AuditCli,
 ) -> None:
-    code, out, _ = audit(
-        capsys,
-        kube,
-        registry,
-        tmp_path,
-        "--cache-dir",
-        str(warm),
+    code, out, _ = audit_warm(
         "--arch",
         "arm64",
         "--format",
@@ -331,13 +280,7 @@ def test_sarif_and_table(
     rules = {r["ruleId"] for r in json.loads(out)["runs"][0]["results"]}
     assert code == 1 and rules == {"audit/would-fail", "audit/missing-platform"}
     table = tmp_path / "report.txt"
-    code, out, _ = audit(
-        capsys,
-        kube,
-        registry,
-        tmp_path,
-        "--cache-dir",
-        str(warm),
+    code, out, _ = audit_warm(
         "--arch",
         "arm64",
         "-o",
@@ -355,11 +298,9 @@ def test_sarif_and_table(
 def test_read_only_service_account_and_a_denied_one(
     cluster: dict[str, str],
     kube: KubeCluster,
-    registry: Registry,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
     admin: client.ApiClient,
-    warm: Path,
+    audit_cli: AuditCli,
+    audit_warm: AuditCli,
 ) -> None:
     core, rbac = client.CoreV1Api(admin), client.RbacAuthorizationV1Api(admin)
     for name in ("auditor", "nobody"):
@@ -376,23 +317,13 @@ def test_read_only_service_account_and_a_denied_one(
             "subjects": [{"kind": "ServiceAccount", "name": "auditor", "namespace": NS}],
         }
     )
-    code, out, _ = audit(
-        capsys,
-        kube,
-        registry,
-        tmp_path,
+    code, out, _ = audit_cli(
         "--format",
         "json",
         token=kube.service_account_token(NS, "auditor"),
     )
     assert code == 1 and len(json.loads(out)["workloads"]) == 6
-    code, out, err = audit(
-        capsys,
-        kube,
-        registry,
-        tmp_path,
-        "--cache-dir",
-        str(warm),
+    code, out, err = audit_warm(
         token=kube.service_account_token(NS, "nobody"),
     )
     assert (code, out) == (2, "")
@@ -401,11 +332,9 @@ def test_read_only_service_account_and_a_denied_one(
 
 def test_images_that_cannot_be_checked_are_errors_and_exit_2(
     cluster: dict[str, str],
-    kube: KubeCluster,
     registry: Registry,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
     admin: client.ApiClient,
+    audit_cli: AuditCli,
 ) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -420,7 +349,7 @@ def test_images_that_cannot_be_checked_are_errors_and_exit_2(
     for name, image in images.items():
         spec = {"selector": sel(name), "template": template(name, image)}
         apps.create_namespaced_deployment("gone", {"metadata": {"name": name}, "spec": spec})
-    code, out, _ = audit(capsys, kube, registry, tmp_path, "-n", "gone", "--format", "json")
+    code, out, _ = audit_cli("-n", "gone", "--format", "json")
     assert code == 2
     messages = {
         w["name"]: w["architectures"]["amd64"]["containers"][0]["message"]
@@ -452,12 +381,11 @@ def deep_path(depth: int) -> str:
 
 def test_one_image_that_cannot_be_checked_is_its_workloads_error_not_an_aborted_audit(
     cluster: dict[str, str],
-    kube: KubeCluster,
     registry: Registry,
     pushed: dict[str, str],
     tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
     admin: client.ApiClient,
+    audit_cli: AuditCli,
 ) -> None:
     """Issue 24: one layer with a member 1,200 directories deep aborted the whole audit with
     a RecursionError and no report. That image is checked now, one 3,000 deep is an error
@@ -474,7 +402,7 @@ def test_one_image_that_cannot_be_checked_is_its_workloads_error_not_an_aborted_
     for name, image in refs.items():
         spec = {"selector": sel(name), "template": template(name, image)}
         apps.create_namespaced_deployment("deep", {"metadata": {"name": name}, "spec": spec})
-    code, out, err = audit(capsys, kube, registry, tmp_path, "-n", "deep", "--format", "json")
+    code, out, err = audit_cli("-n", "deep", "--format", "json")
     assert (code, err) == (2, "")
     doc = json.loads(out)
     assert statuses(doc) == {

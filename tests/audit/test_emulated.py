@@ -17,11 +17,12 @@ from kubernetes import client
 from execwatch.audit.node_emulation import EVERY_NODE, Emulation, emulates
 from execwatch.audit.report import WORD
 from execwatch.runnable.verdict import Outcome, worst
-from tests.audit.test_audit import audit, sel, statuses, template
-from tests.kube.cluster import KubeCluster
-from tests.registry.fixtures import arm64_root
-from tests.registry.server import Registry
-from tests.scan.imagebuild import Image, file, oci_layout
+from tests.audit.audit_cli import AuditCli
+from tests.audit.test_audit import sel, statuses, template
+from tests.support.images.imagebuild import Image, file, oci_layout
+from tests.support.kube.apiserver import KubeCluster
+from tests.support.registry.registry_fixtures import arm64_root
+from tests.support.registry.registry_server import Registry
 
 NS = "build"
 ENTRY = ["/usr/bin/hello"]
@@ -63,17 +64,9 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 Run = tuple[int, dict[str, Any]]
 
 
-def run_json(
-    capsys: pytest.CaptureFixture[str],
-    kube: KubeCluster,
-    registry: Registry,
-    tmp_path: Path,
-    cache: Path,
-    *argv: str,
-) -> Run:
-    code, out, _ = audit(
-        capsys, kube, registry, tmp_path, "-n", NS, "--arch", "riscv64", "--format", "json",
-        *argv, cache=cache,
+def run_json(audit_cli: AuditCli, cache: Path, *argv: str) -> Run:
+    code, out, _ = audit_cli(
+        "-n", NS, "--arch", "riscv64", "--format", "json", *argv, cache=cache
     )  # fmt: skip
     return code, json.loads(out)
 
@@ -94,16 +87,13 @@ WITHOUT = {
 
 def test_binaries_an_emulator_runs_are_emulated_not_failing(
     emulating: None,
-    kube: KubeCluster,
-    registry: Registry,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
     cache: Path,
+    audit_cli: AuditCli,
 ) -> None:
-    code, without = run_json(capsys, kube, registry, tmp_path, cache)
+    code, without = run_json(audit_cli, cache)
     assert (code, statuses(without)) == (1, WITHOUT)
 
-    code, doc = run_json(capsys, kube, registry, tmp_path, cache, "--emulates", "arm64")
+    code, doc = run_json(audit_cli, cache, "--emulates", "arm64")
 
     assert code == 1, "emulated is not ready: slow, and failing where no emulator is"
     assert doc["emulates"] == {"amd64": ["arm64"], "riscv64": ["arm64"]}
@@ -128,13 +118,10 @@ def test_binaries_an_emulator_runs_are_emulated_not_failing(
 
 def test_only_the_nodes_named_emulate(
     emulating: None,
-    kube: KubeCluster,
-    registry: Registry,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
     cache: Path,
+    audit_cli: AuditCli,
 ) -> None:
-    code, doc = run_json(capsys, kube, registry, tmp_path, cache, "--emulates", "riscv64=arm64")
+    code, doc = run_json(audit_cli, cache, "--emulates", "riscv64=arm64")
     assert code == 1
     assert doc["emulates"] == {"riscv64": ["arm64"]}
     assert statuses(doc) == {
@@ -145,21 +132,19 @@ def test_only_the_nodes_named_emulate(
 
 def test_the_table_and_sarif_say_emulated(
     emulating: None,
-    kube: KubeCluster,
-    registry: Registry,
     tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
     cache: Path,
+    audit_cli: AuditCli,
 ) -> None:
     report = tmp_path / "report.txt"
     common = ("-n", NS, "--emulates", "arm64", "--cache-dir", str(cache))
-    code, _, _ = audit(capsys, kube, registry, tmp_path, *common, "-o", str(report))
+    code, _, _ = audit_cli(*common, "-o", str(report))
     text = report.read_text()
     assert code == 1
     assert "main: /usr/bin/hello ★ emulated (arm64) (+" in text
     assert "emulates arm64)" in text  # the amd64 column's header
     assert "4 workloads; per workload and architecture: 1 ready, 1 emulated," in text
-    code, out, _ = audit(capsys, kube, registry, tmp_path, *common, "--format", "sarif")
+    code, out, _ = audit_cli(*common, "--format", "sarif")
     results = json.loads(out)["runs"][0]["results"]
     emulated = [r for r in results if r["ruleId"] == "audit/emulated"]
     assert [r["level"] for r in emulated] == ["warning"]

@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.audit.test_audit import audit, sel, template
-from tests.kube.cluster import KubeCluster
-from tests.registry.server import Registry
-from tests.scan.imagebuild import Image, file, oci_layout
+from tests.audit.audit_cli import AuditCli
+from tests.audit.test_audit import sel, template
+from tests.support.images.imagebuild import Image, file, oci_layout
+from tests.support.kube.apiserver import KubeCluster
+from tests.support.registry.registry_server import Registry
 
 NS = "broken-start"
 
@@ -62,15 +63,9 @@ def by_arch(doc: dict[str, Any], name: str) -> dict[str, dict[str, Any]]:
 
 def test_such_workloads_would_fail_on_every_architecture(
     workloads: None,
-    kube: KubeCluster,
-    registry: Registry,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    audit_cli: AuditCli,
 ) -> None:
-    code, out, _ = audit(
-        capsys, kube, registry, tmp_path, "-n", NS, "--arch", "amd64", "--arch", "arm64",
-        "--format", "json",
-    )  # fmt: skip
+    code, out, _ = audit_cli("-n", NS, "--arch", "amd64", "--arch", "arm64", "--format", "json")
     doc = json.loads(out)
     assert code == 1
     for name, (_, check, said) in CASES.items():

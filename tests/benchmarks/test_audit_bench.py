@@ -7,8 +7,8 @@ from pathlib import Path
 
 from benchmarks.audit_bench import parse, run
 
-from tests.kube.cluster import find_binaries
-from tests.registry.server import registry_binary
+from tests.support.kube.apiserver import find_binaries
+from tests.support.registry.registry_server import registry_binary
 
 TINY = ["--nodes", "6", "--pods", "80", "--images", "12", "--namespaces", "2"]
 

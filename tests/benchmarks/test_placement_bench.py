@@ -7,9 +7,9 @@ from pathlib import Path
 
 from benchmarks.placement_bench import parse, run, table
 
-from tests.deploy.chart import helm
-from tests.kube.cluster import find_binaries
-from tests.registry.server import registry_binary
+from tests.support.deploy.chart import helm
+from tests.support.kube.apiserver import find_binaries
+from tests.support.registry.registry_server import registry_binary
 
 TINY = ["--creates", "8", "--first-seen", "1", "--burst", "6", "--htpasswd-burst", "2"]
 

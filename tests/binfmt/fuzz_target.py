@@ -36,7 +36,9 @@ SECONDS = 5.0  # instrumentation slows Python 10-20x, CI load more; exact: parse
 
 
 def _ld_so_conf(data: bytes) -> None:
-    from tests.scan.corpus import ld_so_conf_dirs  # the linker's reader on a one-file image
+    from tests.support.scan.hostile_inputs import (
+        ld_so_conf_dirs,  # the linker's reader on a one-file image
+    )
 
     ld_so_conf_dirs({"/etc/ld.so.conf": data})
 
@@ -82,7 +84,7 @@ def one_input(data: bytes) -> None:
 
 def warm_up() -> None:
     """First calls import lazily and fill caches: not the parsers' cost."""
-    from tests.binfmt.corpus import max_phnum
+    from tests.support.binfmt.hostile_elf import max_phnum
 
     for little in (True, False):
         for cls in (b"\x01", b"\x02"):

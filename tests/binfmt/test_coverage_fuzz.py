@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.binfmt.corpus import CORPUS, SYMBOL_CORPUS
 from tests.binfmt.test_fuzz import seeds
 from tests.binfmt.test_isa import HOSTILE_NOTES
-from tests.scan.imagebuild import file, layer_tar, symlink
+from tests.support.binfmt.hostile_elf import CORPUS, SYMBOL_CORPUS
+from tests.support.images.imagebuild import file, layer_tar, symlink
 
 REPO = Path(__file__).parents[2]
 RUNS = 30_000

@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from execwatch.binfmt import BinfmtError, ElfInfo, Platform, read_elf
-from tests.binfmt.elfbuild import DT, ElfSpec, arm_attributes, build_elf
+from tests.support.binfmt.elfbuild import DT, ElfSpec, arm_attributes, build_elf
 
 
 def parse(data: bytes) -> ElfInfo:

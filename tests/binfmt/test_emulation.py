@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from execwatch.binfmt.emulation import MAX_ENTRIES, Emulator, parse_entry, read_table
-from tests.support.emulation import (
+from tests.support.binfmt.emulation import (
     BinfmtNamespace,
     aarch64_entry,
     binfmt_namespace,

@@ -23,7 +23,7 @@ from execwatch.binfmt.foreign import (
     of_elf,
 )
 from execwatch.binfmt.shebang import missing_shebang_cause
-from tests.support.foreignos import BUILT, elf_with_note, universal
+from tests.support.binfmt.foreignos import BUILT, elf_with_note, universal
 
 
 class CountingFile(io.BytesIO):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from execwatch.binfmt import BinfmtError, parse_shebang, read_elf
-from tests.binfmt.elfbuild import ElfSpec, arm_attributes, build_elf
+from tests.support.binfmt.elfbuild import ElfSpec, arm_attributes, build_elf
 
 INTERESTING = [0, 1, 0x7F, 0x80, 0xFF, 0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF, 2**63, 2**64 - 1, 2**32]
 MAX_READ = 1 << 20

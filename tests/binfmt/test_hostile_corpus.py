@@ -23,7 +23,7 @@ from execwatch.binfmt.symbols import (
     SymbolRef,
     read_dynamic_symbols,
 )
-from tests.binfmt.corpus import CORPUS, SYMBOL_CORPUS, measure, sparse_elf
+from tests.support.binfmt.hostile_elf import CORPUS, SYMBOL_CORPUS, measure, sparse_elf
 
 SECONDS = 0.25
 PEAK_BYTES = 16 << 20
@@ -90,7 +90,7 @@ RSS_PROBE = """
 import io, json, resource, sys
 from execwatch.binfmt import BinfmtError, read_elf
 from execwatch.binfmt.symbols import SymbolRef, read_dynamic_symbols
-from tests.binfmt.corpus import CORPUS, SYMBOL_CORPUS
+from tests.support.binfmt.hostile_elf import CORPUS, SYMBOL_CORPUS
 blobs = {name: make() for name, make in CORPUS.items()}
 tables = [make() for make in SYMBOL_CORPUS.values()]
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -36,8 +36,8 @@ from execwatch.binfmt.isa import (
     read_cpu_levels,
 )
 from execwatch.binfmt.platform import Platform
-from tests.binfmt.cbuild import HELLO_C, compile_c
-from tests.binfmt.corpus import measure
+from tests.support.binfmt.cbuild import HELLO_C, compile_c
+from tests.support.binfmt.hostile_elf import measure
 
 README_LEVEL = re.compile(r"x86 ISA needed: (.*)$", re.MULTILINE)
 FEATURE_1_AND = 0xC0000002

@@ -26,8 +26,8 @@ from execwatch.binfmt.symbols import (
     SymbolWork,
     read_dynamic_symbols,
 )
-from tests.binfmt.cbuild import compile_c
 from tests.binfmt.conftest import LIBFOO_C, LIBFOO_MAP
+from tests.support.binfmt.cbuild import compile_c
 
 HOST_LIBRARIES = [
     "/usr/lib/x86_64-linux-gnu/libc.so.6",

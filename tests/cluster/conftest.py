@@ -7,6 +7,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,8 +18,9 @@ from execwatch import crd
 from execwatch.handler.controller import LABEL, Handler, HandlerConfig
 from execwatch.handler.metrics import HandlerMetrics
 from execwatch.placement.observed import feedback_hook
-from tests.kube.cluster import KubeCluster
-from tests.kube.fixtures import (
+from execwatch.record import ExecFailure
+from tests.support.kube.apiserver import KubeCluster
+from tests.support.kube.apiserver_fixtures import (
     AGENT_NODE,
     admin,
     agent_api,
@@ -27,6 +29,7 @@ from tests.kube.fixtures import (
     handler_kube,
     kube,
 )
+from tests.support.runtime.runc import Runc
 from tests.support.wait import wait_until
 
 __all__ = [
@@ -56,6 +59,41 @@ def list_records(api: client.ApiClient) -> list[dict[str, Any]]:
     )
     items: list[dict[str, Any]] = result["items"]
     return items
+
+
+def publish(
+    api: client.ApiClient,
+    failure: ExecFailure,
+    *,
+    node: str = NODE,
+    count: int | None = None,
+    name: str | None = None,
+) -> str:
+    """Create one record as the agent would (agent credentials)."""
+    name = name or f"{node}-{uuid.uuid4().hex[:16]}"
+    t = failure.event.time
+    client.CustomObjectsApi(api).create_namespaced_custom_object(
+        crd.GROUP,
+        crd.VERSION,
+        crd.DEFAULT_NAMESPACE,
+        crd.PLURAL,
+        crd.to_body(
+            failure,
+            name=name,
+            namespace=crd.DEFAULT_NAMESPACE,
+            node=node,
+            first_seen=t,
+            last_seen=t,
+            count=count or failure.count,
+        ),
+    )
+    return name
+
+
+def drained(admin: client.ApiClient, *handlers: Handler) -> Callable[[], bool]:
+    """No record left and the handlers done with the last one (it is deleted before it is
+    counted, so an empty queue alone does not mean the metric is final)."""
+    return lambda: not list_records(admin) and all(h.idle() for h in handlers)
 
 
 @pytest.fixture(autouse=True)
@@ -195,3 +233,39 @@ def start_handler(handler_kube: Any) -> Iterator[Callable[..., Handler]]:
     yield start
     for h in started:
         h.stop()
+
+
+@pytest.fixture
+def pod(make_pod: PodFactory) -> dict[str, Any]:
+    """One running pod of a Deployment, `app`, on the agent's node (make_pod's defaults).
+    Named before `handler` among a test's arguments, it exists before the handler starts."""
+    return make_pod()
+
+
+@pytest.fixture
+def handler(start_handler: Callable[..., Handler]) -> Handler:
+    """One handler replica with start_handler's defaults, running."""
+    return start_handler()
+
+
+Deliver = Callable[..., str]
+
+
+@pytest.fixture
+def deliver(admin: client.ApiClient, agent_api: client.ApiClient) -> Deliver:
+    """Publish one record as the agent would (publish's keywords), then wait until the
+    handler has handled every record: deliver(handler, failure, count=...) -> its name."""
+
+    def send(handler: Handler, failure: ExecFailure, **record: Any) -> str:
+        name = publish(agent_api, failure, **record)
+        wait_until(drained(admin, handler))
+        return name
+
+    return send
+
+
+@pytest.fixture
+def runc(tmp_path: Path) -> Iterator[Runc]:
+    runtime = Runc(tmp_path / "runc")  # fails loudly if runc or the arm64 busybox is missing
+    yield runtime
+    runtime.cleanup()

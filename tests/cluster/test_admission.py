@@ -17,8 +17,8 @@ from kubernetes.client.exceptions import ApiException
 
 from execwatch import crd
 from tests.cluster.conftest import list_records, wait_until
-from tests.cluster.records import exec_failure
-from tests.kube.fixtures import AGENT_NODE
+from tests.support.agent.exec_failures import exec_failure
+from tests.support.kube.apiserver_fixtures import AGENT_NODE
 
 
 def record(name: str | None = None) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from kubernetes.client.exceptions import ApiException
 from execwatch import crd
 from execwatch.record import Reason
 from tests.cluster.conftest import NODE
-from tests.cluster.records import exec_failure
+from tests.support.agent.exec_failures import exec_failure
 
 ARGS = (crd.GROUP, crd.VERSION, crd.DEFAULT_NAMESPACE, crd.PLURAL)
 

@@ -1,4 +1,4 @@
-"""End to end on this host, for every early-death case of tests/probe/deaths.py: a side
+"""End to end on this host, for every early-death case of tests/support/probe/deaths.py: a side
 process that dies right after its exec inside a runc container of a Pod in the real API
 server ends in one Warning Event with its reason, the pod label and the metric; the
 quiet cases (StartupCrash without the flag, benign exits) end in nothing.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import secrets
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,21 +22,14 @@ from kubernetes import client
 
 from execwatch.handler.controller import Handler
 from execwatch.handler.pod_events import event_reason
-from tests.attribution.runc_env import KubeletCgroup, Runc, remove_pod_cgroups
 from tests.cluster.conftest import NODE, PodFactory, label_of
 from tests.cluster.test_end_to_end import pod_reader_rbac, running_agent
 from tests.cluster.test_handler import events_of, failures_total
-from tests.probe.deaths import DEATHS, KEEPALIVE, MARKER, Death
+from tests.support.probe.deaths import DEATHS, KEEPALIVE, MARKER, Death
+from tests.support.runtime.runc import KubeletCgroup, Runc, remove_pod_cgroups
 from tests.support.wait import wait_until
 
 __all__ = ["pod_reader_rbac"]
-
-
-@pytest.fixture
-def runc(tmp_path: Path) -> Iterator[Runc]:
-    runtime = Runc(tmp_path / "runc")
-    yield runtime
-    runtime.cleanup()
 
 
 @pytest.mark.parametrize("death", DEATHS, ids=lambda d: d.name)

@@ -6,21 +6,19 @@ node's own code (diagnoser.emulated) from the kernel event's fields."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from kubernetes import client
 
 from execwatch.diagnosis.diagnoser import emulated
+from execwatch.handler.controller import Handler
 from execwatch.record import Emulated, ExecFailure, Reason
-from tests.cluster.conftest import NODE, PodFactory, label_of
-from tests.cluster.records import exec_failure
+from tests.cluster.conftest import NODE, Deliver, label_of
 from tests.cluster.test_handler import (
-    StartHandler,
-    drained,
     events_of,
     failures_total,
-    publish,
 )
-from tests.support.wait import wait_until
+from tests.support.agent.exec_failures import exec_failure
 
 QEMU = "/usr/bin/qemu-aarch64-static"
 WORDS = f"an arm64 binary ran under {QEMU} on this amd64 node"
@@ -49,16 +47,13 @@ def emulated_exec(pod: dict[str, object], path: str, count: int) -> ExecFailure:
 
 def test_an_emulated_exec_is_a_warning_event_per_pod_and_binary_and_a_label(
     admin: client.ApiClient,
-    agent_api: client.ApiClient,
-    start_handler: StartHandler,
-    make_pod: PodFactory,
+    pod: dict[str, Any],
+    handler: Handler,
+    deliver: Deliver,
     namespace: str,
 ) -> None:
-    pod = make_pod()
-    handler = start_handler()
     for path, count in (("/app/server", 2), ("/app/server", 3), ("/app/worker", 1)):
-        publish(agent_api, emulated_exec(pod, path, count))
-        wait_until(drained(admin, handler))
+        deliver(handler, emulated_exec(pod, path, count))
 
     events = events_of(admin, namespace)
     assert len(events) == 2, "one series per binary"
@@ -80,19 +75,15 @@ def test_an_emulated_exec_is_a_warning_event_per_pod_and_binary_and_a_label(
 
 def test_an_emulated_exec_and_a_failed_one_of_the_same_binary_are_two_series(
     admin: client.ApiClient,
-    agent_api: client.ApiClient,
-    start_handler: StartHandler,
-    make_pod: PodFactory,
+    pod: dict[str, Any],
+    handler: Handler,
+    deliver: Deliver,
     namespace: str,
 ) -> None:
     """The same file on the same pod: ENOEXEC before the emulator was registered, run by
     it after. Two Events, each with its own reason and words."""
-    pod = make_pod()
-    handler = start_handler()
-    publish(agent_api, exec_failure(pod=pod, path="/app/server"))
-    wait_until(drained(admin, handler))
-    publish(agent_api, emulated_exec(pod, "/app/server", 1))
-    wait_until(drained(admin, handler))
+    deliver(handler, exec_failure(pod=pod, path="/app/server"))
+    deliver(handler, emulated_exec(pod, "/app/server", 1))
 
     by_reason = {e.reason: e for e in events_of(admin, namespace)}
     assert sorted(by_reason) == ["Emulated", "ExecFormatError"]

@@ -14,7 +14,6 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,10 +29,10 @@ from execwatch.agent.records import RecordApi
 from execwatch.attribution import Attributor
 from execwatch.attribution.cri.client import CriContainers
 from execwatch.handler.controller import Handler
-from tests.attribution.runc_env import KubeletCgroup, Runc, remove_pod_cgroups
 from tests.cluster.conftest import NODE, PodFactory, label_of
 from tests.cluster.test_handler import events_of, failures_total
-from tests.kube.cluster import MANIFESTS, KubeCluster, load_manifests
+from tests.support.kube.apiserver import MANIFESTS, KubeCluster, load_manifests
+from tests.support.runtime.runc import KubeletCgroup, Runc, remove_pod_cgroups
 from tests.support.wait import wait_until
 
 
@@ -52,13 +51,6 @@ def pod_reader_rbac(kube: KubeCluster, admin: client.ApiClient) -> Iterator[None
         rbac.delete_cluster_role_binding("execwatch-agent-pod-reader")
     with contextlib.suppress(ApiException):
         rbac.delete_cluster_role("execwatch-agent-pod-reader")
-
-
-@pytest.fixture
-def runc(tmp_path: Path) -> Iterator[Runc]:
-    runtime = Runc(tmp_path / "runc")  # fails loudly if runc or the arm64 busybox is missing
-    yield runtime
-    runtime.cleanup()
 
 
 @contextlib.contextmanager

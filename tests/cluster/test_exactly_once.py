@@ -1,7 +1,7 @@
 """Every failure counted exactly once through lost replies, refusals, resets and failover.
 
 The agent's publisher and the handler replicas talk to the real kube-apiserver through
-a fault-injecting proxy on loopback (tests/kube/faultproxy.py) that, at random, answers
+a fault-injecting proxy on loopback (tests/support/kube/faultproxy.py) that, at random, answers
 429/500/503 itself, delays, resets connections before forwarding, and — the hard case —
 forwards a write, lets the API server carry it out, then drops or resets the reply. The
 Lease calls suffer too, and the leader is replaced several times during the run.
@@ -26,12 +26,12 @@ from execwatch.agent.records import RecordApi
 from execwatch.handler.controller import Handler, HandlerConfig
 from execwatch.kube.client import Rest, config_for
 from tests.cluster.conftest import NODE, PodFactory, list_records
-from tests.cluster.records import exec_failure
 from tests.cluster.test_handler import events_of, failures_total, sample
 from tests.cluster.test_node_binding import record
-from tests.kube.cluster import KubeCluster
-from tests.kube.faultproxy import FaultProxy
-from tests.kube.fixtures import AGENT_SA, HANDLER_SA
+from tests.support.agent.exec_failures import exec_failure
+from tests.support.kube.apiserver import KubeCluster
+from tests.support.kube.apiserver_fixtures import AGENT_SA, HANDLER_SA
+from tests.support.kube.faultproxy import FaultProxy
 from tests.support.wait import wait_until
 
 FAILURES_AT_LEAST = 1000
@@ -172,7 +172,7 @@ def test_a_lost_delete_reply_is_counted_once(
 ) -> None:
     """Every record delete is carried out by the API server and its reply dropped: the
     retry gets 404 (or the watch's DELETED comes first). Counted once, not zero times."""
-    from tests.cluster.test_handler import publish
+    from tests.cluster.conftest import publish
 
     pod = make_pod()
     proxy.rate = 1.0
@@ -210,7 +210,7 @@ def test_a_label_patch_refused_by_another_webhook_is_counted_and_not_retried(
 ) -> None:
     """Another admission policy forbids label changes in this namespace: 422 (or 403) is
     permanent, so the Event is posted, the label skipped, the failure counted."""
-    from tests.cluster.test_handler import publish
+    from tests.cluster.conftest import publish
 
     policy = f"deny-labels-{namespace}"
     adm = client.AdmissionregistrationV1Api(admin)

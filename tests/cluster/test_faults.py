@@ -18,12 +18,12 @@ from execwatch import crd
 from execwatch.agent.publisher import Publisher, PublisherConfig
 from execwatch.agent.records import RecordApi
 from execwatch.handler.controller import Handler
-from tests.cluster.conftest import NODE, PodFactory, list_records
-from tests.cluster.records import exec_failure
-from tests.cluster.test_handler import events_of, failures_total, publish
-from tests.kube.cluster import KubeCluster
-from tests.kube.fixtures import AGENT_SA, HANDLER_SA
-from tests.kube.processes import ExecwatchProcess
+from tests.cluster.conftest import NODE, PodFactory, list_records, publish
+from tests.cluster.test_handler import events_of, failures_total
+from tests.support.agent.exec_failures import exec_failure
+from tests.support.kube.apiserver import KubeCluster
+from tests.support.kube.apiserver_fixtures import AGENT_SA, HANDLER_SA
+from tests.support.kube.execwatch_process import ExecwatchProcess
 from tests.support.wait import wait_until
 
 LEASE_DURATION = 4.0

@@ -18,42 +18,21 @@ from execwatch.handler.controller import Handler, HandlerConfig, Retry
 from execwatch.handler.pod_events import RECORDS_ANNOTATION
 from execwatch.kube.safe import is_label_value
 from execwatch.record import AttributionStatus, ExecFailure, Reason
-from tests.cluster.conftest import NODE, PodFactory, label_of, list_records
-from tests.cluster.records import exec_failure
-from tests.kube.cluster import KubeCluster
-from tests.kube.fixtures import HANDLER_SA
+from tests.cluster.conftest import (
+    NODE,
+    Deliver,
+    PodFactory,
+    drained,
+    label_of,
+    list_records,
+    publish,
+)
+from tests.support.agent.exec_failures import exec_failure
+from tests.support.kube.apiserver import KubeCluster
+from tests.support.kube.apiserver_fixtures import HANDLER_SA
 from tests.support.wait import wait_until
 
 StartHandler = Callable[..., Handler]
-
-
-def publish(
-    api: client.ApiClient,
-    failure: ExecFailure,
-    *,
-    node: str = NODE,
-    count: int | None = None,
-    name: str | None = None,
-) -> str:
-    """Create one record as the agent would (agent credentials)."""
-    name = name or f"{node}-{uuid.uuid4().hex[:16]}"
-    t = failure.event.time
-    client.CustomObjectsApi(api).create_namespaced_custom_object(
-        crd.GROUP,
-        crd.VERSION,
-        crd.DEFAULT_NAMESPACE,
-        crd.PLURAL,
-        crd.to_body(
-            failure,
-            name=name,
-            namespace=crd.DEFAULT_NAMESPACE,
-            node=node,
-            first_seen=t,
-            last_seen=t,
-            count=count or failure.count,
-        ),
-    )
-    return name
 
 
 def events_of(admin: client.ApiClient, namespace: str) -> list[Any]:
@@ -75,23 +54,14 @@ def sample(h: Handler, name: str, **labels: str) -> float:
     return h.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
-def drained(admin: client.ApiClient, *handlers: Handler) -> Callable[[], bool]:
-    """No record left and the handlers done with the last one (it is deleted before it is
-    counted, so an empty queue alone does not mean the metric is final)."""
-    return lambda: not list_records(admin) and all(h.idle() for h in handlers)
-
-
 def test_a_record_becomes_a_warning_event_a_pod_label_and_a_metric(
     admin: client.ApiClient,
-    agent_api: client.ApiClient,
-    start_handler: StartHandler,
-    make_pod: PodFactory,
+    pod: dict[str, Any],
+    handler: Handler,
+    deliver: Deliver,
     namespace: str,
 ) -> None:
-    pod = make_pod()
-    handler = start_handler()
-    publish(agent_api, exec_failure(pod=pod, count=3))
-    wait_until(drained(admin, handler))
+    deliver(handler, exec_failure(pod=pod, count=3))
 
     [event] = events_of(admin, namespace)
     assert event.type == "Warning" and event.reason == "ExecFormatError"
@@ -120,16 +90,13 @@ def test_a_record_becomes_a_warning_event_a_pod_label_and_a_metric(
 
 def test_a_crash_loop_is_one_event_whose_series_grows(
     admin: client.ApiClient,
-    agent_api: client.ApiClient,
-    start_handler: StartHandler,
-    make_pod: PodFactory,
+    pod: dict[str, Any],
+    handler: Handler,
+    deliver: Deliver,
     namespace: str,
 ) -> None:
-    pod = make_pod()
-    handler = start_handler()
     for n in (1, 4, 10):
-        publish(agent_api, exec_failure(pod=pod, count=n))
-        wait_until(drained(admin, handler))
+        deliver(handler, exec_failure(pod=pod, count=n))
     [event] = events_of(admin, namespace)
     assert event.series.count == 15
     assert len(json.loads(event.metadata.annotations[RECORDS_ANNOTATION])) == 3
@@ -138,15 +105,13 @@ def test_a_crash_loop_is_one_event_whose_series_grows(
 
 def test_a_missing_interpreter_gets_its_own_reason(
     admin: client.ApiClient,
-    agent_api: client.ApiClient,
-    start_handler: StartHandler,
-    make_pod: PodFactory,
+    pod: dict[str, Any],
+    handler: Handler,
+    deliver: Deliver,
     namespace: str,
 ) -> None:
-    pod = make_pod()
-    handler = start_handler()
-    publish(
-        agent_api,
+    deliver(
+        handler,
         exec_failure(
             pod=pod,
             reason=Reason.MISSING_INTERPRETER,
@@ -155,7 +120,6 @@ def test_a_missing_interpreter_gets_its_own_reason(
             path="/usr/local/bin/oberon-runner",
         ),
     )
-    wait_until(drained(admin, handler))
     [event] = events_of(admin, namespace)
     assert event.reason == "MissingInterpreter" and "(ENOENT)" in event.note
     assert label_of(admin, pod) == "MissingInterpreter"
@@ -166,6 +130,7 @@ def test_an_undiagnosed_failure_labels_a_pod_but_never_hides_a_diagnosed_reason(
     agent_api: client.ApiClient,
     start_handler: StartHandler,
     make_pod: PodFactory,
+    deliver: Deliver,
     namespace: str,
 ) -> None:
     def undiagnosed(pod: dict[str, Any]) -> ExecFailure:
@@ -173,8 +138,7 @@ def test_an_undiagnosed_failure_labels_a_pod_but_never_hides_a_diagnosed_reason(
 
     crashing, unknown = make_pod(), make_pod(name="app-7d9f8b6c5d-y3y5l")
     handler = start_handler()
-    publish(agent_api, exec_failure(pod=crashing))
-    wait_until(drained(admin, handler))
+    deliver(handler, exec_failure(pod=crashing))
     publish(agent_api, undiagnosed(crashing))
     publish(agent_api, undiagnosed(unknown))
     wait_until(drained(admin, handler))
@@ -186,19 +150,18 @@ def test_an_undiagnosed_failure_labels_a_pod_but_never_hides_a_diagnosed_reason(
 def test_a_record_for_a_pod_that_does_not_exist_is_counted_but_not_believed(
     admin: client.ApiClient,
     agent_api: client.ApiClient,
-    start_handler: StartHandler,
+    handler: Handler,
+    deliver: Deliver,
     namespace: str,
 ) -> None:
     """1,000 failures for an invented payments/checkout must not show up as that
     workload's failures: the namespace and workload are only the record's word."""
-    handler = start_handler()
     publish(
         agent_api,
         exec_failure(pod_name="checkout-0", namespace="payments", pod_uid="u-forged"),
         count=1000,
     )
-    publish(agent_api, exec_failure(pod_name="gone-0", namespace=namespace, pod_uid="u-gone"))
-    wait_until(drained(admin, handler))
+    deliver(handler, exec_failure(pod_name="gone-0", namespace=namespace, pod_uid="u-gone"))
     assert events_of(admin, namespace) == []
     assert failures_total(handler) == 0
     assert (
@@ -217,16 +180,14 @@ def test_a_record_for_a_pod_that_does_not_exist_is_counted_but_not_believed(
 
 def test_a_failure_in_a_namespace_deleted_meanwhile_is_counted_without_an_event(
     admin: client.ApiClient,
-    agent_api: client.ApiClient,
-    start_handler: StartHandler,
-    make_pod: PodFactory,
+    pod: dict[str, Any],
+    handler: Handler,
+    deliver: Deliver,
     namespace: str,
 ) -> None:
     """The pod was seen, then its namespace went away: an Event can never be created
     there (404), so the handler skips it and counts the failure, instead of retrying
     the record forever."""
-    pod = make_pod()
-    handler = start_handler()
     wait_until(handler.elector.is_leader)
     core = client.CoreV1Api(admin)
     core.delete_namespace(namespace)
@@ -235,8 +196,7 @@ def test_a_failure_in_a_namespace_deleted_meanwhile_is_counted_without_an_event(
         namespace, client.V1Namespace(metadata={"name": namespace}, spec={"finalizers": []})
     )
     wait_until(lambda: namespace not in {n.metadata.name for n in core.list_namespace().items})
-    publish(agent_api, exec_failure(pod=pod, count=2))
-    wait_until(drained(admin, handler))
+    deliver(handler, exec_failure(pod=pod, count=2))
     assert failures_total(handler, namespace=namespace, reason="ForeignArchitecture") == 2
     assert sample(handler, "execwatch_handler_records_total", result="handled") == 1
     assert sample(handler, "execwatch_handler_api_errors_total", verb="event", code="404") == 1
@@ -244,15 +204,14 @@ def test_a_failure_in_a_namespace_deleted_meanwhile_is_counted_without_an_event(
 
 def test_a_pod_recreated_under_the_same_name_is_not_blamed(
     admin: client.ApiClient,
-    agent_api: client.ApiClient,
     start_handler: StartHandler,
     make_pod: PodFactory,
+    deliver: Deliver,
     namespace: str,
 ) -> None:
     pod = make_pod(name="db-0", deployment=None)
     handler = start_handler()
-    publish(agent_api, exec_failure(pod=pod, pod_uid="uid-of-the-previous-db-0"))
-    wait_until(drained(admin, handler))
+    deliver(handler, exec_failure(pod=pod, pod_uid="uid-of-the-previous-db-0"))
     assert events_of(admin, namespace) == []
     assert label_of(admin, pod) is None
     assert sample(handler, "execwatch_handler_records_total", result="pod_missing") == 1
@@ -260,15 +219,14 @@ def test_a_pod_recreated_under_the_same_name_is_not_blamed(
 
 def test_an_agent_cannot_speak_for_pods_on_another_node(
     admin: client.ApiClient,
-    agent_api: client.ApiClient,
     start_handler: StartHandler,
     make_pod: PodFactory,
+    deliver: Deliver,
     namespace: str,
 ) -> None:
     pod = make_pod(node="node-b")
     handler = start_handler()
-    publish(agent_api, exec_failure(pod=pod), node=NODE)
-    wait_until(drained(admin, handler))
+    deliver(handler, exec_failure(pod=pod), node=NODE)
     assert events_of(admin, namespace) == []
     assert label_of(admin, pod) is None
     assert sample(handler, "execwatch_handler_invalid_records_total", type="node_mismatch") == 1
@@ -276,13 +234,10 @@ def test_an_agent_cannot_speak_for_pods_on_another_node(
 
 
 def test_unattributed_failures_have_their_own_counter(
-    admin: client.ApiClient,
-    agent_api: client.ApiClient,
-    start_handler: StartHandler,
+    handler: Handler,
+    deliver: Deliver,
 ) -> None:
-    handler = start_handler()
-    publish(agent_api, exec_failure(status=AttributionStatus.HOST, count=2))
-    wait_until(drained(admin, handler))
+    deliver(handler, exec_failure(status=AttributionStatus.HOST, count=2))
     assert (
         sample(
             handler,
@@ -299,9 +254,9 @@ def test_unattributed_failures_have_their_own_counter(
 
 def test_hostile_strings_stay_safe_in_events_labels_metrics_and_logs(
     admin: client.ApiClient,
-    agent_api: client.ApiClient,
     start_handler: StartHandler,
     make_pod: PodFactory,
+    deliver: Deliver,
     namespace: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -309,8 +264,7 @@ def test_hostile_strings_stay_safe_in_events_labels_metrics_and_logs(
     hostile = "/tmp/x\nlevel=error msg=forged\x1b[31m\u202e" + "d" * 4000
     caplog.set_level(logging.INFO)
     handler = start_handler()
-    publish(agent_api, exec_failure(pod=pod, path=hostile[:4000], comm="a\nb"))
-    wait_until(drained(admin, handler))
+    deliver(handler, exec_failure(pod=pod, path=hostile[:4000], comm="a\nb"))
     [event] = events_of(admin, namespace)
     assert "\n" not in event.note and "\x1b" not in event.note and "\u202e" not in event.note
     assert "\\x0alevel=error" in event.note and len(event.note) <= 1024
@@ -363,21 +317,17 @@ def test_a_record_seen_again_after_a_crash_is_not_counted_twice(
 
 def test_a_record_recreated_by_an_agent_retry_is_not_counted_again(
     admin: client.ApiClient,
-    agent_api: client.ApiClient,
-    start_handler: StartHandler,
-    make_pod: PodFactory,
+    pod: dict[str, Any],
+    handler: Handler,
+    deliver: Deliver,
     namespace: str,
 ) -> None:
     """The agent's create succeeded but its answer was lost; it retried after the handler
     had already handled and deleted the record, so the same name comes back with a new
     UID. It is the same failure: deleted, counted as a duplicate, not as a failure."""
-    pod = make_pod()
-    handler = start_handler()
     failure = exec_failure(pod=pod, count=2)
-    name = publish(agent_api, failure)
-    wait_until(drained(admin, handler))
-    publish(agent_api, failure, name=name)
-    wait_until(drained(admin, handler))
+    name = deliver(handler, failure)
+    deliver(handler, failure, name=name)
     wait_until(lambda: sample(handler, "execwatch_handler_records_total", result="duplicate"))
     [event] = events_of(admin, namespace)
     assert event.series.count == 2
@@ -541,7 +491,7 @@ def placement_feedback_rules() -> list[dict[str, Any]]:
 def feedback_rbac(admin: client.ApiClient) -> Any:
     import yaml
 
-    from tests.kube.cluster import apply
+    from tests.support.kube.apiserver import apply
 
     apply(admin, [yaml.safe_load(IMAGE_VERDICT_CRD.read_text())])
     rbac = client.RbacAuthorizationV1Api(admin)

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from execwatch.handler.controller import HandlerConfig
-from tests.deploy.chart import BASE
+from tests.support.deploy.chart import BASE
 
 # The metadata the admission policy execwatch-agent-record-metadata lets through: a 63
 # character name, one label, two managedFields entries of at most 2 x 24 x (32 + 6 x 40)

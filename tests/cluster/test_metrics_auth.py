@@ -33,10 +33,10 @@ from execwatch.serving.certs import issue
 from execwatch.serving.exposition import serve
 from execwatch.serving.http import BoundedServer
 from execwatch.serving.metricsauth import AuthConfig, CertificateFiles, MetricsAuth, tls_context
-from tests.kube.cluster import KubeCluster, ensure_namespace
-from tests.kube.faultproxy import FaultProxy
-from tests.kube.fixtures import AGENT_NODE, AGENT_SA, HANDLER_SA
-from tests.kube.processes import ExecwatchProcess
+from tests.support.kube.apiserver import KubeCluster, ensure_namespace
+from tests.support.kube.apiserver_fixtures import AGENT_NODE, AGENT_SA, HANDLER_SA
+from tests.support.kube.execwatch_process import ExecwatchProcess
+from tests.support.kube.faultproxy import FaultProxy
 from tests.support.wait import wait_until
 
 METRICS_AUTH = (

@@ -20,9 +20,9 @@ from execwatch import crd
 from execwatch.agent.records import RecordApi
 from execwatch.kube import errors
 from tests.cluster.conftest import list_records
-from tests.cluster.records import exec_failure
-from tests.kube.cluster import KubeCluster
-from tests.kube.fixtures import AGENT_SA
+from tests.support.agent.exec_failures import exec_failure
+from tests.support.kube.apiserver import KubeCluster
+from tests.support.kube.apiserver_fixtures import AGENT_SA
 from tests.support.wait import wait_until
 
 NODES = ("node-east", "node-west")

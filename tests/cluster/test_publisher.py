@@ -25,10 +25,10 @@ from execwatch.agent.spool import Spool
 from execwatch.kube import errors
 from execwatch.record import AttributionStatus
 from tests.cluster.conftest import NODE, list_records
-from tests.cluster.records import exec_failure
 from tests.cluster.test_crd import set_quota_usage
-from tests.kube.cluster import KubeCluster
-from tests.kube.fixtures import AGENT_SA
+from tests.support.agent.exec_failures import exec_failure
+from tests.support.kube.apiserver import KubeCluster
+from tests.support.kube.apiserver_fixtures import AGENT_SA
 from tests.support.wait import wait_until
 
 

@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from execwatch import crd
 from execwatch.agent.records import RecordApi
 from tests.cluster.conftest import NODE, PodFactory, list_records, wait_until
-from tests.cluster.records import exec_failure
+from tests.support.agent.exec_failures import exec_failure
 
 
 def _record(name: str, namespace: str = crd.DEFAULT_NAMESPACE) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from execwatch import crd
 from execwatch.handler.pod_events import NOTE_LIMIT, note_for
 from execwatch.kube.safe import fit_bytes, is_label_value, printable
 from execwatch.text import safe_text
-from tests.cluster.records import exec_failure
+from tests.support.agent.exec_failures import exec_failure
 
 
 def stored(**spec: Any) -> dict[str, Any]:

@@ -24,9 +24,9 @@ import pytest
 from kubernetes import client
 
 from tests.cluster.conftest import list_records, wait_until
-from tests.kube.cluster import KubeCluster
-from tests.kube.fixtures import AGENT_NODE, AGENT_SA
-from tests.kube.processes import ExecwatchProcess
+from tests.support.kube.apiserver import KubeCluster
+from tests.support.kube.apiserver_fixtures import AGENT_NODE, AGENT_SA
+from tests.support.kube.execwatch_process import ExecwatchProcess
 
 OUTAGE = 60.0
 

@@ -23,7 +23,6 @@ from typing import Any
 
 import pytest
 
-from tests.deploy.chart import find, pod_spec, render
 from tests.deploy.test_image import (
     CAP_BITS,
     HELLO_ARM64,
@@ -32,6 +31,7 @@ from tests.deploy.test_image import (
     agent_caps,
     trace_during_foreign_execs,
 )
+from tests.support.deploy.chart import find, pod_spec, render
 
 VFS_CAP_REVISION_2 = 0x02000000  # security.capability xattr, no effective bit
 

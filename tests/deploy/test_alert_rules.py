@@ -12,7 +12,7 @@ import yaml
 
 from execwatch.handler.pod_events import event_reason
 from execwatch.record import NOT_ALERTED, PLATFORM_REASONS, Reason, UndiagnosedCause
-from tests.deploy.chart import REPO, find, render
+from tests.support.deploy.chart import REPO, find, render
 
 RULES = REPO / "deploy" / "prometheus" / "execwatch-rules.yaml"
 RULE_TESTS = Path(__file__).with_name("rules_test.yaml")

@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client, dynamic
 from kubernetes.client.exceptions import ApiException
 
-from tests.deploy.chart import Doc, find, kustomize_docs, pod_spec, render
+from tests.support.deploy.chart import Doc, find, kustomize_docs, pod_spec, render
 
 # prometheus-operator and OpenShift kinds: no CRD for them in a bare API server. They are
 # checked by tests/deploy/test_chart.py and (PrometheusRule) by promtool.

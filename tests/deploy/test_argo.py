@@ -32,11 +32,11 @@ from execwatch.agent.records import RecordApi
 from execwatch.node.stack import StackOptions
 from execwatch.pipeline import PipelineOptions
 from execwatch.record import Attribution, AttributionStatus, ExecFailure, Reason
-from tests.deploy.chart import REPO, Doc
-from tests.deploy.prometheus import Prometheus
-from tests.kube.cluster import KubeCluster, ensure_namespace
-from tests.kube.processes import ExecwatchProcess
-from tests.support.node import node_stack
+from tests.support.deploy.chart import REPO, Doc
+from tests.support.kube.apiserver import KubeCluster, ensure_namespace
+from tests.support.kube.execwatch_process import ExecwatchProcess
+from tests.support.monitoring.prometheus_server import Prometheus
+from tests.support.node.stack_runner import node_stack
 
 ARGO = REPO / "deploy" / "argo"
 HELLO_ARM64 = REPO / ".cache" / "foreign" / "arm64" / "root" / "usr" / "bin" / "hello"

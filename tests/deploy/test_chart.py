@@ -11,7 +11,7 @@ import pytest
 from execwatch import cliargs
 from execwatch.agent import cli as agent_cli
 from execwatch.handler import cli as handler_cli
-from tests.deploy.chart import (
+from tests.support.deploy.chart import (
     CHART,
     KUBE_VERSION,
     Doc,

@@ -11,7 +11,7 @@ import yaml
 
 from execwatch import crd
 from execwatch.record import AttributionStatus, Reason
-from tests.deploy.chart import REPO
+from tests.support.deploy.chart import REPO
 
 SCHEMA = REPO / "deploy" / "base" / "crd.yaml"  # the chart's and kustomize's are generated
 

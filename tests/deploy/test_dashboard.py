@@ -20,16 +20,16 @@ from execwatch.node.metrics import NodeMetrics
 from execwatch.node.stack import StackOptions
 from execwatch.probe.loader import ProbeOptions
 from execwatch.serving.exposition import serve
-from tests.deploy.chart import REPO, find, render
-from tests.deploy.prometheus import Prometheus
-from tests.support.emulation import (
+from tests.support.binfmt.emulation import (
     BinfmtNamespace,
     aarch64_entry,
     binfmt_namespace,
     busybox_arm64,
     qemu_aarch64,
 )
-from tests.support.node import node_stack
+from tests.support.deploy.chart import REPO, find, render
+from tests.support.monitoring.prometheus_server import Prometheus
+from tests.support.node.stack_runner import node_stack
 
 __all__ = ["binfmt_namespace", "busybox_arm64"]  # fixtures
 

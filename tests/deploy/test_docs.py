@@ -20,8 +20,8 @@ from execwatch.placement.verdicts import VerdictMetrics
 from execwatch.record import Reason
 from execwatch.serving.exposition import ServerMetrics
 from execwatch.serving.metricsauth import AuthMetrics
-from tests.deploy.chart import REPO, base_docs, find, pod_spec, render
 from tests.deploy.test_dashboard import _Probe
+from tests.support.deploy.chart import REPO, base_docs, find, pod_spec, render
 
 DOCS = REPO / "docs"
 

@@ -7,7 +7,7 @@ import sys
 
 import yaml
 
-from tests.deploy.chart import CHART, KUSTOMIZE, REPO, kustomize_docs, render
+from tests.support.deploy.chart import CHART, KUSTOMIZE, REPO, kustomize_docs, render
 
 
 def test_generated_files_are_up_to_date() -> None:

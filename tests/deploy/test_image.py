@@ -34,7 +34,7 @@ import pytest
 
 from execwatch import __version__
 from execwatch.probe import loader
-from tests.deploy.chart import REPO, find, pod_spec, render
+from tests.support.deploy.chart import REPO, find, pod_spec, render
 
 CONTAINERFILE = REPO / "Containerfile"
 BPF_SRC = REPO / "src" / "execwatch" / "bpf"

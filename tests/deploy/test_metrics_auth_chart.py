@@ -9,13 +9,13 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from tests.deploy.chart import KUSTOMIZE, Doc, base_docs, find, pod_spec, render
 from tests.deploy.test_apiserver import (
     create_pod_dry_run,
     dry_run_apply,
     namespace_enforcing,
     pod_of,
 )
+from tests.support.deploy.chart import KUSTOMIZE, Doc, base_docs, find, pod_spec, render
 
 AUTH = "metricsAuth.enabled=true"
 NAMES = ("execwatch-metrics-auth", "execwatch-metrics-reader")

@@ -15,7 +15,13 @@ import yaml
 from kubernetes import client
 
 from execwatch import cli, cliargs
-from tests.deploy.chart import (
+from tests.deploy.test_apiserver import (
+    create_pod_dry_run,
+    dry_run_apply,
+    namespace_enforcing,
+    pod_of,
+)
+from tests.support.deploy.chart import (
     CHART,
     KUBE_VERSION,
     KUSTOMIZE,
@@ -25,12 +31,6 @@ from tests.deploy.chart import (
     pod_spec,
     render,
     run_helm,
-)
-from tests.deploy.test_apiserver import (
-    create_pod_dry_run,
-    dry_run_apply,
-    namespace_enforcing,
-    pod_of,
 )
 
 ON = "placement.enabled=true"

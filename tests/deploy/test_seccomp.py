@@ -14,7 +14,16 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.chart import CHART, KUSTOMIZE, REPO, Doc, find, kustomize_docs, pod_spec, render
+from tests.support.deploy.chart import (
+    CHART,
+    KUSTOMIZE,
+    REPO,
+    Doc,
+    find,
+    kustomize_docs,
+    pod_spec,
+    render,
+)
 
 PROFILE = REPO / "deploy" / "seccomp" / "execwatch-agent.json"
 CHART_COPY = CHART / "files" / "seccomp-agent.json"

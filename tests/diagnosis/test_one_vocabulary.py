@@ -18,7 +18,7 @@ from execwatch.diagnosis import FileDiagnoser
 from execwatch.record import ExecFailed, Reason
 from execwatch.scan.runner import ScanOptions, scan
 from execwatch.scan.vocabulary import REASON_OF_CHECK
-from tests.binfmt.cbuild import HELLO_C, compile_c
+from tests.support.binfmt.cbuild import HELLO_C, compile_c
 from tests.support.wait import wait_until
 
 # (root, file) -> the errno the kernel gives its exec, and the reason both must name

@@ -27,8 +27,8 @@ from execwatch.record import Diagnosis, ExecFailure, KernelEvent, Reason
 from execwatch.runnable.liveroot import RootView
 from execwatch.runnable.openat2 import Root
 from execwatch.serving.exposition import serve
-from tests.binfmt.elfbuild import ElfSpec, build_elf
-from tests.support.pipeline import make_pipeline
+from tests.support.binfmt.elfbuild import ElfSpec, build_elf
+from tests.support.node.pipeline import make_pipeline
 from tests.support.wait import wait_until
 from tests.test_pipeline import Observer, raw_event
 

@@ -13,7 +13,7 @@ import pytest
 from execwatch.diagnosis.roots import RootLocator
 from execwatch.diagnosis.startup import StartupDiagnoser
 from execwatch.record import EarlyDeath, Reason
-from tests.binfmt.elfbuild import ElfSpec, build_elf
+from tests.support.binfmt.elfbuild import ElfSpec, build_elf
 
 DIRS, LIBS = 4096, 9  # 9 names x 4,096 directories: past the 32,768 probes of one search
 

@@ -12,9 +12,14 @@ from typing import TypeVar
 
 import pytest
 
-from tests.node.images import SIDE_NOSHEBANG, WEB_V2_ARM64, WEB_V2_MUSL, build_workloads
 from tests.support.engines.dockerd import Dockerd
 from tests.support.engines.podman import Podman, RootlessPodman
+from tests.support.kubenode.node_images import (
+    SIDE_NOSHEBANG,
+    WEB_V2_ARM64,
+    WEB_V2_MUSL,
+    build_workloads,
+)
 
 IMAGES = (WEB_V2_ARM64, WEB_V2_MUSL, SIDE_NOSHEBANG)
 P = TypeVar("P", bound=Podman)
@@ -22,7 +27,7 @@ P = TypeVar("P", bound=Podman)
 
 @pytest.fixture(scope="session")
 def workload_archives(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The workload images as OCI archives, by name (tests/node/images.py builds them)."""
+    """The workload images as OCI archives, by name (tests/support/kubenode/node_images.py builds them)."""
     if os.geteuid() != 0:
         raise RuntimeError("the engine tests start container engines: run as root")
     archives = build_workloads(tmp_path_factory.mktemp("workloads"))
@@ -31,7 +36,7 @@ def workload_archives(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pat
 
 
 def _name_of(archive: Path) -> str:
-    from tests.node import images
+    from tests.support.kubenode import node_images as images
 
     names = {
         "web-v2-arm64.tar": images.WEB_V2_ARM64,

@@ -20,10 +20,15 @@ from execwatch.attribution import Attributor
 from execwatch.attribution.engines import Engines, EngineSocket
 from execwatch.diagnosis import FileDiagnoser
 from execwatch.record import ExecFailed, Reason
-from tests.attribution.runc_env import FOREIGN_BUSYBOX
-from tests.node.images import SIDE_NOSHEBANG, SIDE_SCRIPT, WEB_V2_ARM64, WEB_V2_MUSL
 from tests.support.engines import unified_cgroup
 from tests.support.engines.dockerd import Dockerd
+from tests.support.kubenode.node_images import (
+    SIDE_NOSHEBANG,
+    SIDE_SCRIPT,
+    WEB_V2_ARM64,
+    WEB_V2_MUSL,
+)
+from tests.support.runtime.runc import FOREIGN_BUSYBOX
 from tests.support.trace import Trace, running_trace
 
 

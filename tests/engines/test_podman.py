@@ -11,8 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.node.images import SIDE_NOSHEBANG, SIDE_SCRIPT, WEB_V2_ARM64, WEB_V2_MUSL
 from tests.support.engines.podman import Podman, RootlessPodman
+from tests.support.kubenode.node_images import (
+    SIDE_NOSHEBANG,
+    SIDE_SCRIPT,
+    WEB_V2_ARM64,
+    WEB_V2_MUSL,
+)
 from tests.support.trace import Trace, running_trace
 
 

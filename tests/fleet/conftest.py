@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.fleet.kwok import Fleet, FleetError, find_fleet_binaries, fleet_cluster
-from tests.kube.cluster import MissingBinaries, find_binaries
+from tests.support.kube.apiserver import MissingBinaries, find_binaries
+from tests.support.kube.kwok import Fleet, FleetError, find_fleet_binaries, fleet_cluster
 
 NODES = 100
 

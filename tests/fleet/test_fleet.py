@@ -1,6 +1,6 @@
 """A fleet of 100 simulated nodes and 1,000 pods: exact counts and node binding at scale.
 
-The nodes are KWOK's (tests/fleet/kwok.py), 70 amd64 and 30 arm64, on a real control
+The nodes are KWOK's (tests/support/kube/kwok.py), 70 amd64 and 30 arm64, on a real control
 plane with the real scheduler and controllers; ten Deployments put one pod on every node
 each. On a sample of nodes, failures are published exactly as that node's agent would:
 the real publisher, with a token minted through TokenRequest for the agent DaemonSet's pod
@@ -30,10 +30,10 @@ from execwatch.agent.publisher import Publisher, PublisherConfig
 from execwatch.handler.controller import Handler, HandlerConfig
 from execwatch.handler.metrics import HandlerMetrics
 from execwatch.record import Reason
-from tests.cluster.records import CountingRecords, exec_failure
 from tests.fleet.conftest import NODES, AgentFleet
-from tests.fleet.kwok import FLEET_LABEL, TOLERATION
-from tests.kube.fixtures import HANDLER_SA
+from tests.support.agent.exec_failures import CountingRecords, exec_failure
+from tests.support.kube.apiserver_fixtures import HANDLER_SA
+from tests.support.kube.kwok import FLEET_LABEL, TOLERATION
 from tests.support.wait import wait_until
 
 NAMESPACE = "shop"

@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
-from tests.probe.roots import Keepers, glibc_root
-from tests.support.emulation import EMULATORS, TABLE_IN_NAMESPACE, aarch64_entry
+from tests.support.binfmt.emulation import EMULATORS, TABLE_IN_NAMESPACE, aarch64_entry
+from tests.support.probe.debian_roots import Keepers, glibc_root
 
 REPO = Path(__file__).resolve().parents[2]
 FOREIGN_HELLO = REPO / ".cache/foreign/arm64/root/usr/bin/hello"

@@ -3,7 +3,7 @@
 This host's CPU has x86-64-v4, so the failure cannot happen here. A bookworm guest under
 QEMU (TCG) with `-cpu Nehalem` (SSE4.2 and POPCNT, no AVX: x86-64-v2) runs the host's
 root over 9p (vm.py): the same glibc 2.36 loader, the same `execwatch trace`. The
-programs are built here with gcc and musl-gcc (tests/binfmt/cbuild.py) and
+programs are built here with gcc and musl-gcc (tests/support/binfmt/cbuild.py) and
 `-Wl,-z,x86-64-v3`; on this host they run, in the guest ld.so refuses the glibc ones and
 the static musl one dies of SIGILL at its AVX2 instruction; execwatch must say why.
 """
@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from execwatch.binfmt.isa import V3, level_name, read_cpu_levels
-from tests.binfmt.cbuild import build_level_programs
 from tests.kernels.guest_cpu import LIBRARY, PROGRAMS
-from tests.kernels.vm import Boot, Kernel, Vm
+from tests.support.binfmt.cbuild import build_level_programs
+from tests.support.kernels.vm import Boot, Kernel, Vm
 
 RELEASE = "bookworm"  # the host's own glibc runs in every guest; one kernel is enough
 CPU_MODEL = "Nehalem"

@@ -20,9 +20,8 @@ import pytest
 
 from execwatch.probe import loader
 from tests.kernels.guest import EMULATED_TRIES, FOREIGN_TRIES, MISSING
-from tests.kernels.vm import REPO, Boot, Kernel, Vm
+from tests.support.kernels.vm import RELEASES, REPO, Boot, Kernel, Vm
 
-RELEASES = ("bullseye", "bookworm", "trixie", "sid")  # dev/fetch-kernels.sh
 BOOT_BUDGET_S = 600  # each guest, all at once under TCG; 371 s seen at a load average of 25
 RECORD_KEYS = ("errno", "reason", "path", "count", "interpreter", "binary_arch", "comm", "detail")
 GUEST_COMMAND = ".venv/bin/python -m tests.kernels.guest /tmp/out"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.kernels.vm import kept_paths
+from tests.support.kernels.vm import kept_paths
 
 
 def test_a_clone_and_its_cache_under_tmp_are_both_kept(tmp_path: Path) -> None:

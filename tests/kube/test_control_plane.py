@@ -6,7 +6,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.kube.cluster import KubeCluster
+from tests.support.kube.apiserver import KubeCluster
 
 
 def test_api_server_serves_the_shipped_crd(admin: client.ApiClient) -> None:

@@ -1,5 +1,5 @@
 """Fixtures for the prometheus-operator tests: a real API server (tests/kube)."""
 
-from tests.kube.fixtures import kube
+from tests.support.kube.apiserver_fixtures import kube
 
 __all__ = ["kube"]

@@ -27,8 +27,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.deploy.prometheus import Prometheus
-from tests.kube.cluster import ADMIN_TOKEN, KubeCluster, binary_dir, free_port
+from tests.support.kube.apiserver import ADMIN_TOKEN, KubeCluster, binary_dir, free_port
+from tests.support.monitoring.prometheus_server import Prometheus
 
 Doc = dict[str, Any]
 RULES_DIR = "/etc/prometheus/rules/"  # where the operator mounts its rule ConfigMaps

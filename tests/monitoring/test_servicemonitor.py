@@ -31,12 +31,7 @@ from kubernetes import client
 
 from execwatch.agent.metrics import PublisherMetrics
 from execwatch.serving.exposition import serve
-from tests.cluster.records import exec_failure
-from tests.cluster.test_handler import publish
-from tests.deploy.chart import CHART, find, render
-from tests.deploy.prometheus import Prometheus, free_port
-from tests.kube.cluster import KubeCluster, apply, ensure_namespace
-from tests.kube.fixtures import AGENT_NODE, AGENT_SA, HANDLER_SA
+from tests.cluster.conftest import publish
 from tests.monitoring.operator import (
     Generated,
     generated,
@@ -45,6 +40,11 @@ from tests.monitoring.operator import (
     running_operator,
 )
 from tests.monitoring.targets import Target, expose, local_address
+from tests.support.agent.exec_failures import exec_failure
+from tests.support.deploy.chart import CHART, find, render
+from tests.support.kube.apiserver import KubeCluster, apply, ensure_namespace
+from tests.support.kube.apiserver_fixtures import AGENT_NODE, AGENT_SA, HANDLER_SA
+from tests.support.monitoring.prometheus_server import Prometheus, free_port
 from tests.support.wait import wait_until
 
 NAMESPACE = "execwatch"

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.prometheus import Prometheus
-from tests.node.images import build_workloads, require_execwatch_archive
-from tests.node.install import Release, helm_install
-from tests.node.node import Node, NodeError, running_node
 from tests.node.prometheus import start_prometheus
+from tests.support.kubenode.helm_install import Release, helm_install
+from tests.support.kubenode.kubelet_node import Node, NodeError, running_node
+from tests.support.kubenode.node_images import build_workloads, require_execwatch_archive
+from tests.support.monitoring.prometheus_server import Prometheus
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """Placement on the test node: simulated nodes of both architectures beside the real one,
 a registry the controller and the node both know, and the chart's placement turned on.
 
-- `KwokNodes`: kwok (sigs.k8s.io/kwok, tests/fleet/kwok.py's Stages and flags) against the
+- `KwokNodes`: kwok (sigs.k8s.io/kwok, tests/support/kube/kwok.py's Stages and flags) against the
   node's API server, with a few tainted Node objects of its own; nothing runs on them, kwok
   only marks their pods Running. The real node stays the only amd64 node that runs things.
 - `NodeRegistry`: the CNCF distribution registry of tests/registry, plain HTTP, on the
@@ -35,13 +35,8 @@ from typing import Any
 
 from kubernetes import client
 
-from tests.deploy.chart import CHART
-from tests.fleet.kwok import SimNode, kwok_argv, node_body, node_ready
-from tests.kube.cluster import Proc, binary_dir, free_port
-from tests.node.install import NAMESPACE, RELEASE, run_helm
-from tests.node.node import NAT_COMMENT, NODE_IP, Node, pod_ready, wait_for
-from tests.registry.server import serve_registry
-from tests.scan.imagebuild import (
+from tests.support.deploy.chart import CHART
+from tests.support.images.imagebuild import (
     MEDIA,
     Blobs,
     Image,
@@ -50,6 +45,11 @@ from tests.scan.imagebuild import (
     layer_tar,
     tar_directory,
 )
+from tests.support.kube.apiserver import Proc, binary_dir, free_port
+from tests.support.kube.kwok import SimNode, kwok_argv, node_body, node_ready
+from tests.support.kubenode.helm_install import NAMESPACE, RELEASE, run_helm
+from tests.support.kubenode.kubelet_node import NAT_COMMENT, NODE_IP, Node, pod_ready, wait_for
+from tests.support.registry.registry_server import serve_registry
 
 PLACEMENT = "execwatch-placement"  # the chart's Deployment, Service, webhook and the Lease
 GATE = "execwatch.io/verify"  # placement's scheduling gate
@@ -83,7 +83,8 @@ class KwokNodes:
     def start(self, timeout: float = 120.0) -> None:
         binary = binary_dir() / "kwok"
         if not binary.exists():
-            raise FileNotFoundError(f"{binary} missing: tests/fleet/kwok.py says how to build it")
+            missing = f"{binary} missing: tests/support/kube/kwok.py says how to build it"
+            raise FileNotFoundError(missing)
         self.proc = Proc(
             "kwok", kwok_argv(binary, self.node.kubeconfig), self.node.workdir / "kwok.log"
         )

@@ -11,10 +11,10 @@ from typing import Any
 
 import yaml
 
-from tests.deploy.chart import REPO
-from tests.deploy.prometheus import Prometheus
-from tests.kube.cluster import binary_dir
-from tests.node.node import Node
+from tests.support.deploy.chart import REPO
+from tests.support.kube.apiserver import binary_dir
+from tests.support.kubenode.kubelet_node import Node
+from tests.support.monitoring.prometheus_server import Prometheus
 
 INSTALL_DOC = REPO / "docs" / "install.md"
 RULES = REPO / "deploy" / "prometheus" / "execwatch-rules.yaml"

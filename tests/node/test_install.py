@@ -7,9 +7,9 @@ from pathlib import Path
 
 from kubernetes import client
 
-from tests.deploy.chart import find, pod_spec, render
-from tests.node.install import NAMESPACE, Release, agent_pod, node_values
-from tests.node.node import Node
+from tests.support.deploy.chart import find, pod_spec, render
+from tests.support.kubenode.helm_install import NAMESPACE, Release, agent_pod, node_values
+from tests.support.kubenode.kubelet_node import Node
 
 # Capability bits (linux/capability.h).
 CAP_BIT = {"DAC_READ_SEARCH": 2, "SYS_PTRACE": 19, "SYS_RESOURCE": 24, "PERFMON": 38, "BPF": 39}

@@ -6,7 +6,7 @@ import ipaddress
 
 from kubernetes import client
 
-from tests.node.node import NODE_NAME, POD_SUBNET, Node, pod_ready, wait_for
+from tests.support.kubenode.kubelet_node import NODE_NAME, POD_SUBNET, Node, pod_ready, wait_for
 
 
 def test_node_is_ready_and_schedulable_with_the_pinned_versions(node: Node) -> None:

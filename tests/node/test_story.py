@@ -12,10 +12,10 @@ import time
 
 from kubernetes import client
 
-from tests.node.images import SIDE, SIDE_FOREIGN, WEB_V1, WEB_V2_ARM64
-from tests.node.install import Release, agent_pod, quota_counted
-from tests.node.node import NODE_NAME, QUOTA_RESYNC, Node, pod_ready, wait_for
-from tests.node.workloads import (
+from tests.support.kubenode.helm_install import Release, agent_pod, quota_counted
+from tests.support.kubenode.kubelet_node import NODE_NAME, QUOTA_RESYNC, Node, pod_ready, wait_for
+from tests.support.kubenode.node_images import SIDE, SIDE_FOREIGN, WEB_V1, WEB_V2_ARM64
+from tests.support.kubenode.story_workloads import (
     container,
     deployment,
     ensure_namespace,

@@ -20,12 +20,12 @@ from pathlib import Path
 
 from kubernetes import client
 
-from tests.node.images import SIDE_FOREIGN
-from tests.node.install import Release, agent_pod, node_root_pid
-from tests.node.node import NODE_NAME, Node, wait_for
 from tests.node.test_story import agent_counter, exec_format_events, side_pod
-from tests.node.workloads import ensure_namespace, handler_samples, warning_events
-from tests.support.emulation import aarch64_entry, qemu_aarch64
+from tests.support.binfmt.emulation import aarch64_entry, qemu_aarch64
+from tests.support.kubenode.helm_install import Release, agent_pod, node_root_pid
+from tests.support.kubenode.kubelet_node import NODE_NAME, Node, wait_for
+from tests.support.kubenode.node_images import SIDE_FOREIGN
+from tests.support.kubenode.story_workloads import ensure_namespace, handler_samples, warning_events
 
 NS = "emulated"
 EMULATOR = "execwatch-test-aarch64"

@@ -11,12 +11,15 @@ from typing import Any
 
 from kubernetes import client
 
-from tests.deploy.prometheus import Prometheus
-from tests.node.images import NOSHEBANG_ENTRYPOINT, SIDE_NOSHEBANG, WEB_V2_NOSHEBANG
-from tests.node.install import Release
-from tests.node.node import Node, pod_ready, wait_for
 from tests.node.test_story import LABEL, agent_counter, side_pod
-from tests.node.workloads import (
+from tests.support.kubenode.helm_install import Release
+from tests.support.kubenode.kubelet_node import Node, pod_ready, wait_for
+from tests.support.kubenode.node_images import (
+    NOSHEBANG_ENTRYPOINT,
+    SIDE_NOSHEBANG,
+    WEB_V2_NOSHEBANG,
+)
+from tests.support.kubenode.story_workloads import (
     container,
     deployment,
     ensure_namespace,
@@ -25,6 +28,7 @@ from tests.node.workloads import (
     restarts,
     warning_events,
 )
+from tests.support.monitoring.prometheus_server import Prometheus
 
 NS = "scripts"
 

@@ -27,10 +27,6 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.attribution.runc_env import FOREIGN_BUSYBOX, HOST_BUSYBOX
-from tests.fleet.kwok import TOLERATION
-from tests.node.install import Release
-from tests.node.node import NODE_NAME, Node, wait_for
 from tests.node.placement import (
     ARCH_LABEL,
     KwokNodes,
@@ -40,8 +36,12 @@ from tests.node.placement import (
     publish,
     root_dirs,
 )
-from tests.node.workloads import restarts
-from tests.scan.imagebuild import Image, file, symlink
+from tests.support.images.imagebuild import Image, file, symlink
+from tests.support.kube.kwok import TOLERATION
+from tests.support.kubenode.helm_install import Release
+from tests.support.kubenode.kubelet_node import NODE_NAME, Node, wait_for
+from tests.support.kubenode.story_workloads import restarts
+from tests.support.runtime.runc import FOREIGN_BUSYBOX, HOST_BUSYBOX
 
 MODE = "execwatch.io/placement"
 ENFORCE, CONTROL, MITIGATE = "placed", "unplaced", "mitigated"

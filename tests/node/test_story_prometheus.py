@@ -11,11 +11,11 @@ from typing import Any
 
 import yaml
 
-from tests.deploy.prometheus import Prometheus
-from tests.node.install import Release
-from tests.node.node import NODE_NAME, Node, wait_for
 from tests.node.prometheus import RULES
 from tests.node.test_story import NS
+from tests.support.kubenode.helm_install import Release
+from tests.support.kubenode.kubelet_node import NODE_NAME, Node, wait_for
+from tests.support.monitoring.prometheus_server import Prometheus
 
 
 def rule_for(alert: str) -> float:

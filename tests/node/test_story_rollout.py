@@ -18,13 +18,13 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.deploy.chart import REPO
-from tests.deploy.prometheus import Prometheus
-from tests.kube.cluster import Proc, apply, binary_dir, free_port
-from tests.node.images import WEB_V1, WEB_V2_MUSL
-from tests.node.install import Release
-from tests.node.node import Node, pod_ready, wait_for
-from tests.node.workloads import ensure_namespace, http_get, pods, restarts
+from tests.support.deploy.chart import REPO
+from tests.support.kube.apiserver import Proc, apply, binary_dir, free_port
+from tests.support.kubenode.helm_install import Release
+from tests.support.kubenode.kubelet_node import Node, pod_ready, wait_for
+from tests.support.kubenode.node_images import WEB_V1, WEB_V2_MUSL
+from tests.support.kubenode.story_workloads import ensure_namespace, http_get, pods, restarts
+from tests.support.monitoring.prometheus_server import Prometheus
 
 ARGO = REPO / "deploy" / "argo"
 NS = "rollouts"

@@ -17,10 +17,11 @@ import time
 from kubernetes import client
 from kubernetes.stream import stream
 
-from tests.deploy.chart import CHART, find, pod_spec, render
 from tests.deploy.test_seccomp import PROFILE
-from tests.node.images import SIDE_FOREIGN
-from tests.node.install import (
+from tests.node.test_install import caps, container_pid, proc_status
+from tests.node.test_story import agent_counter, exec_format_events, side_pod
+from tests.support.deploy.chart import CHART, find, pod_spec, render
+from tests.support.kubenode.helm_install import (
     NAMESPACE,
     RELEASE,
     Release,
@@ -29,10 +30,9 @@ from tests.node.install import (
     wait_quota_counted,
     wait_workloads_ready,
 )
-from tests.node.node import Node, pod_ready, wait_for
-from tests.node.test_install import caps, container_pid, proc_status
-from tests.node.test_story import agent_counter, exec_format_events, side_pod
-from tests.node.workloads import ensure_namespace
+from tests.support.kubenode.kubelet_node import Node, pod_ready, wait_for
+from tests.support.kubenode.node_images import SIDE_FOREIGN
+from tests.support.kubenode.story_workloads import ensure_namespace
 
 NS = "confined"
 NON_ROOT = 65532

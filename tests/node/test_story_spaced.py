@@ -11,10 +11,10 @@ import time
 
 from kubernetes import client
 
-from tests.node.images import SIDE, SIDE_FOREIGN
-from tests.node.install import Release
-from tests.node.node import Node, wait_for
-from tests.node.workloads import container, ensure_namespace, handler_samples
+from tests.support.kubenode.helm_install import Release
+from tests.support.kubenode.kubelet_node import Node, wait_for
+from tests.support.kubenode.node_images import SIDE, SIDE_FOREIGN
+from tests.support.kubenode.story_workloads import container, ensure_namespace, handler_samples
 
 NS = "spaced"
 POD = "every-five-seconds"

@@ -14,9 +14,10 @@ from pathlib import Path
 
 from kubernetes import client
 
-from tests.deploy.chart import CHART
-from tests.node.images import WEB_V1
-from tests.node.install import (
+from tests.node.placement import GATE, WebhookRoute, gated, take_placement_lease
+from tests.node.test_install import container_pid
+from tests.support.deploy.chart import CHART
+from tests.support.kubenode.helm_install import (
     NAMESPACE,
     RELEASE,
     Release,
@@ -24,10 +25,9 @@ from tests.node.install import (
     run_helm,
     wait_workloads_ready,
 )
-from tests.node.node import Node, pod_ready, wait_for
-from tests.node.placement import GATE, WebhookRoute, gated, take_placement_lease
-from tests.node.test_install import container_pid
-from tests.node.workloads import container, ensure_namespace
+from tests.support.kubenode.kubelet_node import Node, pod_ready, wait_for
+from tests.support.kubenode.node_images import WEB_V1
+from tests.support.kubenode.story_workloads import container, ensure_namespace
 
 CRD = "execfailures.execwatch.io"
 GATED_NS = "gated"

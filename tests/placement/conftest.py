@@ -16,11 +16,11 @@ from kubernetes import client
 from execwatch.kube.client import Rest
 from execwatch.placement.serving import WebhookServer
 from execwatch.placement.webhook import http_handler
-from tests.kube.cluster import ADMIN_TOKEN, KubeCluster, make_pki
-from tests.kube.fixtures import admin, kube
 from tests.placement.cluster import OWN_NAMESPACE, configuration
-from tests.registry.fixtures import pushed, registry
 from tests.scan.conftest import built, host_glibc, host_musl
+from tests.support.kube.apiserver import ADMIN_TOKEN, KubeCluster, make_pki
+from tests.support.kube.apiserver_fixtures import admin, kube
+from tests.support.registry.registry_fixtures import pushed, registry
 
 __all__ = ["admin", "built", "host_glibc", "host_musl", "kube", "pushed", "registry"]
 

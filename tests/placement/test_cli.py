@@ -6,16 +6,12 @@ as a mounted Secret is refreshed."""
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
-import os
 import subprocess
 import sys
-import threading
 import urllib.request
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,42 +22,33 @@ from kubernetes.client.exceptions import ApiException
 from execwatch.placement.affinity import ARCH_LABEL
 from execwatch.placement.cli import REMOVED
 from execwatch.placement.webhook import GATE, GATED_LABEL, GATED_VALUE, PodRef, review
-from tests.deploy.chart import Doc, find, render
-from tests.kube.cluster import KubeCluster, free_port
-from tests.kube.processes import ExecwatchProcess
 from tests.placement.cluster import create_pod, gates, namespace
 from tests.placement.test_controller import events, required_terms, stored
 from tests.placement.test_scanned import AMD64_ONLY, liar, pull_secret
-from tests.registry.server import Registry
+from tests.support.deploy.chart import Doc, find, render
+from tests.support.kube.apiserver import KubeCluster, free_port
+from tests.support.kube.execwatch_process import ExecwatchProcess
+from tests.support.placement.chart_placement import (
+    CLUSTER_KINDS,
+    NAME,
+    NODES,
+    NS,
+    VERDICTS,
+    WEBHOOKS,
+    Kubelet,
+    ca_bundle_set,
+    hold_lease,
+    loopback,
+    own_env,
+    placement_rights,
+)
+from tests.support.registry.registry_server import Registry
 from tests.support.wait import wait_until
-
-NAME = "execwatch-placement"
-NS = "execwatch"
-# The chart's placement rights: its ServiceAccounts and roles, and the admission policies
-# that narrow them.
-CHART_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding",
-               "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")  # fmt: skip
-CLUSTER_KINDS = CHART_KINDS[3:]
-WEBHOOKS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
-VERDICTS = "imageverdicts.execwatch.io"
-NODES = {"placement-amd64": "amd64", "placement-arm64": "arm64"}
-
-
-def loopback(config: Doc, port: int) -> Doc:
-    """The chart's configuration with each webhook's Service replaced by loopback."""
-    for hook in config["webhooks"]:
-        service = hook["clientConfig"].pop("service")
-        hook["clientConfig"]["url"] = f"https://localhost:{port}{service['path']}"
-    return config
 
 
 @pytest.fixture(scope="module")
 def port() -> int:
     return free_port()
-
-
-def placement_rights(docs: list[Doc]) -> list[Doc]:
-    return [d for d in docs if d["kind"] in CHART_KINDS and d["metadata"]["name"].startswith(NAME)]
 
 
 @pytest.fixture(scope="module")
@@ -92,28 +79,6 @@ def chart(kube: KubeCluster, port: int) -> Iterator[dict[str, Doc]]:
                     res = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
                     with contextlib.suppress(ApiException):  # --release deletes webhooks
                         res.delete(name=doc["metadata"]["name"])
-
-
-class Kubelet:
-    """Copies the Secret's tls.crt and tls.key into `directory` whenever they change,
-    each file replaced whole (the kubelet swaps the whole directory)."""
-
-    def __init__(self, api: client.ApiClient, directory: Path) -> None:
-        self.api, self.directory = api, directory
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        seen: dict[str, str] = {}
-        while not self.stop.wait(0.2):
-            data = client.CoreV1Api(self.api).read_namespaced_secret(f"{NAME}-tls", NS).data or {}
-            for key in ("tls.crt", "tls.key"):
-                if data.get(key) and data[key] != seen.get(key):
-                    tmp = self.directory / f".{key}"
-                    tmp.write_bytes(base64.b64decode(data[key]))
-                    os.replace(tmp, self.directory / key)
-                    seen[key] = data[key]
 
 
 class Replica:
@@ -150,12 +115,6 @@ class Replica:
         return self.process.log.read_text(errors="replace")[-3000:]
 
 
-def own_env(tmp: Path) -> dict[str, str]:
-    """No registry credentials of the process's own: it pulls with the pods' only."""
-    drop = {"REGISTRY_AUTH_FILE", "XDG_RUNTIME_DIR", "DOCKER_CONFIG"}
-    return {**{k: v for k, v in os.environ.items() if k not in drop}, "HOME": str(tmp)}
-
-
 @pytest.fixture
 def kubelet(admin: client.ApiClient, tmp_path: Path) -> Iterator[Path]:
     directory = tmp_path / "replica" / "tls"
@@ -164,11 +123,6 @@ def kubelet(admin: client.ApiClient, tmp_path: Path) -> Iterator[Path]:
     yield directory
     copier.stop.set()
     copier.thread.join()
-
-
-def ca_bundle_set(admin: client.ApiClient) -> bool:
-    config = client.AdmissionregistrationV1Api(admin).read_mutating_webhook_configuration(NAME)
-    return all(hook.client_config.ca_bundle for hook in config.webhooks)
 
 
 def test_a_gated_pod_is_placed_by_the_command_with_the_charts_rights(
@@ -217,23 +171,6 @@ def verdict_of(admin: client.ApiClient, image: str, platforms: int = 1) -> dict[
     mine = [v for v in found["items"] if v["spec"]["image"] == image]
     done = [v for v in mine if len(v.get("status", {}).get("platforms") or []) >= platforms]
     return done[0] if done else None
-
-
-def hold_lease(admin: client.ApiClient) -> None:
-    """Another replica holds the Lease: the process under test stays a standby."""
-    now = datetime.now(tz=UTC)
-    body = {
-        "metadata": {"name": NAME},
-        "spec": {"holderIdentity": "someone-else", "leaseDurationSeconds": 3600,
-                 "acquireTime": now, "renewTime": now},
-    }  # fmt: skip
-    leases = client.CoordinationV1Api(admin)
-    try:
-        leases.create_namespaced_lease(NS, body)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-        leases.patch_namespaced_lease(NAME, NS, body)
 
 
 def gated_pod(admin: client.ApiClient, ns: str, name: str) -> dict[str, Any]:

@@ -12,10 +12,10 @@ from kubernetes import client
 
 from tests.placement.cluster import create_pod
 from tests.placement.test_scanned import enforced, left_as_is, placer
-from tests.registry.fixtures import arm64_root
-from tests.registry.server import Registry
-from tests.scan.imagebuild import Image, file, oci_layout, symlink
-from tests.scan.test_checks import glibc_base
+from tests.support.images.base_images import glibc_base
+from tests.support.images.imagebuild import Image, file, oci_layout, symlink
+from tests.support.registry.registry_fixtures import arm64_root
+from tests.support.registry.registry_server import Registry
 
 CASES: dict[
     str, tuple[bytes | str, str]

@@ -36,7 +36,7 @@ from tests.placement.cluster import create_pod, gates, namespace, rest_for
 from tests.placement.drip import DripRegistry, drip_registry
 from tests.placement.test_controller import Seen, events, stored
 from tests.placement.test_scanned import ARCHES, enforced
-from tests.registry.server import Registry
+from tests.support.registry.registry_server import Registry
 from tests.support.wait import wait_until
 
 BUDGET = 30.0

@@ -21,10 +21,11 @@ from execwatch.placement.affinity import narrowed_affinity
 from execwatch.placement.controller import JSON_PATCH, VerdictUnavailable, ungate_patch
 from execwatch.placement.pullsecrets import PullSecrets
 from execwatch.placement.webhook import GATE, GATED_LABEL, GATED_VALUE, MODE_LABEL
-from tests.deploy.chart import Doc
-from tests.kube.cluster import KubeCluster
 from tests.placement.cluster import create_pod, namespace
-from tests.placement.test_cli import NAME, NS, chart, port
+from tests.placement.test_cli import chart, port
+from tests.support.deploy.chart import Doc
+from tests.support.kube.apiserver import KubeCluster
+from tests.support.placement.chart_placement import NAME, NS
 from tests.support.wait import wait_until
 
 __all__ = ["chart", "port"]

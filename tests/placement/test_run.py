@@ -17,9 +17,9 @@ from execwatch.placement.affinity import ARCH_LABEL
 from execwatch.placement.controller import Placer
 from execwatch.placement.run import ControllerConfig, NodeArches, PlacementController
 from execwatch.placement.webhook import GATE
-from tests.kube.cluster import ADMIN_TOKEN, KubeCluster
 from tests.placement.cluster import create_pod, gates, namespace
 from tests.placement.test_controller import F, R, Scripted, Seen, events, stored
+from tests.support.kube.apiserver import ADMIN_TOKEN, KubeCluster
 from tests.support.wait import wait_until
 
 

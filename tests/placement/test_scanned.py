@@ -42,11 +42,11 @@ from tests.placement.cluster import create_pod, gates, namespace, rest_for
 from tests.placement.observedpods import record_of, running_pod
 from tests.placement.test_controller import Seen, events, required_terms, stored
 from tests.placement.test_verdicts import crd, store
-from tests.registry.counting import CountingProxy
-from tests.registry.fixtures import arm64_root
-from tests.registry.server import PASSWORD, USER, Registry
-from tests.scan.imagebuild import Image, file, oci_layout, symlink
-from tests.scan.test_checks import glibc_base
+from tests.support.images.base_images import glibc_base
+from tests.support.images.imagebuild import Image, file, oci_layout, symlink
+from tests.support.registry.counting_proxy import CountingProxy
+from tests.support.registry.registry_fixtures import arm64_root
+from tests.support.registry.registry_server import PASSWORD, USER, Registry
 from tests.support.wait import wait_until
 
 __all__ = ["crd", "store"]

@@ -30,7 +30,7 @@ from tests.placement.test_scanned import (
     writer,
 )
 from tests.placement.test_verdicts import crd, store
-from tests.registry.server import Registry
+from tests.support.registry.registry_server import Registry
 from tests.support.wait import wait_until
 
 __all__ = ["crd", "store", "toolbox", "writer"]

@@ -19,7 +19,6 @@ from execwatch.placement.serving import WebhookServer
 from execwatch.placement.webhook import GATE, http_handler
 from execwatch.serving.certs import SERVING_LIFETIME
 from execwatch.serving.tls import CertFiles, CertRotator
-from tests.kube.cluster import free_port
 from tests.placement.cluster import (
     OWN_NAMESPACE,
     configuration,
@@ -29,6 +28,7 @@ from tests.placement.cluster import (
     rest_for,
     warn_configuration,
 )
+from tests.support.kube.apiserver import free_port
 
 NAMES = ["localhost"]
 

@@ -25,8 +25,8 @@ from execwatch.placement.verdicts import (
     object_name,
 )
 from execwatch.runnable.verdict import Outcome
-from tests.kube.cluster import KubeCluster, apply
 from tests.placement.cluster import rest_for
+from tests.support.kube.apiserver import KubeCluster, apply
 
 CRD = Path(__file__).resolve().parents[2] / "deploy" / "placement" / "imageverdict-crd.yaml"
 DIGEST = "sha256:" + "ab" * 32

@@ -27,7 +27,6 @@ from execwatch.placement.serving import WebhookServer
 from execwatch.placement.warnmode import WarnWorker
 from execwatch.placement.webhook import GATED_LABEL, http_handler
 from execwatch.runnable.verdict import Outcome
-from tests.kube.cluster import KubeCluster, make_pki
 from tests.placement.cluster import (
     OWN_NAMESPACE,
     create_pod,
@@ -37,6 +36,7 @@ from tests.placement.cluster import (
     warn_configuration,
 )
 from tests.placement.test_controller import F, R, Scripted, Seen, stored
+from tests.support.kube.apiserver import KubeCluster, make_pki
 from tests.support.wait import wait_until
 
 RS = "web-5d8f"

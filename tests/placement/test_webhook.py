@@ -17,8 +17,8 @@ from kubernetes import client
 
 from execwatch.placement.serving import WebhookServer
 from execwatch.placement.webhook import GATE, GATED_LABEL, MODE_LABEL, BadReview, review
-from tests.kube.cluster import KubeCluster, client_cert
 from tests.placement.cluster import OWN_NAMESPACE, configuration, create_pod, gates, namespace
+from tests.support.kube.apiserver import KubeCluster, client_cert
 
 
 @pytest.mark.parametrize("mode", ["enforce", "mitigate"])

@@ -17,7 +17,7 @@ from execwatch.attribution.mounts import cgroup_mounts
 from execwatch.node.stack import StackOptions
 from execwatch.pipeline import PipelineOptions
 from execwatch.record import ExecFailure
-from tests.support.node import Running, node_stack
+from tests.support.node.stack_runner import Running, node_stack
 from tests.support.wait import wait_until
 
 HUNG_FUSE = Path(__file__).with_name("hung_fuse.py")

@@ -1,6 +1,6 @@
 """Early deaths inside real containers, for every case of the host test's table.
 
-Each case's root (tests/probe/deaths.py) becomes a containerd image and a runc root.
+Each case's root (tests/support/probe/deaths.py) becomes a containerd image and a runc root.
 In containerd the case dies as a pod's entrypoint (no task is left: the diagnosis reads
 the container's rootfs, found from the container id before the runtime unmounts it) and
 as a side process of a healthy sidecar of the same image; in runc as a side process of a
@@ -24,15 +24,15 @@ from execwatch.diagnosis import FileDiagnoser
 from execwatch.probe import Probe
 from execwatch.probe.events import decode_record
 from execwatch.record import AttributionStatus, EarlyDeath, ExecFailure, Reason
-from tests.attribution.containerd_env import Containerd, Pod, oci_archive_of
-from tests.attribution.runc_env import (
+from tests.support.probe.deaths import BY_NAME, DEATHS, KEEPALIVE, Death, DeathTracer
+from tests.support.probe.debian_roots import Keepers, keepers
+from tests.support.runtime.containerd import Containerd, Pod, oci_archive_of
+from tests.support.runtime.runc import (
     KubeletCgroup,
     Runc,
     remove_empty_kubepods,
     remove_pod_cgroups,
 )
-from tests.probe.deaths import BY_NAME, DEATHS, KEEPALIVE, Death, DeathTracer
-from tests.probe.roots import Keepers, keepers
 
 __all__ = ["keepers"]
 

@@ -12,9 +12,9 @@ import pytest
 from execwatch.attribution import Attributor
 from execwatch.attribution.cri.client import CriContainers
 from execwatch.record import AttributionStatus, ExecFailure, Reason
-from tests.attribution.containerd_env import Containerd
-from tests.attribution.runc_env import FOREIGN_ARCH, FOREIGN_IN_ROOTFS
 from tests.probe.conftest import Tracer
+from tests.support.runtime.containerd import Containerd
+from tests.support.runtime.runc import FOREIGN_ARCH, FOREIGN_IN_ROOTFS
 
 
 def in_pod(uid: str) -> Callable[[ExecFailure], bool]:

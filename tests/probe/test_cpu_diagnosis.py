@@ -16,8 +16,8 @@ from execwatch.binfmt.isa import BASELINE, V2, V3, V4
 from execwatch.diagnosis.startup import explain
 from execwatch.record import Reason
 from execwatch.runnable.directory import DirectoryFS
-from tests.binfmt.cbuild import build_level_programs, compile_c
-from tests.probe.roots import copy_into, glibc_root
+from tests.support.binfmt.cbuild import build_level_programs, compile_c
+from tests.support.probe.debian_roots import copy_into, glibc_root
 
 V2_CPU = BASELINE | V2
 V4_CPU = BASELINE | V2 | V3 | V4

@@ -19,9 +19,15 @@ from pathlib import Path
 import pytest
 
 from execwatch.record import EarlyDeath, Reason
-from tests.probe.deaths import BY_NAME, EXITER, DeathTracer
-from tests.probe.roots import Keepers, build_musl, gcompat_root, keepers, needed_libraries
 from tests.probe.test_trace_cli import TraceProcess, start_trace
+from tests.support.probe.deaths import BY_NAME, EXITER, DeathTracer
+from tests.support.probe.debian_roots import (
+    Keepers,
+    build_musl,
+    gcompat_root,
+    keepers,
+    needed_libraries,
+)
 
 __all__ = ["keepers", "start_trace"]
 WINDOW_S = 1.0

@@ -21,14 +21,14 @@ from execwatch.pipeline import PipelineOptions
 from execwatch.probe import layout
 from execwatch.probe.loader import ProbeOptions
 from execwatch.record import ExecFailure, Reason
-from tests.support.emulation import (
+from tests.support.binfmt.emulation import (
     BinfmtNamespace,
     aarch64_entry,
     binfmt_namespace,
     busybox_arm64,
     qemu_aarch64,
 )
-from tests.support.node import Running, node_stack
+from tests.support.node.stack_runner import Running, node_stack
 from tests.support.wait import wait_until
 
 __all__ = ["binfmt_namespace", "busybox_arm64"]  # fixtures

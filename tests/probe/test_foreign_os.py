@@ -15,7 +15,7 @@ import pytest
 from execwatch.node.output import human_line
 from execwatch.record import ExecFailed, Reason
 from tests.probe.conftest import Tracer
-from tests.support.foreignos import universal
+from tests.support.binfmt.foreignos import universal
 
 REFUSED = {  # cached build -> (errno, binary_arch, the detail)
     "hello-darwin-amd64": (

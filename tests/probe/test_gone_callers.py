@@ -23,7 +23,7 @@ from execwatch.diagnosis import FileDiagnoser
 from execwatch.node.stack import StackOptions
 from execwatch.pipeline import PipelineOptions
 from execwatch.record import Diagnosis, ExecFailed, ExecFailure, KernelEvent, Reason
-from tests.support.node import Running, node_stack
+from tests.support.node.stack_runner import Running, node_stack
 from tests.support.wait import wait_until
 
 GLIBC_LOADER = {"x86_64": "/lib64/ld-linux-x86-64.so.2", "aarch64": "/lib/ld-linux-aarch64.so.1"}

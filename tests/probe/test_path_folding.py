@@ -24,8 +24,8 @@ from execwatch.node.stack import StackOptions
 from execwatch.pipeline import PipelineOptions, repeat_key
 from execwatch.probe import Probe, layout
 from execwatch.record import ExecFailure, Reason, RepeatKey
-from tests.probe.roots import GLIBC_LOADER
-from tests.support.node import Running, node_stack
+from tests.support.node.stack_runner import Running, node_stack
+from tests.support.probe.debian_roots import GLIBC_LOADER
 
 SEARCHES = 400
 WINDOW_S = 0.2

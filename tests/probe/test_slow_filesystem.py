@@ -25,7 +25,7 @@ from execwatch.record import ExecFailure, Reason
 from execwatch.serving.exposition import serve
 from execwatch.serving.http import BoundedServer
 from tests.probe.conftest import Children
-from tests.support.node import node_stack
+from tests.support.node.stack_runner import node_stack
 from tests.support.wait import wait_until
 
 BUDGET = 2.0

@@ -25,8 +25,8 @@ from execwatch.node.stack import StackOptions
 from execwatch.pipeline import PipelineOptions
 from execwatch.record import ExecFailure, Reason, UndiagnosedCause
 from tests.probe.conftest import Children
-from tests.probe.roots import newer_package
-from tests.support.node import node_stack
+from tests.support.node.stack_runner import node_stack
+from tests.support.probe.debian_roots import newer_package
 from tests.support.wait import wait_until
 
 FAILURES = 50

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from execwatch.probe import ProbeError, loader
-from tests.probe.roots import newer_package
+from tests.support.probe.debian_roots import newer_package
 
 EXECWATCH = [sys.executable, "-m", "execwatch.cli"]
 

@@ -21,9 +21,9 @@ from execwatch.pipeline import PipelineOptions
 from execwatch.record import UndiagnosedCause
 from execwatch.serving.exposition import serve
 from execwatch.serving.http import BoundedServer
-from tests.deploy.prometheus import Prometheus
 from tests.probe.conftest import Children
-from tests.support.node import node_stack
+from tests.support.monitoring.prometheus_server import Prometheus
+from tests.support.node.stack_runner import node_stack
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "deploy" / "prometheus" / "execwatch-rules.yaml"

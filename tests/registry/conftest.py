@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.registry.fixtures import pushed, registry
 from tests.scan.conftest import built, host_glibc, host_musl
+from tests.support.registry.registry_fixtures import pushed, registry
 
 __all__ = ["built", "host_glibc", "host_musl", "pushed", "registry"]
 

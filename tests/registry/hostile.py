@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.kube.cluster import make_pki
-from tests.registry.server import PASSWORD, USER, Registry
+from tests.support.kube.apiserver import make_pki
+from tests.support.registry.registry_server import PASSWORD, USER, Registry
 
 
 @dataclass
@@ -45,7 +45,7 @@ class Asked:
 
 class Scripted:
     """Answers each request with `answer(method, path)`; `pki` set: over TLS with its
-    serving certificate (tests.kube.cluster.make_pki, for 127.0.0.1)."""
+    serving certificate (tests.support.kube.apiserver.make_pki, for 127.0.0.1)."""
 
     def __init__(self, answer: Callable[[str, str], Answer], pki: Path | None = None) -> None:
         self.asked: list[Asked] = []

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from execwatch.scan import credential_helpers
-from tests.registry.server import PASSWORD, USER, Registry
-from tests.scan.helpers import scan_error, scan_json
+from tests.support.registry.registry_server import PASSWORD, USER, Registry
+from tests.support.scan.scan_cli import scan_error, scan_json
 
 HOLDS = """#!/bin/sh
 [ "$1" = get ] || exit 3

@@ -17,9 +17,9 @@ from execwatch.runnable.limits import Limits
 from execwatch.scan.errors import ScanInputError
 from execwatch.scan.registry import RegistryOptions
 from execwatch.scan.runner import ScanOptions, scan
-from tests.registry.server import Blob, HostileRegistry, Registry
-from tests.scan.helpers import scan_error
-from tests.scan.imagebuild import Image, file, layer_tar, oci_layout
+from tests.support.images.imagebuild import Image, file, layer_tar, oci_layout
+from tests.support.registry.registry_server import Blob, HostileRegistry, Registry
+from tests.support.scan.scan_cli import scan_error
 
 TAR = "application/vnd.oci.image.layer.v1.tar"
 LONG_AGO = 946684800  # 2000-01-01

@@ -23,15 +23,15 @@ from execwatch.scan.reuse import (
     SessionPool,
     token_ttl,
 )
-from tests.registry.counting import CountingProxy
-from tests.registry.server import (
+from tests.support.images.imagebuild import Image, file, oci_layout
+from tests.support.registry.counting_proxy import CountingProxy
+from tests.support.registry.registry_server import (
     PASSWORD,
     USER,
     Registry,
     TokenRegistry,
     running_token_registry,
 )
-from tests.scan.imagebuild import Image, file, oci_layout
 
 
 @pytest.fixture

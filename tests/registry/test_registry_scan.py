@@ -11,8 +11,13 @@ from typing import Any
 
 import pytest
 
-from tests.registry.server import CuttingProxy, Registry, TokenServer, running_registry
-from tests.scan.helpers import checks, scan_error, scan_json
+from tests.support.registry.registry_server import (
+    CuttingProxy,
+    Registry,
+    TokenServer,
+    running_registry,
+)
+from tests.support.scan.scan_cli import checks, scan_error, scan_json
 
 
 def registry_args(registry: Registry, tmp_path: Path, *hosts: str) -> list[str]:

@@ -40,7 +40,6 @@ from execwatch.scan.registry import (
     resolve_images,
 )
 from execwatch.scan.reuse import RegistryReuse
-from tests.kube.cluster import REPO, free_port
 from tests.registry.hostile import (
     Answer,
     Dripping,
@@ -50,8 +49,9 @@ from tests.registry.hostile import (
     push_blob,
     push_manifest,
 )
-from tests.registry.server import HostileRegistry, Registry
-from tests.scan.imagebuild import Image
+from tests.support.images.imagebuild import Image
+from tests.support.kube.apiserver import REPO, free_port
+from tests.support.registry.registry_server import HostileRegistry, Registry
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"

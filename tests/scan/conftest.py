@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.binfmt.cbuild import HELLO_C, compile_c
+from tests.support.binfmt.cbuild import HELLO_C, compile_c
 
 LIBFOO_C = (
     "int foo(void) { return 1; }\nint foo2(void) { return 2; }\nint foo3(void) { return 3; }\n"

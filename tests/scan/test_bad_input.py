@@ -18,8 +18,7 @@ import zstandard
 
 from execwatch.scan.errors import CorruptInput, NothingToCheck
 from execwatch.scan.runner import ScanOptions, scan
-from tests.scan.helpers import run, scan_error, scan_json
-from tests.scan.imagebuild import (
+from tests.support.images.imagebuild import (
     Image,
     docker25_archive,
     file,
@@ -28,6 +27,7 @@ from tests.scan.imagebuild import (
     oci_layout,
     tar_directory,
 )
+from tests.support.scan.scan_cli import run, scan_error, scan_json
 
 ELF_PLACEHOLDER = b"#!/bin/sh\n"
 
@@ -139,7 +139,7 @@ def test_findings_name_their_image_among_several(
 
 def test_sarif_fingerprints_are_unique(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Two images with the same findings, and one binary missing two libraries."""
-    from tests.binfmt.elfbuild import ElfSpec, build_elf
+    from tests.support.binfmt.elfbuild import ElfSpec, build_elf
 
     app = build_elf(ElfSpec(elf_type=2, needed=["liba.so", "libb.so"])).data
     layers = [[file("app/bin", app), file("lib64/ld-linux-x86-64.so.2",

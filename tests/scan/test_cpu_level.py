@@ -1,7 +1,7 @@
 """cpu-level: an executable, or a library it loads, needs an x86-64 level the nodes lack.
 
 The programs are built here by gcc and musl-gcc (static) with `-Wl,-z,x86-64-v3`
-(tests/binfmt/cbuild.py) into a root of this host's real glibc files. What the nodes have
+(tests/support/binfmt/cbuild.py) into a root of this host's real glibc files. What the nodes have
 comes from `--cpu-level`, else the amd64 platform's variant (an index entry
 `linux/amd64/v2`), else plain amd64, which promises only the baseline: a warning, since
 the level was never stated. A guest CPU
@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from tests.binfmt.cbuild import build_level_programs
-from tests.probe.roots import glibc_root
-from tests.scan.helpers import checks, run, scan_json
-from tests.scan.imagebuild import Image, oci_layout, tree
+from tests.support.binfmt.cbuild import build_level_programs
+from tests.support.images.imagebuild import Image, oci_layout, tree
+from tests.support.probe.debian_roots import glibc_root
+from tests.support.scan.scan_cli import checks, run, scan_json
 
 NEEDS, USES, STATIC = "/app/needs-v3", "/app/uses-v3-lib", "/app/static-v3"
 REFUSED = {("cpu-level", NEEDS), ("cpu-level", USES), ("cpu-level", STATIC)}

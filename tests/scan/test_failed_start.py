@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from tests.scan.helpers import scan_json
-from tests.scan.imagebuild import Image, file, oci_layout
-from tests.support.foreignos import universal
+from tests.support.binfmt.foreignos import universal
+from tests.support.images.imagebuild import Image, file, oci_layout
+from tests.support.scan.scan_cli import scan_json
 
 
 def scan(tmp_path: Path, capsys: pytest.CaptureFixture[str], image: Image, *argv: str) -> Any:

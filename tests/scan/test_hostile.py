@@ -23,8 +23,7 @@ from execwatch.runnable.memory import MemoryFS
 from execwatch.scan.errors import LimitExceeded
 from execwatch.scan.layers import apply_layer
 from execwatch.scan.runner import ScanOptions, scan
-from tests.scan.helpers import run, scan_error
-from tests.scan.imagebuild import (
+from tests.support.images.imagebuild import (
     Blobs,
     Entry,
     Image,
@@ -33,6 +32,7 @@ from tests.scan.imagebuild import (
     oci_layout,
     symlink,
 )
+from tests.support.scan.scan_cli import run, scan_error
 
 
 def raw_layer(members: list[tarfile.TarInfo]) -> bytes:

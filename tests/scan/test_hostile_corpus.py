@@ -1,5 +1,6 @@
-"""Hostile scan inputs from tests/scan/corpus.py: each is scanned or refused with the right
-error, within generous bounds of time and traced memory (exact figures: parser_bench)."""
+"""Hostile scan inputs from tests/support/scan/hostile_inputs.py: each is scanned or
+refused with the right error, within generous bounds of time and traced memory (exact
+figures: parser_bench)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from execwatch.runnable.linker import MAX_CONF_DIRS, MAX_CONF_FILES
 from execwatch.scan.errors import LimitExceeded, NothingToCheck, ScanInputError
 from execwatch.scan.model import ScanReport
 from execwatch.scan.runner import ScanOptions, scan
-from tests.binfmt.corpus import measure
-from tests.scan.corpus import CORPUS, include_tree, ld_so_conf_dirs, symlink_chain
-from tests.scan.imagebuild import Entry, Image, file, oci_layout, symlink
+from tests.support.binfmt.hostile_elf import measure
+from tests.support.images.imagebuild import Entry, Image, file, oci_layout, symlink
+from tests.support.scan.hostile_inputs import CORPUS, include_tree, ld_so_conf_dirs, symlink_chain
 
 SECONDS = 2.0  # a whole scan: layout, layers, checks
 PEAK_BYTES = 32 << 20

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.scan.helpers import checks, scan_json
-from tests.scan.imagebuild import (
+from tests.support.images.imagebuild import (
     Entry,
     Image,
     directory,
@@ -24,6 +23,7 @@ from tests.scan.imagebuild import (
     tree,
     usrmerge,
 )
+from tests.support.scan.scan_cli import checks, scan_json
 
 # debian arch -> (OCI architecture, variant)
 ARCHS = {
@@ -94,7 +94,7 @@ def test_asking_for_a_platform_the_index_lacks_is_bad_input(
 ) -> None:
     layout = oci_layout(tmp_path / "layout", [debian_image(foreign_root, "arm64")], nested=True)
     capsys.readouterr()
-    from tests.scan.helpers import scan_error
+    from tests.support.scan.scan_cli import scan_error
 
     message = scan_error(capsys, str(layout), "--platform", "linux/s390x")
     assert "no linux/s390x image (the input has: linux/arm64)" in message
@@ -250,7 +250,7 @@ def test_output_file(
 ) -> None:
     layout = oci_layout(tmp_path / "l", [debian_image(foreign_root, "arm64")])
     out = tmp_path / "report.json"
-    from tests.scan.helpers import run
+    from tests.support.scan.scan_cli import run
 
     assert run([str(layout), "--format", "json", "--output", str(out)]) == 0
     assert json.loads(out.read_text())["findings"] == []
@@ -266,7 +266,7 @@ def test_output_to_a_fifo_writes_through_it(
     import stat
     import threading
 
-    from tests.scan.helpers import run
+    from tests.support.scan.scan_cli import run
 
     layout = oci_layout(tmp_path / "l", [debian_image(foreign_root, "arm64")])
     fifo = tmp_path / "pipe"
@@ -290,7 +290,7 @@ def test_output_to_a_fifo_writes_through_it(
 def test_an_output_it_cannot_write_is_refused_before_the_scan(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str, message: str
 ) -> None:
-    from tests.scan.helpers import run
+    from tests.support.scan.scan_cli import run
 
     out = tmp_path / where
     capsys.readouterr()
@@ -304,7 +304,7 @@ def test_a_failed_write_is_exit_2_not_findings(
 ) -> None:
     """A full disk (/dev/full) as the last thing that goes wrong: not exit 1, which a CI
     job reads as findings, and not a traceback."""
-    from tests.scan.helpers import run
+    from tests.support.scan.scan_cli import run
 
     capsys.readouterr()
     assert run(["/bin/true", "--format", "sarif", "--output", "/dev/full"]) == 2

@@ -32,10 +32,10 @@ from execwatch.runnable.liveroot import MAX_NODES, RootView
 from execwatch.runnable.memory import MemoryFS
 from execwatch.runnable.openat2 import Root
 from execwatch.scan.errors import LimitExceeded
-from tests.binfmt.corpus import measure
-from tests.binfmt.elfbuild import ElfSpec, build_elf
-from tests.scan.helpers import scan_error, scan_json
-from tests.scan.imagebuild import Image, directory, file, oci_layout
+from tests.support.binfmt.elfbuild import ElfSpec, build_elf
+from tests.support.binfmt.hostile_elf import measure
+from tests.support.images.imagebuild import Image, directory, file, oci_layout
+from tests.support.scan.scan_cli import scan_error, scan_json
 
 LIMITS = Limits()
 GLIBC_LOADER = "/lib64/ld-linux-x86-64.so.2"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.binfmt.cbuild import HELLO_C, compile_c
-from tests.probe.roots import glibc_root, needed_libraries, newer_package
-from tests.scan.helpers import checks, scan_json
+from tests.support.binfmt.cbuild import HELLO_C, compile_c
+from tests.support.probe.debian_roots import glibc_root, needed_libraries, newer_package
+from tests.support.scan.scan_cli import checks, scan_json
 
 HOST_LIBCURL = Path("/usr/lib/x86_64-linux-gnu/libcurl.so.4")
 

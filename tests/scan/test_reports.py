@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from execwatch.scan.vocabulary import CHECK_DESCRIPTIONS, Check
-from tests.binfmt.elfbuild import ElfSpec, build_elf
-from tests.scan.helpers import run
-from tests.scan.imagebuild import Image, file, oci_layout
+from tests.support.binfmt.elfbuild import ElfSpec, build_elf
+from tests.support.images.imagebuild import Image, file, oci_layout
+from tests.support.scan.scan_cli import run
 
 
 @pytest.fixture

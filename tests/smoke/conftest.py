@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.binfmt.cbuild import HELLO_C, compile_c
+from tests.support.binfmt.cbuild import HELLO_C, compile_c
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("EXECWATCH_CACHE", REPO / ".cache"))

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from tests.binfmt.cbuild import compile_c
-from tests.scan.imagebuild import Entry, Image, file, oci_layout, symlink
 from tests.smoke.conftest import NOBODY, execwatch_scan, runs
+from tests.support.binfmt.cbuild import compile_c
+from tests.support.images.imagebuild import Entry, Image, file, oci_layout, symlink
 
 AS = {"root": None, "nobody": NOBODY}
 BUSYBOX = Path("/usr/bin/busybox")  # Debian's busybox-static

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.binfmt.cbuild import HELLO_C, compile_c
-from tests.scan.imagebuild import Entry, Image, file, oci_layout, tree, usrmerge
 from tests.smoke.conftest import ARM64_ROOT, EMULATORS, NOBODY, execwatch_scan, runs
+from tests.support.binfmt.cbuild import HELLO_C, compile_c
+from tests.support.images.imagebuild import Entry, Image, file, oci_layout, tree, usrmerge
 
 MUSL_LOADER = Path("/lib/ld-musl-x86_64.so.1")
 AS = {"root": None, "nobody": NOBODY}

@@ -12,7 +12,15 @@ from execwatch.runnable.limits import Limits
 from execwatch.scan.errors import LimitExceeded, ScanInputError
 from execwatch.scan.sources import directory_store, images_in_store
 from execwatch.smoke.unpack import Unpacked, unpack_image
-from tests.scan.imagebuild import Entry, Image, directory, file, hardlink, oci_layout, symlink
+from tests.support.images.imagebuild import (
+    Entry,
+    Image,
+    directory,
+    file,
+    hardlink,
+    oci_layout,
+    symlink,
+)
 
 
 def unpack(tmp_path: Path, *layers: list[Entry], max_bytes: int = 1 << 30) -> tuple[Path, Unpacked]:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.binfmt.cbuild import compile_c
-from tests.scan.imagebuild import Entry, Image, file, oci_layout, symlink
 from tests.smoke.conftest import CACHE, execwatch_scan, runs
 from tests.smoke.test_run import glibc_base
+from tests.support.binfmt.cbuild import compile_c
+from tests.support.images.imagebuild import Entry, Image, file, oci_layout, symlink
 
 LIBFOO_C = "int foo(void) { return 1; }\nint foo2(void) { return 2; }\n"
 MAPS = {

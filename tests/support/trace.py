@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from tests.attribution.runc_env import FOREIGN_BUSYBOX
+from tests.support.runtime.runc import FOREIGN_BUSYBOX
 
 EXECWATCH = Path(sys.executable).parent / "execwatch"
 

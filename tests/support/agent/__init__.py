@@ -1,0 +1,1 @@
+"""ExecFailure values as the probe and attribution hand them to the agent's publisher."""

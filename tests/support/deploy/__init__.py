@@ -1,0 +1,1 @@
+"""The Helm chart rendered as the tests and benchmarks install it."""

@@ -1,0 +1,1 @@
+"""Real Debian kernels booted under QEMU."""

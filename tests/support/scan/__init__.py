@@ -1,0 +1,1 @@
+"""`execwatch scan` run as the CLI does, and hostile scan inputs."""
