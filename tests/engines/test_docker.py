@@ -29,7 +29,7 @@ from tests.support.kubenode.node_images import (
     WEB_V2_MUSL,
 )
 from tests.support.runtime.runc import FOREIGN_BUSYBOX
-from tests.support.trace import Trace, running_trace
+from tests.support.node.trace_process import Trace, running_trace
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from tests.support.kubenode.node_images import (
     WEB_V2_ARM64,
     WEB_V2_MUSL,
 )
-from tests.support.trace import Trace, running_trace
+from tests.support.node.trace_process import Trace, running_trace
 
 
 @pytest.fixture(scope="module")
