@@ -919,9 +919,10 @@ int signal_deliver(struct signal_deliver_ctx *ctx)
 }
 
 /* ---- Emulation: see ew_emulated in execwatch.h ----
- * Attached only while the node's binfmt_misc table has a foreign ELF entry. A native exec
- * costs a pointer compare: bprm->interp is bprm->filename until binfmt_script or
- * binfmt_misc replaces it (compat.bpf.h: on every kernel). */
+ * Attached only while a binfmt_misc table (the node's, or one a user namespace mounted:
+ * binfmt_mounts below) has a foreign ELF entry. A native exec costs a pointer compare:
+ * bprm->interp is bprm->filename until binfmt_script or binfmt_misc replaces it
+ * (compat.bpf.h: on every kernel). */
 
 struct linux_binprm {
 	struct file *file; /* when the tracepoint fires: the last interpreter that was loaded */
@@ -1031,6 +1032,66 @@ int BPF_PROG(emulated_exec, struct task_struct *p, int old_pid, struct linux_bin
 	id.dev = inode->i_sb->s_dev;
 	emu = bpf_map_lookup_elem(&emulators, &id);
 	return emu ? on_emulated(bprm, emu, &id) : 0;
+}
+
+/* ---- binfmt_misc mounts in any namespace (compat.bpf.h: 6.7, one table per user
+ * namespace) ----
+ * A count of binfmt_misc file systems mounted (mount(2)) or opened for mounting
+ * (fsopen(2)) since load: the loader reads it and looks for the new table only when it
+ * moved. Both syscalls are rare (a container start, a boot); nothing here is on the exec
+ * path, so until a foreign entry is registered somewhere an exec costs what it did. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} binfmt_mounts SEC(".maps");
+
+static const char binfmt_fstype[] = "binfmt_misc";
+
+static __noinline int on_fs_syscall_exit(long ret, const char *fstype)
+{
+	char name[sizeof(binfmt_fstype)];
+	__u32 zero = 0;
+	__u64 *n;
+	int i;
+
+	if (ret < 0 || !fstype)
+		return 0;
+	if (bpf_probe_read_user_str(name, sizeof(name), fstype) != sizeof(name))
+		return 0; /* shorter or longer than "binfmt_misc" (or unreadable) */
+	for (i = 0; i < sizeof(name); i++)
+		if (name[i] != binfmt_fstype[i])
+			return 0;
+	n = bpf_map_lookup_elem(&binfmt_mounts, &zero);
+	if (n)
+		__sync_fetch_and_add(n, 1);
+	return 0;
+}
+
+/* mount(source, target, fstype, flags, data) */
+SEC("tracepoint/syscalls/sys_exit_mount")
+int exit_mount(struct sys_exit_ctx *ctx)
+{
+	struct pt_regs *regs;
+
+	if (ctx->ret < 0)
+		return 0;
+	regs = syscall_regs(current_task());
+	return on_fs_syscall_exit(ctx->ret, (const char *)syscall_arg(regs, PARM3));
+}
+
+/* fsopen(fs_name, flags): the new mount API's first step (fsconfig, fsmount, move_mount
+ * follow, so the loader looks again at its next periodic read too). */
+SEC("tracepoint/syscalls/sys_exit_fsopen")
+int exit_fsopen(struct sys_exit_ctx *ctx)
+{
+	struct pt_regs *regs;
+
+	if (ctx->ret < 0)
+		return 0;
+	regs = syscall_regs(current_task());
+	return on_fs_syscall_exit(ctx->ret, (const char *)syscall_arg(regs, PARM1));
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
