@@ -1039,7 +1039,7 @@ int BPF_PROG(emulated_exec, struct task_struct *p, int old_pid, struct linux_bin
  * A count of binfmt_misc file systems mounted (mount(2)) or opened for mounting
  * (fsopen(2)) since load: the loader reads it and looks for the new table only when it
  * moved. Both syscalls are rare (a container start, a boot); nothing here is on the exec
- * path, so until a foreign entry is registered somewhere an exec costs what it did. */
+ * path: until a foreign entry is registered somewhere, an exec pays nothing for it. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
@@ -1049,17 +1049,21 @@ struct {
 
 static const char binfmt_fstype[] = "binfmt_misc";
 
-static __noinline int on_fs_syscall_exit(long ret, const char *fstype)
+/* At the exit of a successful mount(source, target, fstype, ...) or fsopen(fs_name, ...):
+ * whether the file system type was "binfmt_misc", from the syscall's saved arguments. */
+static __noinline int on_fs_syscall_exit(bool fsopen)
 {
+	struct pt_regs *regs = syscall_regs(current_task());
+	const char *fstype;
 	char name[sizeof(binfmt_fstype)];
 	__u32 zero = 0;
 	__u64 *n;
 	int i;
 
-	if (ret < 0 || !fstype)
-		return 0;
+	fstype = (const char *)(fsopen ? syscall_arg(regs, PARM1) : syscall_arg(regs, PARM3));
 	if (bpf_probe_read_user_str(name, sizeof(name), fstype) != sizeof(name))
 		return 0; /* shorter or longer than "binfmt_misc" (or unreadable) */
+#pragma unroll /* the stack at a variable offset: 5.12+ (compat.bpf.h) */
 	for (i = 0; i < sizeof(name); i++)
 		if (name[i] != binfmt_fstype[i])
 			return 0;
@@ -1069,29 +1073,18 @@ static __noinline int on_fs_syscall_exit(long ret, const char *fstype)
 	return 0;
 }
 
-/* mount(source, target, fstype, flags, data) */
 SEC("tracepoint/syscalls/sys_exit_mount")
 int exit_mount(struct sys_exit_ctx *ctx)
 {
-	struct pt_regs *regs;
-
-	if (ctx->ret < 0)
-		return 0;
-	regs = syscall_regs(current_task());
-	return on_fs_syscall_exit(ctx->ret, (const char *)syscall_arg(regs, PARM3));
+	return ctx->ret < 0 ? 0 : on_fs_syscall_exit(false);
 }
 
-/* fsopen(fs_name, flags): the new mount API's first step (fsconfig, fsmount, move_mount
- * follow, so the loader looks again at its next periodic read too). */
+/* The new mount API's first step: fsconfig, fsmount and move_mount follow, so the table
+ * may be in no mountinfo yet; the loader's periodic read looks again. */
 SEC("tracepoint/syscalls/sys_exit_fsopen")
 int exit_fsopen(struct sys_exit_ctx *ctx)
 {
-	struct pt_regs *regs;
-
-	if (ctx->ret < 0)
-		return 0;
-	regs = syscall_regs(current_task());
-	return on_fs_syscall_exit(ctx->ret, (const char *)syscall_arg(regs, PARM1));
+	return ctx->ret < 0 ? 0 : on_fs_syscall_exit(true);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
