@@ -22,7 +22,7 @@ from execwatch.nodestack import StackOptions
 from execwatch.pipeline import PipelineOptions
 from execwatch.probe import Probe
 from execwatch.probe.loader import EMULATION_PROGRAM, ProbeOptions
-from execwatch.probe.nsbinfmt import binfmt_mounts
+from execwatch.probe.nsbinfmt import binfmt_mounts, find_tables
 from execwatch.record import ExecFailure, Reason
 from tests.support.emulation import (
     TABLE_IN_NAMESPACE,
@@ -168,3 +168,38 @@ def test_mountinfo_lines_give_each_binfmt_misc_superblock_and_its_unescaped_moun
         (os.makedev(0, 45), "/proc/sys/fs/binfmt_misc"),
         (os.makedev(0, 46), "/tmp/a b"),
     ]
+
+
+def fake_proc(tmp_path: Path, processes: dict[int, tuple[str, str]]) -> Path:
+    """A /proc of `processes`: pid -> (mount namespace name, mountinfo). Processes of one
+    namespace share its ns/mnt inode (a hard link), as the kernel's nsfs gives."""
+    proc, namespaces = tmp_path / "proc", tmp_path / "ns"
+    namespaces.mkdir()
+    for pid, (ns, mountinfo) in processes.items():
+        (proc / str(pid) / "ns").mkdir(parents=True)
+        (namespaces / ns).touch()
+        os.link(namespaces / ns, proc / str(pid) / "ns" / "mnt")
+        (proc / str(pid) / "mountinfo").write_text(mountinfo)
+    return proc
+
+
+def test_a_scan_keeps_each_binfmt_misc_superblock_once_and_never_the_nodes(
+    tmp_path: Path,
+) -> None:
+    node = "40 22 0:45 / /proc/sys/fs/binfmt_misc rw - binfmt_misc binfmt_misc rw\n"
+    own = "41 30 0:46 / /proc/sys/fs/binfmt_misc rw - binfmt_misc binfmt_misc rw\n"
+    shown_twice = "52 30 0:46 / /mnt/again rw - binfmt_misc binfmt_misc rw\n"
+    proc = fake_proc(
+        tmp_path,
+        {
+            1: ("host", node),
+            7: ("builder", own),
+            8: ("builder", "99 30 0:99 / /x rw - binfmt_misc none rw\n"),  # its ns was read
+            9: ("child", shown_twice),
+        },
+    )
+    tables = find_tables(frozenset({os.makedev(0, 45)}), proc)
+    assert [(t.pid, t.mountpoint, t.dev) for t in tables] == [
+        (7, "/proc/sys/fs/binfmt_misc", os.makedev(0, 46))
+    ]
+    assert tables[0].mntns == os.stat(proc / "7" / "ns" / "mnt").st_ino

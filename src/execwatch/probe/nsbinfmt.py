@@ -33,6 +33,7 @@ PROC = Path("/proc")
 FSTYPE = "binfmt_misc"
 MAX_PROCESSES = 1 << 16  # /proc entries visited per scan
 MAX_MOUNTINFO_BYTES = 1 << 20  # per mount namespace
+MAX_SCAN_BYTES = 64 << 20  # of mountinfo, per scan
 MAX_TABLES = 64  # binfmt_misc superblocks kept (each costs a read per refresh)
 _ESCAPE = re.compile(r"\\([0-7]{3})")
 
@@ -81,12 +82,15 @@ def find_tables(skip_devs: frozenset[int], proc: Path = PROC) -> list[NamespaceT
     except `skip_devs` (the node's table, read as such), within the scan's budget."""
     seen_ns: set[int] = set()
     tables: dict[int, NamespaceTable] = {}
+    budget = MAX_SCAN_BYTES
     for pid in _pids(proc):
         mntns = _mntns(proc, pid)
-        if mntns is None or mntns in seen_ns:
+        if mntns is None or mntns in seen_ns or budget <= 0:
             continue
         seen_ns.add(mntns)
-        for dev, mountpoint in binfmt_mounts(_mountinfo(proc, pid)):
+        text = _mountinfo(proc, pid, min(budget, MAX_MOUNTINFO_BYTES))
+        budget -= len(text)
+        for dev, mountpoint in binfmt_mounts(text):
             if dev not in skip_devs and dev not in tables and len(tables) < MAX_TABLES:
                 tables[dev] = NamespaceTable(pid, mntns, mountpoint, dev)
     return list(tables.values())
@@ -107,10 +111,10 @@ def _mntns(proc: Path, pid: int) -> int | None:
         return None  # gone, or a kernel thread's
 
 
-def _mountinfo(proc: Path, pid: int) -> str:
+def _mountinfo(proc: Path, pid: int, limit: int) -> str:
     try:
         with open(proc / str(pid) / "mountinfo", "rb") as f:
-            data = f.read(MAX_MOUNTINFO_BYTES)
+            data = f.read(limit)
     except OSError:
         return ""
     return data.decode("utf-8", "replace")
