@@ -118,6 +118,8 @@ def test_a_binfmt_misc_opened_through_the_new_mount_api_is_counted(host_probe: P
 
     assert (done.returncode, other.returncode) == (0, 0), done.stderr
     assert host_probe.binfmt_mounts() == 1, "binfmt_misc counted, tmpfs not"
+    host_probe.refresh_emulators(force=False)
+    assert host_probe.ns_binfmt.stale, "not attached yet: the next periodic read looks again"
 
 
 def test_an_arm64_run_through_a_namespaces_own_qemu_is_reported_emulated_on_the_host(

@@ -128,7 +128,8 @@ class NamespaceBinfmt:
     resolver: Resolver = field(default_factory=Resolver)
     tables: list[NamespaceTable] = field(default_factory=list)
     watched: tuple[Found, ...] = ()
-    stale: bool = False  # a table's process is gone: look again at the next refresh
+    stale: bool = False  # walk /proc again at the next read: a table's process is gone,
+    # or a counted mount may not show in mountinfo yet
 
     def scan(self, skip_devs: frozenset[int]) -> None:
         self.tables = find_tables(skip_devs)
