@@ -45,6 +45,19 @@
    program on the same hook, --emulation-execs in twenty rounds whose attach orders
    alternate; then the entry is removed, the program detached, and the failure probe
    alone (exit_execve) measured again: the emulation program must not run at all.
+8. A host without any binfmt_misc registration (--phases unregistered --old-rev REV):
+   the object of git revision REV (built here, as `make bpf` builds it) and this one,
+   each loaded by this probe and attached together, in --unregistered-rounds rounds whose
+   attach orders alternate; per round, --unregistered-execs successful execs then as many
+   failing ones. Each object's kernel time per exec is the sum over all its programs but
+   the mount watch (exit_group and signal hooks included) over its exit_execve's run count
+   (every execve on the host runs it once); the ratio this / REV is the added cost, over
+   the pairs of rounds (one in each attach order) in which neither emulation program ran
+   (another process may register a foreign entry in its namespace meanwhile, which this
+   probe then watches). `--old-rev HEAD` (this object twice) gives the noise. The
+   binfmt_misc mount watch runs only on mount(2) and fsopen(2), which the execs never
+   call, by any process on the host meanwhile (other engineers' containers): its runs and
+   ns per run are given apart.
 
 The machine is shared by several engineers: figures are noisy, compare within one run.
 """
@@ -1024,7 +1037,123 @@ def emulated_exec_seen(probe: Probe, ns: BinfmtNamespace) -> int:
     return seen
 
 
-PHASES = ("kernel", "storm", "deaths", "search", "budget", "emulation")
+UNREGISTERED_PATHS = ("success", "fail")
+MOUNT_WATCH = ("exit_mount", "exit_fsopen")  # this object's programs off the exec path
+EMULATION = "emulated_exec"
+
+
+def object_at(rev: str, tmp: Path) -> Path:
+    """The BPF object of git revision `rev`, compiled as the Makefile compiles it."""
+    src = tmp / f"bpf-{rev}"
+    src.mkdir()
+    for name in ("execwatch.bpf.c", "execwatch.h", "compat.bpf.h"):
+        text = subprocess.run(
+            ["git", "-C", str(HERE.parent), "show", f"{rev}:src/execwatch/bpf/{name}"],
+            check=True,
+            capture_output=True,
+        ).stdout
+        (src / name).write_bytes(text)
+    out = src / "execwatch.bpf.o"
+    arch = {"x86_64": "x86", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
+    flags = ["-g", "-O2", "-target", "bpf", f"-D__TARGET_ARCH_{arch}"]
+    include = [f"-I/usr/include/{multiarch()}", f"-I{src}"]
+    subprocess.run(
+        ["clang", *flags, *include, "-c", str(src / "execwatch.bpf.c"), "-o", str(out)],
+        check=True,
+    )
+    return out
+
+
+def unregistered_cost(gen: Path, cgroup: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The exec path's kernel time with no binfmt_misc registration anywhere: the object
+    of --old-rev and this one, attached together, orders alternating round by round."""
+    if not args.old_rev:
+        raise SystemExit("--phases unregistered needs --old-rev REV (the object to compare)")
+    n = str(args.unregistered_execs)
+    argvs = {
+        "success": [str(gen), "success", n],
+        "fail": [str(gen), "fail", str(FOREIGN), n],
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        old = object_at(args.old_rev, Path(tmp))
+        variants = {"old": ProbeOptions(object_path=old), "this": ProbeOptions()}
+        rounds = [
+            unregistered_round(variants, i % 2 == 1, cgroup, argvs)
+            for i in range(args.unregistered_rounds)
+        ]
+    result: dict[str, Any] = {"old_rev": args.old_rev, "execs_per_round": args.unregistered_execs}
+    for path in UNREGISTERED_PATHS:
+        pairs = [
+            [r[path] for r in rounds[i : i + 2]]
+            for i in range(0, len(rounds) - 1, 2)
+            if all(r[path]["emulated_exec_runs"] == 0 for r in rounds[i : i + 2])
+        ]
+        ratios = [unregistered_ratio(pair) for pair in pairs]
+        result[path] = {
+            "pairs_of_rounds_without_emulation": len(pairs),
+            "ratio_this_over_old": unregistered_ratio([r for pair in pairs for r in pair]),
+            "ns_per_exec": {
+                v: add_up([r[v] for pair in pairs for r in pair])["ns_per_run"]
+                for v in ("old", "this")
+            },
+            "ratio_per_pair_of_rounds": {
+                "min": min(ratios, default=None),
+                "median": statistics.median(ratios) if ratios else None,
+                "max": max(ratios, default=None),
+            },
+        }
+    result["mount_watch_on_host"] = add_up([r["mount_watch"] for r in rounds])
+    return result
+
+
+def unregistered_ratio(rounds: list[dict[str, Any]]) -> float:
+    """This object's ns per exec over the old one's, added up over `rounds`."""
+    this, old = (add_up([r[v] for r in rounds])["ns_per_run"] for v in ("this", "old"))
+    return round(this / old, 3) if old else float("nan")
+
+
+def unregistered_round(
+    variants: dict[str, ProbeOptions],
+    reverse: bool,
+    cgroup: Path,
+    argvs: dict[str, list[str]],
+) -> dict[str, Any]:
+    """Both objects loaded (in one order or the other), then each path's execs: per path
+    and object, ns (all its programs) and runs (its exit_execve's); and how often either
+    emulation program ran meanwhile (another process registered a foreign entry: the
+    round is not one without registration)."""
+    out: dict[str, Any] = {"mount_watch": {"ns": 0, "runs": 0}}
+    names = list(variants)[::-1] if reverse else list(variants)
+    with ExitStack() as stack:
+        probes = {v: stack.enter_context(Probe(variants[v])) for v in names}
+        for probe in probes.values():
+            stack.enter_context(drained(probe))
+        fds = {v: p.program_fds() for v, p in probes.items()}
+        for path, argv in argvs.items():
+            before = {v: {n: fd_stats(fd) for n, fd in f.items()} for v, f in fds.items()}
+            run_in(cgroup, argv)
+            after = {v: {n: fd_stats(fd) for n, fd in f.items()} for v, f in fds.items()}
+            out[path] = {
+                v: {
+                    "ns": sum(
+                        after[v][n][0] - before[v][n][0] for n in fds[v] if n not in MOUNT_WATCH
+                    ),
+                    "runs": after[v]["exit_execve"][1] - before[v]["exit_execve"][1],
+                }
+                for v in fds
+            } | {
+                "emulated_exec_runs": sum(
+                    after[v][EMULATION][1] - before[v][EMULATION][1] for v in fds
+                )
+            }
+            for i, key in enumerate(("ns", "runs")):
+                out["mount_watch"][key] += sum(
+                    after["this"][n][i] - before["this"][n][i] for n in MOUNT_WATCH
+                )
+    return out
+
+
+PHASES = ("kernel", "storm", "deaths", "search", "budget", "emulation", "unregistered")
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
@@ -1040,6 +1169,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--budget-execs", type=int, default=30000)
     parser.add_argument("--budget-rounds", type=int, default=5)
     parser.add_argument("--emulation-execs", type=int, default=30000)
+    parser.add_argument("--unregistered-execs", type=int, default=20000)
+    parser.add_argument("--unregistered-rounds", type=int, default=10)
+    parser.add_argument("--old-rev", help="the git revision to compare, for --phases unregistered")
     parser.add_argument(
         "--old-object",
         type=Path,
@@ -1087,6 +1219,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             result["budget"] = budget_cost(gen, cgroup, args)
         if "emulation" in phases:
             result["emulation"] = emulation_cost(gen, cgroup, args)
+        if "unregistered" in phases:
+            result["unregistered"] = unregistered_cost(gen, cgroup, args)
     result["load_average_at_end"] = os.getloadavg()
     print(json.dumps(result, indent=2))
     name = "probe" if phases == set(PHASES) else "probe-" + "-".join(sorted(phases))

@@ -214,21 +214,25 @@ def test_the_nodes_table_and_emulator_are_read_through_the_nodes_root(
         assert t.running.probe.emulated_totals() == {"arm64": 1}
 
 
-def test_with_the_agents_own_root_the_nodes_emulated_execs_go_unseen(
+def test_with_the_agents_own_root_the_namespaces_table_is_found_and_read_in_its_root(
     node: tuple[BinfmtNamespace, Path], busybox_arm64: Path
 ) -> None:
-    """The default host_root, /, in the agent's container: its own (here: this machine's)
-    table, never the node's."""
+    """The default host_root, /, and this machine's table (none): the namespace's table,
+    mounted before the probe started, is found at start (probe.nsbinfmt), and its
+    interpreter, behind a symlink that exists only in that namespace, resolved there."""
     ns, interpreter = node
     with traced(ProbeOptions()) as t:
         probe = t.running.probe
-        assert str(interpreter) not in [e.interpreter for e in probe.binfmt_emulators()]
+        assert probe.binfmt_emulators() == (), "not the node's"
+        assert [e.interpreter for e in probe.namespace_emulators()] == [str(interpreter)]
         ran = ns.run(busybox_arm64, "true")
-        t.running.stop_loop()
+        record = for_path(t, busybox_arm64)
 
-        assert ran.returncode == 0, "the node runs it, emulated"
-        assert probe.emulated_totals().get("arm64", 0) == 0
-        assert not [r for r in t.records if r.event.path == str(busybox_arm64)]
+        assert ran.returncode == 0, "the namespace runs it, emulated"
+        assert record.diagnosis.reason is Reason.EMULATED
+        assert record.diagnosis.interpreter == str(interpreter)
+        assert probe.emulated_totals() == {"arm64": 1}
+        assert t.metric("execwatch_node_binfmt_emulators", emulated_arch="arm64", flags="F") is None
 
 
 def test_an_entry_whose_interpreter_is_not_in_the_nodes_root_is_logged_once_and_unwatched(

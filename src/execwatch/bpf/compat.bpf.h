@@ -130,4 +130,10 @@ static __always_inline struct kernfs_node *kernfs_parent(struct kernfs_node *kn)
  * binfmt_misc.c; tests/kernels sees emulated execs reported on each kernel of the
  * matrix). */
 
+/* binfmt_misc tables: one for the whole system before 6.7; from 6.7, commit 21ca59b365c0
+ * ("binfmt_misc: enable sandboxed mounts"), each user namespace may mount its own and
+ * register interpreters there, which the node's table never shows. The same program
+ * (binfmt_mounts: mount and fsopen exits) runs on every kernel: before 6.7 a mount in a
+ * user namespace shares the node's table, which probe.nsbinfmt then finds already read. */
+
 #endif

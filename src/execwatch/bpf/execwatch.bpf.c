@@ -920,9 +920,10 @@ int signal_deliver(struct signal_deliver_ctx *ctx)
 }
 
 /* ---- Emulation: see ew_emulated in execwatch.h ----
- * Attached only while the node's binfmt_misc table has a foreign ELF entry. A native exec
- * costs a pointer compare: bprm->interp is bprm->filename until binfmt_script or
- * binfmt_misc replaces it (compat.bpf.h: on every kernel). */
+ * Attached only while a binfmt_misc table (the node's, or one a user namespace mounted:
+ * binfmt_mounts below) has a foreign ELF entry. A native exec costs a pointer compare:
+ * bprm->interp is bprm->filename until binfmt_script or binfmt_misc replaces it
+ * (compat.bpf.h: on every kernel). */
 
 struct linux_binprm {
 	struct file *file; /* when the tracepoint fires: the last interpreter that was loaded */
@@ -1032,6 +1033,59 @@ int BPF_PROG(emulated_exec, struct task_struct *p, int old_pid, struct linux_bin
 	id.dev = inode->i_sb->s_dev;
 	emu = bpf_map_lookup_elem(&emulators, &id);
 	return emu ? on_emulated(bprm, emu, &id) : 0;
+}
+
+/* ---- binfmt_misc mounts in any namespace (compat.bpf.h: 6.7, one table per user
+ * namespace) ----
+ * A count of binfmt_misc file systems mounted (mount(2)) or opened for mounting
+ * (fsopen(2)) since load: the loader reads it and looks for the new table only when it
+ * moved. Both syscalls are rare (a container start, a boot); nothing here is on the exec
+ * path: until a foreign entry is registered somewhere, an exec pays nothing for it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} binfmt_mounts SEC(".maps");
+
+static const char binfmt_fstype[] = "binfmt_misc";
+
+/* At the exit of a successful mount(source, target, fstype, ...) or fsopen(fs_name, ...):
+ * whether the file system type was "binfmt_misc", from the syscall's saved arguments. */
+static __noinline int on_fs_syscall_exit(bool fsopen)
+{
+	struct pt_regs *regs = syscall_regs(current_task());
+	const char *fstype;
+	char name[sizeof(binfmt_fstype)];
+	__u32 zero = 0;
+	__u64 *n;
+	int i;
+
+	fstype = (const char *)(fsopen ? syscall_arg(regs, PARM1) : syscall_arg(regs, PARM3));
+	if (bpf_probe_read_user_str(name, sizeof(name), fstype) != sizeof(name))
+		return 0; /* shorter or longer than "binfmt_misc" (or unreadable) */
+#pragma unroll /* the stack at a variable offset: 5.12+ (compat.bpf.h) */
+	for (i = 0; i < sizeof(name); i++)
+		if (name[i] != binfmt_fstype[i])
+			return 0;
+	n = bpf_map_lookup_elem(&binfmt_mounts, &zero);
+	if (n)
+		__sync_fetch_and_add(n, 1);
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_exit_mount")
+int exit_mount(struct sys_exit_ctx *ctx)
+{
+	return ctx->ret < 0 ? 0 : on_fs_syscall_exit(false);
+}
+
+/* The new mount API's first step: fsconfig, fsmount and move_mount follow, so the table
+ * may be in no mountinfo yet; the loader's periodic read looks again. */
+SEC("tracepoint/syscalls/sys_exit_fsopen")
+int exit_fsopen(struct sys_exit_ctx *ctx)
+{
+	return ctx->ret < 0 ? 0 : on_fs_syscall_exit(true);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -27,6 +27,7 @@ from execwatch.probe.fairness import Describe, ShedWatch, describe_cgroup
 from execwatch.probe.folds import FoldSlots
 from execwatch.probe.libbpf import LibbpfMissing, RingBufferCallback, load_libbpf
 from execwatch.probe.nodebinfmt import HOST_ROOT, NodeBinfmt
+from execwatch.probe.nsbinfmt import Found, NamespaceBinfmt
 
 log = logging.getLogger(__name__)
 K = TypeVar("K", bound=ctypes.Structure)
@@ -127,6 +128,9 @@ class ProbeOptions:
     # take_folds().
     binfmt_table: Path | None = emulation.TABLE
     binfmt_refresh_s: float = 10.0
+    # Also the tables other namespaces mounted (Linux 6.7+: one per user namespace; see
+    # probe.nsbinfmt): looked for at start and when the kernel counts a binfmt_misc mount.
+    binfmt_namespaces: bool = True
 
 
 def default_object_path() -> Path:
@@ -187,6 +191,7 @@ class Probe:
         self.emulation = EmulationState()
         table = self.options.binfmt_table or emulation.TABLE
         self.node_binfmt = NodeBinfmt(self.options.host_root, table)
+        self.ns_binfmt = NamespaceBinfmt()
 
     def describe_cgroups_with(self, describe: Describe) -> None:
         """Name a crowding cgroup with `describe` (its pod, from attribution) instead of
@@ -298,52 +303,89 @@ class Probe:
             log.warning("emulated execs not watched", extra={"kv": {"reason": problem}})
 
     def refresh_emulators(self, *, force: bool = True) -> None:
-        """Read the binfmt_misc table again (at most every binfmt_refresh_s unless forced)
-        and watch its foreign emulators: attached while there is one, detached otherwise."""
+        """Read the binfmt_misc tables again (at most every binfmt_refresh_s unless forced,
+        or the kernel counted a binfmt_misc mount since) and watch their foreign emulators:
+        attached while there is one, detached otherwise."""
         table_path, state = self.options.binfmt_table, self.emulation
-        now = time.monotonic()
-        if table_path is None or (
-            not force and now - state.read_at < self.options.binfmt_refresh_s
-        ):
+        now, mounts = time.monotonic(), self.binfmt_mounts()
+        due = force or now - state.read_at >= self.options.binfmt_refresh_s
+        if table_path is None or not (due or mounts != state.mounts):
             return
         table = self.node_binfmt.read_table()
         node_arch = node_platform().architecture
         found = table.foreign(node_arch) if table is not None and table.enabled else ()
-        self.set_emulators(found)
-        self.emulation.read_at = now
+        elsewhere: tuple[Found, ...] = ()
+        if self.options.binfmt_namespaces:
+            if mounts != state.mounts or self.ns_binfmt.stale or state.read_at == float("-inf"):
+                self.ns_binfmt.scan(self._node_table_devs())
+            elsewhere = self.ns_binfmt.read(node_arch)
+            # after fsopen(2) the table shows in mountinfo only once move_mount(2) has
+            # attached it: the next periodic read walks /proc again
+            self.ns_binfmt.stale |= mounts != state.mounts
+        self.set_emulators(found, elsewhere)
+        state.read_at, state.mounts = now, mounts
 
-    def set_emulators(self, emulators: tuple[Emulator, ...]) -> None:
-        """Watch exactly these emulators (their interpreters, by inode in the node's root):
-        the program is attached while there is one that the kernel can watch, else
-        detached. One whose interpreter is not in the node's root is not watched."""
+    def binfmt_mounts(self) -> int:
+        """binfmt_misc file systems the kernel saw mounted since load (bpf: binfmt_mounts;
+        0 for an object built before it, which the probe benchmark loads to compare)."""
+        value, zero = ctypes.c_uint64(0), ctypes.c_uint32(0)
+        found = self._lib.bpf_object__find_map_by_name(self._obj, b"binfmt_mounts")
+        fd = self._lib.bpf_map__fd(found) if found else -1
+        if fd < 0 or self._lib.bpf_map_lookup_elem(fd, ctypes.byref(zero), ctypes.byref(value)):
+            return 0
+        return int(value.value)
+
+    def _node_table_devs(self) -> frozenset[int]:
+        """The node's table's superblock: read as the node's, not as another namespace's."""
+        try:
+            return frozenset({os.stat(self.node_binfmt.table_path).st_dev})
+        except OSError:
+            return frozenset()
+
+    def set_emulators(
+        self, emulators: tuple[Emulator, ...], elsewhere: tuple[Found, ...] = ()
+    ) -> None:
+        """Watch exactly these emulators of the node (their interpreters, by inode in the
+        node's root) and those found `elsewhere` (another namespace's table, identified in
+        its root): the program is attached while there is one that the kernel can watch,
+        else detached. One whose interpreter is not in the node's root is not watched."""
         state = self.emulation
         fd = self._lib.bpf_map__fd(self._map("emulators")) if state.supported else -1
         if fd >= 0:
             for key in list(self._keys(fd, layout.FileId)):
                 self._lib.bpf_map_delete_elem(fd, ctypes.byref(key))
-        watched: list[Emulator] = []
-        for emu, file_id in self.node_binfmt.identify(emulators):
-            index = state.index(file_id, emu.arch)
-            if index is None:
-                continue  # past the map's size
-            value = layout.EmulatorEntry(index=index, arch=emu.arch.encode()[: layout.ARCH_LEN - 1])
-            if fd >= 0:
-                self._lib.bpf_map_update_elem(fd, ctypes.byref(file_id), ctypes.byref(value), 0)
-            watched.append(emu)
-        state.emulators = tuple(watched)
+        node = [e for e, f in self.node_binfmt.identify(emulators) if self._watch(fd, e, f)]
+        others = [f.emulator for f in elsewhere if self._watch(fd, f.emulator, f.file_id)]
+        state.emulators, state.elsewhere = tuple(node), tuple(others)
+        watched = node + others
         if watched and state.supported and state.link is None:
             state.link = self._attach(EMULATION_PROGRAM)
         elif not watched and state.link is not None:
             self._lib.bpf_link__destroy(state.link)
             state.link = None
 
+    def _watch(self, fd: int, emu: Emulator, file_id: layout.FileId) -> bool:
+        """Put the interpreter in the kernel's emulators map (fd -1: none to fill); False
+        when every index is taken."""
+        index = self.emulation.index(file_id, emu.arch)
+        if index is None:
+            return False
+        value = layout.EmulatorEntry(index=index, arch=emu.arch.encode()[: layout.ARCH_LEN - 1])
+        if fd >= 0:
+            self._lib.bpf_map_update_elem(fd, ctypes.byref(file_id), ctypes.byref(value), 0)
+        return True
+
     @property
     def emulation_attached(self) -> bool:
         return self.emulation.link is not None
 
     def binfmt_emulators(self) -> tuple[Emulator, ...]:
-        """The foreign emulators of the last read of the table."""
+        """The foreign emulators of the last read of the node's table."""
         return self.emulation.emulators
+
+    def namespace_emulators(self) -> tuple[Emulator, ...]:
+        """The foreign emulators watched in other namespaces' tables (probe.nsbinfmt)."""
+        return self.emulation.elsewhere
 
     def _attach(self, name: str) -> int:
         prog = self._lib.bpf_object__find_program_by_name(self._obj, name.encode())
@@ -607,12 +649,14 @@ EMULATION_PROGRAM = "emulated_exec"
 @dataclass
 class EmulationState:
     """The emulation program: whether this kernel runs it, its link while attached (only
-    while the binfmt_misc table has a foreign emulator), and what it watches."""
+    while a binfmt_misc table has a foreign emulator), and what it watches."""
 
     supported: bool = False
     unsupported: str = ""  # why not, in one line
     link: int | None = None
-    emulators: tuple[Emulator, ...] = ()  # watched now
+    emulators: tuple[Emulator, ...] = ()  # watched now, of the node's table
+    elsewhere: tuple[Emulator, ...] = ()  # watched now, of other namespaces' tables
+    mounts: int = 0  # the kernel's binfmt_misc mount count at the last read
     # An interpreter's index in emulated_totals: one for each (inode, arch) since the load,
     # never reused, so the totals stay exact and never go down when the table changes.
     indexes: dict[tuple[int, int, str], int] = field(default_factory=dict)
