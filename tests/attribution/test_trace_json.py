@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tests.support.node.trace_process import running_trace
 from tests.support.runtime.containerd import APP_IMAGE, Containerd
 from tests.support.runtime.runc import FOREIGN_BUSYBOX
-from tests.support.node.trace_process import running_trace
 
 
 def test_trace_json_carries_pod_container_image_and_workload(

@@ -27,7 +27,7 @@ P = TypeVar("P", bound=Podman)
 
 @pytest.fixture(scope="session")
 def workload_archives(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The workload images as OCI archives, by name (tests/support/kubenode/node_images.py builds them)."""
+    """The workload images as OCI archives, by name (tests/support/kubenode/node_images.py)."""
     if os.geteuid() != 0:
         raise RuntimeError("the engine tests start container engines: run as root")
     archives = build_workloads(tmp_path_factory.mktemp("workloads"))

@@ -28,8 +28,8 @@ from tests.support.kubenode.node_images import (
     WEB_V2_ARM64,
     WEB_V2_MUSL,
 )
-from tests.support.runtime.runc import FOREIGN_BUSYBOX
 from tests.support.node.trace_process import Trace, running_trace
+from tests.support.runtime.runc import FOREIGN_BUSYBOX
 
 
 @pytest.fixture(scope="module")

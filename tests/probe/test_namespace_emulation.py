@@ -18,20 +18,20 @@ from pathlib import Path
 
 import pytest
 
-from execwatch.nodestack import StackOptions
+from execwatch.node.stack import StackOptions
 from execwatch.pipeline import PipelineOptions
 from execwatch.probe import Probe
 from execwatch.probe.loader import EMULATION_PROGRAM, ProbeOptions
 from execwatch.probe.nsbinfmt import binfmt_mounts, find_tables
 from execwatch.record import ExecFailure, Reason
-from tests.support.emulation import (
+from tests.support.binfmt.emulation import (
     TABLE_IN_NAMESPACE,
     BinfmtNamespace,
     aarch64_entry,
     busybox_arm64,
     qemu_aarch64,
 )
-from tests.support.node import node_stack
+from tests.support.node.stack_runner import node_stack
 from tests.support.wait import wait_until
 
 __all__ = ["busybox_arm64"]  # fixture
