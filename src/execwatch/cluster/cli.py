@@ -41,13 +41,16 @@ def api_config(kubeconfig: str | None) -> Any:
     return rest.load_config(kubeconfig)
 
 
-def common_flags(p: argparse.ArgumentParser) -> None:
+NAMESPACE_HELP = "namespace of the ExecFailure records (default: $POD_NAMESPACE or execwatch)"
+
+
+def common_flags(p: argparse.ArgumentParser, namespace_help: str = NAMESPACE_HELP) -> None:
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube)")
     p.add_argument(
         "--namespace",
         type=cliargs.dns_label,
         default=os.environ.get("POD_NAMESPACE", crd.DEFAULT_NAMESPACE),
-        help="namespace of the ExecFailure records (default: $POD_NAMESPACE or execwatch)",
+        help=namespace_help,
     )
     p.add_argument(
         "--metrics-address",

@@ -155,17 +155,24 @@ class RegistryOptions:
     deadline: float | None = None
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("registry references")
-    g.add_argument(
-        "--registry-config",
-        type=cliargs.readable_file,
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="credentials file (Docker config.json or containers auth.json), read before"
-        " the standard ones",
-    )
+def add_arguments(
+    p: argparse.ArgumentParser, *, credentials: bool = True, private_networks: bool = False
+) -> None:
+    """The registry options of every command that reads registries (scan, audit, placement),
+    each defined here only. `credentials`: the credential-file option (placement has none:
+    pods pull with their own secrets); `private_networks`: the egress option of a long-lived
+    resolver (placement), which refuses every other non-global address."""
+    g = p.add_argument_group("registries")
+    if credentials:
+        g.add_argument(
+            "--registry-config",
+            type=cliargs.readable_file,
+            action="append",
+            default=[],
+            metavar="FILE",
+            help="credentials file (Docker config.json or containers auth.json), read before"
+            " the standard ones",
+        )
     g.add_argument(
         "--registry-ca",
         type=cliargs.readable_file,
@@ -179,7 +186,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="HOST[:PORT]",
         help="speak plain HTTP to this registry (never sends credentials)",
     )
-    g.add_argument("--cache-dir", metavar="DIR", help="blob cache (default ~/.cache/execwatch)")
+    if private_networks:
+        g.add_argument(
+            "--registry-allow-private",
+            type=cliargs.network,
+            action="append",
+            default=[],
+            metavar="CIDR",
+            help="a loopback, link-local or private network registries may be reached in"
+            " (every other non-global address is refused, redirects and token realms included)",
+        )
+    g.add_argument(
+        "--cache-dir", metavar="DIR", help="blob cache (default ~/.cache/execwatch/registry)"
+    )
     g.add_argument(
         "--cache-size",
         type=cliargs.size,
@@ -190,12 +209,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def options_from(args: argparse.Namespace) -> RegistryOptions:
+    """The options `add_arguments` defined, as parsed; with `--registry-allow-private`, the
+    egress it allows (any other non-global destination refused)."""
+    allowed = getattr(args, "registry_allow_private", None)
     return RegistryOptions(
-        config_files=list(args.registry_config),
+        config_files=list(getattr(args, "registry_config", [])),
         ca_file=args.registry_ca,
         insecure=frozenset(args.insecure_registry),
         cache_dir=args.cache_dir,
         cache_bytes=args.cache_size,
+        egress=Egress(tuple(allowed)) if allowed is not None else None,
     )
 
 
