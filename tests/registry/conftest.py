@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.registry.fixtures import pushed, registry
+from tests.registry.fixtures import hostile, pushed, registry
 from tests.scan.conftest import built, host_glibc, host_musl
 
-__all__ = ["built", "host_glibc", "host_musl", "pushed", "registry"]
+__all__ = ["built", "host_glibc", "host_musl", "hostile", "pushed", "registry"]
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.registry.server import Registry, registry_binary, running_registry
+from tests.registry.server import HostileRegistry, Registry, registry_binary, running_registry
 from tests.scan.imagebuild import Image, file, oci_layout, symlink, tree, usrmerge
 from tests.scan.test_checks import glibc_base, musl_base
 
@@ -78,3 +78,13 @@ def pushed(
             "team/ready:1",
         ),
     }
+
+
+@pytest.fixture
+def hostile() -> Iterator[HostileRegistry]:
+    """A registry that serves whatever the test gives it (server.HostileRegistry)."""
+    registry = HostileRegistry()
+    try:
+        yield registry
+    finally:
+        registry.close()

@@ -40,6 +40,7 @@ from execwatch.scan.egress import Deadline, Egress, EgressRefused
 from execwatch.scan.errors import LimitExceeded, ScanInputError
 from execwatch.scan.limits import parse_json
 from execwatch.scan.model import ImageResult
+from execwatch.scan.oci import walk
 from execwatch.scan.reuse import (
     BASIC_TTL,
     Content,
@@ -50,14 +51,9 @@ from execwatch.scan.reuse import (
 )
 from execwatch.scan.sources import (
     INDEX_TYPES,
-    LAYER_TYPES,
     MANIFEST_TYPES,
     ImageSource,
-    Layer,
     check_digest,
-    declared_size,
-    descriptor_platform,
-    is_attestation,
     valid_digest,
 )
 
@@ -1034,91 +1030,33 @@ def images_of(
     platforms: Collection[Platform] | None = None,
 ) -> list[ImageSource]:
     """Manifests and configs of every platform, or of the first manifest of an index that
-    declares each of `platforms` (and of those that declare none, which may be any);
-    layers are opened only when scanned."""
-    walk = _Walk(client, platforms, [], set())
-    _walk(walk, top, digest, None, depth=0)
-    return walk.out
+    declares each of `platforms` (scan.oci.walk); layers are opened only when scanned."""
+    return walk(RegistryBlobs(client), top, digest, client.limits, platforms)
 
 
-@dataclass
-class _Walk:
+@dataclass(frozen=True)
+class RegistryBlobs:
+    """One repository's blobs as the OCI walk reads them (scan.oci.BlobStore)."""
+
     client: RegistryClient
-    platforms: Collection[Platform] | None
-    out: list[ImageSource]
-    seen: set[str]
 
-    def skips(self, desc: dict[str, Any]) -> bool:
-        """An index entry of a platform not asked for, or of one already found."""
-        declared = descriptor_platform(desc)
-        if self.platforms is None or declared is None:
-            return False
-        if not any(declared.matches(p) for p in self.platforms):
-            return True
-        return any(i.platform is not None and i.platform.matches(declared) for i in self.out)
+    @property
+    def label(self) -> str:
+        return str(self.client.ref)
 
+    def manifest(self, digest: str) -> dict[str, Any]:
+        return self.client.manifest(digest)[0]
 
-def _walk(
-    walk: _Walk, doc: dict[str, Any], digest: str, desc: dict[str, Any] | None, depth: int
-) -> None:
-    client, out, seen = walk.client, walk.out, walk.seen
-    limits, ref = client.limits, client.ref
-    media_type = doc.get("mediaType") or (desc or {}).get("mediaType")
-    if media_type in MANIFEST_TYPES or (media_type is None and "layers" in doc):
-        out.append(_image(client, doc, digest, desc))
-        return
-    if media_type not in INDEX_TYPES and not (media_type is None and "manifests" in doc):
-        raise ScanInputError(f"{ref}: unsupported manifest media type {media_type!r}")
-    if depth >= limits.max_index_depth:
-        raise ScanInputError(f"{ref}: indexes nested deeper than {limits.max_index_depth}")
-    manifests = doc.get("manifests")
-    if not isinstance(manifests, list):
-        raise ScanInputError(f"{ref}: index has no manifests list")
-    for child in manifests:
-        if not isinstance(child, dict):
-            raise ScanInputError(f"{ref}: malformed descriptor in index")
-        valid_digest(child.get("digest"), f"{ref}: index")
-        if is_attestation(child) or child["digest"] in seen or walk.skips(child):
-            continue
-        seen.add(child["digest"])
-        if len(seen) > limits.max_manifests:
-            raise ScanInputError(f"{ref}: more than {limits.max_manifests} manifests")
-        body, _ = client.manifest(child["digest"])
-        _walk(walk, body, child["digest"], child, depth + 1)
+    def config(self, digest: str, size: int) -> Any:
+        return self.client.json_blob(digest, size)
 
+    def opener(self, digest: str, size: int) -> Callable[[], IO[bytes]]:
+        self.client.stats.layer_bytes[digest] = size
+        return lambda: self.client.open_blob(digest, size)
 
-def _image(
-    client: RegistryClient, manifest: dict[str, Any], digest: str, desc: dict[str, Any] | None
-) -> ImageSource:
-    ref, limits = client.ref, client.limits
-    config_desc = manifest.get("config")
-    if not isinstance(config_desc, dict):
-        raise ScanInputError(f"{ref}: manifest {digest[:19]} has no config")
-    what = f"{ref}: config of {digest[:19]}"
-    config_digest = valid_digest(config_desc.get("digest"), what)
-    config = client.json_blob(config_digest, declared_size(config_desc.get("size"), what))
-    if not isinstance(config, dict):
-        raise ScanInputError(f"{ref}: config of {digest[:19]} is not an object")
-    layers_desc = manifest.get("layers")
-    if not isinstance(layers_desc, list) or len(layers_desc) > limits.max_layers:
-        raise ScanInputError(f"{ref}: manifest {digest[:19]} has no usable layers list")
-    layers = []
-    for ld in layers_desc:
-        if not isinstance(ld, dict):
-            raise ScanInputError(f"{ref}: malformed layer descriptor")
-        layer_digest = valid_digest(ld.get("digest"), f"{ref}: layer")
-        if ld.get("mediaType") not in LAYER_TYPES:
-            raise ScanInputError(f"{ref}: unknown layer media type {ld.get('mediaType')!r}")
-        size = declared_size(ld.get("size"), f"{ref}: layer {layer_digest[:19]}")
-        client.stats.layer_bytes[layer_digest] = size
-        opener = _opener(client, layer_digest, size)
-        layers.append(Layer(layer_digest, ld["mediaType"], layer_digest, opener, size))
-    label = f"{ref.registry}/{ref.repository}@{digest}"
-    return ImageSource(label, descriptor_platform(desc or {}), config, layers, digest)
-
-
-def _opener(client: RegistryClient, digest: str, size: int) -> Callable[[], IO[bytes]]:
-    return lambda: client.open_blob(digest, size)
+    def image_label(self, digest: str, ref_name: str | None) -> str:
+        ref = self.client.ref
+        return f"{ref.registry}/{ref.repository}@{digest}"
 
 
 def _human(n: int) -> str:
