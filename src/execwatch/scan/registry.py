@@ -1,11 +1,14 @@
 """Images straight from an OCI/Docker registry, following the OCI distribution spec.
 
-The HTTP side is python-dxf: it answers the registry's `WWW-Authenticate` challenge
-(basic), verifies TLS against a given CA, speaks plain HTTP only when asked, and streams
-blobs while checking their sha256. This module adds what a scanner needs on top: reference
-parsing, the Docker/Podman credential files, bearer tokens, bounded and digest-checked
-manifests, and a bounded on-disk blob cache keyed by registry, repository and digest, so
-that a layer shared by several platforms, or met again in a later scan, is fetched once.
+The HTTP side is requests, over a Session whose connections obey the egress and deadline
+of scan.guard: each request goes to the repository's /v2/ path with the Authorization
+that answered the registry's `WWW-Authenticate` challenge (a bearer token for pull from
+the challenge's realm, or basic), verifies TLS against a given CA and speaks plain HTTP
+only when asked, never with credentials. This module adds what a scanner needs on top:
+reference parsing, the Docker/Podman credential files, bounded and digest-checked
+manifests, blobs streamed and checked against their descriptor's size and digest, and a
+bounded on-disk blob cache keyed by registry, repository and digest, so that a layer
+shared by several platforms, or met again in a later scan, is fetched once.
 
 What a registry can make a long-lived resolver (placement) do is bounded too: manifests and
 configs go through the token-bounded JSON parser, at most `Limits.max_resolution_bytes` of
@@ -57,9 +60,8 @@ from execwatch.scan.sources import (
     valid_digest,
 )
 
-if TYPE_CHECKING:  # requests and dxf are imported when a registry is asked: not at start-up
+if TYPE_CHECKING:  # requests is imported when a registry is asked: not at start-up
     import requests
-    from dxf import DXFBase
 
 
 class RegistryError(ScanInputError):
@@ -71,7 +73,7 @@ DOCKER_HUB_API = "registry-1.docker.io"
 ACCEPT = ", ".join(sorted(INDEX_TYPES | MANIFEST_TYPES))
 CHUNK = 1 << 20
 MAX_TOKEN_BYTES = 256 << 10
-USER_AGENT = "Docker-Client/19.03.2 (linux)"  # what dxf sends
+USER_AGENT = "Docker-Client/19.03.2 (linux)"  # of token requests and redirected blobs
 DEFAULT_CACHE_BYTES = 2 << 30
 TIMEOUT_SECONDS = 30.0
 # how a registry failure is named (an Event quotes it): its class, never what was answered
@@ -451,16 +453,9 @@ class RegistryClient:
             if options.cache_bytes > 0
             else None
         )
-        from dxf import DXF
-
-        self.dxf = DXF(
-            ref.api_host,
-            ref.repository,
-            auth=self._authenticate,
-            insecure=self.insecure,
-            tlsverify=self.verify,
-            timeout=options.timeout,
-        )
+        scheme = "http" if self.insecure else "https"
+        self.base = f"{scheme}://{ref.api_host}/v2/{ref.repository}/"
+        self.authorization: str | None = None  # the header sent with every registry request
         self.reuse = options.reuse.here() if options.reuse else None
         self.egress = options.egress
         self.deadline_s = options.deadline
@@ -468,18 +463,15 @@ class RegistryClient:
         self.spent = 0  # bytes of manifests and configs read (Limits.max_resolution_bytes)
         self._pid = os.getpid()
         self.who = ""  # the credential's key in the auth cache and the session pool
-        # dxf sends every request over its first session (what `with dxf:` pushes)
         if self.reuse is None:
-            self.dxf._sessions.insert(0, new_session(1))
+            self.session = new_session(1)
         else:
             creds = self.credentials
             self.who = self.reuse.credential_key(
                 creds.username if creds else None, creds.password if creds else None
             )
-            self.dxf._sessions.insert(0, self.reuse.sessions.get((ref.api_host, self.who)))
-            header = self.reuse.auth.get(self._auth_key())
-            if header is not None:
-                self._send(header)
+            self.session = self.reuse.sessions.get((ref.api_host, self.who))
+            self.authorization = self.reuse.auth.get(self._auth_key())
 
     def _auth_key(self) -> tuple[str, str, str]:
         return (self.ref.api_host, self.ref.repository, self.who)
@@ -491,7 +483,7 @@ class RegistryClient:
         write to breaks), and their locks may have been held at the fork."""
         if os.getpid() != self._pid:
             self.reuse, self._pid = None, os.getpid()
-            self.dxf._sessions[0] = new_session(1)
+            self.session = new_session(1)
         return self.reuse
 
     @contextlib.contextmanager
@@ -520,14 +512,44 @@ class RegistryClient:
 
         return watch_of(session).applying(self.deadline, self.egress)
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
-        """A request to the registry; a redirect is returned, never followed."""
+    def _request(
+        self, method: str, path: str, headers: dict[str, str] | None = None, stream: bool = False
+    ) -> requests.Response:
+        """A request to the repository's `path` (`manifests/…`, `blobs/…`); a 401 answered
+        (`_authenticate`) and the request sent again once when that changed the header; a
+        redirect returned, never followed; another error status raised."""
         self._shared()
-        with self._guarded(self.dxf._sessions[0]):
-            r: requests.Response = self.dxf._request(  # type: ignore[no-untyped-call]
-                method, path, allow_redirects=False, **kwargs
-            )
+        sent = self.authorization
+        r = self._send(method, path, headers, stream)
+        if r.status_code == 401:
+            r.close()
+            self._authenticate(r)
+            if self.authorization != sent:
+                r = self._send(method, path, headers, stream)
+        if r.status_code == 401:
+            r.close()
+            raise Unauthorized()
+        if r.status_code >= 400:
+            r.close()
+        r.raise_for_status()
         return r
+
+    def _send(
+        self, method: str, path: str, headers: dict[str, str] | None, stream: bool
+    ) -> requests.Response:
+        headers = dict(headers or {})
+        if self.authorization:
+            headers["Authorization"] = self.authorization
+        with self._guarded(self.session):
+            return self.session.request(
+                method,
+                self.base + path,
+                headers=headers,
+                verify=self.verify,
+                timeout=self.timeout,
+                stream=stream,
+                allow_redirects=False,
+            )
 
     def _not_redirected(self, r: requests.Response, what: str) -> requests.Response:
         if 300 <= r.status_code < 400:
@@ -535,38 +557,34 @@ class RegistryClient:
             raise RegistryError(f"{self.ref}: {what}: {REDIRECT_REFUSED}")
         return r
 
-    def _send(self, header: str) -> None:
-        self.dxf._headers = {"Authorization": header}
-
-    def _authenticate(self, dxf: DXFBase, response: requests.Response) -> None:
+    def _authenticate(self, response: requests.Response) -> None:
         """Answer a 401: a bearer token from the challenge's realm for pull on this
         repository, or basic auth; with the auth cache, what worked is kept for this host,
-        repository and credential only."""
+        repository and credential only. Credentials never go over plain HTTP."""
+        if self.insecure:
+            raise CredentialsOverHTTP()
         creds = self.credentials
         user, password = (creds.username, creds.password) if creds else (None, None)
         shared = self._shared()
         challenge = _challenge(response)
-        if self.insecure or challenge is None:
-            dxf.authenticate(user, password, actions=["pull"], response=response)
-            return
+        if challenge is None:
+            raise Unauthorized()
         if shared is not None:
             shared.auth.forget(self._auth_key())
-        if "bearer" in challenge:  # never dxf's token request: it follows redirects
+        if "bearer" in challenge:
             header, ttl = self._token(challenge["bearer"], user, password)
+        elif user is not None and password is not None:
+            header, ttl = _basic(user, password), BASIC_TTL
         else:
-            dxf.authenticate(user, password, actions=["pull"], response=response)
-            header, ttl = dxf._headers.get("Authorization", ""), BASIC_TTL
-        if header:
-            self._send(header)
-            if shared is not None:
-                shared.auth.put(self._auth_key(), header, ttl)
+            return  # anonymous: nothing to answer a basic challenge with
+        self.authorization = header
+        if shared is not None:
+            shared.auth.put(self._auth_key(), header, ttl)
 
     def _token(
         self, info: dict[str, str], user: str | None, password: str | None
     ) -> tuple[str, float]:
         """A bearer token for pulling this repository, and how long it may be sent."""
-        from dxf import exceptions as dxf_errors
-
         realm = info.get("realm")
         if not realm:
             raise RegistryError(f"{self.ref}: the registry's bearer challenge names no realm")
@@ -577,13 +595,11 @@ class RegistryClient:
         query.append(("scope", f"repository:{self.ref.repository}:pull"))
         headers = {"User-Agent": USER_AGENT}
         if user is not None and password is not None:
-            pair = base64.b64encode(f"{user}:{password}".encode()).decode()
-            headers["Authorization"] = f"Basic {pair}"
-        session = self.dxf._sessions[0]
+            headers["Authorization"] = _basic(user, password)
         url = parts._replace(query=urlencode(query)).geturl()
         deadline = time.monotonic() + self.timeout
-        with self._guarded(session):
-            r = session.get(
+        with self._guarded(self.session):
+            r = self.session.get(
                 url,
                 headers=headers,
                 verify=self.verify,
@@ -593,7 +609,7 @@ class RegistryClient:
             )
         with r:
             if r.status_code == 401:
-                raise dxf_errors.DXFUnauthorizedError()
+                raise Unauthorized()
             self._not_redirected(r, "the token server")
             r.raise_for_status()
             raw = _read_capped(r, MAX_TOKEN_BYTES + 1, deadline, self.ref)
@@ -649,7 +665,7 @@ class RegistryClient:
                 return self._parse(kept, reference), reference
         deadline = time.monotonic() + self.limits.max_image_seconds
         with self._errors(f"manifest {reference}"):
-            r = self._request(  # the public getter reads unbounded
+            r = self._request(
                 "get", "manifests/" + reference, headers={"Accept": ACCEPT}, stream=True
             )
             with self._not_redirected(r, f"manifest {reference}"):
@@ -757,9 +773,8 @@ class RegistryClient:
                 f"{self.ref}: blob {digest[:19]}: the registry redirected it to a non-https"
                 " address, which is not followed"
             )
-        session = self.dxf._sessions[0]
-        with self._guarded(session):
-            got: requests.Response = session.get(
+        with self._guarded(self.session):
+            got: requests.Response = self.session.get(
                 url,
                 headers={"User-Agent": USER_AGENT},
                 verify=self.verify,
@@ -773,6 +788,18 @@ class RegistryClient:
 
     def _errors(self, what: str) -> _Translate:
         return _Translate(self.ref, what, self.credentials)
+
+
+class Unauthorized(Exception):
+    """The registry answered HTTP 401 to the credentials sent, or to none."""
+
+
+class CredentialsOverHTTP(Exception):
+    """A registry spoken to over plain HTTP asked for credentials."""
+
+
+def _basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
 def _challenge(response: requests.Response) -> dict[str, dict[str, str]] | None:
@@ -790,7 +817,7 @@ def _challenge(response: requests.Response) -> dict[str, dict[str, str]] | None:
 
 
 class _Translate:
-    """requests/dxf exceptions -> one line a user can act on."""
+    """requests exceptions -> one line a user can act on."""
 
     def __init__(self, ref: Reference, what: str, creds: Credentials | None) -> None:
         self.ref, self.what, self.creds = ref, what, creds
@@ -811,9 +838,8 @@ def describe_error(exc: BaseException, ref: Reference, creds: Credentials | None
     own text, which may quote what a registry, or a redirect it chose, answered."""
     import requests
     import urllib3
-    from dxf import exceptions as dxf_errors
 
-    if isinstance(exc, dxf_errors.DXFUnauthorizedError):  # dxf's name for HTTP 401
+    if isinstance(exc, Unauthorized):
         who = f"as {creds.username} (from {creds.source})" if creds else "anonymously"
         return f"authentication failed {who}"
     if isinstance(exc, requests.HTTPError) and exc.response is not None:
@@ -833,12 +859,8 @@ def describe_error(exc: BaseException, ref: Reference, creds: Credentials | None
         return REGISTRY_TIMED_OUT
     if isinstance(exc, requests.RequestException | urllib3.exceptions.HTTPError | OSError):
         return _connection_failure(exc)
-    if isinstance(exc, dxf_errors.DXFDigestMismatchError):
-        return "content does not match its digest"
-    if isinstance(exc, dxf_errors.DXFAuthInsecureError):
+    if isinstance(exc, CredentialsOverHTTP):
         return "the registry wants credentials, which are never sent over plain HTTP"
-    if isinstance(exc, dxf_errors.DXFError):
-        return f"registry client error ({type(exc).__name__})"
     return None
 
 
