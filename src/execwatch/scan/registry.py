@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlencode, urljoin, urlparse
+from urllib.parse import parse_qsl, urlencode, urljoin, urlparse, urlunparse
 
 from execwatch import cliargs
 from execwatch.binfmt import Platform
@@ -588,7 +588,7 @@ class RegistryClient:
         realm = info.get("realm")
         if not realm:
             raise RegistryError(f"{self.ref}: the registry's bearer challenge names no realm")
-        parts = urlparse(realm)._replace(scheme="https")  # credentials never go plain
+        parts = urlparse(realm)
         query = parse_qsl(parts.query)
         if "service" in info:
             query.append(("service", info["service"]))
@@ -596,7 +596,8 @@ class RegistryClient:
         headers = {"User-Agent": USER_AGENT}
         if user is not None and password is not None:
             headers["Authorization"] = _basic(user, password)
-        url = parts._replace(query=urlencode(query)).geturl()
+        # https whatever the realm says: credentials never go plain
+        url = urlunparse(("https", parts.netloc, parts.path, parts.params, urlencode(query), ""))
         deadline = time.monotonic() + self.timeout
         with self._guarded(self.session):
             r = self.session.get(
@@ -640,7 +641,7 @@ class RegistryClient:
         once the registry has answered for it); None when it names none usable."""
         if ":" in reference:
             valid_digest(reference, f"{self.ref}: manifest")
-        with self._errors(f"manifest {reference}"):
+        with self.translating(f"manifest {reference}"):
             r = self._request("head", "manifests/" + reference, headers={"Accept": ACCEPT})
             r.close()
         self._not_redirected(r, f"manifest {reference}")
@@ -664,7 +665,7 @@ class RegistryClient:
                 self._spend(len(kept.raw))
                 return self._parse(kept, reference), reference
         deadline = time.monotonic() + self.limits.max_image_seconds
-        with self._errors(f"manifest {reference}"):
+        with self.translating(f"manifest {reference}"):
             r = self._request(
                 "get", "manifests/" + reference, headers={"Accept": ACCEPT}, stream=True
             )
@@ -748,7 +749,7 @@ class RegistryClient:
         if cached is not None:
             self.stats.cached += size
             return cached
-        with self._errors(f"blob {digest[:19]}"):
+        with self.translating(f"blob {digest[:19]}"):
             r = self._request("get", "blobs/" + digest, stream=True)
             if 300 <= r.status_code < 400:
                 r = self._redirected_blob(r, digest)
@@ -786,7 +787,7 @@ class RegistryClient:
         got.raise_for_status()
         return got
 
-    def _errors(self, what: str) -> _Translate:
+    def translating(self, what: str) -> _Translate:
         return _Translate(self.ref, what, self.credentials)
 
 
@@ -946,7 +947,7 @@ class _BlobStream:
 
     def _pull(self) -> None:
         ask = min(CHUNK, self.size + 1 - self.got)
-        with self.client._errors(f"blob {self.digest[:19]}"):
+        with self.client.translating(f"blob {self.digest[:19]}"):
             chunk = self.response.raw.read1(ask, decode_content=True)
         if not chunk:
             self._finish()
