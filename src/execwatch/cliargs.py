@@ -188,8 +188,12 @@ def size(text: str) -> int:
     return int(m.group(1)) << (10 * " KMGT".index(m.group(2) or " "))
 
 
-def add_api_flags(p: argparse.ArgumentParser) -> None:
-    """--kubeconfig and --namespace (of the ExecFailure records) of the cluster commands."""
+NAMESPACE_HELP = "namespace of the ExecFailure records (default: $POD_NAMESPACE or execwatch)"
+
+
+def add_api_flags(p: argparse.ArgumentParser, namespace_help: str = NAMESPACE_HELP) -> None:
+    """--kubeconfig and --namespace (of the ExecFailure records, unless `namespace_help`
+    says what else) of the cluster commands."""
     from execwatch.crd import DEFAULT_NAMESPACE
 
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube)")
@@ -197,7 +201,7 @@ def add_api_flags(p: argparse.ArgumentParser) -> None:
         "--namespace",
         type=dns_label,
         default=os.environ.get("POD_NAMESPACE", DEFAULT_NAMESPACE),
-        help="namespace of the ExecFailure records (default: $POD_NAMESPACE or execwatch)",
+        help=namespace_help,
     )
 
 

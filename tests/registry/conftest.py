@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from tests.scan.conftest import built, host_glibc, host_musl
-from tests.support.registry.registry_fixtures import pushed, registry
+from tests.support.registry.registry_fixtures import hostile, pushed, registry
 
-__all__ = ["built", "host_glibc", "host_musl", "pushed", "registry"]
+__all__ = ["built", "host_glibc", "host_musl", "hostile", "pushed", "registry"]
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,15 +22,6 @@ from tests.support.scan.scan_cli import scan_error
 
 TAR = "application/vnd.oci.image.layer.v1.tar"
 LONG_AGO = 946684800  # 2000-01-01
-
-
-@pytest.fixture
-def hostile() -> Iterator[HostileRegistry]:
-    registry = HostileRegistry()
-    try:
-        yield registry
-    finally:
-        registry.close()
 
 
 def args(registry: HostileRegistry, cache: Path, *more: str) -> list[str]:

@@ -10,7 +10,8 @@ import pytest
 
 from execwatch.runnable.limits import Limits
 from execwatch.scan.errors import LimitExceeded, ScanInputError
-from execwatch.scan.sources import directory_store, images_in_store
+from execwatch.scan.oci import images_in_store
+from execwatch.scan.sources import directory_store
 from execwatch.smoke.unpack import Unpacked, unpack_image
 from tests.support.images.imagebuild import (
     Entry,

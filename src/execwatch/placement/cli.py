@@ -13,6 +13,7 @@ the webhook configuration first, then ungates every gated pod.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import socket
@@ -29,9 +30,10 @@ from execwatch import cliargs
 from execwatch.cliargs import refused
 from execwatch.kube import errors
 from execwatch.kube.client import load_config
+from execwatch.scan.registry import add_arguments as registry_arguments
 from execwatch.serving.port import add_metrics_flags, metrics_server
 
-# The parts load when the command runs, not for `execwatch --help` (cryptography, scan).
+# The parts load when the command runs, not for `execwatch --help` (cryptography).
 if TYPE_CHECKING:
     from execwatch.kube.client import Rest
     from execwatch.placement.run import PlacementController
@@ -53,14 +55,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p = subparsers.add_parser(
         "placement", help="placement webhook + leader-elected controller (one replica)"
     )
-    cliargs.add_api_flags(p)
+    cliargs.add_api_flags(
+        p,
+        namespace_help="namespace of the Lease, the Secret and the Deployment (default:"
+        " $POD_NAMESPACE or execwatch); its pods are never gated",
+    )
     add_metrics_flags(p)
-    for action in p._actions:
-        if "--namespace" in action.option_strings:
-            action.help = (
-                "namespace of the Lease, the Secret and the Deployment (default:"
-                " $POD_NAMESPACE or execwatch); its pods are never gated"
-            )
     p.add_argument(
         "--webhook-address",
         type=cliargs.address,
@@ -137,7 +137,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="this replica's Deployment: gone or scaled to 0 at SIGTERM, every gated pod "
         "is ungated before exit",
     )
-    _registry_arguments(p)
+    registry_arguments(p, credentials=False, private_networks=True)
     p.add_argument(
         "--release",
         action="store_true",
@@ -145,34 +145,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "unchanged and exit (the chart's pre-delete hook)",
     )
     p.set_defaults(func=run)
-
-
-def _registry_arguments(p: argparse.ArgumentParser) -> None:
-    """Registry options without credentials: pods pull with their own secrets only."""
-    g = p.add_argument_group("registries")
-    g.add_argument(
-        "--registry-ca", type=cliargs.readable_file, metavar="FILE", help="PEM CA bundle"
-    )
-    g.add_argument(
-        "--insecure-registry",
-        action="append",
-        default=[],
-        metavar="HOST[:PORT]",
-        help="speak plain HTTP to this registry (never sends credentials)",
-    )
-    g.add_argument(
-        "--registry-allow-private",
-        type=cliargs.network,
-        action="append",
-        default=[],
-        metavar="CIDR",
-        help="a loopback, link-local or private network registries may be reached in"
-        " (every other non-global address is refused, redirects and token realms included)",
-    )
-    g.add_argument("--cache-dir", metavar="DIR", help="blob cache (default ~/.cache/execwatch)")
-    g.add_argument(
-        "--cache-size", type=cliargs.size, default="2G", metavar="BYTES", help="0: no cache"
-    )
 
 
 @dataclass
@@ -294,8 +266,7 @@ def build(args: argparse.Namespace, kube: Any, registry: CollectorRegistry) -> R
     from execwatch.placement.warnmode import WarnWorker
     from execwatch.placement.webhook import http_handler
     from execwatch.runnable.limits import Limits
-    from execwatch.scan.egress import Egress
-    from execwatch.scan.registry import RegistryOptions
+    from execwatch.scan.registry import options_from as registry_options
     from execwatch.scan.reuse import RegistryReuse, SessionPool
     from execwatch.serving.tls import CertFiles
 
@@ -311,13 +282,8 @@ def build(args: argparse.Namespace, kube: Any, registry: CollectorRegistry) -> R
     rest = Rest(kube, pool=args.workers + 4)
     metrics = PlacementMetrics(registry)
     arches = NodeArches(rest)
-    options = RegistryOptions(
-        ca_file=args.registry_ca,
-        insecure=frozenset(args.insecure_registry),
-        cache_dir=args.cache_dir,
-        cache_bytes=args.cache_size,
-        reuse=RegistryReuse(sessions=SessionPool(connections=args.workers)),
-        egress=Egress(tuple(args.registry_allow_private)),
+    options = dataclasses.replace(
+        registry_options(args), reuse=RegistryReuse(sessions=SessionPool(connections=args.workers))
     )
     writer = VerdictWriter(VerdictStore(rest, time.time), VerdictMetrics(registry))
     access = NamespaceAccess(rest, args.pull_credentials_role, args.namespace, args.service_account)

@@ -8,7 +8,7 @@ import contextlib
 import os
 import socket
 import threading
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -17,9 +17,6 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.poolmanager import PoolManager
 
 from execwatch.scan.egress import Deadline, Egress, EgressRefused, Watch
-
-if TYPE_CHECKING:
-    from urllib3._base_connection import BaseHTTPConnection, BaseHTTPSConnection
 
 
 class _Guarded(HTTPConnection):
@@ -36,7 +33,7 @@ class _Guarded(HTTPConnection):
     def _new_conn(self) -> socket.socket:
         egress = self.watch.egress if self.watch is not None else None
         if egress is not None:
-            _check_resolved(egress, self._dns_host, self.port)
+            _check_resolved(egress, self.host, self.port)
         sock = super()._new_conn()
         if egress is not None:
             kind = egress.refuses(str(sock.getpeername()[0]))
@@ -89,10 +86,7 @@ class _GuardedHTTPS(_Guarded, HTTPSConnection):
     pass
 
 
-C = TypeVar("C")
-
-
-def _watched(conn: C, watch: Watch | None) -> C:
+def _watched(conn: object, watch: Watch | None) -> _Guarded:
     assert isinstance(conn, _Guarded)
     conn.watch = watch
     return conn
@@ -102,7 +96,7 @@ class _HTTPPool(HTTPConnectionPool):
     ConnectionCls = _Guarded
     watch: Watch | None = None
 
-    def _new_conn(self) -> BaseHTTPConnection:
+    def _new_conn(self) -> _Guarded:
         return _watched(super()._new_conn(), self.watch)
 
 
@@ -110,8 +104,10 @@ class _HTTPSPool(HTTPSConnectionPool):
     ConnectionCls = _GuardedHTTPS
     watch: Watch | None = None
 
-    def _new_conn(self) -> BaseHTTPSConnection:
-        return _watched(super()._new_conn(), self.watch)
+    def _new_conn(self) -> _GuardedHTTPS:
+        conn = _watched(super()._new_conn(), self.watch)
+        assert isinstance(conn, _GuardedHTTPS)
+        return conn
 
 
 class _PoolManager(PoolManager):
@@ -139,7 +135,7 @@ class GuardedAdapter(HTTPAdapter):
     def init_poolmanager(
         self, connections: int, maxsize: int, block: bool = False, **pool_kwargs: Any
     ) -> None:
-        self._pool_connections, self._pool_maxsize, self._pool_block = connections, maxsize, block
+        super().init_poolmanager(connections, maxsize, block, **pool_kwargs)
         self.poolmanager = _PoolManager(
             self.watch, num_pools=connections, maxsize=maxsize, block=block, **pool_kwargs
         )

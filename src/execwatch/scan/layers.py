@@ -12,7 +12,7 @@ import tarfile
 import tempfile
 import zlib
 from dataclasses import replace
-from typing import Any
+from typing import Self
 
 import zstandard
 
@@ -44,10 +44,13 @@ class _BoundedTarInfo(tarfile.TarInfo):
 
     max_header_bytes = Limits().max_tar_header_bytes
 
-    def _proc_member(self, tarfile: tarfile.TarFile) -> Any:
-        if self.type in _EXTENSION_HEADERS and self.size > self.max_header_bytes:
-            raise _HeaderTooBig(f"{self.size}-byte tar extension header")
-        return super()._proc_member(tarfile)  # type: ignore[misc]
+    @classmethod
+    def frombuf(cls, buf: bytes | bytearray, encoding: str, errors: str) -> Self:
+        """The header block, refused before tarfile reads the extension it announces."""
+        info = super().frombuf(buf, encoding, errors)
+        if info.type in _EXTENSION_HEADERS and info.size > cls.max_header_bytes:
+            raise _HeaderTooBig(f"{info.size}-byte tar extension header")
+        return info
 
 
 class _HeaderTooBig(tarfile.HeaderError):

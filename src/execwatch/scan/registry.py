@@ -1,11 +1,14 @@
 """Images straight from an OCI/Docker registry, following the OCI distribution spec.
 
-The HTTP side is python-dxf: it answers the registry's `WWW-Authenticate` challenge
-(basic), verifies TLS against a given CA, speaks plain HTTP only when asked, and streams
-blobs while checking their sha256. This module adds what a scanner needs on top: reference
-parsing, the Docker/Podman credential files, bearer tokens, bounded and digest-checked
-manifests, and a bounded on-disk blob cache keyed by registry, repository and digest, so
-that a layer shared by several platforms, or met again in a later scan, is fetched once.
+The HTTP side is requests, over a Session whose connections obey the egress and deadline
+of scan.guard: each request goes to the repository's /v2/ path with the Authorization
+that answered the registry's `WWW-Authenticate` challenge (a bearer token for pull from
+the challenge's realm, or basic), verifies TLS against a given CA and speaks plain HTTP
+only when asked, never with credentials. This module adds what a scanner needs on top:
+reference parsing, the Docker/Podman credential files, bounded and digest-checked
+manifests, blobs streamed and checked against their descriptor's size and digest, and a
+bounded on-disk blob cache keyed by registry, repository and digest, so that a layer
+shared by several platforms, or met again in a later scan, is fetched once.
 
 What a registry can make a long-lived resolver (placement) do is bounded too: manifests and
 configs go through the token-bounded JSON parser, at most `Limits.max_resolution_bytes` of
@@ -31,7 +34,7 @@ import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlencode, urljoin, urlparse
+from urllib.parse import parse_qsl, urlencode, urljoin, urlparse, urlunparse
 
 from execwatch import cliargs
 from execwatch.binfmt import Platform
@@ -40,6 +43,7 @@ from execwatch.scan.bounded import parse_json
 from execwatch.scan.egress import Deadline, Egress, EgressRefused
 from execwatch.scan.errors import LimitExceeded, ScanInputError
 from execwatch.scan.model import ImageResult
+from execwatch.scan.oci import walk
 from execwatch.scan.reuse import (
     BASIC_TTL,
     Content,
@@ -50,20 +54,14 @@ from execwatch.scan.reuse import (
 )
 from execwatch.scan.sources import (
     INDEX_TYPES,
-    LAYER_TYPES,
     MANIFEST_TYPES,
     ImageSource,
-    Layer,
     check_digest,
-    declared_size,
-    descriptor_platform,
-    is_attestation,
     valid_digest,
 )
 
-if TYPE_CHECKING:  # requests and dxf are imported when a registry is asked: not at start-up
+if TYPE_CHECKING:  # requests is imported when a registry is asked: not at start-up
     import requests
-    from dxf import DXFBase
 
 
 class RegistryError(ScanInputError):
@@ -75,7 +73,7 @@ DOCKER_HUB_API = "registry-1.docker.io"
 ACCEPT = ", ".join(sorted(INDEX_TYPES | MANIFEST_TYPES))
 CHUNK = 1 << 20
 MAX_TOKEN_BYTES = 256 << 10
-USER_AGENT = "Docker-Client/19.03.2 (linux)"  # what dxf sends
+USER_AGENT = "Docker-Client/19.03.2 (linux)"  # of token requests and redirected blobs
 DEFAULT_CACHE_BYTES = 2 << 30
 TIMEOUT_SECONDS = 30.0
 # how a registry failure is named (an Event quotes it): its class, never what was answered
@@ -155,17 +153,24 @@ class RegistryOptions:
     deadline: float | None = None
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("registry references")
-    g.add_argument(
-        "--registry-config",
-        type=cliargs.readable_file,
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="credentials file (Docker config.json or containers auth.json), read before"
-        " the standard ones",
-    )
+def add_arguments(
+    p: argparse.ArgumentParser, *, credentials: bool = True, private_networks: bool = False
+) -> None:
+    """The registry options of every command that reads registries (scan, audit, placement),
+    each defined here only. `credentials`: the credential-file option (placement has none:
+    pods pull with their own secrets); `private_networks`: the egress option of a long-lived
+    resolver (placement), which refuses every other non-global address."""
+    g = p.add_argument_group("registries")
+    if credentials:
+        g.add_argument(
+            "--registry-config",
+            type=cliargs.readable_file,
+            action="append",
+            default=[],
+            metavar="FILE",
+            help="credentials file (Docker config.json or containers auth.json), read before"
+            " the standard ones",
+        )
     g.add_argument(
         "--registry-ca",
         type=cliargs.readable_file,
@@ -179,7 +184,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="HOST[:PORT]",
         help="speak plain HTTP to this registry (never sends credentials)",
     )
-    g.add_argument("--cache-dir", metavar="DIR", help="blob cache (default ~/.cache/execwatch)")
+    if private_networks:
+        g.add_argument(
+            "--registry-allow-private",
+            type=cliargs.network,
+            action="append",
+            default=[],
+            metavar="CIDR",
+            help="a loopback, link-local or private network registries may be reached in"
+            " (every other non-global address is refused, redirects and token realms included)",
+        )
+    g.add_argument(
+        "--cache-dir", metavar="DIR", help="blob cache (default ~/.cache/execwatch/registry)"
+    )
     g.add_argument(
         "--cache-size",
         type=cliargs.size,
@@ -190,12 +207,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def options_from(args: argparse.Namespace) -> RegistryOptions:
+    """The options `add_arguments` defined, as parsed; with `--registry-allow-private`, the
+    egress it allows (any other non-global destination refused)."""
+    allowed = getattr(args, "registry_allow_private", None)
     return RegistryOptions(
-        config_files=list(args.registry_config),
+        config_files=list(getattr(args, "registry_config", [])),
         ca_file=args.registry_ca,
         insecure=frozenset(args.insecure_registry),
         cache_dir=args.cache_dir,
         cache_bytes=args.cache_size,
+        egress=Egress(tuple(allowed)) if allowed is not None else None,
     )
 
 
@@ -432,16 +453,9 @@ class RegistryClient:
             if options.cache_bytes > 0
             else None
         )
-        from dxf import DXF
-
-        self.dxf = DXF(
-            ref.api_host,
-            ref.repository,
-            auth=self._authenticate,
-            insecure=self.insecure,
-            tlsverify=self.verify,
-            timeout=options.timeout,
-        )
+        scheme = "http" if self.insecure else "https"
+        self.base = f"{scheme}://{ref.api_host}/v2/{ref.repository}/"
+        self.authorization: str | None = None  # the header sent with every registry request
         self.reuse = options.reuse.here() if options.reuse else None
         self.egress = options.egress
         self.deadline_s = options.deadline
@@ -449,18 +463,15 @@ class RegistryClient:
         self.spent = 0  # bytes of manifests and configs read (Limits.max_resolution_bytes)
         self._pid = os.getpid()
         self.who = ""  # the credential's key in the auth cache and the session pool
-        # dxf sends every request over its first session (what `with dxf:` pushes)
         if self.reuse is None:
-            self.dxf._sessions.insert(0, new_session(1))
+            self.session = new_session(1)
         else:
             creds = self.credentials
             self.who = self.reuse.credential_key(
                 creds.username if creds else None, creds.password if creds else None
             )
-            self.dxf._sessions.insert(0, self.reuse.sessions.get((ref.api_host, self.who)))
-            header = self.reuse.auth.get(self._auth_key())
-            if header is not None:
-                self._send(header)
+            self.session = self.reuse.sessions.get((ref.api_host, self.who))
+            self.authorization = self.reuse.auth.get(self._auth_key())
 
     def _auth_key(self) -> tuple[str, str, str]:
         return (self.ref.api_host, self.ref.repository, self.who)
@@ -472,7 +483,7 @@ class RegistryClient:
         write to breaks), and their locks may have been held at the fork."""
         if os.getpid() != self._pid:
             self.reuse, self._pid = None, os.getpid()
-            self.dxf._sessions[0] = new_session(1)
+            self.session = new_session(1)
         return self.reuse
 
     @contextlib.contextmanager
@@ -501,14 +512,44 @@ class RegistryClient:
 
         return watch_of(session).applying(self.deadline, self.egress)
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
-        """A request to the registry; a redirect is returned, never followed."""
+    def _request(
+        self, method: str, path: str, headers: dict[str, str] | None = None, stream: bool = False
+    ) -> requests.Response:
+        """A request to the repository's `path` (`manifests/…`, `blobs/…`); a 401 answered
+        (`_authenticate`) and the request sent again once when that changed the header; a
+        redirect returned, never followed; another error status raised."""
         self._shared()
-        with self._guarded(self.dxf._sessions[0]):
-            r: requests.Response = self.dxf._request(  # type: ignore[no-untyped-call]
-                method, path, allow_redirects=False, **kwargs
-            )
+        sent = self.authorization
+        r = self._send(method, path, headers, stream)
+        if r.status_code == 401:
+            r.close()
+            self._authenticate(r)
+            if self.authorization != sent:
+                r = self._send(method, path, headers, stream)
+        if r.status_code == 401:
+            r.close()
+            raise Unauthorized()
+        if r.status_code >= 400:
+            r.close()
+        r.raise_for_status()
         return r
+
+    def _send(
+        self, method: str, path: str, headers: dict[str, str] | None, stream: bool
+    ) -> requests.Response:
+        headers = dict(headers or {})
+        if self.authorization:
+            headers["Authorization"] = self.authorization
+        with self._guarded(self.session):
+            return self.session.request(
+                method,
+                self.base + path,
+                headers=headers,
+                verify=self.verify,
+                timeout=self.timeout,
+                stream=stream,
+                allow_redirects=False,
+            )
 
     def _not_redirected(self, r: requests.Response, what: str) -> requests.Response:
         if 300 <= r.status_code < 400:
@@ -516,55 +557,50 @@ class RegistryClient:
             raise RegistryError(f"{self.ref}: {what}: {REDIRECT_REFUSED}")
         return r
 
-    def _send(self, header: str) -> None:
-        self.dxf._headers = {"Authorization": header}
-
-    def _authenticate(self, dxf: DXFBase, response: requests.Response) -> None:
+    def _authenticate(self, response: requests.Response) -> None:
         """Answer a 401: a bearer token from the challenge's realm for pull on this
         repository, or basic auth; with the auth cache, what worked is kept for this host,
-        repository and credential only."""
+        repository and credential only. Credentials never go over plain HTTP."""
+        if self.insecure:
+            raise CredentialsOverHTTP()
         creds = self.credentials
         user, password = (creds.username, creds.password) if creds else (None, None)
         shared = self._shared()
         challenge = _challenge(response)
-        if self.insecure or challenge is None:
-            dxf.authenticate(user, password, actions=["pull"], response=response)
-            return
+        if challenge is None:
+            raise Unauthorized()
         if shared is not None:
             shared.auth.forget(self._auth_key())
-        if "bearer" in challenge:  # never dxf's token request: it follows redirects
+        if "bearer" in challenge:
             header, ttl = self._token(challenge["bearer"], user, password)
+        elif user is not None and password is not None:
+            header, ttl = _basic(user, password), BASIC_TTL
         else:
-            dxf.authenticate(user, password, actions=["pull"], response=response)
-            header, ttl = dxf._headers.get("Authorization", ""), BASIC_TTL
-        if header:
-            self._send(header)
-            if shared is not None:
-                shared.auth.put(self._auth_key(), header, ttl)
+            return  # anonymous: nothing to answer a basic challenge with
+        self.authorization = header
+        if shared is not None:
+            shared.auth.put(self._auth_key(), header, ttl)
 
     def _token(
         self, info: dict[str, str], user: str | None, password: str | None
     ) -> tuple[str, float]:
         """A bearer token for pulling this repository, and how long it may be sent."""
-        from dxf import exceptions as dxf_errors
-
         realm = info.get("realm")
         if not realm:
             raise RegistryError(f"{self.ref}: the registry's bearer challenge names no realm")
-        parts = urlparse(realm)._replace(scheme="https")  # credentials never go plain
+        parts = urlparse(realm)
         query = parse_qsl(parts.query)
         if "service" in info:
             query.append(("service", info["service"]))
         query.append(("scope", f"repository:{self.ref.repository}:pull"))
         headers = {"User-Agent": USER_AGENT}
         if user is not None and password is not None:
-            pair = base64.b64encode(f"{user}:{password}".encode()).decode()
-            headers["Authorization"] = f"Basic {pair}"
-        session = self.dxf._sessions[0]
-        url = parts._replace(query=urlencode(query)).geturl()
+            headers["Authorization"] = _basic(user, password)
+        # https whatever the realm says: credentials never go plain
+        url = urlunparse(("https", parts.netloc, parts.path, parts.params, urlencode(query), ""))
         deadline = time.monotonic() + self.timeout
-        with self._guarded(session):
-            r = session.get(
+        with self._guarded(self.session):
+            r = self.session.get(
                 url,
                 headers=headers,
                 verify=self.verify,
@@ -574,7 +610,7 @@ class RegistryClient:
             )
         with r:
             if r.status_code == 401:
-                raise dxf_errors.DXFUnauthorizedError()
+                raise Unauthorized()
             self._not_redirected(r, "the token server")
             r.raise_for_status()
             raw = _read_capped(r, MAX_TOKEN_BYTES + 1, deadline, self.ref)
@@ -605,7 +641,7 @@ class RegistryClient:
         once the registry has answered for it); None when it names none usable."""
         if ":" in reference:
             valid_digest(reference, f"{self.ref}: manifest")
-        with self._errors(f"manifest {reference}"):
+        with self.translating(f"manifest {reference}"):
             r = self._request("head", "manifests/" + reference, headers={"Accept": ACCEPT})
             r.close()
         self._not_redirected(r, f"manifest {reference}")
@@ -629,8 +665,8 @@ class RegistryClient:
                 self._spend(len(kept.raw))
                 return self._parse(kept, reference), reference
         deadline = time.monotonic() + self.limits.max_image_seconds
-        with self._errors(f"manifest {reference}"):
-            r = self._request(  # the public getter reads unbounded
+        with self.translating(f"manifest {reference}"):
+            r = self._request(
                 "get", "manifests/" + reference, headers={"Accept": ACCEPT}, stream=True
             )
             with self._not_redirected(r, f"manifest {reference}"):
@@ -713,7 +749,7 @@ class RegistryClient:
         if cached is not None:
             self.stats.cached += size
             return cached
-        with self._errors(f"blob {digest[:19]}"):
+        with self.translating(f"blob {digest[:19]}"):
             r = self._request("get", "blobs/" + digest, stream=True)
             if 300 <= r.status_code < 400:
                 r = self._redirected_blob(r, digest)
@@ -738,9 +774,8 @@ class RegistryClient:
                 f"{self.ref}: blob {digest[:19]}: the registry redirected it to a non-https"
                 " address, which is not followed"
             )
-        session = self.dxf._sessions[0]
-        with self._guarded(session):
-            got: requests.Response = session.get(
+        with self._guarded(self.session):
+            got: requests.Response = self.session.get(
                 url,
                 headers={"User-Agent": USER_AGENT},
                 verify=self.verify,
@@ -752,8 +787,20 @@ class RegistryClient:
         got.raise_for_status()
         return got
 
-    def _errors(self, what: str) -> _Translate:
+    def translating(self, what: str) -> _Translate:
         return _Translate(self.ref, what, self.credentials)
+
+
+class Unauthorized(Exception):
+    """The registry answered HTTP 401 to the credentials sent, or to none."""
+
+
+class CredentialsOverHTTP(Exception):
+    """A registry spoken to over plain HTTP asked for credentials."""
+
+
+def _basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
 def _challenge(response: requests.Response) -> dict[str, dict[str, str]] | None:
@@ -771,7 +818,7 @@ def _challenge(response: requests.Response) -> dict[str, dict[str, str]] | None:
 
 
 class _Translate:
-    """requests/dxf exceptions -> one line a user can act on."""
+    """requests exceptions -> one line a user can act on."""
 
     def __init__(self, ref: Reference, what: str, creds: Credentials | None) -> None:
         self.ref, self.what, self.creds = ref, what, creds
@@ -792,9 +839,8 @@ def describe_error(exc: BaseException, ref: Reference, creds: Credentials | None
     own text, which may quote what a registry, or a redirect it chose, answered."""
     import requests
     import urllib3
-    from dxf import exceptions as dxf_errors
 
-    if isinstance(exc, dxf_errors.DXFUnauthorizedError):  # dxf's name for HTTP 401
+    if isinstance(exc, Unauthorized):
         who = f"as {creds.username} (from {creds.source})" if creds else "anonymously"
         return f"authentication failed {who}"
     if isinstance(exc, requests.HTTPError) and exc.response is not None:
@@ -814,12 +860,8 @@ def describe_error(exc: BaseException, ref: Reference, creds: Credentials | None
         return REGISTRY_TIMED_OUT
     if isinstance(exc, requests.RequestException | urllib3.exceptions.HTTPError | OSError):
         return _connection_failure(exc)
-    if isinstance(exc, dxf_errors.DXFDigestMismatchError):
-        return "content does not match its digest"
-    if isinstance(exc, dxf_errors.DXFAuthInsecureError):
+    if isinstance(exc, CredentialsOverHTTP):
         return "the registry wants credentials, which are never sent over plain HTTP"
-    if isinstance(exc, dxf_errors.DXFError):
-        return f"registry client error ({type(exc).__name__})"
     return None
 
 
@@ -905,7 +947,7 @@ class _BlobStream:
 
     def _pull(self) -> None:
         ask = min(CHUNK, self.size + 1 - self.got)
-        with self.client._errors(f"blob {self.digest[:19]}"):
+        with self.client.translating(f"blob {self.digest[:19]}"):
             chunk = self.response.raw.read1(ask, decode_content=True)
         if not chunk:
             self._finish()
@@ -1011,91 +1053,33 @@ def images_of(
     platforms: Collection[Platform] | None = None,
 ) -> list[ImageSource]:
     """Manifests and configs of every platform, or of the first manifest of an index that
-    declares each of `platforms` (and of those that declare none, which may be any);
-    layers are opened only when scanned."""
-    walk = _Walk(client, platforms, [], set())
-    _walk(walk, top, digest, None, depth=0)
-    return walk.out
+    declares each of `platforms` (scan.oci.walk); layers are opened only when scanned."""
+    return walk(RegistryBlobs(client), top, digest, client.limits, platforms)
 
 
-@dataclass
-class _Walk:
+@dataclass(frozen=True)
+class RegistryBlobs:
+    """One repository's blobs as the OCI walk reads them (scan.oci.BlobStore)."""
+
     client: RegistryClient
-    platforms: Collection[Platform] | None
-    out: list[ImageSource]
-    seen: set[str]
 
-    def skips(self, desc: dict[str, Any]) -> bool:
-        """An index entry of a platform not asked for, or of one already found."""
-        declared = descriptor_platform(desc)
-        if self.platforms is None or declared is None:
-            return False
-        if not any(declared.matches(p) for p in self.platforms):
-            return True
-        return any(i.platform is not None and i.platform.matches(declared) for i in self.out)
+    @property
+    def label(self) -> str:
+        return str(self.client.ref)
 
+    def manifest(self, digest: str) -> dict[str, Any]:
+        return self.client.manifest(digest)[0]
 
-def _walk(
-    walk: _Walk, doc: dict[str, Any], digest: str, desc: dict[str, Any] | None, depth: int
-) -> None:
-    client, out, seen = walk.client, walk.out, walk.seen
-    limits, ref = client.limits, client.ref
-    media_type = doc.get("mediaType") or (desc or {}).get("mediaType")
-    if media_type in MANIFEST_TYPES or (media_type is None and "layers" in doc):
-        out.append(_image(client, doc, digest, desc))
-        return
-    if media_type not in INDEX_TYPES and not (media_type is None and "manifests" in doc):
-        raise ScanInputError(f"{ref}: unsupported manifest media type {media_type!r}")
-    if depth >= limits.max_index_depth:
-        raise ScanInputError(f"{ref}: indexes nested deeper than {limits.max_index_depth}")
-    manifests = doc.get("manifests")
-    if not isinstance(manifests, list):
-        raise ScanInputError(f"{ref}: index has no manifests list")
-    for child in manifests:
-        if not isinstance(child, dict):
-            raise ScanInputError(f"{ref}: malformed descriptor in index")
-        valid_digest(child.get("digest"), f"{ref}: index")
-        if is_attestation(child) or child["digest"] in seen or walk.skips(child):
-            continue
-        seen.add(child["digest"])
-        if len(seen) > limits.max_manifests:
-            raise ScanInputError(f"{ref}: more than {limits.max_manifests} manifests")
-        body, _ = client.manifest(child["digest"])
-        _walk(walk, body, child["digest"], child, depth + 1)
+    def config(self, digest: str, size: int) -> Any:
+        return self.client.json_blob(digest, size)
 
+    def opener(self, digest: str, size: int) -> Callable[[], IO[bytes]]:
+        self.client.stats.layer_bytes[digest] = size
+        return lambda: self.client.open_blob(digest, size)
 
-def _image(
-    client: RegistryClient, manifest: dict[str, Any], digest: str, desc: dict[str, Any] | None
-) -> ImageSource:
-    ref, limits = client.ref, client.limits
-    config_desc = manifest.get("config")
-    if not isinstance(config_desc, dict):
-        raise ScanInputError(f"{ref}: manifest {digest[:19]} has no config")
-    what = f"{ref}: config of {digest[:19]}"
-    config_digest = valid_digest(config_desc.get("digest"), what)
-    config = client.json_blob(config_digest, declared_size(config_desc.get("size"), what))
-    if not isinstance(config, dict):
-        raise ScanInputError(f"{ref}: config of {digest[:19]} is not an object")
-    layers_desc = manifest.get("layers")
-    if not isinstance(layers_desc, list) or len(layers_desc) > limits.max_layers:
-        raise ScanInputError(f"{ref}: manifest {digest[:19]} has no usable layers list")
-    layers = []
-    for ld in layers_desc:
-        if not isinstance(ld, dict):
-            raise ScanInputError(f"{ref}: malformed layer descriptor")
-        layer_digest = valid_digest(ld.get("digest"), f"{ref}: layer")
-        if ld.get("mediaType") not in LAYER_TYPES:
-            raise ScanInputError(f"{ref}: unknown layer media type {ld.get('mediaType')!r}")
-        size = declared_size(ld.get("size"), f"{ref}: layer {layer_digest[:19]}")
-        client.stats.layer_bytes[layer_digest] = size
-        opener = _opener(client, layer_digest, size)
-        layers.append(Layer(layer_digest, ld["mediaType"], layer_digest, opener, size))
-    label = f"{ref.registry}/{ref.repository}@{digest}"
-    return ImageSource(label, descriptor_platform(desc or {}), config, layers, digest)
-
-
-def _opener(client: RegistryClient, digest: str, size: int) -> Callable[[], IO[bytes]]:
-    return lambda: client.open_blob(digest, size)
+    def image_label(self, digest: str, ref_name: str | None) -> str:
+        ref = self.client.ref
+        return f"{ref.registry}/{ref.repository}@{digest}"
 
 
 def _human(n: int) -> str:

@@ -26,12 +26,12 @@ from execwatch.scan.checks import Checker, Target
 from execwatch.scan.errors import CorruptInput, LimitExceeded, NothingToCheck, ScanInputError
 from execwatch.scan.layers import apply_layer
 from execwatch.scan.model import ImageResult, ScanReport
+from execwatch.scan.oci import images_in_store
 from execwatch.scan.registry import RegistryOptions, looks_like_reference, registry_images
 from execwatch.scan.sources import (
     ImageBudget,
     ImageSource,
     directory_store,
-    images_in_store,
     is_archive,
     layer_stream,
     open_archive,

@@ -1,8 +1,8 @@
 """Turn a command-line target into images: OCI layouts, docker-save/OCI tarballs, rootfs, files.
 
 An `ImageSource` is one platform's manifest: its config and its layers, each layer opened
-lazily. Index walking is recursive (nested indexes), skips attestation manifests, and every
-name taken from the input (digests, archive paths) is validated before it is used as a path.
+lazily. The OCI index and manifests are walked by `scan.oci`; every name taken from the input
+(digests, archive paths) is validated before it is used as a path.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class ImageSource:
         )
 
 
-class BlobStore:
+class FileStore:
     """Files inside an OCI layout directory or an image archive, by validated relative path."""
 
     def __init__(self, opener: Callable[[str], IO[bytes] | None], label: str) -> None:
@@ -180,7 +180,7 @@ def safe_relative(path: str, label: str) -> str:
     return "/".join(parts)
 
 
-def directory_store(root: str) -> BlobStore:
+def directory_store(root: str) -> FileStore:
     real_root = os.path.realpath(root)
 
     def opener(rel: str) -> IO[bytes] | None:
@@ -198,7 +198,7 @@ def directory_store(root: str) -> BlobStore:
             raise ScanInputError(f"{root}: {rel} is not a regular file")
         return os.fdopen(fd, "rb")
 
-    return BlobStore(opener, root)
+    return FileStore(opener, root)
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +231,7 @@ def _follow(members: dict[str, _Member], rel: str, label: str) -> str | None:
     raise ScanInputError(f"{label}: link loop at {rel}")
 
 
-def archive_store(tar: tarfile.TarFile, label: str) -> BlobStore:
+def archive_store(tar: tarfile.TarFile, label: str) -> FileStore:
     """An uncompressed image archive, read at random (members are seeked to)."""
     infos = {_member_name(m.name): m for m in tar.getmembers()}
     members = {name: _Member(m.offset, m.type, m.linkname) for name, m in infos.items()}
@@ -240,7 +240,7 @@ def archive_store(tar: tarfile.TarFile, label: str) -> BlobStore:
         name = _follow(members, rel, label)
         return None if name is None else tar.extractfile(infos[name])
 
-    return BlobStore(opener, label)
+    return FileStore(opener, label)
 
 
 def descriptor_platform(desc: dict[str, Any]) -> Platform | None:
@@ -265,91 +265,11 @@ def is_attestation(desc: dict[str, Any]) -> bool:
     return isinstance(p, dict) and p.get("os") == "unknown" and p.get("architecture") == "unknown"
 
 
-def oci_images(store: BlobStore, limits: Limits) -> list[ImageSource]:
-    """Every image manifest reachable from index.json, nested indexes included."""
-    layout = store.json("oci-layout", limits)
-    if not isinstance(layout, dict) or "imageLayoutVersion" not in layout:
-        raise ScanInputError(f"{store.label}: oci-layout has no imageLayoutVersion")
-    index = store.json("index.json", limits)
-    out: list[ImageSource] = []
-    seen: set[str] = set()
-    _walk_index(store, index, limits, out, seen, depth=0, ref=None)
-    return out
-
-
-def _walk_index(
-    store: BlobStore,
-    index: Any,
-    limits: Limits,
-    out: list[ImageSource],
-    seen: set[str],
-    depth: int,
-    ref: str | None,
-) -> None:
-    if depth > limits.max_index_depth:
-        raise ScanInputError(f"{store.label}: indexes nested deeper than {limits.max_index_depth}")
-    manifests = index.get("manifests") if isinstance(index, dict) else None
-    if not isinstance(manifests, list):
-        raise ScanInputError(f"{store.label}: index has no manifests list")
-    for desc in manifests:
-        if not isinstance(desc, dict):
-            raise ScanInputError(f"{store.label}: malformed descriptor in index")
-        digest, media_type = desc.get("digest"), desc.get("mediaType")
-        if is_attestation(desc) or digest in seen:
-            continue
-        seen.add(str(digest))
-        if len(seen) > limits.max_manifests:
-            raise ScanInputError(f"{store.label}: more than {limits.max_manifests} manifests")
-        annotations = desc.get("annotations")
-        if not isinstance(annotations, dict):
-            annotations = {}
-        name = ref or annotations.get("org.opencontainers.image.ref.name")
-        body = store.json(store.blob_path(str(digest)), limits, str(digest))
-        actual_type = media_type or (body.get("mediaType") if isinstance(body, dict) else None)
-        if actual_type in INDEX_TYPES:
-            _walk_index(store, body, limits, out, seen, depth + 1, name)
-        elif actual_type in MANIFEST_TYPES:
-            out.append(_manifest_image(store, body, limits, desc, name))
-        else:
-            raise ScanInputError(f"{store.label}: unknown manifest media type {actual_type!r}")
-
-
-def _manifest_image(
-    store: BlobStore, manifest: Any, limits: Limits, desc: dict[str, Any], ref: str | None
-) -> ImageSource:
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict):
-        raise ScanInputError(f"{store.label}: manifest {desc.get('digest')} has no config")
-    config_digest = str(manifest["config"].get("digest"))
-    config = store.json(store.blob_path(config_digest), limits, config_digest)
-    layers_desc = manifest.get("layers")
-    if not isinstance(layers_desc, list) or len(layers_desc) > limits.max_layers:
-        raise ScanInputError(f"{store.label}: manifest has no usable layers list")
-    layers = []
-    for ld in layers_desc:
-        if not isinstance(ld, dict):
-            raise ScanInputError(f"{store.label}: malformed layer descriptor")
-        media_type = ld.get("mediaType")
-        if media_type not in LAYER_TYPES:
-            raise ScanInputError(f"{store.label}: unknown layer media type {media_type!r}")
-        digest = valid_digest(ld.get("digest"), store.label)
-        size = declared_size(ld["size"], store.label) if "size" in ld else None
-        path = store.blob_path(digest)
-        layers.append(Layer(digest, media_type, digest, _opener(store, path), size))
-    short = str(desc.get("digest", ""))[:19]
-    label = f"{store.label}{'#' + ref if ref else ''}@{short}"
-    if not isinstance(config, dict):
-        raise ScanInputError(f"{store.label}: config {config_digest} is not an object")
-    manifest_digest = desc.get("digest")
-    if not isinstance(manifest_digest, str):
-        manifest_digest = None
-    return ImageSource(label, descriptor_platform(desc), config, layers, manifest_digest)
-
-
-def _opener(store: BlobStore, path: str) -> Callable[[], IO[bytes]]:
+def _opener(store: FileStore, path: str) -> Callable[[], IO[bytes]]:
     return lambda: store.open(path)
 
 
-def docker_images(store: BlobStore, limits: Limits) -> list[ImageSource]:
+def docker_images(store: FileStore, limits: Limits) -> list[ImageSource]:
     """The legacy `docker save` manifest.json (before Docker 25, or without an OCI index)."""
     manifest = store.json("manifest.json", limits)
     if not isinstance(manifest, list):
@@ -373,15 +293,6 @@ def docker_images(store: BlobStore, limits: Limits) -> list[ImageSource]:
         digest = image_id if _DIGEST.fullmatch(image_id) else None
         out.append(ImageSource(label, None, config, layers, digest))
     return out
-
-
-def images_in_store(store: BlobStore, limits: Limits) -> list[ImageSource]:
-    """Docker 25+ archives hold both formats: the OCI index says more (platforms, nesting)."""
-    if store.exists("oci-layout") and store.exists("index.json"):
-        return oci_images(store, limits)
-    if store.exists("manifest.json"):
-        return docker_images(store, limits)
-    raise ScanInputError(f"{store.label}: neither an OCI layout nor a docker-save archive")
 
 
 ArchiveKind = Literal["image", "rootfs"]
@@ -461,7 +372,7 @@ def _read_json_member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes | 
     return first + data.read() if first in (b"{", b"[") else None
 
 
-def open_archive(path: str, stack: ExitStack, limits: Limits, survey: ArchiveSurvey) -> BlobStore:
+def open_archive(path: str, stack: ExitStack, limits: Limits, survey: ArchiveSurvey) -> FileStore:
     """The blobs of an image archive. An uncompressed one is read at random; a compressed
     one is streamed, never inflated to disk: metadata comes from the survey, and layers
     from a decompression that restarts only when a layer lies before the last one read."""
@@ -470,7 +381,7 @@ def open_archive(path: str, stack: ExitStack, limits: Limits, survey: ArchiveSur
     f.seek(0)
     if magic[:2] == GZIP_MAGIC or magic == ZSTD_MAGIC:
         rewinding = stack.enter_context(_Rewinding(path, limits))
-        return BlobStore(_streamed_opener(survey, rewinding, path), path)
+        return FileStore(_streamed_opener(survey, rewinding, path), path)
     try:
         tar = stack.enter_context(tarfile.open(fileobj=f, mode="r:"))  # noqa: SIM115
     except tarfile.TarError as exc:

@@ -16,12 +16,12 @@ from execwatch.runnable.limits import Limits
 from execwatch.scan.errors import ScanInputError
 from execwatch.scan.isolated import ProcessLimits, run_isolated
 from execwatch.scan.model import Finding, ImageResult, ScanReport, Severity
+from execwatch.scan.oci import images_in_store
 from execwatch.scan.registry import RegistryOptions, looks_like_reference, registry_images
 from execwatch.scan.runner import image_env
 from execwatch.scan.sources import (
     ImageSource,
     directory_store,
-    images_in_store,
     is_archive,
     open_archive,
     survey_archive,

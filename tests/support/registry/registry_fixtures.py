@@ -9,7 +9,12 @@ import pytest
 
 from tests.support.images.base_images import glibc_base, musl_base
 from tests.support.images.imagebuild import Image, file, oci_layout, symlink, tree, usrmerge
-from tests.support.registry.registry_server import Registry, registry_binary, running_registry
+from tests.support.registry.registry_server import (
+    HostileRegistry,
+    Registry,
+    registry_binary,
+    running_registry,
+)
 
 
 @pytest.fixture(scope="session")
@@ -78,3 +83,13 @@ def pushed(
             "team/ready:1",
         ),
     }
+
+
+@pytest.fixture
+def hostile() -> Iterator[HostileRegistry]:
+    """A registry that serves whatever the test gives it (server.HostileRegistry)."""
+    registry = HostileRegistry()
+    try:
+        yield registry
+    finally:
+        registry.close()
