@@ -110,8 +110,8 @@ def test_the_handler_without_credentials_says_so_in_one_line(
 
 @pytest.mark.parametrize("argv", [["--window", "1"], ["--window=0.5"], ["--window"]])
 def test_the_agent_has_one_window_and_the_old_flag_names_it(argv: list[str]) -> None:
-    """--aggregation-window is the agent's one repeat window (--aggregation-window-max
-    caps its growth; the node's own fold is a fixed second, agent.daemon.NODE_WINDOW_S):
+    """--aggregation-window is the agent's one repeat window (it grows to the kubelet's
+    300 s back-off; the node's own fold is a fixed second, agent.daemon.NODE_WINDOW_S):
     a second window flag would be read with a meaning the operator did not mean."""
     out = subprocess.run(
         [sys.executable, "-m", "execwatch.cli", "agent", "--node", "worker-1", *argv],
@@ -162,3 +162,12 @@ def test_a_named_credentials_or_ca_file_must_exist(
 )
 def test_sizes(text: str, value: int) -> None:
     assert cliargs.size(text) == value
+
+
+def test_the_windows_cap_is_no_option_of_its_own() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "execwatch.cli", "agent", "--aggregation-window-max", "300"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert out.stderr.startswith("execwatch agent: error: --aggregation-window-max is gone: use")

@@ -42,15 +42,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=60.0,
         help="repeats of one failure (container, path, reason, errno) within this long are"
         " one record with their count (the node has folded them per second before); the"
-        " first window of a key",
+        " first window of a key, which doubles each time it closes with repeats in it, up to"
+        " the kubelet's longest CrashLoopBackOff (300 s); 0: no aggregation",
     )
     a.add_argument(
         "--aggregation-window-max",
-        type=cliargs.Number(0, 86400, zero=True),
-        default=300.0,
-        help="a key's window doubles each time it closes with repeats in it, up to this"
-        " (300: the kubelet's longest CrashLoopBackOff); a key quiet for its window starts"
-        " afresh; at or below --aggregation-window the window stays fixed",
+        action=cliargs.Renamed,
+        successor="--aggregation-window alone: a repeating failure's window doubles up to"
+        " the kubelet's longest back-off, 300 s",
     )
     a.add_argument(
         "--rate",
@@ -149,7 +148,6 @@ def _agent(
             node=args.node,
             namespace=args.namespace,
             aggregation_window=args.aggregation_window,
-            aggregation_window_max=args.aggregation_window_max,
             rate=args.rate,
             burst=args.burst,
             spool_size=args.spool_size,

@@ -70,7 +70,8 @@ class PublisherConfig:
     node: str
     namespace: str = crd.DEFAULT_NAMESPACE
     aggregation_window: float = 60.0  # a key's first window
-    aggregation_window_max: float = 300.0  # the cap of a repeating key's window
+    # The cap of a repeating key's window: the kubelet's longest CrashLoopBackOff.
+    aggregation_window_max: float = 300.0
     rate: float = 20.0  # creates per second
     burst: int = 50
     spool_size: int = 2000  # records held: pending, being sent, awaiting retry
