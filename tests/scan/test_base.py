@@ -4,7 +4,8 @@ at PATH (/app by default). A directory with no loader, /bin, /usr or /etc is a b
 output, not a root: without --base its files are checked one by one, and a note says so.
 
 The bases are real: Debian bookworm's minbase root (dev/images.sh, .cache/images) and an
-alpine-like musl root (Debian's musl loader); the program is a real gcc glibc build."""
+alpine-like musl root (Debian's musl loader); the program is a real gcc glibc build. With
+--run the program is started in the sandbox, in the base image with it added at PATH."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 from tests.binfmt.cbuild import HELLO_C, compile_c
 from tests.scan.helpers import checks, scan_error, scan_json
 from tests.scan.imagebuild import Image, file, oci_layout
+from tests.smoke.test_run import glibc_base
 
 REPO = Path(__file__).resolve().parents[2]
 DEBIAN_ROOTFS = REPO / ".cache" / "images" / "debian.rootfs.tar"
@@ -35,6 +37,12 @@ def musl(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An alpine-like image: musl's loader (which is its libc) and nothing of glibc."""
     layer = [file("lib/ld-musl-x86_64.so.1", MUSL_LOADER.resolve().read_bytes())]
     return oci_layout(tmp_path_factory.mktemp("musl") / "layout", [Image([layer])])
+
+
+@pytest.fixture(scope="module")
+def glibc(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Debian-like image for --run: glibc's loader and libc, nothing else."""
+    return oci_layout(tmp_path_factory.mktemp("glibc") / "layout", [Image([glibc_base()])])
 
 
 @pytest.fixture(scope="module")
@@ -140,13 +148,32 @@ def test_the_base_root_is_checked_against_not_checked(
     assert doc["images"][0]["stats"]["files"] == 1
 
 
+def by_source(doc: dict[str, Any]) -> dict[str, tuple[str, str, str]]:
+    return {f["source"]: (f["check"], f["severity"], f["path"]) for f in doc["findings"]}
+
+
+def test_run_starts_the_program_in_the_base_image_it_would_be_built_on(
+    capsys: pytest.CaptureFixture[str], program: Path, musl: Path, glibc: Path
+) -> None:
+    """Both sides agree: on musl the loader is missing (static and run), on glibc it starts."""
+    code, doc = scan_json(capsys, str(program), "--base", str(musl), "--run")
+    assert code == 1
+    assert by_source(doc) == {
+        "static": ("libc-mismatch", "error", "/app/oberon-runner"),
+        "run": ("missing-interpreter", "error", "/app/oberon-runner"),
+    }
+    code, doc = scan_json(capsys, str(program), "--base", str(glibc), "--run", "--at", "/srv")
+    assert code == 0
+    assert by_source(doc) == {"run": ("run-started", "note", "/srv/oberon-runner")}
+
+
 @pytest.mark.parametrize(
     ("extra", "says"),
     [
         (["--base", "/nonexistent/base"], "--base /nonexistent/base: No such file or directory"),
         (["--at", "app"], "--at app: not an absolute path"),
-        (["--run"], "--run with --base is not supported"),
         (["--root"], "--root with --base"),
+        (["--run", "--base", str(DEBIAN_ROOTFS)], "needs an image to run in"),
     ],
 )
 def test_bad_base_input_is_one_line_and_exit_2(
@@ -154,3 +181,10 @@ def test_bad_base_input_is_one_line_and_exit_2(
 ) -> None:
     argv = [str(program), *(["--base", str(musl)] if "--base" not in extra else []), *extra]
     assert says in scan_error(capsys, *argv)
+
+
+def test_run_with_base_starts_one_program_not_a_directory(
+    capsys: pytest.CaptureFixture[str], dist: Path, musl: Path
+) -> None:
+    error = scan_error(capsys, str(dist), "--base", str(musl), "--run")
+    assert "give the one program to start" in error

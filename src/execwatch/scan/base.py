@@ -9,6 +9,9 @@ platform), a root filesystem directory or a rootfs tarball.
 
 from __future__ import annotations
 
+import io
+import os
+import tarfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -36,6 +39,7 @@ from execwatch.scan.runner import (
 )
 from execwatch.scan.sources import (
     ImageSource,
+    Layer,
     directory_store,
     images_in_store,
     open_archive,
@@ -106,23 +110,70 @@ def base_roots(
 ) -> Iterator[list[BaseRoot]]:
     """Each root of `base`: an image's (of options.platforms), or a root filesystem's for
     each of options.platforms (default: this node's)."""
+    with base_images(base, options) as images:
+        if images is not None:
+            yield _image_roots(images, options, progress)
+        elif os.path.isdir(base):
+            yield _fs_roots(base, DirectoryFS(base), options)
+        else:
+            yield _fs_roots(base, rootfs_archive_fs(base, options)[0], options)
+
+
+@contextmanager
+def base_images(base: str, options: ScanOptions) -> Iterator[list[ImageSource] | None]:
+    """The images of `base`; None when it is a root filesystem (a directory or tarball)."""
     kind = input_kind(base, "--base ")
     if kind == "reference":
-        images = registry_images(base, options.registry, options.limits).images
-        yield _image_roots(images, options, progress)
+        yield registry_images(base, options.registry, options.limits).images
     elif kind == "layout":
-        images = images_in_store(directory_store(base), options.limits)
-        yield _image_roots(images, options, progress)
+        yield images_in_store(directory_store(base), options.limits)
     elif kind == "directory":
-        yield _fs_roots(base, DirectoryFS(base), options)
+        yield None
     elif kind == "file":
         raise ScanInputError(f"--base {base}: not an image, a root filesystem or an archive")
     elif (survey := survey_archive(base, options.limits)).kind == "rootfs":
-        yield _fs_roots(base, rootfs_archive_fs(base, options)[0], options)
+        yield None
     else:
         with ExitStack() as stack:
             store = open_archive(base, stack, options.limits, survey)
-            yield _image_roots(images_in_store(store, options.limits), options, progress)
+            yield images_in_store(store, options.limits)
+
+
+@contextmanager
+def placed_images(
+    target: str, base: str, at: str, options: ScanOptions
+) -> Iterator[list[ImageSource]]:
+    """--run: each image of `base` (of options.platforms) with the one program `target`
+    added at `at` as a last layer and as its Entrypoint: the image the build would make,
+    labelled as its static result is."""
+    if input_kind(target) != "file":
+        raise ScanInputError(f"--run with --base: {target}: give the one program to start")
+    entry = normalise(f"{normalise(at)}/{os.path.basename(target)}")
+    layer = _file_layer(target, entry)
+    with base_images(base, options) as images:
+        if images is None:
+            raise ScanInputError(f"--run with --base {base}: needs an image to run in")
+        yield [_placed(target, image, layer, entry) for image, _ in choose_images(images, options)]
+
+
+def _file_layer(path: str, entry: str) -> Layer:
+    """A one-file layer, in memory: `path` at `entry`, executable."""
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w") as tar, open(path, "rb") as f:
+        info = tar.gettarinfo(fileobj=f, arcname=entry.lstrip("/"))
+        info.mode = (info.mode & 0o777) | 0o100
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        tar.addfile(info, f)
+    raw = data.getvalue()
+    return Layer(path, None, None, lambda: io.BytesIO(raw), len(raw))
+
+
+def _placed(target: str, image: ImageSource, layer: Layer, entry: str) -> ImageSource:
+    cfg = {**image_config(image), "Entrypoint": [entry], "Cmd": None}
+    config = {**image.config, "config": cfg}
+    label = f"{target} on {image.label}"
+    return ImageSource(label, image.platform, config, [*image.layers, layer])
 
 
 def _fs_roots(label: str, fs: FileSystem, options: ScanOptions) -> list[BaseRoot]:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from execwatch import cliargs
 from execwatch.scan import registry
-from execwatch.scan.base import DEFAULT_AT, scan_on_base
+from execwatch.scan.base import DEFAULT_AT, placed_images, scan_on_base
 from execwatch.scan.errors import ScanInputError
 from execwatch.scan.isolated import ProcessLimits, run_isolated
 from execwatch.scan.model import ScanReport, Severity
@@ -175,8 +175,6 @@ def run(args: argparse.Namespace) -> int:
 def _base_problem(args: argparse.Namespace) -> str | None:
     if args.base is None:
         return None
-    if args.run:
-        return "--run with --base is not supported: --run the built image"
     if args.root:
         return "--root with --base: the target's files are placed at --at, not taken as a root"
     if not args.at.startswith("/"):
@@ -216,7 +214,7 @@ def _run(args: argparse.Namespace, options: ScanOptions, report: ScanReport) -> 
     """--run: start every platform's entrypoint (execwatch.smoke), after the static scan."""
     import shlex
 
-    from execwatch.smoke.run import RunOptions, run_report
+    from execwatch.smoke.run import RunOptions, run_images, run_report
     from execwatch.smoke.sandbox import SandboxLimits
 
     run_options = RunOptions(
@@ -226,9 +224,13 @@ def _run(args: argparse.Namespace, options: ScanOptions, report: ScanReport) -> 
         binfmt=os.environ.get("EXECWATCH_RUN_QEMU") != "direct",
         limits=SandboxLimits(deadline_s=args.run_timeout),
     )
-    run_report(
-        args.target, report, options.platforms, run_options, options.registry, options.limits
-    )
+    if args.base is None:
+        run_report(
+            args.target, report, options.platforms, run_options, options.registry, options.limits
+        )
+        return
+    with placed_images(args.target, args.base, args.at, options) as images:
+        run_images(images, report, options.platforms, run_options, options.limits)
 
 
 def _say(message: str) -> None:
