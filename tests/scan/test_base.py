@@ -138,7 +138,7 @@ def test_a_build_output_on_a_musl_base_names_each_missing_piece(
     }
 
 
-def test_the_base_root_is_checked_against_not_checked(
+def test_only_the_placed_files_are_checked_not_the_base(
     capsys: pytest.CaptureFixture[str], program: Path, debian: Path
 ) -> None:
     """Only the placed files are reported on: the base's own thousands of files are what

@@ -57,7 +57,6 @@ class BaseRoot:
     fs: FileSystem
     platform: Platform
     env: dict[str, str] = field(default_factory=dict)
-    image: ImageSource | None = None
 
 
 def scan_on_base(
@@ -188,5 +187,5 @@ def _image_roots(
         fs, _ = image_fs(image, options, progress)
         platform = image.platform or image.config_platform() or want or node_platform()
         env = image_env(image_config(image).get("Env"))
-        roots.append(BaseRoot(image.label, fs, platform, env, image))
+        roots.append(BaseRoot(image.label, fs, platform, env))
     return roots
