@@ -107,3 +107,21 @@ class DirectoryFS:
 
 
 _name = operator.attrgetter("name")
+
+
+ROOT_MARKERS = ("bin", "usr", "etc")
+
+
+def looks_like_root(directory: str) -> bool:
+    """A root filesystem has a loader (lib*/ld-*), /bin, /usr or /etc; a build's output
+    (./dist, ./bin) has none of them."""
+    if any(os.path.lexists(os.path.join(directory, name)) for name in ROOT_MARKERS):
+        return True
+    for lib in ("lib", "lib64"):
+        try:
+            names = os.listdir(os.path.join(directory, lib))
+        except OSError:
+            continue
+        if any(name.startswith(("ld-", "ld64")) for name in names):
+            return True
+    return False

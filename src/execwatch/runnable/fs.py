@@ -178,3 +178,55 @@ def read_symbols(
             return read_dynamic_symbols(f, node.elf, imports)
         except BinfmtError:
             return None
+
+
+class Placed:
+    """`upper` placed at `at` over `lower`, as a build's COPY puts its files in an image.
+
+    Paths resolve in the merged tree (a placed script's `#!/usr/bin/env` is the lower
+    root's); `files()` lists the placed files only: they are what is checked, the lower
+    root is what they run on. A path under `at` is the upper's when it has one."""
+
+    def __init__(self, lower: FileSystem, upper: FileSystem, at: str) -> None:
+        self.lower, self.upper = lower, upper
+        self.at = normalise(at)
+        self.prefix = "" if self.at == "/" else self.at
+        self.link_cache: dict[str, Resolved] = {}
+
+    def _inner(self, path: str) -> str | None:
+        if path == self.at:
+            return "/"
+        if path.startswith(self.prefix + "/"):
+            return path[len(self.prefix) :]
+        return None
+
+    def _holder(self, path: str) -> tuple[FileSystem, str]:
+        inner = self._inner(path)
+        if inner is not None and self.upper.node(inner) is not None:
+            return self.upper, inner
+        return self.lower, path
+
+    def node(self, path: str) -> Node | None:
+        fs, inner = self._holder(path)
+        node = fs.node(inner)
+        if (node is None or node.kind != "dir") and self.at.startswith(path.rstrip("/") + "/"):
+            return Node("dir", 0o755)  # a parent of `at`: the build's COPY makes it
+        return node
+
+    def listdir(self, path: str) -> list[str]:
+        names = set(self.lower.listdir(path))
+        inner = self._inner(path)
+        if inner is not None:
+            names.update(self.upper.listdir(inner))
+        elif self.at.startswith(path.rstrip("/") + "/"):
+            names.add(self.at[len(path.rstrip("/")) + 1 :].split("/")[0])
+        return sorted(names)
+
+    def files(self) -> Iterator[tuple[str, int]]:
+        for path, mode in self.upper.files():
+            yield (self.prefix + path if path != "/" else self.at), mode
+
+    def dynamic_symbols(self, path: str, imports: bool = True) -> DynamicSymbols | None:
+        fs, inner = self._holder(path)
+        read = getattr(fs, "dynamic_symbols", None)
+        return read(inner, imports) if read is not None else None

@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from execwatch import cliargs
 from execwatch.scan import registry
+from execwatch.scan.base import DEFAULT_AT, placed_images, scan_on_base
 from execwatch.scan.errors import ScanInputError
 from execwatch.scan.isolated import ProcessLimits, run_isolated
 from execwatch.scan.model import ScanReport, Severity
 from execwatch.scan.report import FORMATS, TEXT_FORMATS
+from execwatch.scan.runner import Progress as ScanProgress
 from execwatch.scan.runner import ScanOptions, scan
 from execwatch.text import safe_text
 
@@ -108,6 +110,24 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument(
         "--qemu-dir", metavar="DIR", help="--run: where qemu-<arch>-static are (default PATH)"
     )
+    p.add_argument(
+        "--base",
+        metavar="IMAGE|DIR|ARCHIVE",
+        help="check the target's files as if placed at --at in this base image or root"
+        " filesystem: its loader, libraries, PATH and #! interpreters",
+    )
+    p.add_argument(
+        "--at",
+        default=DEFAULT_AT,
+        metavar="PATH",
+        help=f"--base: where the files will be placed (default {DEFAULT_AT})",
+    )
+    p.add_argument(
+        "--root",
+        action="store_true",
+        help="take a directory as a root filesystem even when it has no loader, /bin,"
+        " /usr or /etc (default: such a directory's files are checked one by one)",
+    )
     p.add_argument("--all", action="store_true", help="table: show every finding")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     registry.add_arguments(p)
@@ -120,9 +140,10 @@ def run(args: argparse.Namespace) -> int:
         require_static=args.require_static,
         cpu_levels=args.cpu_level,
         allow_empty=args.allow_empty,
+        root=args.root,
         registry=registry.options_from(args),
     )
-    problem = output_problem(args.output)
+    problem = output_problem(args.output) or _base_problem(args)
     if problem:
         _say(f"error: {problem}")
         return EXIT_BAD_INPUT
@@ -151,11 +172,26 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_FINDINGS if worst is not None and worst >= Severity.parse(args.fail_on) else 0
 
 
+def _base_problem(args: argparse.Namespace) -> str | None:
+    if args.base is not None and args.root:
+        return "--root with --base: the target's files are placed at --at, not taken as a root"
+    return None
+
+
 def _scan(args: argparse.Namespace, options: ScanOptions) -> ScanReport:
     """The scan itself, in its own process (scan.isolated), with a progress bar on a
     terminal."""
+    if args.base is not None:
+
+        def go(progress: ScanProgress | None = None) -> ScanReport:
+            return scan_on_base(args.target, args.base, args.at, options, progress)
+    else:
+
+        def go(progress: ScanProgress | None = None) -> ScanReport:
+            return scan(args.target, options, progress)
+
     if args.no_progress or not sys.stderr.isatty():
-        return scan(args.target, options)
+        return go()
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -167,7 +203,7 @@ def _scan(args: argparse.Namespace, options: ScanOptions) -> ScanReport:
         console=Console(stderr=True),
         transient=True,
     ) as bar:
-        return scan(args.target, options, _progress(bar))
+        return go(_progress(bar))
 
 
 def _run(args: argparse.Namespace, options: ScanOptions, report: ScanReport) -> None:
@@ -175,7 +211,7 @@ def _run(args: argparse.Namespace, options: ScanOptions, report: ScanReport) -> 
     import shlex
 
     from execwatch.smoke.namespaces import RunLimits
-    from execwatch.smoke.runs import RunOptions, run_report
+    from execwatch.smoke.runs import RunOptions, run_images, run_report
 
     run_options = RunOptions(
         args=None if args.run_args is None else tuple(shlex.split(args.run_args)),
@@ -184,9 +220,13 @@ def _run(args: argparse.Namespace, options: ScanOptions, report: ScanReport) -> 
         binfmt=os.environ.get("EXECWATCH_RUN_QEMU") != "direct",
         limits=RunLimits(deadline_s=args.run_timeout),
     )
-    run_report(
-        args.target, report, options.platforms, run_options, options.registry, options.limits
-    )
+    if args.base is None:
+        run_report(
+            args.target, report, options.platforms, run_options, options.registry, options.limits
+        )
+        return
+    with placed_images(args.target, args.base, args.at, options) as images:
+        run_images(images, report, options.platforms, run_options, options.limits)
 
 
 def _say(message: str) -> None:

@@ -11,12 +11,12 @@ import zlib
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import zstandard
 
 from execwatch.binfmt import Platform, node_platform
-from execwatch.runnable.directory import DirectoryFS
+from execwatch.runnable.directory import DirectoryFS, looks_like_root
 from execwatch.runnable.fs import FileSystem, describe_file
 from execwatch.runnable.limits import Limits
 from execwatch.runnable.linker import SymbolSource
@@ -49,6 +49,7 @@ class ScanOptions:
     require_static: bool = False
     cpu_levels: int | None = None  # --cpu-level (binfmt.isa bits)
     allow_empty: bool = False  # nothing executable in a target: a warning, not an error
+    root: bool = False  # --root: a directory is a root filesystem even when it looks not
     limits: Limits = field(default_factory=Limits)
     registry: RegistryOptions = field(default_factory=RegistryOptions)
 
@@ -59,8 +60,13 @@ def scan(target: str, options: ScanOptions, progress: Progress | None = None) ->
     Raises ScanInputError (one line) for input that cannot be scanned, including a target
     with nothing executable in it unless options.allow_empty.
     """
-    with _input_errors(target):
+    with input_errors(target):
         report = _scan(target, options, progress)
+    return require_executables(report, options)
+
+
+def require_executables(report: ScanReport, options: ScanOptions) -> ScanReport:
+    """A result with nothing executable in it: NothingToCheck, or a warning (allow_empty)."""
     for result in report.results:
         if result.stats.executables == 0 and not result.findings:
             message = f"nothing to check: no executable in {result.source}"
@@ -71,7 +77,7 @@ def scan(target: str, options: ScanOptions, progress: Progress | None = None) ->
 
 
 @contextmanager
-def _input_errors(target: str) -> Iterator[None]:
+def input_errors(target: str) -> Iterator[None]:
     """Whatever a truncated or corrupt archive makes tarfile, gzip, zlib or zstd raise."""
     try:
         yield
@@ -82,44 +88,59 @@ def _input_errors(target: str) -> Iterator[None]:
         raise CorruptInput(f"{target}: unreadable: {exc.strerror or exc}") from exc
 
 
-def _scan(target: str, options: ScanOptions, progress: Progress | None) -> ScanReport:
-    report = ScanReport(target)
+InputKind = Literal["reference", "layout", "directory", "archive", "file"]
+
+
+def input_kind(target: str, what: str = "") -> InputKind:
+    """What a command-line input is: a name that does not exist and reads as one is a
+    registry reference. `what` prefixes errors (e.g. "--base ")."""
     if not os.path.lexists(target) and looks_like_reference(target):
-        pulled = registry_images(target, options.registry, options.limits)
-        report.results += _scan_images(pulled.images, options, progress)
-        pulled.annotate(report.results)
-        return report
+        return "reference"
     try:
         st = os.stat(target)
     except OSError as exc:
-        raise ScanInputError(f"{target}: {exc.strerror}") from exc
+        raise ScanInputError(f"{what}{target}: {exc.strerror}") from exc
     if stat.S_ISDIR(st.st_mode):
-        if os.path.exists(os.path.join(target, "oci-layout")):
-            store = directory_store(target)
-            report.results += _scan_images(
-                images_in_store(store, options.limits), options, progress
-            )
-        else:
-            report.results += _scan_rootfs(target, options, progress)
-        return report
+        return "layout" if os.path.exists(os.path.join(target, "oci-layout")) else "directory"
     if not stat.S_ISREG(st.st_mode):
-        raise ScanInputError(f"{target}: not a regular file or directory")
-    if is_archive(target):
-        survey = survey_archive(target, options.limits)
-        if survey.kind == "rootfs":
-            report.results += _scan_rootfs_archive(target, options, progress)
-            return report
-        with ExitStack() as stack:
-            store = open_archive(target, stack, options.limits, survey)
-            report.results += _scan_images(
-                images_in_store(store, options.limits), options, progress
-            )
-        return report
-    report.results += _scan_file(target, options)
+        raise ScanInputError(f"{what}{target}: not a regular file or directory")
+    return "archive" if is_archive(target) else "file"
+
+
+def _scan(target: str, options: ScanOptions, progress: Progress | None) -> ScanReport:
+    report = ScanReport(target)
+    kind = input_kind(target)
+    if kind == "reference":
+        pulled = registry_images(target, options.registry, options.limits)
+        report.results += _scan_images(pulled.images, options, progress)
+        pulled.annotate(report.results)
+    elif kind == "layout":
+        images = images_in_store(directory_store(target), options.limits)
+        report.results += _scan_images(images, options, progress)
+    elif kind == "directory" and (options.root or looks_like_root(target)):
+        report.results += _scan_rootfs(target, options, progress)
+    elif kind == "directory":
+        report.results += _scan_loose(target, options, progress)
+    elif kind == "file":
+        report.results += _scan_file(target, options)
+    else:
+        report.results += _scan_archive(target, options, progress)
     return report
 
 
-def _scan_file(path: str, options: ScanOptions) -> list[ImageResult]:
+def _scan_archive(
+    target: str, options: ScanOptions, progress: Progress | None
+) -> list[ImageResult]:
+    survey = survey_archive(target, options.limits)
+    if survey.kind == "rootfs":
+        return _scan_rootfs_archive(target, options, progress)
+    with ExitStack() as stack:
+        store = open_archive(target, stack, options.limits, survey)
+        return _scan_images(images_in_store(store, options.limits), options, progress)
+
+
+def file_fs(path: str, options: ScanOptions) -> tuple[MemoryFS, str, int]:
+    """A lone file as the only file of a tree: the tree, its path there, bytes read."""
     fs = MemoryFS(options.limits)
     name = "/" + os.path.basename(path)
     mode = stat.S_IMODE(os.stat(path).st_mode) | 0o100  # a lone file is checked as executable
@@ -127,9 +148,14 @@ def _scan_file(path: str, options: ScanOptions) -> list[ImageResult]:
         node = describe_file(name, f, os.fstat(f.fileno()).st_size, mode)
         bytes_read = f.tell()
     fs.put(name, node)
+    return fs, name, bytes_read
+
+
+def _scan_file(path: str, options: ScanOptions) -> list[ImageResult]:
+    fs, _, bytes_read = file_fs(path, options)
     results = []
     for platform in options.platforms or (node_platform(),):
-        checker = Checker(_target(fs, platform, options, isolated=True))
+        checker = Checker(target_of(fs, platform, options, isolated=True))
         findings, stats = checker.run()
         stats.bytes_read = bytes_read
         findings = [f.__class__(**{**f.__dict__, "path": path}) for f in findings]
@@ -143,7 +169,7 @@ def _scan_rootfs(root: str, options: ScanOptions, progress: Progress | None) -> 
     results = []
     for platform in options.platforms or (node_platform(),):
         before = fs.bytes_read
-        result = _check(root, fs, _target(fs, platform, options), progress)
+        result = check(root, fs, target_of(fs, platform, options), progress)
         result.stats.bytes_read = fs.bytes_read - before
         if not options.platforms:
             result.notes.append(f"no --platform: checked against this node ({platform})")
@@ -151,19 +177,47 @@ def _scan_rootfs(root: str, options: ScanOptions, progress: Progress | None) -> 
     return results
 
 
-def _scan_rootfs_archive(
-    path: str, options: ScanOptions, progress: Progress | None
+def _scan_loose(
+    directory: str, options: ScanOptions, progress: Progress | None
 ) -> list[ImageResult]:
+    """A directory that is no root filesystem (a build's output): each file on its own."""
+    fs = DirectoryFS(directory)
+    results = []
+    for platform in options.platforms or (node_platform(),):
+        before = fs.bytes_read
+        result = check(directory, fs, target_of(fs, platform, options, isolated=True), progress)
+        result.stats.bytes_read = fs.bytes_read - before
+        result.notes.append(LOOSE_NOTE)
+        results.append(result)
+    return results
+
+
+LOOSE_NOTE = (
+    "not a root filesystem (no loader, /bin, /usr or /etc): files checked one by one,"
+    " loaders, libraries and #! interpreters not checked (--base IMAGE to check them"
+    " against the image they will run on, --root to take the directory as a root)"
+)
+
+
+def rootfs_archive_fs(path: str, options: ScanOptions) -> tuple[MemoryFS, int]:
+    """A rootfs tarball applied in memory, and the bytes read from it."""
     fs = MemoryFS(options.limits)
     counter = [0, 0]
     budget = ImageBudget.start(path, options.limits)
     with open(path, "rb") as f:
         stream = decompressed(f, path, options.limits, counter)
         apply_layer(fs, stream, path, options.limits, [0], budget=budget)
+    return fs, counter[1]
+
+
+def _scan_rootfs_archive(
+    path: str, options: ScanOptions, progress: Progress | None
+) -> list[ImageResult]:
+    fs, bytes_read = rootfs_archive_fs(path, options)
     results: list[ImageResult] = []
     for platform in options.platforms or (node_platform(),):
-        result = _check(path, fs, _target(fs, platform, options), progress)
-        result.stats.bytes_read = counter[1] if not results else 0  # read once, for the first
+        result = check(path, fs, target_of(fs, platform, options), progress)
+        result.stats.bytes_read = bytes_read if not results else 0  # read once, for the first
         results.append(result)
     return results
 
@@ -174,10 +228,18 @@ def _scan_images(
     """Every image, or those of the requested platforms: an image that states no platform
     is checked against each of them. A requested platform the input lacks is an error,
     before anything is scanned."""
+    chosen = choose_images(images, options)
+    return [scan_image(image, options, want, progress) for image, want in chosen]
+
+
+def choose_images(
+    images: list[ImageSource], options: ScanOptions
+) -> list[tuple[ImageSource, Platform | None]]:
+    """The images of options.platforms (all without), each with the platform asked for."""
     if not images:
         raise ScanInputError("no image manifests found")
     if not options.platforms:
-        return [scan_image(image, options, progress=progress) for image in images]
+        return [(image, None) for image in images]
     stated = [(image, image.platform or image.config_platform()) for image in images]
     chosen: dict[tuple[int, str], tuple[ImageSource, Platform]] = {}
     lacking = []
@@ -189,7 +251,7 @@ def _scan_images(
     if lacking:
         have = ", ".join(sorted({str(p) for _, p in stated}))
         raise ScanInputError(f"no {' and no '.join(lacking)} image (the input has: {have})")
-    return [scan_image(image, options, want, progress) for image, want in chosen.values()]
+    return list(chosen.values())
 
 
 def scan_image(
@@ -201,6 +263,36 @@ def scan_image(
     """One image, against the platform it states, else `want`, else this node's: the
     verdict audit and placement ask for (run it in scan.isolated's child process)."""
     started = time.perf_counter()
+    fs, bytes_read = image_fs(image, options, progress)
+    config_platform = image.config_platform()
+    platform = image.platform or config_platform or want or node_platform()
+    cfg = image_config(image)
+    target = target_of(
+        fs,
+        platform,
+        options,
+        env=image_env(cfg.get("Env")),
+        entrypoint=_argv(cfg),
+        workdir=posixpath.join("/", str(cfg.get("WorkingDir") or "/")),
+        config_platform=config_platform,
+    )
+    result = check(image.label, fs, target, progress)
+    result.digest = image.digest
+    result.stats.bytes_read = bytes_read
+    result.stats.seconds = time.perf_counter() - started
+    return result
+
+
+def image_config(image: ImageSource) -> dict[str, Any]:
+    """The image config's `config` object (Env, Entrypoint, Cmd, WorkingDir)."""
+    cfg = image.config.get("config")
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def image_fs(
+    image: ImageSource, options: ScanOptions, progress: Progress | None = None
+) -> tuple[MemoryFS, int]:
+    """An image's layers applied in memory, within its budget, and the bytes read."""
     fs = MemoryFS(options.limits)
     counter, entries = [0, 0], [0]
     budget = ImageBudget.start(image.label, options.limits)
@@ -215,28 +307,10 @@ def scan_image(
         with layer_stream(layer, options.limits, counter, budget) as stream:
             apply_layer(fs, stream, layer.name, options.limits, entries,
                         require_end=layer.digest is None, budget=budget)  # fmt: skip
-    config_platform = image.config_platform()
-    platform = image.platform or config_platform or want or node_platform()
-    cfg = image.config.get("config") if isinstance(image.config.get("config"), dict) else {}
-    assert isinstance(cfg, dict)
-    entrypoint = _argv(cfg)
-    target = _target(
-        fs,
-        platform,
-        options,
-        env=image_env(cfg.get("Env")),
-        entrypoint=entrypoint,
-        workdir=posixpath.join("/", str(cfg.get("WorkingDir") or "/")),
-        config_platform=config_platform,
-    )
-    result = _check(image.label, fs, target, progress)
-    result.digest = image.digest
-    result.stats.bytes_read = counter[1]
-    result.stats.seconds = time.perf_counter() - started
-    return result
+    return fs, counter[1]
 
 
-def _target(fs: FileSystem, platform: Platform, options: ScanOptions, **how: Any) -> Target:
+def target_of(fs: FileSystem, platform: Platform, options: ScanOptions, **how: Any) -> Target:
     return Target(
         fs,
         platform,
@@ -246,7 +320,7 @@ def _target(fs: FileSystem, platform: Platform, options: ScanOptions, **how: Any
     )
 
 
-def _check(label: str, fs: FileSystem, target: Target, progress: Progress | None) -> ImageResult:
+def check(label: str, fs: FileSystem, target: Target, progress: Progress | None) -> ImageResult:
     tick = progress(label, None) if progress is not None else None
     findings, stats = Checker(target).run(tick)
     findings.sort(key=lambda f: (not f.entrypoint, -f.severity, f.check, f.path))

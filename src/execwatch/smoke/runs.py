@@ -75,17 +75,26 @@ def run_report(
 ) -> None:  # fmt: skip
     """Run every image of `target` (of `platforms`, when given) and add the findings to the
     report's result for the same image."""
+    with _images(target, registry, limits) as images:
+        run_images(images, report, platforms, options, limits)
+
+
+def run_images(
+    images: list[ImageSource], report: ScanReport, platforms: tuple[Platform, ...],
+    options: RunOptions, limits: Limits,
+) -> None:  # fmt: skip
+    """Run each image (of `platforms`, when given); each finding joins the report's result
+    of the same label and platform."""
     problem = namespaces.refusal()
     if problem:
         raise RunSetupError(problem)
-    with _images(target, registry, limits) as images:
-        for image in images:
-            platform = image.platform or image.config_platform() or node_platform()
-            if platforms and not any(platform.matches(p) for p in platforms):
-                continue
-            result = _result_for(report, image, platform)
-            run = run_image(image, platform, options, limits)
-            result.findings.append(_finding(run, result))
+    for image in images:
+        platform = image.platform or image.config_platform() or node_platform()
+        if platforms and not any(platform.matches(p) for p in platforms):
+            continue
+        result = _result_for(report, image, platform)
+        run = run_image(image, platform, options, limits)
+        result.findings.append(_finding(run, result))
 
 
 @contextmanager

@@ -1,0 +1,190 @@
+"""`execwatch scan FILE|DIR --base IMAGE|DIR|ARCHIVE [--at PATH]`: a build's files checked
+against the base they will run on, before the image exists, as if a COPY had placed them
+at PATH (/app by default). A directory with no loader, /bin, /usr or /etc is a build's
+output, not a root: without --base its files are checked one by one, and a note says so.
+
+The bases are real: Debian bookworm's minbase root (dev/images.sh, .cache/images) and an
+alpine-like musl root (Debian's musl loader); the program is a real gcc glibc build. With
+--run the program is started in the sandbox, in the base image with it added at PATH."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.smoke.test_run import glibc_base
+from tests.support.binfmt.cbuild import HELLO_C, compile_c
+from tests.support.images.imagebuild import Image, file, oci_layout
+from tests.support.scan.scan_cli import checks, scan_error, scan_json
+
+REPO = Path(__file__).resolve().parents[2]
+DEBIAN_ROOTFS = REPO / ".cache" / "images" / "debian.rootfs.tar"
+MUSL_LOADER = Path("/lib/ld-musl-x86_64.so.1")
+ENV_BASH = b"#!/usr/bin/env bash\necho hi\n"
+
+
+@pytest.fixture(scope="module")
+def debian() -> Path:
+    if not DEBIAN_ROOTFS.exists():
+        pytest.fail(f"{DEBIAN_ROOTFS} missing: run dev/setup.sh --test")
+    return DEBIAN_ROOTFS
+
+
+@pytest.fixture(scope="module")
+def musl(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An alpine-like image: musl's loader (which is its libc) and nothing of glibc."""
+    layer = [file("lib/ld-musl-x86_64.so.1", MUSL_LOADER.resolve().read_bytes())]
+    return oci_layout(tmp_path_factory.mktemp("musl") / "layout", [Image([layer])])
+
+
+@pytest.fixture(scope="module")
+def glibc(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Debian-like image for --run: glibc's loader and libc, nothing else."""
+    return oci_layout(tmp_path_factory.mktemp("glibc") / "layout", [Image([glibc_base()])])
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The seed's oberon-runner: a dynamically linked glibc program."""
+    return compile_c(tmp_path_factory.mktemp("build") / "oberon-runner", HELLO_C, "gcc")
+
+
+@pytest.fixture
+def dist(tmp_path: Path, program: Path) -> Path:
+    """A build's output: a dynamic binary and a `#!/usr/bin/env bash` script."""
+    d = tmp_path / "dist"
+    d.mkdir()
+    (d / "oberon-runner").write_bytes(program.read_bytes())
+    (d / "oberon-runner").chmod(0o755)
+    (d / "start.sh").write_bytes(ENV_BASH)
+    (d / "start.sh").chmod(0o755)
+    return d
+
+
+def errors(doc: dict[str, Any]) -> set[tuple[str, str]]:
+    return {(f["check"], f["path"]) for f in doc["findings"] if f["severity"] == "error"}
+
+
+def test_a_glibc_program_on_a_musl_base_is_an_error_at_its_place(
+    capsys: pytest.CaptureFixture[str], program: Path, musl: Path
+) -> None:
+    code, doc = scan_json(capsys, str(program), "--base", str(musl))
+    assert code == 1
+    [finding] = doc["findings"]
+    assert (finding["check"], finding["path"]) == ("libc-mismatch", "/app/oberon-runner")
+    assert finding["severity"] == "error" and finding["entrypoint"] is True
+    assert "glibc binary in a musl image" in finding["message"]
+    [image] = doc["images"]
+    assert f"{program} placed at /app over " in image["notes"][0]
+
+
+def test_the_same_program_on_a_debian_base_is_clean(
+    capsys: pytest.CaptureFixture[str], program: Path, debian: Path
+) -> None:
+    code, doc = scan_json(capsys, str(program), "--base", str(debian))
+    assert (code, doc["findings"]) == (0, [])
+    assert doc["images"][0]["stats"]["executables"] == 1
+
+
+def test_a_build_output_directory_is_not_taken_as_a_root(
+    capsys: pytest.CaptureFixture[str], dist: Path
+) -> None:
+    code, doc = scan_json(capsys, str(dist))
+    assert (code, doc["findings"]) == (0, [])  # no loader, no /usr/bin/env: not errors here
+    [image] = doc["images"]
+    assert image["stats"]["executables"] == 2
+    assert "not a root filesystem" in image["notes"][0]
+    assert "--base" in image["notes"][0]
+
+
+def test_root_takes_such_a_directory_as_a_root_filesystem(
+    capsys: pytest.CaptureFixture[str], dist: Path
+) -> None:
+    code, doc = scan_json(capsys, str(dist), "--root")
+    assert code == 1
+    assert checks(doc) == {
+        ("missing-interpreter", "/oberon-runner"),
+        ("missing-shebang-interpreter", "/start.sh"),
+    }
+
+
+def test_a_directory_with_etc_is_a_root_filesystem(
+    capsys: pytest.CaptureFixture[str], dist: Path
+) -> None:
+    (dist / "etc").mkdir()
+    code, doc = scan_json(capsys, str(dist))
+    assert code == 1
+    assert ("missing-interpreter", "/oberon-runner") in checks(doc)
+
+
+def test_a_build_output_on_a_debian_base_is_clean(
+    capsys: pytest.CaptureFixture[str], dist: Path, debian: Path
+) -> None:
+    code, doc = scan_json(capsys, str(dist), "--base", str(debian))
+    assert (code, doc["findings"]) == (0, [])  # Debian has the loader, env and bash on PATH
+    assert doc["images"][0]["stats"]["executables"] == 2
+
+
+def test_a_build_output_on_a_musl_base_names_each_missing_piece(
+    capsys: pytest.CaptureFixture[str], dist: Path, musl: Path
+) -> None:
+    code, doc = scan_json(capsys, str(dist), "--base", str(musl), "--at", "/opt/oberon")
+    assert code == 1
+    assert errors(doc) == {
+        ("libc-mismatch", "/opt/oberon/oberon-runner"),
+        ("missing-shebang-interpreter", "/opt/oberon/start.sh"),
+    }
+
+
+def test_only_the_placed_files_are_checked_not_the_base(
+    capsys: pytest.CaptureFixture[str], program: Path, debian: Path
+) -> None:
+    """Only the placed files are reported on: the base's own thousands of files are what
+    they run on, not what the build changed."""
+    code, doc = scan_json(capsys, str(program), "--base", str(debian))
+    assert code == 0
+    assert doc["images"][0]["stats"]["files"] == 1
+
+
+def by_source(doc: dict[str, Any]) -> dict[str, tuple[str, str, str]]:
+    return {f["source"]: (f["check"], f["severity"], f["path"]) for f in doc["findings"]}
+
+
+def test_run_starts_the_program_in_the_base_image_it_would_be_built_on(
+    capsys: pytest.CaptureFixture[str], program: Path, musl: Path, glibc: Path
+) -> None:
+    """Both sides agree: on musl the loader is missing (static and run), on glibc it starts."""
+    code, doc = scan_json(capsys, str(program), "--base", str(musl), "--run")
+    assert code == 1
+    assert by_source(doc) == {
+        "static": ("libc-mismatch", "error", "/app/oberon-runner"),
+        "run": ("missing-interpreter", "error", "/app/oberon-runner"),
+    }
+    code, doc = scan_json(capsys, str(program), "--base", str(glibc), "--run", "--at", "/srv")
+    assert code == 0
+    assert by_source(doc) == {"run": ("run-started", "note", "/srv/oberon-runner")}
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--base", "/nonexistent/base"], "--base /nonexistent/base: No such file or directory"),
+        (["--at", "app"], "--at app: not an absolute path"),
+        (["--root"], "--root with --base"),
+        (["--run", "--base", str(DEBIAN_ROOTFS)], "needs an image to run in"),
+    ],
+)
+def test_bad_base_input_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], program: Path, musl: Path, extra: list[str], says: str
+) -> None:
+    argv = [str(program), *(["--base", str(musl)] if "--base" not in extra else []), *extra]
+    assert says in scan_error(capsys, *argv)
+
+
+def test_run_with_base_starts_one_program_not_a_directory(
+    capsys: pytest.CaptureFixture[str], dist: Path, musl: Path
+) -> None:
+    error = scan_error(capsys, str(dist), "--base", str(musl), "--run")
+    assert "give the one program to start" in error
