@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from execwatch import cliargs
 from execwatch.agent import cli as agent_cli
 from execwatch.handler import cli as handler_cli
 from tests.support.deploy.chart import (
@@ -16,11 +15,13 @@ from tests.support.deploy.chart import (
     KUBE_VERSION,
     Doc,
     base_docs,
+    cli_accepts,
     find,
     kinds,
     pod_spec,
     render,
     run_helm,
+    smallest_accepted,
 )
 
 DEFAULT_KINDS = {
@@ -202,14 +203,6 @@ CHART_FLAGS = [
 ]
 
 
-def flag_type(command: str, flag: str) -> cliargs.Number | cliargs.Count:
-    parser = _cluster_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    action = next(a for a in sub.choices[command]._actions if flag in a.option_strings)
-    assert isinstance(action.type, cliargs.Number | cliargs.Count)
-    return action.type
-
-
 @pytest.mark.parametrize(("section", "name", "flag"), CHART_FLAGS)
 def test_the_schema_accepts_only_what_the_command_accepts(
     section: str, name: str, flag: str
@@ -217,14 +210,8 @@ def test_the_schema_accepts_only_what_the_command_accepts(
     """A value helm accepts and the agent refuses would be a crash loop on every node."""
     schema = json.loads((CHART / "values.schema.json").read_text())
     bounds = schema["properties"][section]["properties"][name]
-    cli = flag_type(section, flag)
-    assert bounds["maximum"] <= cli.high
-    if "exclusiveMinimum" in bounds:
-        assert bounds["exclusiveMinimum"] >= cli.low
-    elif isinstance(cli, cliargs.Number) and not cli.zero:
-        assert bounds["minimum"] > cli.low
-    else:
-        assert bounds["minimum"] >= cli.low
+    assert cli_accepts(section, flag, bounds["maximum"])
+    assert cli_accepts(section, flag, smallest_accepted(bounds))
     template = (CHART / "templates").glob("*.yaml")
     short = "$a" if section == "agent" else "$h"
     assert any(f"- {flag}={{{{ {short}.{name}" in f.read_text() for f in template)

@@ -7,6 +7,7 @@ from typing import Any, cast
 
 import yaml
 from prometheus_client import CollectorRegistry
+from prometheus_client.metrics import MetricWrapperBase
 
 from execwatch.agent.metrics import PublisherMetrics
 from execwatch.attribution.kube import PodWatchMetrics
@@ -29,30 +30,41 @@ DOCS = REPO / "docs"
 def families() -> dict[str, tuple[str, set[str]]]:
     """name as exposed -> (type, label names), from the metric objects themselves."""
     registry = CollectorRegistry()
-    NodeMetrics(registry, _Probe())
-    PublisherMetrics(registry=registry)
-    PodWatchMetrics(registry)
-    HandlerMetrics(registry=registry)
-    ServerMetrics(registry)
-    AuthMetrics(registry)
-    PlacementMetrics(registry)
-    VerdictMetrics(registry=registry)
-    MitigateMetrics(registry=registry)
-    VerdictExpiry(rest=cast(Any, None), registry=registry)  # its counter, no API call
-    webhook_drops(registry)
+    owners: list[object] = [
+        NodeMetrics(registry, _Probe()),
+        PublisherMetrics(registry=registry),
+        PodWatchMetrics(registry),
+        HandlerMetrics(registry=registry),
+        ServerMetrics(registry),
+        AuthMetrics(registry),
+        PlacementMetrics(registry),
+        VerdictMetrics(registry=registry),
+        MitigateMetrics(registry=registry),
+        VerdictExpiry(rest=cast(Any, None), registry=registry),  # its counter, no API call
+        webhook_drops(registry),
+    ]
+    for owner in owners:
+        metrics = [owner] if isinstance(owner, MetricWrapperBase) else list(vars(owner).values())
+        for metric in metrics:
+            if isinstance(metric, MetricWrapperBase):
+                show_labels(metric)
     out: dict[str, tuple[str, set[str]]] = {}
     for family in registry.collect():
         name = family.name + ("_total" if family.type == "counter" else "")
-        labels = {k for s in family.samples for k in s.labels}
+        labels = {k for s in family.samples for k in s.labels} - {"le"}
         out[name] = (family.type, labels)
-    collectors = registry._collector_to_names  # the Counter/Gauge objects: their label names
-    for collector, names in collectors.items():
-        labelnames = set(getattr(collector, "_labelnames", ()))
-        for n in names:
-            for exposed in (n, n.removesuffix("_total") + "_total"):
-                if exposed in out:
-                    out[exposed][1].update(labelnames)
     return out
+
+
+def show_labels(metric: MetricWrapperBase) -> None:
+    """Make a labelled metric export a sample, so that its label names show: a child with
+    as many placeholder values as it has labels (public API only)."""
+    for count in range(1, 10):
+        try:
+            metric.labels(*["placeholder"] * count)
+            return
+        except ValueError:
+            continue
 
 
 def table_rows(markdown: str) -> dict[str, list[str]]:

@@ -4,7 +4,6 @@ tests/placement/test_cli.py runs the command with these very RBAC rules."""
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import json
 import re
@@ -14,7 +13,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from execwatch import cli, cliargs
+from execwatch import cli
 from tests.deploy.test_apiserver import (
     create_pod_dry_run,
     dry_run_apply,
@@ -27,10 +26,12 @@ from tests.support.deploy.chart import (
     KUSTOMIZE,
     REPO,
     Doc,
+    cli_accepts,
     find,
     pod_spec,
     render,
     run_helm,
+    smallest_accepted,
 )
 
 ON = "placement.enabled=true"
@@ -164,13 +165,6 @@ def test_the_certificate_secret_is_an_empty_tls_secret_for_the_controller_to_fil
     assert volumes["tls"]["secret"]["secretName"] == f"{NAME}-tls"
 
 
-def placement_parser() -> argparse.ArgumentParser:
-    parser = cli.build_parser("placement")
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    placement: argparse.ArgumentParser = sub.choices["placement"]
-    return placement
-
-
 @pytest.mark.parametrize(
     "sets",
     [(), ("placement.strict=true", "placement.registry.insecure[0]=registry.local:5000",
@@ -254,14 +248,8 @@ SCHEMA_FLAGS = [
 def test_the_schema_accepts_only_what_the_command_accepts(name: str, flag: str) -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     bounds = schema["properties"]["placement"]["properties"][name]
-    action = next(a for a in placement_parser()._actions if flag in a.option_strings)
-    kind = action.type
-    assert isinstance(kind, cliargs.Number | cliargs.Count)
-    assert bounds["maximum"] <= kind.high
-    if isinstance(kind, cliargs.Number):
-        assert bounds["exclusiveMinimum"] >= kind.low
-    else:
-        assert bounds["minimum"] >= kind.low
+    assert cli_accepts("placement", flag, bounds["maximum"])
+    assert cli_accepts("placement", flag, smallest_accepted(bounds))
     with pytest.raises(RuntimeError, match=name):
         render(ON, f"placement.{name}={bounds['maximum'] + 1}")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 from pathlib import Path
@@ -79,3 +81,25 @@ def kustomize_docs(directory: Path = KUSTOMIZE) -> list[Doc]:
 def pod_spec(workload: Doc) -> Doc:
     spec: Doc = workload["spec"]["template"]["spec"]
     return spec
+
+
+def cli_accepts(command: str, flag: str, value: float) -> bool:
+    """Does `execwatch COMMAND FLAG=VALUE` parse (the real parser, as the pod runs it)?"""
+    from execwatch.cli import build_parser
+
+    text = str(int(value)) if float(value).is_integer() else repr(float(value))
+    with contextlib.redirect_stderr(io.StringIO()):
+        try:
+            build_parser(command).parse_args([command, f"{flag}={text}"])
+        except SystemExit:
+            return False
+    return True
+
+
+def smallest_accepted(bounds: dict[str, Any]) -> float:
+    """The least value a values.schema.json property accepts (an integer's, or a number's
+    just above an exclusive minimum)."""
+    if "exclusiveMinimum" in bounds:
+        step = 1 if bounds.get("type") == "integer" else 0.001
+        return float(bounds["exclusiveMinimum"]) + step
+    return float(bounds["minimum"])
