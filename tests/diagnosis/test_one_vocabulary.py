@@ -91,7 +91,7 @@ def failed_exec(pid: int, root: Path, path: str, err: int) -> ExecFailed:
 
 
 def scanned(root: Path) -> dict[str, Reason]:
-    options = ScanOptions(platforms=(Platform("linux", "amd64"),))
+    options = ScanOptions(platforms=(Platform("linux", "amd64"),), root=True)  # a chroot
     (result,) = scan(str(root), options).results
     return {f.path: REASON_OF_CHECK[f.check] for f in result.findings}
 
