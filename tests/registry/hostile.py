@@ -96,9 +96,10 @@ def loopback_pki(d: Path) -> Path:
 
 
 class Dripping:
-    """A plain-HTTP registry that answers every request one byte per `interval` seconds:
-    `where` is "headers" (the status line itself drips) or "body" (whole headers that
-    announce a manifest, whose body drips). Counts the connections it accepted."""
+    """A registry that answers every request one byte per `interval` seconds: `where` is
+    "handshake" (a TLS registry: its ServerHello record drips), "headers" (plain HTTP:
+    the status line itself drips) or "body" (whole headers that announce a manifest, whose
+    body drips). Counts the connections it accepted."""
 
     def __init__(self, where: str, interval: float = 0.5) -> None:
         self.where, self.interval = where, interval
@@ -128,7 +129,11 @@ class Dripping:
             conn.recv(65536)  # the request
             if self.where == "body":
                 conn.sendall(head)
-            data = head if self.where == "headers" else b"{" + b" " * 99999
+            data = {
+                "handshake": b"\x16\x03\x03\x00\x60\x02" + bytes(0x5F),  # a TLS record, 5 + 96 B
+                "headers": head,
+                "body": b"{" + b" " * 99999,
+            }[self.where]
             try:
                 for byte in data:
                     if self._stop.is_set():

@@ -192,7 +192,7 @@ def test_the_bytes_of_manifests_and_configs_are_capped_per_resolution(
 # --- time: a hard deadline per resolution ---------------------------------------------------
 
 
-@pytest.mark.parametrize("where", ["headers", "body"])
+@pytest.mark.parametrize("where", ["handshake", "headers", "body"])
 @pytest.mark.parametrize("pooled", [False, True], ids=["command-line", "placement"])
 def test_a_registry_dripping_a_byte_every_half_second_meets_the_deadline(
     where: str, pooled: bool, tmp_path: Path
@@ -200,13 +200,16 @@ def test_a_registry_dripping_a_byte_every_half_second_meets_the_deadline(
     """Issue 34, reproduction 3: one header byte every 0.5 s kept resolve() blocked for
     more than 40 s with a 2 s timeout, since each byte restarts a socket read's timeout.
     The resolution's deadline shuts its connections down: 2 s, whatever the registry
-    does, and the failure says the registry timed out. Placement's pooled sessions (a
-    `HEAD` first) obey it as well."""
+    does, and the failure says the registry timed out. A TLS registry whose handshake
+    drips is shut down the same way. Placement's pooled sessions (a `HEAD` first) obey
+    it as well."""
     reuse = RegistryReuse() if pooled else None
+    tls = where == "handshake"  # a whole handshake is bounded by the timeout: a longer one
     with closing(Dripping(where)) as slow:
         ref = f"{slow.host}/slow/loris:1"
         opts = RegistryOptions(
-            insecure=frozenset({slow.host}), cache_bytes=0, timeout=2.0, deadline=2.0,
+            insecure=frozenset() if tls else frozenset({slow.host}),
+            cache_bytes=0, timeout=20.0 if tls else 2.0, deadline=2.0,
             reuse=reuse, egress=LOOPBACK if pooled else None,
         )  # fmt: skip
         start = time.monotonic()

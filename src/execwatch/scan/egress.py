@@ -3,12 +3,14 @@
 - `Egress`: the destinations a connection may reach. An address that is not global
   (loopback, link-local, private, shared, reserved) is refused unless an allowed network
   contains it. Every address the host name resolves to is checked before connecting (a
-  refused destination is never probed), and the peer actually connected is checked again
-  (a name that resolves differently the second time gains nothing).
+  refused destination is never probed), and the connection goes to a checked address
+  itself: the name is not resolved again, so one that answers differently the second
+  time gains nothing.
 - `Deadline`: one resolution's hard deadline. Per-read socket timeouts restart with each
   byte, so a registry dripping a byte every half second holds a read for ever; past the
   deadline, every connection the resolution opened or used is shut down, which ends a
-  blocked read, a TLS handshake or a connect at once, whatever the registry does.
+  blocked read or a TLS handshake at once, whatever the registry does; a connect is
+  bounded by the time left.
 
 Both reach the connections through a `Watch`: per Session, per thread, what the thread's
 current request may do. `scan.guard.GuardedAdapter` makes every connection of a Session

@@ -1,6 +1,13 @@
-"""requests Sessions whose connections obey a `scan.egress.Watch`: the destination is
-checked against its egress before connecting, and its deadline may shut the connection
-down from another thread at any point (connect, TLS handshake, headers, body)."""
+"""requests Sessions whose connections obey a `scan.egress.Watch`: every address the
+destination's name resolves to is checked against the egress, and the connection goes to
+a checked address itself (no second resolution: a name that answers differently the second
+time gains nothing), with the name kept for SNI, the certificate and the Host header; the
+deadline may shut the connection down from another thread at any point (connect, TLS
+handshake, headers, body).
+
+Only public urllib3 API: the pool classes by scheme, a pool's `ConnectionCls`, and a
+connection's `connect()`, `host`, `server_hostname`, `assert_hostname`, `timeout` and
+`sock`. Each Session has its own connection classes, which carry its Watch."""
 
 from __future__ import annotations
 
@@ -8,121 +15,140 @@ import contextlib
 import os
 import socket
 import threading
-from typing import Any
+from typing import Any, ClassVar
 
 import requests
 from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
-from urllib3.poolmanager import PoolManager
+from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
 
 from execwatch.scan.egress import Deadline, Egress, EgressRefused, Watch
 
 
 class _Guarded(HTTPConnection):
-    """A connection that checks its destination against the Watch's egress, and that the
+    """A connection that goes only to addresses its Watch's egress allows, and that the
     Watch's deadline can shut down from another thread, at any point of its life."""
 
+    watch: ClassVar[Watch]  # set by the Session's own subclass (`_pool_classes`)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.watch: Watch | None = None  # set by the pool
-        self.owner: Deadline | None = None
+        # before the base class, whose __init__ already sets `sock`
         self._fd = -1  # the socket's descriptor: the same once TLS wraps the socket
         self._fd_lock = threading.Lock()
+        self._held: Any = None
+        self.owner: Deadline | None = None
+        super().__init__(*args, **kwargs)
 
-    def _new_conn(self) -> socket.socket:
-        egress = self.watch.egress if self.watch is not None else None
-        if egress is not None:
-            _check_resolved(egress, self.host, self.port)
-        sock = super()._new_conn()
-        if egress is not None:
-            kind = egress.refuses(str(sock.getpeername()[0]))
-            if kind is not None:
-                sock.close()
-                raise EgressRefused(kind)
+    @property
+    def sock(self) -> Any:
+        return self._held
+
+    @sock.setter
+    def sock(self, value: Any) -> None:
+        """Set by urllib3 once the TCP connection is up, before the TLS handshake: from
+        then on the deadline can shut the socket down. None on close, before the socket
+        is closed, so no other socket that reuses the descriptor is ever touched."""
         with self._fd_lock:
-            self._fd = sock.fileno()
-        self._own()
-        return sock
+            self._held = value
+            self._fd = value.fileno() if value is not None else -1
+        if value is not None:
+            self._own()
+
+    def connect(self) -> None:
+        self._bound_by_deadline()
+        egress = self.watch.egress
+        if egress is None:
+            super().connect()
+            return
+        name = self.host
+        self._name_for_tls(name)
+        try:
+            addresses = _checked_addresses(egress, name, self.port)
+        except socket.gaierror as exc:
+            raise NameResolutionError(name, self, exc) from exc
+        failed: Exception | None = None
+        for address in addresses:
+            self.host = address  # the checked address itself, never resolved again
+            try:
+                super().connect()
+                return
+            except (NewConnectionError, ConnectTimeoutError) as exc:
+                failed = exc  # the next address, as a resolved name's connection does
+            finally:
+                self.host = name
+        assert failed is not None  # getaddrinfo answers at least one address or raises
+        raise failed
+
+    def _bound_by_deadline(self) -> None:
+        """Connect and TLS handshake end by the deadline, even before `sock` is set."""
+        deadline = self.watch.deadline
+        if deadline is None:
+            return
+        left = max(0.001, deadline.left())
+        current = self.timeout if isinstance(self.timeout, int | float) else None
+        self.timeout = left if current is None else min(current, left)
+
+    def _name_for_tls(self, name: str) -> None:
+        """The name SNI sends and the certificate must hold (HTTPS only)."""
 
     def request(self, *args: Any, **kwargs: Any) -> None:
         self._own()  # a kept connection, now used by this thread's request
         super().request(*args, **kwargs)
 
     def _own(self) -> None:
-        deadline = self.watch.deadline if self.watch is not None else None
+        deadline = self.watch.deadline
         self.owner = deadline
         if deadline is not None:
             deadline.watch(self)
 
     def shut(self) -> None:
-        """End whatever blocks on this connection (called from the deadline's thread). A
-        closed connection's descriptor is -1 under the lock, so no other socket that
-        reuses the number is touched."""
+        """End whatever blocks on this connection (called from the deadline's thread)."""
         with self._fd_lock:
             if self._fd < 0:
                 return
             with contextlib.suppress(OSError), socket.socket(fileno=os.dup(self._fd)) as dup:
                 dup.shutdown(socket.SHUT_RDWR)
 
-    def close(self) -> None:
-        with self._fd_lock:
-            self._fd = -1
-            super().close()
-
-
-def _check_resolved(egress: Egress, host: str, port: int | None) -> None:
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError:
-        return  # the connection fails to resolve it too, and says so
-    for info in infos:
-        kind = egress.refuses(str(info[4][0]))
-        if kind is not None:
-            raise EgressRefused(kind)
-
 
 class _GuardedHTTPS(_Guarded, HTTPSConnection):
-    pass
+    def _name_for_tls(self, name: str) -> None:
+        if self.server_hostname is None:
+            self.server_hostname = name
+        if self.assert_hostname is None:
+            self.assert_hostname = name
 
 
-def _watched(conn: object, watch: Watch | None) -> _Guarded:
-    assert isinstance(conn, _Guarded)
-    conn.watch = watch
-    return conn
+def _checked_addresses(egress: Egress, host: str, port: int | None) -> list[str]:
+    """Every address `host` resolves to, each allowed by `egress`: one refused refuses
+    the destination before any connection."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+    for address in addresses:
+        kind = egress.refuses(address)
+        if kind is not None:
+            raise EgressRefused(kind)
+    return addresses
 
 
-class _HTTPPool(HTTPConnectionPool):
-    ConnectionCls = _Guarded
-    watch: Watch | None = None
+def _pool_classes(watch: Watch) -> dict[str, type[HTTPConnectionPool]]:
+    """Pool classes whose connections obey `watch`, for one Session."""
 
-    def _new_conn(self) -> _Guarded:
-        return _watched(super()._new_conn(), self.watch)
+    class Plain(_Guarded):
+        pass
 
+    class Secure(_GuardedHTTPS):
+        pass
 
-class _HTTPSPool(HTTPSConnectionPool):
-    ConnectionCls = _GuardedHTTPS
-    watch: Watch | None = None
+    Plain.watch = Secure.watch = watch
 
-    def _new_conn(self) -> _GuardedHTTPS:
-        conn = _watched(super()._new_conn(), self.watch)
-        assert isinstance(conn, _GuardedHTTPS)
-        return conn
+    class PlainPool(HTTPConnectionPool):
+        ConnectionCls = Plain
 
+    class SecurePool(HTTPSConnectionPool):
+        ConnectionCls = Secure
 
-class _PoolManager(PoolManager):
-    def __init__(self, watch: Watch, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.watch = watch
-        self.pool_classes_by_scheme = {"http": _HTTPPool, "https": _HTTPSPool}
-
-    def _new_pool(
-        self, scheme: str, host: str, port: int, request_context: dict[str, Any] | None = None
-    ) -> HTTPConnectionPool:
-        pool = super()._new_pool(scheme, host, port, request_context)
-        assert isinstance(pool, _HTTPPool | _HTTPSPool)
-        pool.watch = self.watch
-        return pool
+    return {"http": PlainPool, "https": SecurePool}
 
 
 class GuardedAdapter(HTTPAdapter):
@@ -136,9 +162,7 @@ class GuardedAdapter(HTTPAdapter):
         self, connections: int, maxsize: int, block: bool = False, **pool_kwargs: Any
     ) -> None:
         super().init_poolmanager(connections, maxsize, block, **pool_kwargs)
-        self.poolmanager = _PoolManager(
-            self.watch, num_pools=connections, maxsize=maxsize, block=block, **pool_kwargs
-        )
+        self.poolmanager.pool_classes_by_scheme = _pool_classes(self.watch)
 
 
 def watch_of(session: requests.Session) -> Watch:
