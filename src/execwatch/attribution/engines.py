@@ -267,8 +267,8 @@ class Engines:
             engine = watcher.engine
             if runtime is not None and engine.runtime != runtime:
                 continue
-            if uid is not None and engine.user is not None and engine.user != _user_name(uid):
-                continue
+            if engine.user is not None and (uid is None or engine.user != _user_name(uid)):
+                continue  # a rootless engine's containers are in its user's user@UID.service
             found = watcher.get(container_id, wait)
             if found is not None:
                 return Named(found, engine.runtime, engine.user)
