@@ -33,7 +33,7 @@ fi
 runtime_pkgs=(clang llvm libbpf-dev libbpf1 linux-libc-dev make python3-venv)
 test_pkgs=(bpftool bpftrace runc containerd musl musl-tools prometheus file pax-utils binutils busybox-static gcc libc6-dev qemu-system-x86 libfuse3-3 skopeo python3-pyelftools groff-base
   buildah mmdebstrap containernetworking-plugins iptables
-  docker.io podman crun conmon uidmap slirp4netns fuse-overlayfs)
+  docker.io podman crun conmon catatonit uidmap slirp4netns fuse-overlayfs)
 
 want=("${runtime_pkgs[@]}")
 [ "$test" = 1 ] && want+=("${test_pkgs[@]}")

@@ -147,7 +147,8 @@ EXPECTED: dict[str, dict[str, Any]] = {
         '"server", "image": "registry.example/app:1", "workload_kind": '
         '"Deployment", "workload": "web", '
         '"image_id": null, "compose_project": null, '
-        '"compose_service": null, "engine_user": null, "attribution": "attributed"}',
+        '"compose_service": null, "engine_user": null, "engine_pod": null, '
+        '"attribution": "attributed"}',
         "human": "22:13:25.250 ENOEXEC Undiagnosed /app/server (arm64 on amd64) "
         "interpreter=/lib/ld-linux-aarch64.so.1 library=libc.so.6 symbol=memcpy "
         "version=GLIBC_2.38 pid=4242 ppid=4200 comm=server "
@@ -196,7 +197,8 @@ EXPECTED: dict[str, dict[str, Any]] = {
         '"image": "registry.example/app:1", "workload_kind": "Deployment", '
         '"workload": "web", '
         '"image_id": null, "compose_project": null, '
-        '"compose_service": null, "engine_user": null, "attribution": "attributed"}',
+        '"compose_service": null, "engine_user": null, "engine_pod": null, '
+        '"attribution": "attributed"}',
         "human": "22:13:25.250 ENOENT Undiagnosed tool (arm64 on amd64) "
         "interpreter=/lib/ld-linux-aarch64.so.1 library=libc.so.6 symbol=memcpy "
         "version=GLIBC_2.38 pid=4242 ppid=4200 comm=server parent=containerd-shim "
@@ -247,7 +249,8 @@ EXPECTED: dict[str, dict[str, Any]] = {
         '"registry.example/app:1", "workload_kind": "Deployment", '
         '"workload": "web", '
         '"image_id": null, "compose_project": null, '
-        '"compose_service": null, "engine_user": null, "attribution": "attributed"}',
+        '"compose_service": null, "engine_user": null, "engine_pod": null, '
+        '"attribution": "attributed"}',
         "human": "22:13:25.250 EXIT127 Undiagnosed /usr/bin/ls (arm64 on amd64) "
         "interpreter=/lib/ld-linux-aarch64.so.1 library=libc.so.6 "
         "symbol=memcpy version=GLIBC_2.38 age=2ms pid=4242 ppid=4200 "
@@ -299,7 +302,8 @@ EXPECTED: dict[str, dict[str, Any]] = {
         '"registry.example/app:1", "workload_kind": "Deployment", '
         '"workload": "web", '
         '"image_id": null, "compose_project": null, '
-        '"compose_service": null, "engine_user": null, "attribution": "attributed"}',
+        '"compose_service": null, "engine_user": null, "engine_pod": null, '
+        '"attribution": "attributed"}',
         "human": "22:13:25.250 SIGSEGV Undiagnosed …/app (arm64 on amd64) "
         "interpreter=/lib/ld-linux-aarch64.so.1 library=libc.so.6 "
         "symbol=memcpy version=GLIBC_2.38 age=2ms pid=4242 ppid=4200 "
@@ -348,7 +352,8 @@ EXPECTED: dict[str, dict[str, Any]] = {
         '"image": "registry.example/app:1", "workload_kind": "Deployment", '
         '"workload": "web", '
         '"image_id": null, "compose_project": null, '
-        '"compose_service": null, "engine_user": null, "attribution": "attributed"}',
+        '"compose_service": null, "engine_user": null, "engine_pod": null, '
+        '"attribution": "attributed"}',
         "human": "22:13:25.250 EMULATED Undiagnosed /app/arm-tool (arm64 on amd64) "
         "interpreter=/lib/ld-linux-aarch64.so.1 library=libc.so.6 symbol=memcpy "
         "version=GLIBC_2.38 pid=4242 ppid=4200 comm=server parent=containerd-shim "
@@ -397,7 +402,8 @@ EXPECTED: dict[str, dict[str, Any]] = {
         '"registry.example/app:1", "workload_kind": "Deployment", "workload": '
         '"web", '
         '"image_id": null, "compose_project": null, '
-        '"compose_service": null, "engine_user": null, "attribution": "attributed"}',
+        '"compose_service": null, "engine_user": null, "engine_pod": null, '
+        '"attribution": "attributed"}',
         "human": "22:13:25.250 ENOEXEC_EXIT Undiagnosed  (arm64 on amd64) "
         "interpreter=/lib/ld-linux-aarch64.so.1 library=libc.so.6 "
         "symbol=memcpy version=GLIBC_2.38 age=1ms pid=4242 ppid=4200 "

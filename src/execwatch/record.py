@@ -108,6 +108,7 @@ class Attribution:
     compose_project: str | None = None  # com.docker.compose.project
     compose_service: str | None = None  # com.docker.compose.service
     engine_user: str | None = None  # the user whose rootless engine runs the container
+    engine_pod: str | None = None  # the Podman pod's name (`pod` is a Kubernetes pod's)
 
 
 class Kind(enum.IntEnum):

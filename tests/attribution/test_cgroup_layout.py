@@ -211,6 +211,17 @@ def test_podman_and_docker_containers_outside_kubernetes() -> None:
     assert parse_cgroup_path(f"/libpod_parent/libpod-{CID}").runtime == "podman"
 
 
+def test_a_container_in_a_podman_pod_is_itself_not_its_pod() -> None:
+    pod_id = "b" * 64
+    cgroupfs = f"/libpod_parent/{pod_id}/libpod-{CID}"
+    systemd = f"/machine.slice/machine-libpod_pod_{pod_id}.slice/libpod-{CID}.scope"
+    for path in (cgroupfs, systemd):
+        layout = parse_cgroup_path(path)
+        assert (layout.kind, layout.runtime, layout.container_id) == (
+            CgroupKind.CONTAINER, "podman", CID,
+        ), path  # fmt: skip
+
+
 def test_host_processes_get_their_systemd_unit() -> None:
     assert parse_cgroup_path("/") == CgroupLayout(CgroupKind.HOST, "/")
     assert parse_cgroup_path("").kind is CgroupKind.HOST

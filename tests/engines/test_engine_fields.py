@@ -90,25 +90,50 @@ def test_a_rootless_podman_cgroup_names_its_user() -> None:
     assert parse_cgroup_path(f"/machine.slice/libpod-{CID}.scope").owner_uid is None
 
 
-def test_the_human_line_names_container_image_and_compose_service() -> None:
+def _human(attribution: Attribution) -> str:
+    """The human line of an arm64 entrypoint's failure in the attributed container."""
     event = ExecFailed(
         time=0.0, errno=8, pid=7, tgid=7, ppid=1, uid=0, comm="runc:[2:INIT]",
         parent_comm="runc", path="/bin/server", cgroup_id=1, mntns=1, syscall="execve",
     )  # fmt: skip
-    attribution = Attribution(
-        AttributionStatus.HOST,
-        runtime="docker",
-        container_id=CID,
-        container="shop-web-1",
-        image="shop/web:2",
-        compose_project="shop",
-        compose_service="web",
-    )
     diagnosis = Diagnosis(Reason.FOREIGN_ARCHITECTURE, "amd64", binary_arch="arm64")
-    line = human_line(ExecFailure(event, diagnosis, attribution))
+    return human_line(ExecFailure(event, diagnosis, attribution))
+
+
+def test_the_human_line_names_container_image_and_compose_service() -> None:
+    line = _human(
+        Attribution(
+            AttributionStatus.HOST,
+            runtime="docker",
+            container_id=CID,
+            container="shop-web-1",
+            image="shop/web:2",
+            compose_project="shop",
+            compose_service="web",
+        )
+    )
     assert f"container=shop-web-1 ({CID[:12]} docker) image=shop/web:2 compose=shop/web" in line
-    unnamed = human_line(ExecFailure(event, diagnosis, Attribution(container_id=CID)))
-    assert f"container={CID[:12]}" in unnamed
+    assert f"container={CID[:12]}" in _human(Attribution(container_id=CID))
+
+
+def test_the_human_line_names_a_podman_containers_pod() -> None:
+    named = Attribution(
+        AttributionStatus.HOST, runtime="podman", container_id=CID, container="web-1",
+        image="shop/web:2", engine_pod="shop",
+    )  # fmt: skip
+    line = _human(named)
+    assert f"container=web-1 ({CID[:12]} podman) image=shop/web:2 engine_pod=shop" in line
+
+
+def test_a_podman_event_gives_the_containers_pod_id() -> None:
+    attributes = {"name": "web-1", "image": "shop/web:2", "podId": "p" * 64}
+    line = {"Type": "container", "Action": "create", "Actor": {"ID": CID, "Attributes": attributes}}
+    event = _event(json.dumps(line).encode())
+    assert event is not None
+    assert (event.pod_id, event.labels) == ("p" * 64, {})
+    attributes["podId"] = ""  # a container outside any pod
+    alone = _event(json.dumps(line).encode())
+    assert alone is not None and alone.pod_id is None
 
 
 def test_a_later_event_does_not_undo_an_inspect() -> None:

@@ -64,6 +64,19 @@ def test_each_failure_names_its_podman_container_and_is_diagnosed(
     assert all(r["reason"] != "Undiagnosed" for r in ours), ours
 
 
+def test_a_failure_in_a_podman_pod_names_its_pod(podman: Podman, trace: Trace) -> None:
+    tag = secrets.token_hex(3)
+    pod, name = f"pod-{tag}", f"inpod-{tag}"
+    pod_id = podman.pod_create(pod)
+    podman.run(name, "--pod", pod, WEB_V2_ARM64)
+    record = trace.wait_for({"container": name, "path": "/bin/server"})
+    assert (record["reason"], record["binary_arch"]) == ("ForeignArchitecture", "arm64"), record
+    assert (record["runtime"], record["image"]) == ("podman", WEB_V2_ARM64)
+    assert record["engine_pod"] == pod
+    assert record["pod"] is None  # the Kubernetes pod's field
+    assert f"/{pod_id}/libpod-" in record["cgroup_path"]
+
+
 def test_a_rootless_users_container_is_named_with_its_user(
     rootless_podman: RootlessPodman, trace: Trace
 ) -> None:

@@ -213,6 +213,7 @@ class Attributor:
             compose_project=found.compose_project if found else None,
             compose_service=found.compose_service if found else None,
             engine_user=named.user if named else None,
+            engine_pod=found.pod_name if found else None,
         )
 
     def has_names_for(self, container_id: str) -> bool:

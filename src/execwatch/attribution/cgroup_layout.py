@@ -55,6 +55,7 @@ _SYSTEMD_SCOPE = re.compile(rf"^(?P<prefix>{_PREFIX})-(?P<id>{_HEX64})\.scope$")
 _CGROUPFS_POD = re.compile(r"^pod(?P<uid>[0-9a-f-]+)$")
 _CGROUPFS_CONTAINER = re.compile(rf"^(?:(?P<prefix>{_PREFIX})-)?(?P<id>{_HEX64})(?:\.scope)?$")
 _UID = re.compile(rf"^(?:{_UUID}|{_HASH32})$")
+_POD_ID = re.compile(rf"^{_HEX64}$")
 _SERVICE = re.compile(r"^[A-Za-z0-9:_.\\@-]+\.(?:service|scope|slice)$")
 _USER_SERVICE = re.compile(r"^user@(?P<uid>[0-9]{1,10})\.service$")
 _MAX_PATH = 4096
@@ -208,6 +209,8 @@ def _outside_kubernetes(path: str, parts: list[str]) -> CgroupLayout:
                 owner_uid=_owner_uid(parts[:index]),
             )
         nxt = parts[index + 1] if index + 1 < len(parts) else None
+        if part == "libpod_parent" and nxt and _POD_ID.match(nxt) and index + 2 < len(parts):
+            nxt = parts[index + 2]  # a Podman pod's cgroup, <pod id>, holds its containers'
         if part in ("docker", "libpod_parent") and nxt:
             leaf = _CGROUPFS_CONTAINER.match(nxt)
             if leaf:

@@ -2,8 +2,10 @@
 
 Only what attribution needs: a container's name, image, labels and graph-driver
 directories (`GET /containers/<id>/json`), an image's (`GET /images/<ref>/json`), the list
-of containers, and the events stream. Plain HTTP/1.1 over a Unix socket with the standard
-library; every read has a deadline and every answer a size bound.
+of containers, the events stream, and a Podman container's pod (libpod's own
+`/libpod/containers/<id>/json` and `/libpod/pods/<id>/json`, under the same prefix).
+Plain HTTP/1.1 over a Unix socket with the standard library; every read has a deadline
+and every answer a size bound.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class EngineContainer:
     labels: Mapping[str, str] = field(default_factory=dict)
     layers: Layers | None = None
     inspected: bool = False  # from an inspect, not only from an event's attributes
+    pod_id: str | None = None  # a Podman pod's
+    pod_name: str | None = None
 
     @property
     def compose_project(self) -> str | None:
@@ -79,6 +83,7 @@ class ContainerEvent:
     image: str | None
     labels: Mapping[str, str]
     time_nano: int
+    pod_id: str | None = None  # Podman's podId attribute
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -137,6 +142,15 @@ class EngineClient:
             raise EngineError("image inspect is not an object")
         image_id = data.get("Id")
         return (image_id if isinstance(image_id, str) else None), _layers(data)
+
+    def podman_pod_id(self, container_id: str) -> str | None:
+        """The id of the Podman pod a container belongs to (libpod's own inspect)."""
+        pod = _object(self._get_json(f"/libpod/containers/{_quote(container_id)}/json")).get("Pod")
+        return pod if isinstance(pod, str) and pod else None
+
+    def podman_pod_name(self, pod_id: str) -> str | None:
+        name = _object(self._get_json(f"/libpod/pods/{_quote(pod_id)}/json")).get("Name")
+        return name if isinstance(name, str) and name else None
 
     def container_ids(self, limit: int = 4096) -> list[str]:
         data = self._get_json("/containers/json?all=1")
@@ -264,6 +278,7 @@ def _event(line: bytes) -> ContainerEvent | None:
         image=attributes.get("image"),
         labels={k: v for k, v in attributes.items() if k not in EVENT_ATTRIBUTES},
         time_nano=when if isinstance(when, int) else 0,
+        pod_id=attributes.get("podId") or None,
     )
 
 

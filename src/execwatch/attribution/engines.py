@@ -84,6 +84,7 @@ class EngineWatcher:
         # Ids waited for in vain (another engine's, or never reported): not waited for again
         # until they expire.
         self._unknown: TTLCache[str, bool] = TTLCache(self.config.cache_size, UNKNOWN_TTL)
+        self._pod_names: TTLCache[str, str] = TTLCache(self.config.cache_size, self.config.ttl)
         self._changed = threading.Condition()
         self._stop = threading.Event()
         self._inspects: queue.Queue[ContainerEvent | None] = queue.Queue(self.config.inspect_queue)
@@ -167,7 +168,7 @@ class EngineWatcher:
             if self._stop.is_set():
                 return
             with contextlib.suppress(EngineNotFound):
-                self._put(self._client.container(cid))
+                self._put(self._with_pod(self._client.container(cid), self._pod_id(cid)))
 
     def _follow(self, since: int) -> None:
         while not self._stop.is_set():
@@ -182,7 +183,15 @@ class EngineWatcher:
         """The event's own attributes at once; the inspect on the other thread."""
         if event.action == "destroy":
             return  # kept until its TTL: a failure is often looked up after the removal
-        self._put(EngineContainer(event.container_id, event.name, event.image, labels=event.labels))
+        self._put(
+            EngineContainer(
+                event.container_id,
+                event.name,
+                event.image,
+                labels=event.labels,
+                pod_id=event.pod_id,
+            )
+        )
         try:
             self._inspects.put_nowait(event)
         except queue.Full:
@@ -196,19 +205,52 @@ class EngineWatcher:
 
     def _inspect(self, event: ContainerEvent) -> None:
         try:
-            self._put(self._client.container(event.container_id))
+            found = self._client.container(event.container_id)
         except EngineError as exc:  # removed already (or, Podman, still being created):
             log.debug("inspect failed", extra={"container_id": event.container_id, "error": exc})
             self._image_only(event)  # its image's layers are its root
+            return
+        self._put(self._with_pod(found, event.pod_id))  # Podman's events say the pod, or none
+
+    def _pod_id(self, container_id: str) -> str | None:
+        """A listed Podman container's pod (no event told it): libpod's own inspect."""
+        if self.engine.runtime != "podman":
+            return None
+        with contextlib.suppress(EngineError):
+            return self._client.podman_pod_id(container_id)
+        return None
+
+    def _with_pod(self, found: EngineContainer, pod_id: str | None) -> EngineContainer:
+        """A Podman container with its pod's name (libpod's endpoint: the Docker API has
+        no pods); put in the cache together with the inspect, so a lookup waiting for the
+        inspect gets the pod too."""
+        if pod_id is None:
+            return found
+        return dataclasses.replace(found, pod_id=pod_id, pod_name=self._pod_name(pod_id))
+
+    def _pod_name(self, pod_id: str) -> str | None:
+        with self._changed:
+            known = self._pod_names.get(pod_id)
+        if known is not None:
+            return known
+        try:
+            name = self._client.podman_pod_name(pod_id)
+        except EngineError:
+            return None
+        if name is not None:
+            with self._changed:
+                self._pod_names[pod_id] = name
+        return name
 
     def _image_only(self, event: ContainerEvent) -> None:
         image_id, layers = None, None
         if event.image:
             with contextlib.suppress(EngineError):
                 image_id, layers = self._client.image_layers(event.image)
-        self._put(
-            EngineContainer(event.container_id, image_id=image_id, layers=layers, inspected=True)
+        found = EngineContainer(
+            event.container_id, image_id=image_id, layers=layers, inspected=True
         )
+        self._put(self._with_pod(found, event.pod_id))
 
 
 def _merge(old: EngineContainer | None, new: EngineContainer) -> EngineContainer:
@@ -267,8 +309,8 @@ class Engines:
             engine = watcher.engine
             if runtime is not None and engine.runtime != runtime:
                 continue
-            if uid is not None and engine.user is not None and engine.user != _user_name(uid):
-                continue
+            if engine.user is not None and (uid is None or engine.user != _user_name(uid)):
+                continue  # a rootless engine's containers are in its user's user@UID.service
             found = watcher.get(container_id, wait)
             if found is not None:
                 return Named(found, engine.runtime, engine.user)

@@ -57,6 +57,8 @@ def _engine_container(failure: ExecFailure) -> list[str]:
     parts = [f"container={safe_text(a.container)} ({cid} {a.runtime or ''})".replace(" )", ")")]
     if a.image:
         parts.append(f"image={safe_text(a.image)}")
+    if a.engine_pod:
+        parts.append(f"engine_pod={safe_text(a.engine_pod)}")
     if a.compose_project or a.compose_service:
         compose = f"{a.compose_project or ''}/{a.compose_service or ''}"
         parts.append(f"compose={safe_text(compose)}")

@@ -101,6 +101,23 @@ class Podman:
     def load(self, archive: Path) -> None:
         self.podman("load", "-q", "-i", str(archive))
 
+    def pod_create(self, name: str) -> str:
+        """A pod with its infra container (Debian's catatonit), given the ulimits each run
+        gets (`pod create` takes none: a containers.conf of its own); its id."""
+        conf = self.workdir / "pod-containers.conf"
+        limits = ", ".join(f'"{v}"' for v in ULIMITS[1::2])
+        conf.write_text(f"[containers]\ndefault_ulimits = [{limits}]\n")
+        out = subprocess.run(
+            [*self.command, *self.flags, "pod", "create", "--name", name],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "CONTAINERS_CONF": str(conf)},
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"podman pod create {name}: {out.stderr.strip()}")
+        return out.stdout.strip().splitlines()[-1]
+
     def stop(self) -> None:
         if self._service is not None and self._service.poll() is None:
             os.killpg(self._service.pid, signal.SIGTERM)
@@ -110,6 +127,7 @@ class Podman:
                 os.killpg(self._service.pid, signal.SIGKILL)
                 self._service.wait()
         self._service = None
+        self.podman("pod", "rm", "--all", "--force", check=False)
         self.podman("rm", "--all", "--force", check=False)
         unmount_below(self.workdir)
 
