@@ -47,6 +47,10 @@ PREFETCH_RETRY_DELAYS = (0.2, 1.0)
 @dataclass(frozen=True, slots=True)
 class AttributorConfig:
     budget: float = 0.25  # most resolve() may wait for the runtime, in seconds
+    # Most resolve() waits for a Docker/Podman engine's inspect of a container it is
+    # starting: an engine answers slower than CRI under load, and stays under the pipeline's
+    # 1 s attribution watchdog (pipeline.executor.DIAGNOSIS_BUDGET_S).
+    engine_budget: float = 0.75
     backoff: float = 5.0  # after the runtime failed to answer, skip it this long
     cache_size: int = 8192  # containers whose runtime metadata is kept
     negative_ttl: float = 2.0  # "runtime does not know this id" is retried after this
@@ -191,7 +195,7 @@ class Attributor:
 
     def _engine_named(self, layout: CgroupLayout, wait: float) -> Named | None:
         """An engine reports a container it starts a moment after its cgroup appears:
-        waited for at most `wait` (resolve's budget), never while the engine is down."""
+        waited for at most `wait` (the engine budget), never while the engine is down."""
         if self._engines is None or not layout.container_id:
             return None
         return self._engines.lookup(
@@ -200,7 +204,7 @@ class Attributor:
 
     def _engine_container(self, layout: CgroupLayout) -> Attribution:
         """A container outside Kubernetes: `host`, named by its engine when it knows it."""
-        named = self._engine_named(layout, wait=self.config.budget)
+        named = self._engine_named(layout, wait=self.config.engine_budget)
         found = named.container if named is not None else None
         return Attribution(
             AttributionStatus.HOST,
