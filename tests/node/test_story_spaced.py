@@ -39,10 +39,10 @@ def failing_pod() -> client.V1Pod:
 def tries_logged(core: client.CoreV1Api) -> int:
     """How many tries the pod has logged; 0 while its container is not started yet."""
     try:
-        log: str = core.read_namespaced_pod_log(POD, NS)
+        log: str | None = core.read_namespaced_pod_log(POD, NS)
     except client.ApiException:
         return 0
-    return log.count("tried")
+    return (log or "").count("tried")  # the client gives None for a log still empty
 
 
 def counted_by_reason(node: Node) -> dict[str, float]:
