@@ -1,7 +1,9 @@
 """`--format junit`: a test suite per image platform, a test case per check id.
 
-A check passes when it has no finding on that platform; its failure lists every finding,
-so CI dashboards show which kind of breakage appeared, not thousands of rows.
+A check passes when it has no finding on that platform above a note; its failure lists
+every finding, so CI dashboards show which kind of breakage appeared, not thousands of
+rows. Notes alone (`run-started`: the entrypoint started) pass, their lines kept in the
+case's system-out.
 
 Well-formed for any file name: strings from the input are escaped (text.safe_name,
 safe_prose), which leaves none of the characters XML 1.0 forbids (C0 controls,
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from execwatch.scan.model import Finding, ScanReport
+from execwatch.scan.model import Finding, ScanReport, Severity
 from execwatch.scan.vocabulary import Check
 from execwatch.text import safe_name, safe_prose
 
@@ -37,7 +39,9 @@ def render_junit(report: ScanReport) -> str:
                 suite, "testcase", classname=f"execwatch.scan.{platform}", name=str(check)
             )
             hits = [f for f in result.findings if f.check == check]
-            if hits:
+            if hits and all(f.severity is Severity.NOTE for f in hits):
+                ET.SubElement(case, "system-out").text = "\n".join(_line(f) for f in hits)
+            elif hits:
                 failures += 1
                 failure = ET.SubElement(
                     case, "failure", message=f"{len(hits)} finding(s)", type=hits[0].severity.label
