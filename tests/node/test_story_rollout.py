@@ -19,7 +19,8 @@ import yaml
 from kubernetes import client
 
 from tests.support.deploy.chart import REPO
-from tests.support.kube.apiserver import Proc, apply, binary_dir, free_port
+from tests.support.kube.apiserver import Proc, apply
+from tests.support.kube.rollouts_controller import rollouts_controller as start_controller
 from tests.support.kubenode.helm_install import Release
 from tests.support.kubenode.kubelet_node import Node, pod_ready, wait_for
 from tests.support.kubenode.node_images import WEB_V1, WEB_V2_MUSL
@@ -33,30 +34,8 @@ GROUP, VERSION = "argoproj.io", "v1alpha1"
 
 @pytest.fixture(scope="module")
 def rollouts_controller(node: Node) -> Iterator[Proc]:
-    bins = binary_dir()
-    crds = sorted((bins / "argo-rollouts-crds").glob("*.yaml"))
-    controller = bins / "rollouts-controller"
-    if not crds or not controller.exists():
-        pytest.fail(f"{controller} or its CRDs missing: run dev/k8s-tools.sh", pytrace=False)
-    with node.client() as api:
-        apply(api, [yaml.safe_load(p.read_text()) for p in crds])
-    proc = Proc(
-        "rollouts-controller",
-        [
-            str(controller),
-            f"--kubeconfig={node.kubeconfig}",
-            f"--metricsPort={free_port()}",
-            f"--healthzPort={free_port()}",
-            "--leader-elect=false",
-            "--loglevel=info",
-        ],
-        node.workdir / "rollouts-controller.log",
-    )
-    proc.start()
-    try:
+    with node.client() as api, start_controller(api, node.kubeconfig, node.workdir) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def rollout_from_example(prometheus: Prometheus) -> dict[str, Any]:
