@@ -8,28 +8,47 @@ A new image makes the controller run the canary's first step: it resolves the im
 the Rollout, creates the AnalysisRun and the Job, and the API server admits the Job's pod
 template (user namespace, unmasked /proc) as Kubernetes 1.35 validates it.
 
-Stood in for: there is no job controller or kubelet here, so the Job's outcome is written
-into its status by the test, as the job controller would write it; the controller's
-reading of it (analysis Successful or Failed, rollout going on or aborted) is real. What the
-Job's container itself does on an honest and a broken image is
-test_the_jobs_container_passes_an_honest_image_and_fails_a_broken_one.
+The Job's container then runs for real: the execwatch image (dev/images.sh) in a private
+dockerd, with the container's args and env as the controller wrote them and the pod's
+settings as Docker spells them (seccomp unconfined, systempaths unconfined for the
+unmasked /proc, every capability dropped, no-new-privileges, the user, a read-only root, the
+emptyDir and the registry Secret as directories), against images pushed to the test
+registry, pulled with the Secret's credentials: a static program passes, a glibc program on
+a musl base fails. Docker has no per-container user namespace here (hostUsers: false is not
+reproduced), the test registry's CA is given through REQUESTS_CA_BUNDLE and the network
+is the host's.
+
+Stood in for: there is no job controller or kubelet here, so the container's exit code is
+written into the Job's status by the test, as the job controller would write it; the
+controller's reading of it (analysis Successful or Failed, rollout going on or aborted) is
+real.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import re
+import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from kubernetes import client
 
+from tests.support.binfmt.cbuild import HELLO_C, compile_c
 from tests.support.deploy.chart import CHART, REPO
+from tests.support.engines.dockerd import Dockerd
+from tests.support.images.base_images import musl_base
+from tests.support.images.imagebuild import Image, file, oci_layout
 from tests.support.kube.apiserver import ADMIN_TOKEN, KubeCluster, Proc, apply, ensure_namespace
 from tests.support.kube.rollouts_controller import rollouts_controller as start_controller
+from tests.support.kubenode.node_images import MUSL_LOADER, require_execwatch_archive
+from tests.support.registry.registry_fixtures import registry
+from tests.support.registry.registry_server import Registry
 from tests.support.wait import wait_until
 
 ARGO = REPO / "deploy" / "argo"
@@ -37,6 +56,8 @@ TEMPLATE = ARGO / "execwatch-scan-run.yaml"
 NS = "scan-run"
 GROUP, VERSION = "argoproj.io", "v1alpha1"
 V1 = "registry.example:5000/shop/oberon-runner:v1"
+
+__all__ = ["registry"]  # the session's test registry, a fixture
 
 
 def template() -> dict[str, Any]:
@@ -190,12 +211,84 @@ def job_container(job: client.V1Job) -> client.V1Container:
     return result
 
 
+@pytest.fixture(scope="module")
+def dockerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dockerd]:
+    """A private dockerd holding the execwatch image, the Job's container runtime here."""
+    try:
+        archive = require_execwatch_archive()
+    except FileNotFoundError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    daemon = Dockerd(tmp_path_factory.mktemp("scan-run-dockerd"))
+    daemon.start()
+    try:
+        daemon.docker("load", "-q", "-i", str(archive))
+        yield daemon
+    finally:
+        daemon.stop()
+
+
+def push_image(registry: Registry, work: Path, honest: bool) -> str:
+    """An honest image (a static program) or a broken one (a glibc program on a musl base)."""
+    work.mkdir(parents=True, exist_ok=True)
+    if honest:
+        app = compile_c(work / "app", HELLO_C, "musl-gcc", "-static")
+        layers = [[file("app", app.read_bytes())]]
+    else:
+        app = compile_c(work / "app", HELLO_C, "gcc")
+        layers = [musl_base(MUSL_LOADER.read_bytes()), [file("app", app.read_bytes())]]
+    layout = oci_layout(work / "layout", [Image(layers, entrypoint=["/app"])])
+    tag = "v2-honest" if honest else "v2-broken"
+    return registry.push(layout, f"shop/oberon-runner:{tag}")
+
+
+def run_job_container(
+    dockerd: Dockerd, job: client.V1Job, registry: Registry, work: Path
+) -> subprocess.CompletedProcess[str]:
+    """The Job's container, its pod's settings as Docker spells them."""
+    pod = job.spec.template.spec
+    (ctr,) = pod.containers
+    sc, pod_sc = ctr.security_context, pod.security_context
+    argv = ["run", "--rm", "--network", "host", "--cap-drop", "ALL"]
+    assert sc.capabilities.drop == ["ALL"] and not sc.capabilities.add
+    argv += ["--user", f"{pod_sc.run_as_user}:{pod_sc.run_as_group}"]
+    if sc.allow_privilege_escalation is False:
+        argv += ["--security-opt", "no-new-privileges"]
+    if pod_sc.seccomp_profile.type == "Unconfined":
+        argv += ["--security-opt", "seccomp=unconfined"]
+    if sc.proc_mount == "Unmasked":
+        argv += ["--security-opt", "systempaths=unconfined"]
+    if sc.read_only_root_filesystem:
+        argv.append("--read-only")
+    for env in ctr.env:
+        argv += ["-e", f"{env.name}={env.value}"]
+    work.mkdir(parents=True)
+    (work / "ca.crt").write_bytes(registry.ca.read_bytes())
+    argv += ["-e", "REQUESTS_CA_BUNDLE=/etc/test-registry-ca.crt"]
+    argv += ["-v", f"{work / 'ca.crt'}:/etc/test-registry-ca.crt:ro"]
+    volumes = {v.name: v for v in pod.volumes}
+    for mount in ctr.volume_mounts:
+        host = work / "volumes" / mount.name
+        host.mkdir(parents=True)
+        volume = volumes[mount.name]
+        if volume.secret is not None:  # the dockerconfigjson Secret, its key as the item's path
+            (item,) = volume.secret.items
+            auths = json.loads(registry.auth_file(work / "auth.json").read_text())
+            (host / item.path).write_text(json.dumps(auths))
+            (host / item.path).chmod(0o644)
+        host.chmod(0o1777 if volume.empty_dir is not None else 0o755)
+        argv += ["-v", f"{host}:{mount.mount_path}" + (":ro" if mount.read_only else "")]
+    argv += [ctr.image, *ctr.args]
+    return subprocess.run(
+        ["docker", *argv], env=dockerd.env, capture_output=True, text=True, timeout=300
+    )
+
+
 @pytest.mark.parametrize("honest", [True, False], ids=["honest", "broken"])
 def test_a_new_image_is_scanned_by_a_job_before_the_canary_gets_traffic(
-    rollouts: Rollouts, honest: bool
+    rollouts: Rollouts, dockerd: Dockerd, registry: Registry, tmp_path: Path, honest: bool
 ) -> None:
     name = f"oberon-{'honest' if honest else 'broken'}"
-    image = f"registry.example:5000/shop/oberon-runner:v2-{name}"
+    image = push_image(registry, tmp_path / "image", honest)
     run, job = start_canary(rollouts, name, image)
 
     ctr = job_container(job)
@@ -204,11 +297,17 @@ def test_a_new_image_is_scanned_by_a_job_before_the_canary_gets_traffic(
                         "--cache-size=0"]  # fmt: skip
     pod = job.spec.template.spec
     assert pod.host_users is False and ctr.security_context.proc_mount == "Unmasked"
-    assert pod.security_context.seccomp_profile.type == "Unconfined"
     assert job.spec.backoff_limit == 0
     assert rollouts.get("rollouts", name)["status"].get("currentStepIndex", 0) == 0
 
-    rollouts.finish(job, succeeded=honest)
+    scan = run_job_container(dockerd, job, registry, tmp_path / "job")
+    assert scan.returncode == (0 if honest else 1), scan.stdout + scan.stderr
+    if honest:
+        assert "run: started: exit 0" in scan.stdout
+    else:
+        assert "missing-interpreter" in scan.stdout and "run: " in scan.stdout
+
+    rollouts.finish(job, succeeded=scan.returncode == 0)
     phase = "Successful" if honest else "Failed"
     rollouts.wait(
         f"AnalysisRun {phase}",
