@@ -48,6 +48,9 @@ APP_C = (
     "  return 3;\n}\n"
 )
 DOCKERFILE = 'FROM scratch\nCOPY app /app\nENTRYPOINT ["/app"]\n'
+# The app as built: static (it starts), or dynamic against glibc in a FROM scratch image
+# (its ELF loader is missing: the static check and the run both fail it).
+LINKING = {"static": ("-static",), "glibc-dynamic": ()}
 EXPRESSION = re.compile(r"\$\{\{\s*([^}]+?)\s*\}\}")
 SARIF_LEVELS = {"none", "note", "warning", "error"}
 
@@ -75,22 +78,21 @@ class Runner:
     venv: Path
     wheel: Path
     docker_host: str
+    linking: str  # of the app: a key of LINKING
 
     def env(self, job_env: dict[str, str]) -> dict[str, str]:
         path = f"{self.venv / 'bin'}:{os.environ['PATH']}"
         return {**os.environ, "PATH": path, "DOCKER_HOST": self.docker_host, **job_env}
 
-    def shell(self, script: str, env: dict[str, str], *options: str) -> None:
-        out = subprocess.run(
-            ["bash", "--noprofile", "--norc", *options, "-c", script],
+    def shell(self, script: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        """As both runners run a script: bash, -e, -o pipefail, in the workspace."""
+        return subprocess.run(
+            ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script],
             cwd=self.workspace,
             env=env,
             capture_output=True,
             text=True,
             timeout=600,
-        )
-        assert out.returncode == 0, (
-            f"doc command failed ({out.returncode}):\n{script}\n{out.stdout}\n{out.stderr}"
         )
 
 
@@ -110,11 +112,11 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_wheel(tmp_path_factory.mktemp("wheel"))
 
 
-@pytest.fixture
-def runner(tmp_path: Path, dockerd: Dockerd, wheel: Path) -> Runner:
+@pytest.fixture(params=sorted(LINKING))
+def runner(request: pytest.FixtureRequest, tmp_path: Path, dockerd: Dockerd, wheel: Path) -> Runner:
     workspace = tmp_path / "workspace"
     workspace.mkdir()
-    compile_c(workspace / "app", APP_C, "gcc", "-static")
+    compile_c(workspace / "app", APP_C, "gcc", *LINKING[request.param])
     (workspace / "Dockerfile").write_text(DOCKERFILE)
     venv = tmp_path / "python"
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -124,7 +126,7 @@ def runner(tmp_path: Path, dockerd: Dockerd, wheel: Path) -> Runner:
     # The dependencies pip would fetch, taken from this checkout's environment.
     deps = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
     (site / "execwatch-deps.pth").write_text("\n".join(deps) + "\n")
-    return Runner(workspace, venv, wheel, dockerd.host)
+    return Runner(workspace, venv, wheel, dockerd.host, request.param)
 
 
 def github_expressions(value: str, known: dict[str, str]) -> str:
@@ -135,7 +137,7 @@ def github_expressions(value: str, known: dict[str, str]) -> str:
     return EXPRESSION.sub(sub, value)
 
 
-def check_sarif(path: Path) -> None:
+def check_sarif(path: Path) -> list[dict[str, Any]]:
     """The structure SARIF 2.1.0 and GitHub's upload require of what execwatch writes."""
     assert path.is_file(), f"{path.name} was not written"
     doc = json.loads(path.read_text())
@@ -155,8 +157,25 @@ def check_sarif(path: Path) -> None:
         for loc in result["locations"]:
             uri = loc["physicalLocation"]["artifactLocation"]["uri"]
             assert uri and not uri.startswith("/")
-    started = [r for r in run["results"] if r["ruleId"] == "run-started"]
-    assert started and started[0]["properties"]["source"] == "run"
+    assert [r for r in run["results"] if r["properties"]["source"] == "run"], "no run"
+    results: list[dict[str, Any]] = run["results"]
+    return results
+
+
+def honest(runner: Runner) -> bool:
+    return runner.linking == "static"
+
+
+def check_verdict(runner: Runner, sarif: Path) -> None:
+    """The honest app started and nothing failed; the broken one failed, statically and run."""
+    results = check_sarif(sarif)
+    errors = {(r["ruleId"], r["properties"]["source"]) for r in results if r["level"] == "error"}
+    if honest(runner):
+        assert not errors
+        started = [r for r in results if r["ruleId"] == "run-started"]
+        assert started and "exit 0" in started[0]["message"]["text"]
+    else:
+        assert errors == {("missing-interpreter", "static"), ("missing-interpreter", "run")}
 
 
 def test_the_github_actions_job_runs_as_written(runner: Runner) -> None:
@@ -166,10 +185,17 @@ def test_the_github_actions_job_runs_as_written(runner: Runner) -> None:
     known = {"vars.EXECWATCH_SPEC": str(runner.wheel), "github.sha": SHA}
     job_env = {k: github_expressions(str(v), known) for k, v in job["env"].items()}
     env = runner.env(job_env)
+    failed: list[str] = []
     uploads = []
     for step in job["steps"]:
+        condition = step.get("if", "success()")
+        assert condition in ("success()", "always()"), condition
+        if failed and condition == "success()":
+            continue  # as GitHub skips it
         if "run" in step:
-            runner.shell(github_expressions(step["run"], known), env, "-eo", "pipefail")
+            out = runner.shell(github_expressions(step["run"], known), env)
+            if out.returncode != 0:
+                failed.append(f"{step['name']}: exit {out.returncode}\n{out.stdout}{out.stderr}")
             continue
         action, _, _ = step["uses"].partition("@")
         inputs = step.get("with", {})
@@ -177,12 +203,17 @@ def test_the_github_actions_job_runs_as_written(runner: Runner) -> None:
             version = f"{sys.version_info.major}.{sys.version_info.minor}"
             assert str(inputs["python-version"]) == version, "the venv stands in for it"
         elif action == "github/codeql-action/upload-sarif":
-            assert step.get("if") == "always()", "a failing scan's SARIF is uploaded too"
+            assert condition == "always()", "a failing scan's SARIF is uploaded too"
             uploads.append(runner.workspace / inputs["sarif_file"])
         else:
             assert action == "actions/checkout" and not inputs, step
+    if honest(runner):
+        assert not failed, failed
+    else:
+        (failure,) = failed
+        assert failure.startswith("Scan and start the entrypoint: exit 1"), failure
     (sarif,) = uploads
-    check_sarif(sarif)
+    check_verdict(runner, sarif)
 
 
 def test_the_gitlab_ci_jobs_run_as_written(runner: Runner) -> None:
@@ -190,20 +221,26 @@ def test_the_gitlab_ci_jobs_run_as_written(runner: Runner) -> None:
     stages = pipeline.pop("stages")
     jobs = sorted(pipeline.items(), key=lambda item: stages.index(item[1]["stage"]))
     predefined = {"CI_COMMIT_SHORT_SHA": SHA[:8], "EXECWATCH_SPEC": str(runner.wheel)}
+    codes: dict[str, int] = {}
     for name, job in jobs:
         for needed in job.get("needs", []):
-            assert needed in pipeline, f"{name} needs an unknown job {needed}"
+            assert codes.get(needed) == 0, f"{name} needs {needed}, which did not pass"
         variables = {k: str(v) for k, v in job.get("variables", {}).items()}
-        env = runner.env({**predefined, **variables})
-        runner.shell("\n".join(job["script"]), env, "-eo", "pipefail")
+        out = runner.shell("\n".join(job["script"]), runner.env({**predefined, **variables}))
+        codes[name] = out.returncode
         artifacts = job["artifacts"]
-        for path in artifacts["paths"]:
-            assert (runner.workspace / path).exists(), f"{name}: artifact {path} missing"
+        if out.returncode == 0 or artifacts.get("when") == "always":
+            for path in artifacts["paths"]:
+                assert (runner.workspace / path).exists(), f"{name}: artifact {path} missing"
+    assert codes == {"build-image": 0, "execwatch": 0 if honest(runner) else 1}
+    check_verdict(runner, runner.workspace / "execwatch.sarif")
     scan = pipeline["execwatch"]["artifacts"]
-    assert scan["when"] == "always"
-    check_sarif(runner.workspace / "execwatch.sarif")
     junit = ET.parse(runner.workspace / scan["reports"]["junit"]).getroot()
     (suite,) = junit.findall("testsuite")
-    assert suite.get("failures") == "0", "the program started: nothing failed"
-    (started,) = [c for c in suite.iter("testcase") if c.get("name") == "run-started"]
-    assert "run: started: exit 0" in (started.findtext("system-out") or "")
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    if honest(runner):
+        assert suite.get("failures") == "0", "the program started: nothing failed"
+        assert "run: started: exit 0" in (cases["run-started"].findtext("system-out") or "")
+    else:
+        assert suite.get("failures") == "1"
+        assert cases["missing-interpreter"].find("failure") is not None
