@@ -40,13 +40,17 @@ import yaml
 from kubernetes import client
 
 from tests.support.binfmt.cbuild import HELLO_C, compile_c
-from tests.support.deploy.chart import CHART, REPO
+from tests.support.deploy.chart import REPO
 from tests.support.engines.dockerd import Dockerd
 from tests.support.images.base_images import musl_base
 from tests.support.images.imagebuild import Image, file, oci_layout
 from tests.support.kube.apiserver import ADMIN_TOKEN, KubeCluster, Proc, apply, ensure_namespace
 from tests.support.kube.rollouts_controller import rollouts_controller as start_controller
-from tests.support.kubenode.node_images import MUSL_LOADER, require_execwatch_archive
+from tests.support.kubenode.node_images import (
+    MUSL_LOADER,
+    execwatch_image,
+    require_execwatch_archive,
+)
 from tests.support.registry.registry_fixtures import registry
 from tests.support.registry.registry_server import Registry
 from tests.support.wait import wait_until
@@ -71,19 +75,13 @@ def pod_spec(tmpl: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
-def chart_image() -> str:
-    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    values = yaml.safe_load((CHART / "values.yaml").read_text())
-    return f"{values['image']['repository']}:{chart['appVersion']}"
-
-
 def test_the_template_declares_every_arg_it_uses_and_defaults_to_the_charts_image() -> None:
     tmpl = template()
     declared = {a["name"]: a.get("value") for a in tmpl["spec"]["args"]}
     used = set(re.findall(r"\{\{\s*args\.([\w-]+)\s*\}\}", yaml.safe_dump(tmpl["spec"])))
     assert used == set(declared)
     assert declared["image"] is None, "the image is the one thing a Rollout must pass"
-    assert declared["execwatch-image"] == chart_image()
+    assert declared["execwatch-image"] == execwatch_image()
     (metric,) = tmpl["spec"]["metrics"]
     assert metric["failureLimit"] == 0
     assert metric["provider"]["job"]["spec"]["backoffLimit"] == 0
@@ -139,7 +137,10 @@ class Rollouts:
         return obj
 
     def wait(self, what: str, check: Any, timeout: float = 60) -> Any:
-        return wait_until(check, timeout=timeout, step=0.5, explain=self.controller.tail)
+        def explain() -> str:
+            return f"waiting for {what}; the controller's log:\n{self.controller.tail()}"
+
+        return wait_until(check, timeout=timeout, step=0.5, explain=explain)
 
     def set_image(self, name: str, image: str) -> None:
         patch = {"spec": {"template": {"spec": {"containers": [{"name": "oberon-runner",
@@ -292,7 +293,7 @@ def test_a_new_image_is_scanned_by_a_job_before_the_canary_gets_traffic(
     run, job = start_canary(rollouts, name, image)
 
     ctr = job_container(job)
-    assert ctr.image == chart_image()
+    assert ctr.image == execwatch_image()
     assert ctr.args == ["scan", image, "--run", "--run-args=--version", "--no-progress",
                         "--cache-size=0"]  # fmt: skip
     pod = job.spec.template.spec

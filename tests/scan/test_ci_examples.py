@@ -3,8 +3,11 @@
 The two YAML blocks are read out of the doc, so an edit of the doc changes what runs here.
 Each `run:` (GitHub) or `script:` line (GitLab) is run as the runner runs it: GitHub's
 `bash --noprofile --norc -eo pipefail` per step, GitLab's one shell per job with
-`set -eo pipefail`, in a workspace holding a `FROM scratch` Dockerfile and a static
-program, with the job's own env. What stands in for the runner:
+`set -eo pipefail`, in a workspace holding a `FROM scratch` Dockerfile and a program,
+with the job's own env. The program is static (every step passes; it answers exit 0 to
+`--version` only, so the report's `exit 0` proves the run's arguments) or linked against
+glibc (its loader is missing: the scan step exits 1, the reports are still written and
+uploaded). What stands in for the runner:
 
 - the install spec (`EXECWATCH_SPEC`) is a wheel built from this checkout, installed by
   the doc's own `pip install` into a fresh venv whose dependencies are this checkout's
