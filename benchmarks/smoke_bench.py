@@ -36,6 +36,10 @@ that comes and goes on a shared machine hits them alike:
   (RUSAGE_CHILDREN ru_maxrss, exact); Docker, the summed RSS of the client and everything
   that serves the run: dockerd, containerd, the shim, runc and the container's processes,
   with the client's own ru_maxrss (exact).
+- where execwatch's time goes, in one more run: `execwatch scan --help` (the interpreter's
+  start and imports, min of 3), and one scan in-process with its forked children called in
+  place (no fork, no pickling) and each phase timed: the static scan, the unpack, the
+  sandbox with the program, the tree's removal, and the total.
 Every run's output is checked: the program's `--version` line from Docker, a `run-started`
 finding with exit code 0 from execwatch. Needs root (dockerd, drop_caches, binfmt_misc).
 """
@@ -44,7 +48,10 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import contextlib
 import hashlib
+import importlib
+import io
 import json
 import os
 import shutil
@@ -57,7 +64,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tests.support.engines.dockerd import Dockerd
 from tests.support.images.imagebuild import (
@@ -74,6 +81,7 @@ import execwatch
 from benchmarks.common import RESULTS, peak_while, save
 from execwatch.smoke.runs import QEMU
 
+HERE = Path(__file__).resolve().parent
 CACHE = RESULTS.parent
 EMULATORS = CACHE / "emulators"
 ARM64_ROOT = CACHE / "foreign" / "arm64" / "root"
@@ -82,6 +90,7 @@ BINFMT = Path("/proc/sys/fs/binfmt_misc")
 TARGET_NATIVE = 1.0  # execwatch's wall time over Docker's, at most
 TARGET_EMULATED = 1.2
 SAMPLE_S = 0.005
+T = TypeVar("T")
 TMPFS = "/dev/shm"
 
 
@@ -200,9 +209,11 @@ def run_docker(dockerd: Dockerd, subject: Subject) -> None:
                  f"{(done.stdout + done.stderr).strip()[-300:]!r}")  # fmt: skip
 
 
-def execwatch_argv(subject: Subject, report: Path) -> list[str]:
+def execwatch_argv(subject: Subject, report: Path | None) -> list[str]:
+    """The scan as a user runs it; its JSON report to `report` (None: stdout)."""
     argv = [EXECWATCH, "scan", str(subject.archive), "--run", "--run-args=--version",
-            "--no-progress", "--format", "json", "-o", str(report)]  # fmt: skip
+            "--no-progress", "--format", "json"]  # fmt: skip
+    argv += ["-o", str(report)] if report else []
     return [*argv, "--qemu-dir", str(EMULATORS)] if subject.emulated else argv
 
 
@@ -282,6 +293,70 @@ def peak_memory(argv: list[str], marker: str = "") -> tuple[float, float]:
     return peak[0] / 1024, int(out.strip()) / 1024
 
 
+# -- where execwatch's time goes -------------------------------------------------------------
+
+_IN_A_CHILD = "run_isolated"  # what `phases_child` calls in place, where scan and runs use it
+# phase -> (module, function) timed in `phases_child`
+PHASES = {
+    "static scan": ("execwatch.scan.cli", "scan"),
+    "unpack": ("execwatch.smoke.runs", "unpack_image"),
+    "sandbox and program": ("execwatch.smoke.namespaces", "run"),
+    "tree removal": ("execwatch.smoke.runs", "remove_tree"),
+}
+
+
+def phases(subject: Subject, tmpdir: str | None = None) -> dict[str, float]:
+    """Seconds of each phase of one `execwatch scan --run` (`phases_child`, in a process of
+    its own), and of `execwatch scan --help`, the interpreter's start and imports (min of 3)."""
+    code = "import sys; from benchmarks.smoke_bench import phases_child; phases_child(sys.argv[1:])"
+    argv = execwatch_argv(subject, None)[1:]
+    env = {**os.environ, "TMPDIR": tmpdir} if tmpdir else None
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                          cwd=HERE.parent, env=env, timeout=300)  # fmt: skip
+    if done.returncode != 0:
+        sys.exit(f"the phases of {subject.archive.name}: {done.stderr.strip()[-300:]}")
+    spent: dict[str, float] = json.loads(done.stdout.splitlines()[-1])
+    spent["start-up and imports"] = timed(start_up, 3).min
+    return spent
+
+
+def start_up() -> None:
+    subprocess.run([EXECWATCH, "scan", "--help"], capture_output=True, check=True)
+
+
+def phases_child(argv: list[str]) -> None:
+    """`execwatch ARGV` in this process, its forked children (run_isolated) called in place,
+    each of PHASES timed: their seconds, and the total, as one JSON line on stdout."""
+    spent: dict[str, float] = {}
+    for name, (module, attr) in PHASES.items():
+        mod = importlib.import_module(module)
+        setattr(mod, attr, _timing(getattr(mod, attr), name, spent))
+    for forking in ("execwatch.scan.cli", "execwatch.smoke.runs"):
+        setattr(importlib.import_module(forking), _IN_A_CHILD, _in_place)
+    from execwatch.cli import main
+
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        main(argv)
+    spent["total in-process"] = time.perf_counter() - start
+    print(json.dumps(spent))
+
+
+def _in_place(work: Callable[[], T], limits: object, what: str) -> T:
+    return work()
+
+
+def _timing(fn: Callable[..., Any], name: str, spent: dict[str, float]) -> Callable[..., Any]:
+    def timed_fn(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[name] = spent.get(name, 0.0) + time.perf_counter() - start
+
+    return timed_fn
+
+
 # -- Docker's emulation ----------------------------------------------------------------------
 
 
@@ -335,6 +410,8 @@ def measure(
         out["docker"].update(first_after_load(dockerd, subject, args.cold))
         out["execwatch"]["memory"] = execwatch_memory(subject, report)
         out["docker"]["memory"] = docker_memory(dockerd, subject)
+    out["execwatch"]["phases"] = phases(subject)
+    out["execwatch_tmpfs"]["phases"] = phases(subject, TMPFS)
     return out
 
 
@@ -433,6 +510,9 @@ def print_table(result: dict[str, Any]) -> None:
                   f" {t['warm']['median_s']:7.3f} ({t['warm']['min_s']:5.3f})"
                   f" {t['cold']['median_s']:7.3f} ({t['cold']['min_s']:5.3f})"
                   f" {mem}  {note(tool, t)}")  # fmt: skip
+        for tool in ("execwatch", "execwatch_tmpfs"):
+            spent = ", ".join(f"{k} {v:.3f}" for k, v in row[tool]["phases"].items())
+            print(f"{'':12} {tool} phases (s): {spent}")
         r = row["execwatch_over_docker"]
         print(f"{'':12} execwatch/docker: warm {r['warm']:.2f}x, cold {r['cold']:.2f}x"
               f" (vs docker load + first run {r['cold_vs_load_and_first_run']:.2f}x);"

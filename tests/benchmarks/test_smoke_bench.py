@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from benchmarks.smoke_bench import BINFMT, parse, run
+from benchmarks.smoke_bench import BINFMT, PHASES, parse, run
 
 QUICK = ["--repeat", "1", "--cold", "1"]
 
@@ -30,6 +30,11 @@ def test_the_smoke_benchmark_times_both_tools_on_both_platforms(tmp_path: Path) 
         docker = row["docker"]
         for key in ("first_after_load", "load", "load_and_first_run"):
             assert positive(docker[key], 1), key
+        for tool in ("execwatch", "execwatch_tmpfs"):
+            spent = row[tool]["phases"]
+            assert set(spent) == {*PHASES, "start-up and imports", "total in-process"}
+            assert all(seconds > 0 for seconds in spent.values()), spent
+            assert spent["total in-process"] > spent["static scan"] + spent["unpack"]
         assert row["execwatch"]["memory"]["tree_peak_rss_mb"] > 0
         assert row["execwatch"]["memory"]["largest_process_mb"] > 0
         memory = docker["memory"]
