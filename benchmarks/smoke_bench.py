@@ -153,7 +153,7 @@ class LoadableImage(Image):
         return config
 
 
-MERGED_USR = [symlink(name, f"usr/{name}") for name in ("bin", "sbin", "lib", "lib64")]
+MERGED_USR = tuple(symlink(name, f"usr/{name}") for name in ("bin", "sbin", "lib", "lib64"))
 
 
 def amd64_image() -> Image:
@@ -169,11 +169,11 @@ def arm64_image() -> Image:
     return LoadableImage([layer], architecture="arm64", entrypoint=["/usr/bin/hello"])
 
 
-def docker_archive(work: Path, name: str, image: Image) -> Path:
-    """`name`.tar, a `docker save` archive (what `docker load` reads), via skopeo."""
+def docker_archive(work: Path, image: Image, tag: str) -> Path:
+    """A `docker save` archive of `image` as `tag` (what `docker load` reads), via skopeo."""
+    name = tag.split("/")[-1].split(":")[0]
     layout = oci_layout(work / f"{name}-layout", [image])
     archive = work / f"{name}.tar"
-    tag = f"execwatch-bench/{name}:1"
     subprocess.run(["skopeo", "copy", "-q", f"oci:{layout}", f"docker-archive:{archive}:{tag}"],
                    check=True, capture_output=True, timeout=300)  # fmt: skip
     shutil.rmtree(layout)
@@ -181,12 +181,14 @@ def docker_archive(work: Path, name: str, image: Image) -> Path:
 
 
 def subjects(work: Path) -> list[Subject]:
-    amd64 = docker_archive(work, "amd64", amd64_image())
-    arm64 = docker_archive(work, "arm64", arm64_image())
-    return [
-        Subject("linux/amd64", False, amd64, "execwatch-bench/amd64:1", "(GNU coreutils)"),
-        Subject("linux/arm64", True, arm64, "execwatch-bench/arm64:1", "(GNU Hello)"),
-    ]
+    made = []
+    for platform, emulated, image, expect in (
+        ("linux/amd64", False, amd64_image(), "(GNU coreutils)"),
+        ("linux/arm64", True, arm64_image(), "(GNU Hello)"),
+    ):
+        tag = f"execwatch-bench/{platform.split('/')[1]}:1"
+        made.append(Subject(platform, emulated, docker_archive(work, image, tag), tag, expect))
+    return made
 
 
 # -- the runs ------------------------------------------------------------------------------
