@@ -42,12 +42,11 @@ import random
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,7 +65,7 @@ from tests.support.registry.registry_server import (
     running_registry,
 )
 
-from benchmarks.common import RESULTS, save
+from benchmarks.common import RESULTS, peak_while, save
 
 ARCH = "kubernetes.io/arch"
 ARM64_SHARE = 0.3
@@ -474,29 +473,16 @@ class Run:
         }
 
 
-@contextmanager
-def hwm_poller(pid: int) -> Iterator[list[float]]:
+def hwm_poller(pid: int) -> AbstractContextManager[list[float]]:
     """The latest VmHWM of `pid` in MB, read every 50 ms until the block ends."""
-    seen = [0.0]
-    stop = threading.Event()
 
-    def poll() -> None:
-        while not stop.is_set():
-            try:
-                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                    if line.startswith("VmHWM:"):
-                        seen[0] = max(seen[0], int(line.split()[1]) / 1024)
-            except (OSError, ValueError):
-                return
-            stop.wait(0.05)
+    def hwm() -> float:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
 
-    t = threading.Thread(target=poll, daemon=True)
-    t.start()
-    try:
-        yield seen
-    finally:
-        stop.set()
-        t.join()
+    return peak_while(hwm, 0.05)
 
 
 def audit(

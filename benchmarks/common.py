@@ -6,7 +6,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -51,3 +52,28 @@ def save(name: str, result: dict[str, object]) -> Path:
 def require_root() -> None:
     if os.geteuid() != 0:
         sys.exit("this benchmark loads BPF programs: run it as root")
+
+
+@contextmanager
+def peak_while(read: Callable[[], float], interval: float) -> Iterator[list[float]]:
+    """The largest value `read()` returns, called every `interval` seconds from a thread
+    until the block ends, or until it raises OSError or ValueError (what it reads is
+    gone): the list's one value."""
+    peak = [0.0]
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            try:
+                peak[0] = max(peak[0], read())
+            except (OSError, ValueError):
+                return
+            stop.wait(interval)
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        yield peak
+    finally:
+        stop.set()
+        thread.join()
