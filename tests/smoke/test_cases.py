@@ -24,10 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.smoke.scan_process import run_scan
-from tests.support.smoke.smoke_cases import CASES, Case, Materials, Outcome, judge
-
-STEPS = [pytest.param(case, user, id=f"{case.name}-as-{user}") for case in CASES
-         for user in case.users]  # fmt: skip
+from tests.support.smoke.smoke_cases import Case, Materials, Outcome, judge, scan_keys
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +32,9 @@ def materials(tmp_path_factory: pytest.TempPathFactory) -> Materials:
     return Materials.build(tmp_path_factory.mktemp("smoke-materials"))
 
 
-@pytest.mark.parametrize(("case", "user"), STEPS)
+@pytest.mark.parametrize(("key", "case"), [pytest.param(k, c, id=k) for k, c in scan_keys()])
 def test_the_case_says_what_the_table_says(
-    case: Case, user: str, materials: Materials, shared_dir: Path
+    key: str, case: Case, materials: Materials, shared_dir: Path
 ) -> None:
-    [step] = [s for s in case.steps(materials, shared_dir / case.name).values()
-              if s["user"] == user]  # fmt: skip
+    step = case.steps(materials, shared_dir / case.name)[key]
     judge(case, Outcome.of(run_scan(step)))

@@ -97,6 +97,9 @@ class Case:
     users: tuple[str, ...] = ("root",)
     env: dict[str, str] = field(default_factory=dict)
 
+    def key(self, user: str) -> str:
+        return self.name if user == "root" else f"{self.name}-as-{user}"
+
     def steps(self, m: Materials, d: Path) -> dict[str, dict[str, Any]]:
         """Its files made in `d`; one scan per user (scan_process.run_scan), keyed by
         `name` as root and `name-as-USER` otherwise."""
@@ -104,7 +107,7 @@ class Case:
         d.chmod(0o755)  # nobody reads it too
         argv = self.build(m, d)
         return {
-            self.name if u == "root" else f"{self.name}-as-{u}": {
+            self.key(u): {
                 "case": self.name, "argv": argv, "user": u, "cwd": str(d), "env": self.env
             }
             for u in self.users
@@ -288,10 +291,11 @@ def judge(case: Case, out: Outcome) -> None:
 
 def plan(m: Materials, d: Path) -> dict[str, dict[str, Any]]:
     """Every case made under `d`, each in a directory of its own: key -> scan step."""
+    d.mkdir(parents=True, exist_ok=True)
     d.chmod(0o755)
     return {k: v for case in CASES for k, v in case.steps(m, d / case.name).items()}
 
 
-def case_of(step: dict[str, Any]) -> Case:
-    [case] = [c for c in CASES if c.name == step["case"]]
-    return case
+def scan_keys() -> list[tuple[str, Case]]:
+    """Each scan's key (Case.steps) and its case, in the table's order."""
+    return [(case.key(user), case) for case in CASES for user in case.users]
