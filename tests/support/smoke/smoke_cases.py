@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.binfmt.cbuild import HELLO_C, compile_c
-from tests.support.images.base_images import MUSL_LOADER, glibc_base, host_glibc
+from tests.support.images.base_images import MUSL_LOADER, glibc_base, host_glibc, musl_base
 from tests.support.images.imagebuild import Entry, Image, file, oci_layout, symlink, tree, usrmerge
 
 REPO = Path(__file__).resolve().parents[3]
@@ -134,7 +134,8 @@ class Outcome:
 
 
 def _musl(extra: list[Entry]) -> list[Entry]:
-    return [file("lib/ld-musl-x86_64.so.1", MUSL_LOADER.resolve().read_bytes()), *extra]
+    """An Alpine-like root (base_images.musl_base) and `extra`."""
+    return [*musl_base(MUSL_LOADER.resolve().read_bytes()), *extra]
 
 
 def _one(d: Path, layer: list[Entry], entry: str) -> list[str]:
