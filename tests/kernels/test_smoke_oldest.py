@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.kernels.vm import Boot, Kernel, Vm
+from tests.support.kernels.vm import Boot, Kernel, booted
 from tests.support.smoke.smoke_cases import Case, Materials, Outcome, judge, plan, scan_keys
 
 RELEASE = "bullseye"  # the oldest kernel of the matrix (vm.RELEASES)
@@ -28,18 +27,21 @@ BOOT_BUDGET_S = 1500
 GUEST_COMMAND = ".venv/bin/python -m tests.kernels.guest_smoke /tmp/out"
 
 
+def write_plan(out: Path) -> None:
+    """Every case built into the guest's output directory, and plan.json: their scans,
+    each case's directory relative to it (the guest mounts it at /tmp/out)."""
+    scans = plan(Materials.build(out.parent / "materials"), out / "cases")
+    relative = {k: {**s, "cwd": os.path.relpath(s["cwd"], out)} for k, s in scans.items()}
+    (out / "plan.json").write_text(json.dumps(relative))
+
+
 @pytest.fixture(scope="module")
 def guest() -> Iterator[tuple[Boot, dict[str, Any]]]:
     kernel = Kernel.fetched(RELEASE)
-    with tempfile.TemporaryDirectory(prefix="execwatch-smoke-oldest-") as tmp:
-        out = Path(tmp) / "vm" / "out"
-        out.mkdir(parents=True)
-        out.chmod(0o755)  # nobody's scans read their cases there
-        scans = plan(Materials.build(Path(tmp) / "materials"), out / "cases")
-        relative = {k: {**s, "cwd": os.path.relpath(s["cwd"], out)} for k, s in scans.items()}
-        (out / "plan.json").write_text(json.dumps(relative))
-        vm = Vm(kernel, GUEST_COMMAND, Path(tmp) / "vm", memory_mb=2048, switch_root=True)
-        boot = vm.boot(BOOT_BUDGET_S)
+    # switch_root: the scans' user namespaces are refused to a chrooted process
+    with booted(
+        kernel, GUEST_COMMAND, write_plan, BOOT_BUDGET_S, memory_mb=2048, switch_root=True
+    ) as boot:
         yield boot, boot.result()
 
 

@@ -9,11 +9,14 @@ the results back. TCG, not KVM: this machine's KVM is PVM, which Debian's kernel
 
 from __future__ import annotations
 
+import contextlib
 import json
 import lzma
 import shlex
 import subprocess
+import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -265,3 +268,24 @@ class Vm:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+@contextlib.contextmanager
+def booted(
+    kernel: Kernel,
+    command: str,
+    prepare: Callable[[Path], None],
+    budget_s: float,
+    memory_mb: int = 1024,
+    switch_root: bool = False,
+) -> Iterator[Boot]:
+    """One guest booted to its end: `prepare(out)` first puts the command's input in its
+    output directory (readable by every user of the guest); yields the Boot, the directory
+    kept until the block ends."""
+    with tempfile.TemporaryDirectory(prefix=f"execwatch-{kernel.release}-") as tmp:
+        out = Path(tmp) / "vm" / "out"
+        out.mkdir(parents=True)
+        out.chmod(0o755)
+        prepare(out)
+        vm = Vm(kernel, command, out.parent, memory_mb=memory_mb, switch_root=switch_root)
+        yield vm.boot(budget_s)
