@@ -245,7 +245,7 @@ def test_migration_readiness_of_a_mixed_cluster(
         "entrypoint": True,
     }.items() <= db["findings"][0].items()
     (legacy,) = by_key["Deployment/legacy"]["architectures"]["amd64"]["containers"]
-    assert [f["check"] for f in legacy["findings"]] == ["libc-mismatch"]
+    assert [f["check"] for f in legacy["findings"]] == ["missing-interpreter"]
 
 
 def test_a_re_audit_scans_only_what_changed(

@@ -109,7 +109,7 @@ def test_glibc_binary_on_musl_image_in_docker_schema2(
 ) -> None:
     code, doc = scan_json(capsys, pushed["musl"], *registry_args(registry, tmp_path))
     assert code == 1
-    assert ("libc-mismatch", "/app") in checks(doc)
+    assert ("missing-interpreter", "/app") in checks(doc)
 
 
 def test_whiteout_deleting_the_loader_and_a_digest_reference(

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.binfmt.cbuild import HELLO_C, compile_c
+from tests.support.images import base_images
 
 LIBFOO_C = (
     "int foo(void) { return 1; }\nint foo2(void) { return 2; }\nint foo3(void) { return 3; }\n"
@@ -61,15 +62,13 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def host_glibc() -> dict[str, bytes]:
     """The host's glibc loader and libc, to make small amd64 glibc images."""
-    loader = Path("/lib64/ld-linux-x86-64.so.2").resolve()
-    libc = Path("/lib/x86_64-linux-gnu/libc.so.6").resolve()
-    return {"loader": loader.read_bytes(), "libc": libc.read_bytes()}
+    return base_images.host_glibc()
 
 
 @pytest.fixture(scope="session")
 def host_musl() -> bytes:
     """Debian's musl loader (which is also musl's libc)."""
-    path = Path("/lib/ld-musl-x86_64.so.1")
+    path = base_images.MUSL_LOADER
     if not path.exists():
         pytest.fail("musl is not installed: run dev/setup.sh --test")
     return path.resolve().read_bytes()

@@ -5,7 +5,9 @@ output, not a root: without --base its files are checked one by one, and a note 
 
 The bases are real: Debian bookworm's minbase root (dev/images.sh, .cache/images) and an
 alpine-like musl root (Debian's musl loader); the program is a real gcc glibc build. With
---run the program is started in the sandbox, in the base image with it added at PATH."""
+--run the program is started in the sandbox, in the base image with it added at PATH.
+The issue's own --base cases (musl base, Debian base, --run, ./dist without --base) are
+in the table of tests/support/smoke/smoke_cases.py, run by tests/smoke/test_cases.py."""
 
 from __future__ import annotations
 
@@ -14,14 +16,13 @@ from typing import Any
 
 import pytest
 
-from tests.smoke.test_run import glibc_base
 from tests.support.binfmt.cbuild import HELLO_C, compile_c
+from tests.support.images.base_images import MUSL_LOADER
 from tests.support.images.imagebuild import Image, file, oci_layout
 from tests.support.scan.scan_cli import checks, scan_error, scan_json
 
 REPO = Path(__file__).resolve().parents[2]
 DEBIAN_ROOTFS = REPO / ".cache" / "images" / "debian.rootfs.tar"
-MUSL_LOADER = Path("/lib/ld-musl-x86_64.so.1")
 ENV_BASH = b"#!/usr/bin/env bash\necho hi\n"
 
 
@@ -37,12 +38,6 @@ def musl(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An alpine-like image: musl's loader (which is its libc) and nothing of glibc."""
     layer = [file("lib/ld-musl-x86_64.so.1", MUSL_LOADER.resolve().read_bytes())]
     return oci_layout(tmp_path_factory.mktemp("musl") / "layout", [Image([layer])])
-
-
-@pytest.fixture(scope="module")
-def glibc(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A Debian-like image for --run: glibc's loader and libc, nothing else."""
-    return oci_layout(tmp_path_factory.mktemp("glibc") / "layout", [Image([glibc_base()])])
 
 
 @pytest.fixture(scope="module")
@@ -73,30 +68,11 @@ def test_a_glibc_program_on_a_musl_base_is_an_error_at_its_place(
     code, doc = scan_json(capsys, str(program), "--base", str(musl))
     assert code == 1
     [finding] = doc["findings"]
-    assert (finding["check"], finding["path"]) == ("libc-mismatch", "/app/oberon-runner")
+    assert (finding["check"], finding["path"]) == ("missing-interpreter", "/app/oberon-runner")
     assert finding["severity"] == "error" and finding["entrypoint"] is True
     assert "glibc binary in a musl image" in finding["message"]
     [image] = doc["images"]
     assert f"{program} placed at /app over " in image["notes"][0]
-
-
-def test_the_same_program_on_a_debian_base_is_clean(
-    capsys: pytest.CaptureFixture[str], program: Path, debian: Path
-) -> None:
-    code, doc = scan_json(capsys, str(program), "--base", str(debian))
-    assert (code, doc["findings"]) == (0, [])
-    assert doc["images"][0]["stats"]["executables"] == 1
-
-
-def test_a_build_output_directory_is_not_taken_as_a_root(
-    capsys: pytest.CaptureFixture[str], dist: Path
-) -> None:
-    code, doc = scan_json(capsys, str(dist))
-    assert (code, doc["findings"]) == (0, [])  # no loader, no /usr/bin/env: not errors here
-    [image] = doc["images"]
-    assert image["stats"]["executables"] == 2
-    assert "not a root filesystem" in image["notes"][0]
-    assert "--base" in image["notes"][0]
 
 
 def test_root_takes_such_a_directory_as_a_root_filesystem(
@@ -133,7 +109,7 @@ def test_a_build_output_on_a_musl_base_names_each_missing_piece(
     code, doc = scan_json(capsys, str(dist), "--base", str(musl), "--at", "/opt/oberon")
     assert code == 1
     assert errors(doc) == {
-        ("libc-mismatch", "/opt/oberon/oberon-runner"),
+        ("missing-interpreter", "/opt/oberon/oberon-runner"),
         ("missing-shebang-interpreter", "/opt/oberon/start.sh"),
     }
 
@@ -146,25 +122,6 @@ def test_only_the_placed_files_are_checked_not_the_base(
     code, doc = scan_json(capsys, str(program), "--base", str(debian))
     assert code == 0
     assert doc["images"][0]["stats"]["files"] == 1
-
-
-def by_source(doc: dict[str, Any]) -> dict[str, tuple[str, str, str]]:
-    return {f["source"]: (f["check"], f["severity"], f["path"]) for f in doc["findings"]}
-
-
-def test_run_starts_the_program_in_the_base_image_it_would_be_built_on(
-    capsys: pytest.CaptureFixture[str], program: Path, musl: Path, glibc: Path
-) -> None:
-    """Both sides agree: on musl the loader is missing (static and run), on glibc it starts."""
-    code, doc = scan_json(capsys, str(program), "--base", str(musl), "--run")
-    assert code == 1
-    assert by_source(doc) == {
-        "static": ("libc-mismatch", "error", "/app/oberon-runner"),
-        "run": ("missing-interpreter", "error", "/app/oberon-runner"),
-    }
-    code, doc = scan_json(capsys, str(program), "--base", str(glibc), "--run", "--at", "/srv")
-    assert code == 0
-    assert by_source(doc) == {"run": ("run-started", "note", "/srv/oberon-runner")}
 
 
 @pytest.mark.parametrize(

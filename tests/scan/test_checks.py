@@ -41,15 +41,16 @@ def test_missing_loader_is_missing_interpreter(
     assert checks(doc) == {("missing-interpreter", "/usr/bin/hello")}
 
 
-def test_glibc_binary_on_musl_image_is_libc_mismatch(
+def test_glibc_binary_on_musl_image_is_missing_interpreter(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], built: dict[str, Path], host_musl: bytes
 ) -> None:
     image = Image([musl_base(host_musl), [file("app", built["glibc"].read_bytes())]])
     code, doc = scan_image(tmp_path, capsys, image)
     assert code == 1
     (finding,) = doc["findings"]
-    assert (finding["check"], finding["severity"]) == ("libc-mismatch", "error")
-    assert "glibc binary in a musl image" in finding["message"]
+    assert (finding["check"], finding["severity"]) == ("missing-interpreter", "error")
+    assert "a glibc binary in a musl image" in finding["message"]
+    assert "exit 127" in finding["message"]
 
 
 def test_gcompat_makes_it_start_but_warns_about_exit_139(
@@ -70,13 +71,14 @@ def test_gcompat_makes_it_start_but_warns_about_exit_139(
     assert code == 1
 
 
-def test_musl_binary_on_glibc_image_is_libc_mismatch(
+def test_musl_binary_on_glibc_image_is_missing_interpreter(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], built: dict[str, Path],
     host_glibc: dict[str, bytes],
 ) -> None:  # fmt: skip
     image = Image([glibc_base(host_glibc), [file("app", built["musl"].read_bytes())]])
     _, doc = scan_image(tmp_path, capsys, image)
-    assert checks(doc) == {("libc-mismatch", "/app")}
+    assert checks(doc) == {("missing-interpreter", "/app")}
+    assert "a musl binary in a glibc image" in doc["findings"][0]["message"]
 
 
 def test_musl_image_resolves_reserved_names_and_the_path_file(

@@ -1,12 +1,11 @@
-"""Real binaries and images for the --run tests: host gcc and musl-gcc builds, Debian's
-arm64 hello root (dev/fetch-foreign.sh) and qemu-aarch64-static (dev/fetch-emulators.sh)."""
+"""The --run tests' shared directory and their `execwatch scan` process (the issue's cases
+and their real materials are tests/support/smoke/smoke_cases.py's)."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,34 +13,9 @@ from typing import Any
 
 import pytest
 
-from tests.support.binfmt.cbuild import HELLO_C, compile_c
+from tests.support.smoke.scan_process import NOBODY, scan_command
 
-REPO = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("EXECWATCH_CACHE", REPO / ".cache"))
-EMULATORS = CACHE / "emulators"
-ARM64_ROOT = CACHE / "foreign" / "arm64" / "root"
-NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
-# A constructor that needs a file the image lacks and uses the NULL it gets: a real fault
-# (a raise() would be ignored, as any default-action signal sent to a namespace's PID 1)
-CRASH_C = (
-    "#include <stdio.h>\n"
-    "__attribute__((constructor)) static void init(void) {\n"
-    '  FILE *f = fopen("/etc/app.conf", "r"); fgetc(f); }\n'
-    'int main(void) { puts("hi"); return 0; }\n'
-)
-
-
-@pytest.fixture(scope="session")
-def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("smoke-bin")
-    for need in (EMULATORS / "qemu-aarch64-static", ARM64_ROOT / "usr/bin/hello"):
-        if not need.exists():
-            pytest.fail(f"{need} missing: run dev/setup.sh --test")
-    return {
-        "glibc": compile_c(d / "hello-glibc", HELLO_C, "gcc"),
-        "musl-static": compile_c(d / "hello-musl-static", HELLO_C, "musl-gcc", "-static"),
-        "crash": compile_c(d / "crash", CRASH_C, "gcc"),
-    }
+__all__ = ["NOBODY", "execwatch_scan", "runs"]
 
 
 @pytest.fixture
@@ -57,8 +31,7 @@ def execwatch_scan(
     *argv: str, user: list[str] | None = None, env: dict[str, str] | None = None
 ) -> tuple[int, dict[str, Any], str]:
     """`execwatch scan ... --format json` as a process of its own (as `user`, e.g. NOBODY)."""
-    cmd = [*(user or []), sys.executable, "-m", "execwatch.cli", "scan", "--no-progress",
-           "--format", "json", *argv]  # fmt: skip
+    cmd = [*(user or []), *scan_command(list(argv))]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd="/",
                           env={**os.environ, **(env or {})})  # fmt: skip
     doc = json.loads(proc.stdout) if proc.stdout.strip() else {}

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.smoke.conftest import CACHE, execwatch_scan, runs
-from tests.smoke.test_run import glibc_base
+from tests.smoke.conftest import execwatch_scan, runs
 from tests.support.binfmt.cbuild import compile_c
+from tests.support.images.base_images import glibc_base, host_glibc
 from tests.support.images.imagebuild import Entry, Image, file, oci_layout, symlink
 
 LIBFOO_C = "int foo(void) { return 1; }\nint foo2(void) { return 2; }\n"
@@ -46,9 +46,10 @@ def libfoo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def image(libfoo: dict[str, Path], lib: str | None) -> Image:
-    layer: list[Entry] = [*glibc_base(), file("app/uses-foo", libfoo["uses-foo"].read_bytes())]
+    uses_foo = file("app/uses-foo", libfoo["uses-foo"].read_bytes())
+    layer: list[Entry] = [*glibc_base(host_glibc()), uses_foo]
     if lib:
-        layer.append(file("lib/x86_64-linux-gnu/libfoo.so.1", libfoo[lib].read_bytes()))
+        layer.append(file("usr/lib/x86_64-linux-gnu/libfoo.so.1", libfoo[lib].read_bytes()))
     return Image([layer], entrypoint=["/app/uses-foo"])
 
 
@@ -107,21 +108,6 @@ def test_a_refused_user_namespace_is_one_line_naming_the_sysctl(
         "execwatch scan: error: unprivileged user namespaces are refused here"
         " (user.max_user_namespaces = 0): cannot run\n"
     )
-
-
-def test_trixies_hello_on_a_glibc_2_36_base_needs_glibc_2_38(shared_dir: Path) -> None:
-    """Debian trixie's hello (dev/fetch-newer.sh) over this host's bookworm loader and libc:
-    the loader exits 1, not 127, with its `version not found`."""
-    hello = CACHE / "newer" / "hello" / "usr/bin/hello"
-    if not hello.exists():
-        pytest.fail(f"{hello} missing: run dev/setup.sh --test")
-    layer = [*glibc_base(), file("usr/bin/hello", hello.read_bytes())]
-    layout = oci_layout(shared_dir / "img", [Image([layer], entrypoint=["/usr/bin/hello"])])
-    code, doc, err = execwatch_scan(str(layout), "--run")
-    assert code == 1, err
-    [run] = runs(doc)
-    assert run["check"] == "missing-symbol-version"
-    assert "exit 1: the loader says: version `GLIBC_2.38' not found" in run["message"]
 
 
 CXX_C = (

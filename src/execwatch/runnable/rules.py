@@ -109,18 +109,14 @@ def loader_fault(
     path: str, info: ElfInfo, loader: Loader, image: LibcFlavor | None
 ) -> Fault | None:
     """PT_INTERP absent (ENOENT), or not an ELF of the binary's own ABI (ELIBBAD). `image`:
-    the root's C library, when known: a loader of the other one is a libc mismatch."""
+    the root's C library, when known: an absent loader of the other one is still a missing
+    interpreter (the kernel's ENOENT, exit 127), its detail naming the two C libraries."""
     interp = loader.path
     if not loader.present:
         wanted = libc_flavor(interp)
-        if wanted is not None and image is not None and wanted != image:
-            return Fault(
-                Reason.LIBC_MISMATCH,
-                path,
-                f"{wanted} binary in a {image} image",
-                interpreter=interp,
-            )
-        return Fault(Reason.MISSING_INTERPRETER, path, interpreter=interp)
+        other = wanted is not None and image is not None and wanted != image
+        detail = f"a {wanted} binary in a {image} image" if other else ""
+        return Fault(Reason.MISSING_INTERPRETER, path, detail, interpreter=interp)
     if loader.elf is None:
         return Fault(Reason.BAD_INTERPRETER, path, loader.problem, interpreter=interp)
     if not info.same_abi(loader.elf):

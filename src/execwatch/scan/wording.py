@@ -54,13 +54,11 @@ def _which(fault: Fault) -> str:
 
 def loader_problem(fault: Fault, loader: Loader) -> str:
     interp = loader.path
-    if fault.reason is Reason.LIBC_MISMATCH:
-        return (
-            f"{fault.detail}: its loader {interp} is missing (no such file or directory, exit 127)"
-        )
     if fault.reason is Reason.MISSING_INTERPRETER:
+        why = f": {fault.detail}" if fault.detail else ""
         return (
-            f"ELF interpreter {interp} not found in the image (no such file or directory, exit 127)"
+            f"ELF interpreter {interp} not found in the image{why}"
+            " (no such file or directory, exit 127)"
         )
     what = "not an ELF file" if loader.elf is None else f"ELF for {loader.elf.arch}"
     return f"ELF interpreter {interp} is {what} (accessing a corrupted shared library)"

@@ -27,6 +27,9 @@ LOADER_WORDS: tuple[tuple[re.Pattern[bytes], Reason], ...] = (
     (re.compile(rb"Error relocating [^:]+: [^:]+: symbol not found"), Reason.MISSING_SYMBOL),
     (re.compile(rb"qemu-[a-z0-9_]+: Could not open '[^']+'"), Reason.MISSING_INTERPRETER),
 )
+# ENOEXEC's name in a run's message: Reason ForeignArchitecture (or MissingShebang) is
+# the vocabulary, and the Kubernetes Event reason for it is ExecFormatError too.
+EXEC_FORMAT_ERROR = "ExecFormatError (ENOEXEC)"
 LIBC_SYMPTOMS = frozenset(
     {Reason.MISSING_LIBRARY, Reason.MISSING_SYMBOL, Reason.MISSING_SYMBOL_VERSION}
 )
@@ -86,10 +89,11 @@ def _refused(err: int, program: str | None, root: str) -> RunVerdict:
                 False, Reason.MISSING_SHEBANG_INTERPRETER, f"{text}: its #! interpreter"
             )
         return RunVerdict(False, Reason.MISSING_INTERPRETER, f"{text}: its ELF loader (PT_INTERP)")
-    if err == errno.ENOEXEC:  # ExecFormatError: no binfmt handler takes the file
+    if err == errno.ENOEXEC:  # no binfmt handler takes the file: named as the issue names it
+        text = f"{text}: {EXEC_FORMAT_ERROR}"
         if head.startswith(b"\x7fELF"):
-            return RunVerdict(False, Reason.FOREIGN_ARCHITECTURE, f"{text} (no binfmt interpreter)")
-        return RunVerdict(False, Reason.MISSING_SHEBANG, f"{text}: no #! line")
+            return RunVerdict(False, Reason.FOREIGN_ARCHITECTURE, f"{text}, no binfmt interpreter")
+        return RunVerdict(False, Reason.MISSING_SHEBANG, f"{text}, no #! line")
     if err == errno.EACCES:
         return RunVerdict(False, Reason.PERMISSION_DENIED, text)
     return RunVerdict(False, Reason.UNDIAGNOSED, text)

@@ -3,10 +3,11 @@
 Three processes: the caller reads the program's output; a monitor, forked, unshares user,
 mount, PID, network, IPC and UTS namespaces and forks the namespace's init; the init mounts
 the root (an overlay over the unpacked tree, its writes on a size-capped tmpfs: the tree
-and the host are never written), a fresh /proc, a minimal /dev and a capped /tmp, brings up
-the loopback interface, pivots into the root, sets rlimits and `no_new_privs`, and execs
-the program as PID 1, as a container's entrypoint is. The monitor kills that PID 1 at the
-deadline, which kills every process of the namespace.
+and the host are never written; before Linux 5.11, which has no overlay in a user
+namespace, a copy of the tree in that tmpfs), a fresh /proc, a minimal /dev and a capped
+/tmp, brings up the loopback interface, pivots into the root, sets rlimits and
+`no_new_privs`, and execs the program as PID 1, as a container's entrypoint is. The
+monitor kills that PID 1 at the deadline, which kills every process of the namespace.
 
 The user namespace maps one id: the image's user onto the caller's own (unprivileged)
 uid. Nothing is privileged outside the namespace; a root caller drops to an unprivileged
@@ -349,10 +350,14 @@ def _root(kernel: Kernel, launch: Launch, limits: RunLimits) -> str:
     for name in ("upper", "work", "root", "dev"):
         os.mkdir(f"{stage}/{name}")
     new = f"{stage}/root"
-    kernel.mount(
-        "overlay", new, "overlay", MS_NOSUID,
-        f"lowerdir={launch.lower},upperdir={stage}/upper,workdir={stage}/work,userxattr",
-    )  # fmt: skip
+    try:
+        kernel.mount(
+            "overlay", new, "overlay", MS_NOSUID,
+            f"lowerdir={launch.lower},upperdir={stage}/upper,workdir={stage}/work,userxattr",
+        )  # fmt: skip
+    except OSError:  # Linux < 5.11 has no overlay in a user namespace (nor `userxattr`)
+        _copy_tree(launch.lower, new)
+        kernel.mount(new, new, "", MS_BIND)  # pivot_root wants a mount point
     for name in ("proc", "dev", "tmp"):
         _directory(f"{new}/{name}")
     kernel.mount("proc", f"{new}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -370,6 +375,28 @@ def _root(kernel: Kernel, launch: Launch, limits: RunLimits) -> str:
         "tmpfs", f"{new}/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={limits.tmp_bytes},mode=1777"
     )
     return new
+
+
+def _copy_tree(src: str, dst: str) -> None:
+    """The unpacked tree copied into the stage's size-capped tmpfs, where an overlay cannot
+    be mounted: directories, regular files and symlinks (what the unpacking admits), the
+    tmpfs's size its budget (ENOSPC past it, a setup failure)."""
+    modes: list[tuple[str, int]] = []  # a directory's own mode, set once it is filled
+    for top, dirs, files in os.walk(src):
+        into = os.path.normpath(os.path.join(dst, os.path.relpath(top, src)))
+        for name in dirs + files:
+            source, target = os.path.join(top, name), os.path.join(into, name)
+            st = os.lstat(source)
+            if stat.S_ISLNK(st.st_mode):
+                os.symlink(os.readlink(source), target)
+            elif stat.S_ISDIR(st.st_mode):
+                os.mkdir(target, 0o700)
+                modes.append((target, stat.S_IMODE(st.st_mode)))
+            elif stat.S_ISREG(st.st_mode):
+                shutil.copyfile(source, target, follow_symlinks=False)
+                os.chmod(target, stat.S_IMODE(st.st_mode))
+    for target, mode in reversed(modes):
+        os.chmod(target, mode)
 
 
 def _directory(path: str) -> None:

@@ -4,7 +4,18 @@ fixtures' bytes)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tests.support.images.imagebuild import Entry, directory, file, symlink
+
+MUSL_LOADER = Path("/lib/ld-musl-x86_64.so.1")
+
+
+def host_glibc() -> dict[str, bytes]:
+    """The host's glibc loader and libc, to make small amd64 glibc images."""
+    loader = Path("/lib64/ld-linux-x86-64.so.2").resolve()
+    libc = Path("/lib/x86_64-linux-gnu/libc.so.6").resolve()
+    return {"loader": loader.read_bytes(), "libc": libc.read_bytes()}
 
 
 def glibc_base(host_glibc: dict[str, bytes]) -> list[Entry]:

@@ -9,12 +9,17 @@ the results back. TCG, not KVM: this machine's KVM is PVM, which Debian's kernel
 
 from __future__ import annotations
 
+import contextlib
+import json
 import lzma
 import shlex
 import subprocess
+import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[3]
 # The Debian releases whose kernels dev/fetch-kernels.sh fetches (the kernel matrix).
@@ -34,6 +39,7 @@ MODULES = (
     "9pnet_virtio",
     "9p",
     "binfmt_misc",  # the guest registers an emulator (tests/kernels/guest.py)
+    "overlay",  # `execwatch scan --run`'s root, where the kernel allows it (guest_smoke.py)
 )
 GUEST_OUT = "/tmp/out"  # where the writable export is mounted, inside the chroot
 GUEST_TMPFS = ("/tmp", "/run")
@@ -81,7 +87,10 @@ def kept_paths(repo: Path = REPO) -> list[Path]:
     return [p for p in wanted if not any(p != q and p.is_relative_to(q) for q in wanted)]
 
 
-def init_script(modules: list[str], command: str) -> str:
+def init_script(modules: list[str], command: str, switch_root: bool = False) -> str:
+    """`switch_root`: the host's root is moved over the initramfs's / before the command
+    runs there (as switch_root does), not entered with chroot: a chrooted process may not
+    create a user namespace (EPERM), which `execwatch scan --run` needs."""
     kept = kept_paths()
     mounts = [
         ("proc", "proc", "/proc"),
@@ -113,6 +122,13 @@ def init_script(modules: list[str], command: str) -> str:
         f"mkdir -p /host{GUEST_OUT} && mount -t 9p -o {NINEP} out /host{GUEST_OUT}",
         "ip link set lo up",
         "echo ew-init: ready",
+        *(_switched(command) if switch_root else _chrooted(command)),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _chrooted(command: str) -> list[str]:
+    return [
         f"chroot /host /bin/sh -c {shlex.quote(f'cd {REPO} && exec {command}')}"
         f" >/host{GUEST_OUT}/guest.log 2>&1",
         f"echo $? >/host{GUEST_OUT}/rc",
@@ -120,7 +136,21 @@ def init_script(modules: list[str], command: str) -> str:
         "echo ew-init: done",
         "poweroff -f",
     ]
-    return "\n".join(lines) + "\n"
+
+
+def _switched(command: str) -> list[str]:
+    """The host's root moved over /, and the rest run there (a path lookup from the
+    initramfs's own root would not see the move): the host's own busybox powers off."""
+    rest = (
+        f"(cd {REPO} && exec {command}) >{GUEST_OUT}/guest.log 2>&1; echo $? >{GUEST_OUT}/rc;"
+        f" /bin/busybox sync; /bin/busybox umount {GUEST_OUT}; echo ew-init: done;"
+        " /bin/busybox poweroff -f"
+    )
+    return [  # switch_root's order: into the new root, move it, then chroot to "."
+        "cd /host",
+        "mount --move /host / || echo 'ew-init: cannot move the host root over /'",
+        f"exec chroot . /bin/sh -c {shlex.quote(rest)}",
+    ]
 
 
 def cpio(entries: list[tuple[str, int, bytes]]) -> bytes:
@@ -135,13 +165,13 @@ def cpio(entries: list[tuple[str, int, bytes]]) -> bytes:
     return bytes(out)
 
 
-def build_initramfs(kernel: Kernel, command: str, dest: Path) -> Path:
+def build_initramfs(kernel: Kernel, command: str, dest: Path, switch_root: bool = False) -> Path:
     modules = kernel.module_files()
     dirs = ("bin", "modules", "proc", "sys", "dev", "host")
     entries = [(d, 0o40755, b"") for d in dirs]
     entries.append(("bin/busybox", 0o100755, BUSYBOX.read_bytes()))
     entries += [(f"modules/{name}.ko", 0o100644, data) for name, data in modules]
-    script = init_script([name for name, _ in modules], command)
+    script = init_script([name for name, _ in modules], command, switch_root)
     entries.append(("init", 0o100755, script.encode()))
     dest.write_bytes(cpio(entries))
     return dest
@@ -166,6 +196,14 @@ class Boot:
         path = self.out / "guest.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
+    def result(self) -> dict[str, Any]:
+        """The guest command's OUT/result.json; an AssertionError explains a guest that
+        failed or wrote none."""
+        path = self.out / "result.json"
+        assert self.rc == 0 and path.exists(), self.explain()
+        doc: dict[str, Any] = json.loads(path.read_text())
+        return doc
+
     def explain(self) -> str:
         return (
             f"{self.kernel.release} ({self.kernel.version}) after {self.seconds:.0f}s, rc={self.rc}"
@@ -178,12 +216,18 @@ class Vm:
     """A started QEMU process; wait() returns its Boot."""
 
     def __init__(
-        self, kernel: Kernel, command: str, workdir: Path, memory_mb: int = 1024, cpu: str = "max"
+        self,
+        kernel: Kernel,
+        command: str,
+        workdir: Path,
+        memory_mb: int = 1024,
+        cpu: str = "max",
+        switch_root: bool = False,
     ) -> None:
         self.kernel = kernel
         self.out = workdir / "out"
         self.out.mkdir(parents=True, exist_ok=True)  # a test may put its files there first
-        initrd = build_initramfs(kernel, command, workdir / "initramfs.cpio")
+        initrd = build_initramfs(kernel, command, workdir / "initramfs.cpio", switch_root)
         self.console_path = workdir / "console.log"
         # no_timer_check: on a starved host TCG's timer can look broken to the IO-APIC
         # check, which then panics the guest.
@@ -213,7 +257,35 @@ class Vm:
         console = self.console_path.read_text(errors="replace")
         return Boot(self.kernel, self.out, console, time.monotonic() - self.started)
 
+    def boot(self, timeout: float) -> Boot:
+        """wait(), the guest killed whatever happens."""
+        try:
+            return self.wait(timeout)
+        finally:
+            self.kill()
+
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+@contextlib.contextmanager
+def booted(
+    kernel: Kernel,
+    command: str,
+    prepare: Callable[[Path], None],
+    budget_s: float,
+    memory_mb: int = 1024,
+    switch_root: bool = False,
+) -> Iterator[Boot]:
+    """One guest booted to its end: `prepare(out)` first puts the command's input in its
+    output directory (readable by every user of the guest); yields the Boot, the directory
+    kept until the block ends."""
+    with tempfile.TemporaryDirectory(prefix=f"execwatch-{kernel.release}-") as tmp:
+        out = Path(tmp) / "vm" / "out"
+        out.mkdir(parents=True)
+        out.chmod(0o755)
+        prepare(out)
+        vm = Vm(kernel, command, out.parent, memory_mb=memory_mb, switch_root=switch_root)
+        yield vm.boot(budget_s)
