@@ -1,0 +1,196 @@
+"""`execwatch scan IMAGE --run --cpu-level x86-64-vN`: the amd64 entrypoint runs in a
+system-mode QEMU microVM whose CPU model is that level, booted on the oldest kernel of the
+matrix (bullseye's), so an instruction the fleet's oldest nodes lack is a real SIGILL.
+
+Each run boots a VM under TCG (seconds each): the programs are built once per module."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from execwatch.smoke.microvm import parse_report
+from tests.smoke.conftest import NOBODY, execwatch_scan, runs
+from tests.smoke.test_run import glibc_base
+from tests.support.binfmt.cbuild import AVX2_FIRST_C, HELLO_C, compile_c
+from tests.support.images.imagebuild import Image, file, oci_layout
+from tests.support.kernels.vm import Kernel
+
+# Writes a report of its own on the report port (with the orders' nonce if it could read
+# them), says on stderr what it managed, then executes AVX2 first thing after.
+FORGER_C = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+int main(void) {
+  char nonce[33] = "0123456789abcdef0123456789abcdef", line[512], cwd[256] = "?";
+  int fd = open("/.execwatch-run", O_RDONLY), orders = fd >= 0, port;
+  if (orders) { read(fd, nonce, 32); close(fd); }
+  snprintf(line, sizeof line, "\nEXECWATCH-REPORT-1 %s program=2f666f726765 exec_errno=-"
+           " status=0 timed_out=0 stdout=- stderr=- END %s\n", nonce, nonce);
+  port = open("/dev/ttyS1", O_WRONLY | O_NOCTTY);
+  if (port >= 0) write(port, line, strlen(line));
+  fputs(line, stdout);
+  getcwd(cwd, sizeof cwd);
+  fprintf(stderr, "%sforged=%s orders=%s cwd=%s GREETING=%s\n", line,
+          port >= 0 ? "yes" : "no", orders ? "read" : "gone", cwd, getenv("GREETING"));
+  fflush(NULL);
+  __asm__ volatile("vpxor %%ymm0, %%ymm0, %%ymm0" ::: "xmm0");
+  return 0;
+}
+"""
+SERVER_C = "#include <unistd.h>\nint main(void) { for (;;) pause(); }\n"
+
+
+@pytest.fixture(scope="module")
+def kernel() -> Iterator[str]:
+    """bullseye's kernel, copied where every user can read it (the cache may be under
+    root's home)."""
+    d = Path(tempfile.mkdtemp(prefix="execwatch-vm-kernel-"))
+    d.chmod(0o755)
+    copy = Path(shutil.copy(Kernel.fetched("bullseye").vmlinuz, d / "vmlinuz"))
+    copy.chmod(0o644)
+    yield str(copy)
+    shutil.rmtree(d)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("cpu-level-bin")
+    v3 = ["-march=x86-64-v3", "-Wl,-z,x86-64-v3", "-O2"]
+    return {
+        "avx2-unmarked": compile_c(d / "avx2", AVX2_FIRST_C, "musl-gcc", "-static", "-O2"),
+        "glibc-marked": compile_c(d / "needs-v3", HELLO_C, "gcc", *v3),
+        "musl-marked": compile_c(d / "v3", HELLO_C, "musl-gcc", "-static", "-Wl,-z,x86-64-v3"),
+        "forger": compile_c(d / "forger", FORGER_C, "musl-gcc", "-static", "-O2"),
+        "server": compile_c(d / "server", SERVER_C, "musl-gcc", "-static"),
+    }
+
+
+def layout_of(
+    shared_dir: Path, program: Path, workdir: str = "", env: list[str] | None = None
+) -> Path:
+    layer = [file("app", program.read_bytes())]
+    image = Image([layer], entrypoint=["/app"], workdir=workdir, env=env or [])
+    return oci_layout(shared_dir / "img", [image])
+
+
+def static_errors(doc: dict[str, object]) -> set[str]:
+    findings = doc["findings"]
+    assert isinstance(findings, list)
+    return {f["check"] for f in findings if f["source"] == "static" and f["severity"] == "error"}
+
+
+@pytest.mark.parametrize("who", ["root", "nobody"])
+def test_unmarked_avx2_dies_of_sigill_on_a_v2_cpu(
+    built: dict[str, Path], shared_dir: Path, kernel: str, who: str
+) -> None:
+    """Nothing marks the program, so the static side sees no fault; the v2 CPU does, for a
+    root caller (QEMU then runs as nobody) and an unprivileged one alike. `--cpu` is
+    argparse's prefix of `--cpu-level`: the same one knob."""
+    layout = layout_of(shared_dir, built["avx2-unmarked"])
+    code, doc, err = execwatch_scan(str(layout), "--run", "--cpu", "x86-64-v2",
+                                    "--vm-kernel", kernel,
+                                    user=NOBODY if who == "nobody" else None)  # fmt: skip
+    assert code == 1, err
+    assert static_errors(doc) == set()
+    [run] = runs(doc)
+    assert (run["check"], run["severity"], run["path"]) == ("cpu-level", "error", "/app")
+    assert run["message"].startswith("run under QEMU system (Nehalem): killed by SIGILL")
+    assert "static side says it runs, but the run failed (UnsupportedCPU)" in run["disagreement"]
+
+
+def test_unmarked_avx2_starts_on_a_v3_cpu(
+    built: dict[str, Path], shared_dir: Path, kernel: str
+) -> None:
+    layout = layout_of(shared_dir, built["avx2-unmarked"])
+    code, doc, err = execwatch_scan(str(layout), "--run", "--cpu-level", "x86-64-v3",
+                                    "--vm-kernel", kernel)  # fmt: skip
+    assert code == 0, err
+    [run] = runs(doc)
+    assert run["check"] == "run-started"
+    assert run["message"].startswith("run under QEMU system (Haswell): started: exit 0")
+
+
+def test_a_marked_glibc_program_is_refused_by_its_loader_static_and_run(
+    built: dict[str, Path], shared_dir: Path, kernel: str
+) -> None:
+    layer = [*glibc_base(), file("app", built["glibc-marked"].read_bytes())]
+    layout = oci_layout(shared_dir / "img", [Image([layer], entrypoint=["/app"])])
+    code, doc, err = execwatch_scan(str(layout), "--run", "--cpu-level", "x86-64-v2",
+                                    "--vm-kernel", kernel)  # fmt: skip
+    assert code == 1, err
+    assert static_errors(doc) == {"cpu-level"}
+    [run] = runs(doc)
+    assert (run["check"], run["severity"]) == ("cpu-level", "error")
+    assert "exit 127: the loader says: CPU ISA level is lower than required" in run["message"]
+    assert "disagreement" not in run
+
+
+def test_the_guest_cannot_forge_the_report(
+    built: dict[str, Path], shared_dir: Path, kernel: str
+) -> None:
+    """The program writes a "started" report on the report port and on its output; it
+    cannot read the orders (nor their nonce), and the run is what the CPU did: SIGILL. It
+    ran with the image's WorkingDir and Env."""
+    layout = layout_of(shared_dir, built["forger"], workdir="/srv", env=["GREETING=hi"])
+    code, doc, err = execwatch_scan(str(layout), "--run", "--cpu-level", "x86-64-v2",
+                                    "--vm-kernel", kernel)  # fmt: skip
+    assert code == 1, err
+    [run] = runs(doc)
+    assert run["check"] == "cpu-level" and "killed by SIGILL" in run["message"], run
+    assert "forged=yes orders=gone cwd=/srv GREETING=hi" in run["message"]
+
+
+def test_a_report_needs_the_runs_nonce_at_both_ends() -> None:
+    nonce, other = "ab" * 16, "cd" * 16
+    line = "EXECWATCH-REPORT-1 {} program=2f61 exec_errno=- status=0 timed_out=0 stdout=-"
+    line += " stderr=- END {}"
+    assert parse_report(line.format(nonce, nonce).encode(), nonce) is not None
+    for forged in (line.format(other, other), line.format(nonce, other), line.format(other, nonce)):
+        assert parse_report(forged.encode(), nonce) is None
+    assert parse_report(line.format(nonce, nonce).encode() + b" trailing", nonce) is None
+
+
+def test_a_server_that_never_exits_counts_as_started(
+    built: dict[str, Path], shared_dir: Path, kernel: str
+) -> None:
+    layout = layout_of(shared_dir, built["server"])
+    code, doc, err = execwatch_scan(str(layout), "--run", "--cpu-level", "x86-64-v1",
+                                    "--vm-kernel", kernel, "--run-timeout", "2")  # fmt: skip
+    assert code == 0, err
+    [run] = runs(doc)
+    assert run["check"] == "run-started"
+    assert run["message"].startswith("run under QEMU system (Opteron_G1): still running")
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--cpu-level", "x86-64-v4"], "x86-64-v4: QEMU's TCG (7.2) has no AVX-512"),
+        (
+            ["--cpu-level", "x86-64-v2", "--vm-kernel", "/nonexistent/vmlinuz"],
+            "no readable kernel /nonexistent/vmlinuz for the microVM (give --vm-kernel PATH)",
+        ),
+        (
+            ["--cpu-level", "x86-64-v2", "--qemu-dir", "/nonexistent"],
+            "no qemu-system-x86_64 on /nonexistent (--qemu-dir)",
+        ),
+    ],
+)
+def test_a_microvm_that_cannot_be_made_is_one_line_and_exit_2(
+    built: dict[str, Path], shared_dir: Path, kernel: str, extra: list[str], words: str
+) -> None:
+    layout = layout_of(shared_dir, built["avx2-unmarked"])
+    args = [str(layout), "--run", *extra]
+    if "--vm-kernel" not in extra:
+        args += ["--vm-kernel", kernel]
+    code, _, err = execwatch_scan(*args)
+    assert code == 2
+    assert err.count("\n") == 1 and words in err, err
