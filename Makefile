@@ -26,7 +26,7 @@ $(BPF_OBJ): $(BPF_DIR)/execwatch.bpf.c $(BPF_DIR)/execwatch.h $(BPF_DIR)/compat.
 guest-init: $(GUEST_INIT)
 
 $(GUEST_INIT): $(GUEST_DIR)/init.c
-	$(GUEST_CC) -static -Os -s -Wall -Wextra -Werror -o $@ $<
+	$(GUEST_CC) -static -Os -s -Wall -Wextra -Werror -Wno-unused-result -o $@ $<
 
 trace: setup
 	.venv/bin/execwatch trace $(TRACE_ARGS)

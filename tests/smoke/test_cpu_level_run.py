@@ -194,3 +194,20 @@ def test_a_microvm_that_cannot_be_made_is_one_line_and_exit_2(
     code, _, err = execwatch_scan(*args)
     assert code == 2
     assert err.count("\n") == 1 and words in err, err
+
+
+def test_a_microvm_needs_no_user_namespace(
+    built: dict[str, Path], shared_dir: Path, kernel: str
+) -> None:
+    """Where user namespaces are refused (here: inside one whose user.max_user_namespaces
+    is 0), the namespace sandbox cannot run, the microVM still can."""
+    refusing = ["unshare", "--user", "--map-root-user", "sh", "-c",
+                'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"', "sh"]  # fmt: skip
+    layout = layout_of(shared_dir, built["avx2-unmarked"])
+    code, _, err = execwatch_scan(str(layout), "--run", user=refusing)
+    assert code == 2 and "(user.max_user_namespaces = 0): cannot run" in err, err
+    code, doc, err = execwatch_scan(str(layout), "--run", "--cpu-level", "x86-64-v2",
+                                    "--vm-kernel", kernel, user=refusing)  # fmt: skip
+    assert code == 1, err
+    [run] = runs(doc)
+    assert run["check"] == "cpu-level" and "killed by SIGILL" in run["message"]

@@ -88,13 +88,17 @@ def run_images(
 ) -> None:  # fmt: skip
     """Run each image (of `platforms`, when given); each finding joins the report's result
     of the same label and platform."""
-    problem = namespaces.refusal()
-    if problem:
-        raise RunSetupError(problem)
+    chosen = []
     for image in images:
         platform = image.platform or image.config_platform() or node_platform()
-        if platforms and not any(platform.matches(p) for p in platforms):
-            continue
+        if not platforms or any(platform.matches(p) for p in platforms):
+            chosen.append((image, platform))
+    problem = None
+    if not all(_in_microvm(platform, options) for _, platform in chosen):
+        problem = namespaces.refusal()  # a microVM needs no user namespace
+    if problem:
+        raise RunSetupError(problem)
+    for image, platform in chosen:
         result = _result_for(report, image, platform)
         run = run_image(image, platform, options, limits)
         result.findings.append(_finding(run, result))
@@ -190,9 +194,13 @@ def _verdict(
 def _vm(platform: Platform, options: RunOptions) -> Vm | None:
     """--cpu-level: an amd64 platform runs in a microVM of that level (the level is an
     amd64 notion: other platforms run as without it)."""
-    if options.cpu_levels is None or platform.architecture != "amd64":
+    if options.cpu_levels is None or not _in_microvm(platform, options):
         return None
     return vm_for(options.cpu_levels, options.vm_kernel, options.qemu_dir)
+
+
+def _in_microvm(platform: Platform, options: RunOptions) -> bool:
+    return options.cpu_levels is not None and platform.architecture == "amd64"
 
 
 def _in_vm(
