@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import secrets
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
@@ -49,6 +51,7 @@ REPORT = re.compile(
     rb" stderr=(?P<stderr>-|(?:[0-9a-f]{2})+) END (?P<end>[0-9a-f]{32})"
 )
 KEPT = 16 << 10  # of stdout and stderr, carried back over the serial port
+SERIAL_CAP = 16 * MiB  # each serial port's file on the host
 
 
 @dataclass(frozen=True)
@@ -155,7 +158,8 @@ def _boot(
     uid, gid = drop if drop else (None, None)
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, user=uid, group=gid,
-                            extra_groups=[] if drop else None)  # fmt: skip
+                            extra_groups=[] if drop else None,
+                            preexec_fn=_cap_serial_files)  # fmt: skip
     try:
         proc.wait(timeout=limits.deadline_s + vm.boot_budget_s)
         return False
@@ -163,6 +167,14 @@ def _boot(
         proc.kill()
         proc.wait()
         return True
+
+
+def _cap_serial_files() -> None:
+    """In QEMU's process: the only files it writes are the serial ports', which the guest
+    fills at will; past the cap a write fails (EFBIG) instead of filling the host's disk.
+    A report lost that way is no report: exit 2, never a verdict."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (SERIAL_CAP, SERIAL_CAP))
 
 
 def _orders(nonce: str, guest: Guest, limits: RunLimits) -> bytes:
