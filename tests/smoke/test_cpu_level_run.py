@@ -20,8 +20,9 @@ from tests.support.binfmt.cbuild import AVX2_FIRST_C, HELLO_C, compile_c
 from tests.support.images.imagebuild import Image, file, oci_layout
 from tests.support.kernels.vm import Kernel
 
-# Writes a report of its own on the report port (with the orders' nonce if it could read
-# them), says on stderr what it managed, then executes AVX2 first thing after.
+# Writes reports of its own on the report port without end, from a child that outlives it
+# (with the orders' nonce if it could read them), says on stderr what it managed, then
+# executes AVX2.
 FORGER_C = r"""
 #include <fcntl.h>
 #include <stdio.h>
@@ -35,7 +36,8 @@ int main(void) {
   snprintf(line, sizeof line, "\nEXECWATCH-REPORT-1 %s program=2f666f726765 exec_errno=-"
            " status=0 timed_out=0 stdout=- stderr=- END %s\n", nonce, nonce);
   port = open("/dev/ttyS1", O_WRONLY | O_NOCTTY);
-  if (port >= 0) write(port, line, strlen(line));
+  if (port >= 0 && fork() == 0)
+    for (;;) write(port, line, strlen(line));  /* and goes on, after the program's end */
   fputs(line, stdout);
   getcwd(cwd, sizeof cwd);
   fprintf(stderr, "%sforged=%s orders=%s cwd=%s GREETING=%s\n", line,
@@ -136,9 +138,9 @@ def test_a_marked_glibc_program_is_refused_by_its_loader_static_and_run(
 def test_the_guest_cannot_forge_the_report(
     built: dict[str, Path], shared_dir: Path, kernel: str
 ) -> None:
-    """The program writes a "started" report on the report port and on its output; it
-    cannot read the orders (nor their nonce), and the run is what the CPU did: SIGILL. It
-    ran with the image's WorkingDir and Env."""
+    """The program writes "started" reports on the report port, from a child that outlives
+    it, and on its output; it cannot read the orders (nor their nonce), and the run is what
+    the CPU did: SIGILL. It ran with the image's WorkingDir and Env."""
     layout = layout_of(shared_dir, built["forger"], workdir="/srv", env=["GREETING=hi"])
     code, doc, err = execwatch_scan(str(layout), "--run", "--cpu-level", "x86-64-v2",
                                     "--vm-kernel", kernel)  # fmt: skip

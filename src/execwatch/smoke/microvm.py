@@ -36,10 +36,11 @@ QEMU_SYSTEM = "qemu-system-x86_64"
 INIT_NAME = ".execwatch-init"
 ORDERS_NAME = ".execwatch-run"
 # x86-64 level -> QEMU CPU model (TCG, QEMU 7.2), each checked in a guest (docs/scan.md):
-# Opteron_G1 is the baseline without SSE3 (qemu64 has SSE3 and CX16); Nehalem has SSE4.2
-# and POPCNT but no AVX; Haswell has AVX2, BMI, FMA, MOVBE (TCG lacks TSX: -hle,-rtm).
+# Opteron_G1 less SSE3 is the baseline (qemu64 has SSE3 and CX16); Nehalem has SSE4.2 and
+# POPCNT but no AVX; Haswell has AVX2, BMI, FMA, MOVBE, less what TCG lacks (TSX, PCID,
+# INVPCID, x2APIC, TSC deadline), which QEMU would drop with a warning each.
 MODELS = {
-    1: "Opteron_G1,-pni",
+    BASELINE: "Opteron_G1,-pni",
     V2: "Nehalem",
     V3: "Haswell,-pcid,-x2apic,-tsc-deadline,-hle,-rtm,-invpcid",
 }
