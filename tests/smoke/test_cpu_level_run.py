@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from execwatch.smoke.microvm import parse_report
+from execwatch.scan.errors import ScanInputError
+from execwatch.smoke.microvm import Guest, Vm, parse_report, write_initramfs
 from tests.smoke.conftest import NOBODY, execwatch_scan, runs
 from tests.smoke.test_run import glibc_base
 from tests.support.binfmt.cbuild import AVX2_FIRST_C, HELLO_C, compile_c
-from tests.support.images.imagebuild import Image, file, oci_layout
+from tests.support.images.imagebuild import Image, file, oci_layout, symlink
 from tests.support.kernels.vm import Kernel
 
 # Writes reports of its own on the report port without end, from a child that outlives it
@@ -111,12 +112,17 @@ def test_unmarked_avx2_dies_of_sigill_on_a_v2_cpu(
 def test_unmarked_avx2_starts_on_a_v3_cpu(
     built: dict[str, Path], shared_dir: Path, kernel: str
 ) -> None:
-    layout = layout_of(shared_dir, built["avx2-unmarked"])
+    """The entrypoint is a bare name, found on the image's PATH as runc finds it, through
+    a symlink: the initramfs keeps the image's links."""
+    layer = [file("opt/avx2/bin/avx2", built["avx2-unmarked"].read_bytes()),
+             symlink("opt/bin/app", "../avx2/bin/avx2")]  # fmt: skip
+    image = Image([layer], entrypoint=["app"], env=["PATH=/usr/bin:/opt/bin"])
+    layout = oci_layout(shared_dir / "img", [image])
     code, doc, err = execwatch_scan(str(layout), "--run", "--cpu-level", "x86-64-v3",
                                     "--vm-kernel", kernel)  # fmt: skip
     assert code == 0, err
     [run] = runs(doc)
-    assert run["check"] == "run-started"
+    assert (run["check"], run["path"]) == ("run-started", "/opt/bin/app")
     assert run["message"].startswith("run under QEMU system (Haswell): started: exit 0")
 
 
@@ -213,3 +219,16 @@ def test_a_microvm_needs_no_user_namespace(
     assert code == 1, err
     [run] = runs(doc)
     assert run["check"] == "cpu-level" and "killed by SIGILL" in run["message"]
+
+
+def test_an_image_root_past_the_initramfs_budget_is_one_line(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "big").write_bytes(b"\0" * (2 << 20))
+    vm = Vm("qemu", "vmlinuz", "Nehalem", init=str(root / "big"), max_initramfs=1 << 20)
+    guest = Guest(str(root), ("/big",), {}, "/", 0, 0)
+    with (tmp_path / "initramfs").open("wb") as out, pytest.raises(ScanInputError) as refused:
+        write_initramfs(out, guest, vm, b"")
+    assert str(refused.value) == (
+        "--cpu-level: the image root exceeds the microVM's 1 MiB initramfs budget"
+    )
