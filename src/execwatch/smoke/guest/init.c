@@ -260,6 +260,17 @@ static void child(const struct orders *o, int out, int err, int exec_report)
 	_exit(127);
 }
 
+/* A kernel without /dev/console in its built-in initramfs starts the init with fds 0-2
+ * closed: the pipes would then take them, and dup2 onto the same fd keeps CLOEXEC. */
+static void standard_fds(void)
+{
+	int fd;
+	while ((fd = open("/dev/null", O_RDWR)) >= 0 && fd < 3)
+		;
+	if (fd >= 3)
+		close(fd);
+}
+
 static long now_ms(void)
 {
 	struct timespec t;
@@ -377,6 +388,7 @@ int main(void)
 		halt();
 	}
 	mount_all(&o);
+	standard_fds();
 	make_workdir(o.workdir);
 	find_program(o.argv[0], o.envp);
 	if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC) || pipe2(exec_pipe, O_CLOEXEC)) {
