@@ -16,6 +16,7 @@ import pytest
 from execwatch.scan.errors import ScanInputError
 from execwatch.smoke.microvm import Guest, Vm, parse_report, write_initramfs
 from tests.smoke.conftest import NOBODY, execwatch_scan, runs
+from tests.smoke.test_escape import UserImage
 from tests.smoke.test_run import glibc_base
 from tests.support.binfmt.cbuild import AVX2_FIRST_C, HELLO_C, compile_c
 from tests.support.images.imagebuild import Image, file, oci_layout, symlink
@@ -48,7 +49,11 @@ int main(void) {
   return 0;
 }
 """
-SERVER_C = "#include <unistd.h>\nint main(void) { for (;;) pause(); }\n"
+SERVER_C = (
+    "#include <stdio.h>\n#include <unistd.h>\n"
+    'int main(void) { fprintf(stderr, "uid=%d gid=%d\\n", getuid(), getgid());'
+    " for (;;) pause(); }\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -169,13 +174,16 @@ def test_a_report_needs_the_runs_nonce_at_both_ends() -> None:
 def test_a_server_that_never_exits_counts_as_started(
     built: dict[str, Path], shared_dir: Path, kernel: str
 ) -> None:
-    layout = layout_of(shared_dir, built["server"])
+    """It runs as the image's User (1000), on an x86-64-v1 CPU, until the deadline."""
+    image = UserImage([[file("app", built["server"].read_bytes())]], entrypoint=["/app"])
+    layout = oci_layout(shared_dir / "img", [image])
     code, doc, err = execwatch_scan(str(layout), "--run", "--cpu-level", "x86-64-v1",
                                     "--vm-kernel", kernel, "--run-timeout", "2")  # fmt: skip
     assert code == 0, err
     [run] = runs(doc)
     assert run["check"] == "run-started"
     assert run["message"].startswith("run under QEMU system (Opteron_G1): still running")
+    assert "; stderr: uid=1000 gid=1000 (" in run["message"]
 
 
 @pytest.mark.parametrize(
