@@ -15,9 +15,9 @@ import pytest
 
 from execwatch.scan.errors import ScanInputError
 from execwatch.smoke.microvm import Guest, Vm, parse_report, write_initramfs
-from tests.smoke.conftest import NOBODY, execwatch_scan, runs
+from tests.smoke.conftest import EMULATORS, NOBODY, execwatch_scan, runs
 from tests.smoke.test_escape import UserImage
-from tests.smoke.test_run import glibc_base
+from tests.smoke.test_run import arm64_image, glibc_base
 from tests.support.binfmt.cbuild import AVX2_FIRST_C, HELLO_C, compile_c
 from tests.support.images.imagebuild import Image, file, oci_layout, symlink
 from tests.support.kernels.vm import Kernel
@@ -196,7 +196,7 @@ def test_a_server_that_never_exits_counts_as_started(
         ),
         (
             ["--cpu-level", "x86-64-v2", "--qemu-dir", "/nonexistent"],
-            "no qemu-system-x86_64 on /nonexistent (--qemu-dir)",
+            "no qemu-system-x86_64 in /nonexistent or on PATH (--qemu-dir)",
         ),
     ],
 )
@@ -207,7 +207,8 @@ def test_a_microvm_that_cannot_be_made_is_one_line_and_exit_2(
     args = [str(layout), "--run", *extra]
     if "--vm-kernel" not in extra:
         args += ["--vm-kernel", kernel]
-    code, _, err = execwatch_scan(*args)
+    no_qemu_on_path = {"PATH": "/nonexistent"} if "--qemu-dir" in extra else None
+    code, _, err = execwatch_scan(*args, env=no_qemu_on_path)
     assert code == 2
     assert err.count("\n") == 1 and words in err, err
 
@@ -240,3 +241,22 @@ def test_an_image_root_past_the_initramfs_budget_is_one_line(tmp_path: Path) -> 
     assert str(refused.value) == (
         "--cpu-level: the image root exceeds the microVM's 1 MiB initramfs budget"
     )
+
+
+def test_every_platform_and_the_cpu_level_in_one_scan(
+    built: dict[str, Path], shared_dir: Path, kernel: str
+) -> None:
+    """amd64 in the v2 microVM (QEMU system from PATH), arm64 under user-mode QEMU from
+    --qemu-dir: the level is an amd64 notion, the arm64 run is as without it."""
+    amd64 = Image([[file("app", built["avx2-unmarked"].read_bytes())]], entrypoint=["/app"])
+    layout = oci_layout(shared_dir / "img", [amd64, arm64_image(["/usr/bin/hello"])])
+    code, doc, err = execwatch_scan(
+        str(layout), "--run", "--cpu-level", "x86-64-v2", "--vm-kernel", kernel,
+        "--qemu-dir", str(EMULATORS),
+    )  # fmt: skip
+    assert code == 1, err
+    by_platform = {f["platform"]: f for f in runs(doc)}
+    assert by_platform["linux/amd64"]["check"] == "cpu-level"
+    assert "QEMU system (Nehalem): killed by SIGILL" in by_platform["linux/amd64"]["message"]
+    assert by_platform["linux/arm64"]["check"] == "run-started"
+    assert "under QEMU (binfmt_misc)" in by_platform["linux/arm64"]["message"]

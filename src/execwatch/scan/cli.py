@@ -111,7 +111,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument(
         "--qemu-dir",
         metavar="DIR",
-        help="--run: where qemu-<arch>-static and qemu-system-x86_64 are (default PATH)",
+        help="--run: where qemu-<arch>-static are, and qemu-system-x86_64 (default PATH)",
     )
     p.add_argument(
         "--vm-kernel",

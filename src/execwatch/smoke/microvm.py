@@ -101,13 +101,22 @@ def vm_for(levels: int, kernel: str | None, qemu_dir: str | None) -> Vm:
         raise ScanInputError(
             f"--cpu-level: no readable kernel {kernel} for the microVM (give --vm-kernel PATH)"
         )
-    found = os.path.join(qemu_dir, QEMU_SYSTEM) if qemu_dir else shutil.which(QEMU_SYSTEM)
-    if not found or not os.access(found, os.X_OK):
-        raise ScanInputError(f"--cpu-level: no {QEMU_SYSTEM} on {qemu_dir or 'PATH'} (--qemu-dir)")
+    found = _qemu_system(qemu_dir)
+    if found is None:
+        where = f"in {qemu_dir} or on PATH" if qemu_dir else "on PATH"
+        raise ScanInputError(f"--cpu-level: no {QEMU_SYSTEM} {where} (--qemu-dir)")
     init = resources.files("execwatch.smoke") / "guest" / "execwatch-init"
     if not init.is_file():
         raise ScanInputError(f"--cpu-level: {init} is missing: run `make guest-init`")
     return Vm(found, kernel, model, str(init))
+
+
+def _qemu_system(qemu_dir: str | None) -> str | None:
+    """From --qemu-dir, else PATH: the directory that holds qemu-aarch64-static for the
+    arm64 runs need not hold the system emulator too."""
+    candidates = [os.path.join(qemu_dir, QEMU_SYSTEM)] if qemu_dir else []
+    candidates.append(shutil.which(QEMU_SYSTEM) or "")
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
 
 
 def run_in_vm(
