@@ -4,9 +4,13 @@ ARCH ?= $(shell uname -m | sed -e 's/x86_64/x86/' -e 's/aarch64/arm64/')
 MULTIARCH ?= $(shell gcc -print-multiarch 2>/dev/null || echo $(shell uname -m)-linux-gnu)
 BPF_DIR := src/execwatch/bpf
 BPF_OBJ := $(BPF_DIR)/execwatch.bpf.o
+# The microVM's init for `scan --run --cpu-level` (smoke/microvm.py): static, musl when there.
+GUEST_DIR := src/execwatch/smoke/guest
+GUEST_INIT := $(GUEST_DIR)/execwatch-init
+GUEST_CC ?= $(shell command -v musl-gcc 2>/dev/null || echo gcc)
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-test bpf trace test bench lint
+.PHONY: setup setup-test bpf guest-init trace test bench lint
 setup:
 	dev/setup.sh
 
@@ -18,6 +22,11 @@ bpf: $(BPF_OBJ)
 $(BPF_OBJ): $(BPF_DIR)/execwatch.bpf.c $(BPF_DIR)/execwatch.h $(BPF_DIR)/compat.bpf.h
 	clang -g -O2 -Wall -Werror -target bpf -D__TARGET_ARCH_$(ARCH) \
 		-I/usr/include/$(MULTIARCH) -I$(BPF_DIR) -c $< -o $@
+
+guest-init: $(GUEST_INIT)
+
+$(GUEST_INIT): $(GUEST_DIR)/init.c
+	$(GUEST_CC) -static -Os -s -Wall -Wextra -Werror -Wno-unused-result -o $@ $<
 
 trace: setup
 	.venv/bin/execwatch trace $(TRACE_ARGS)

@@ -30,7 +30,7 @@ elif [ ! -L .cache ] && [ "$link_only" = 0 ]; then
 fi
 [ "$link_only" = 1 ] && exit 0
 
-runtime_pkgs=(clang llvm libbpf-dev libbpf1 linux-libc-dev make python3-venv)
+runtime_pkgs=(clang llvm libbpf-dev libbpf1 linux-libc-dev make python3-venv musl-tools)
 test_pkgs=(bpftool bpftrace runc containerd musl musl-tools prometheus file pax-utils binutils busybox-static gcc libc6-dev qemu-system-x86 libfuse3-3 skopeo python3-pyelftools groff-base
   buildah mmdebstrap containernetworking-plugins iptables
   docker.io podman crun conmon catatonit uidmap slirp4netns fuse-overlayfs)
@@ -52,7 +52,7 @@ fi
 extra=""
 [ "$test" = 1 ] && extra="[dev]"
 .venv/bin/pip install -q --disable-pip-version-check -e ".${extra}"
-make -s bpf
+make -s bpf guest-init
 
 if [ "$test" = 1 ]; then
   dev/fetch-foreign.sh .cache/foreign

@@ -142,14 +142,7 @@ def test_sleep_infinity_is_killed_at_the_deadline(shared_dir: Path, who: str) ->
 def test_a_setuid_root_binary_gains_nothing(shared_dir: Path, tmp_path: Path, who: str) -> None:
     euid = compile_c(tmp_path / "euid", EUID_C, "musl-gcc", "-static")
     layer = [*busybox_layer(), file("bin/euid", euid.read_bytes(), 0o4755)]
-    _, run, _ = run_sh(shared_dir, "", who, image=UserImage([layer], entrypoint=["/bin/euid"]))
+    _, run, _ = run_sh(
+        shared_dir, "", who, image=Image([layer], entrypoint=["/bin/euid"], user="1000")
+    )
     assert run["message"].startswith("run: started: exit 0"), run["message"]  # euid stays 1000
-
-
-class UserImage(Image):
-    """An image whose config names a User: 1000, as most hardened images do."""
-
-    def config(self) -> dict[str, Any]:
-        out = super().config()
-        out["config"]["User"] = "1000"
-        return out

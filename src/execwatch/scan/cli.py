@@ -69,7 +69,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         type=cliargs.cpu_level,
         metavar="x86-64-vN",
         help="the x86-64 level of the nodes (v1..v4): an executable or library that needs"
-        " more is an error (default: the amd64 platform's variant)",
+        " more is an error (default: the amd64 platform's variant); with --run, amd64"
+        " entrypoints run in a QEMU microVM whose CPU is that level (v1..v3)",
     )
     p.add_argument(
         "--allow-empty",
@@ -108,7 +109,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="--run: a program still running at the deadline is a failure (default: started)",
     )
     p.add_argument(
-        "--qemu-dir", metavar="DIR", help="--run: where qemu-<arch>-static are (default PATH)"
+        "--qemu-dir",
+        metavar="DIR",
+        help="--run: where qemu-<arch>-static are, and qemu-system-x86_64 (default PATH)",
+    )
+    p.add_argument(
+        "--vm-kernel",
+        metavar="PATH",
+        help="--run --cpu-level: the microVM's kernel (default /boot/vmlinuz-$(uname -r))",
     )
     p.add_argument(
         "--base",
@@ -219,6 +227,8 @@ def _run(args: argparse.Namespace, options: ScanOptions, report: ScanReport) -> 
         qemu_dir=args.qemu_dir,
         binfmt=os.environ.get("EXECWATCH_RUN_QEMU") != "direct",
         limits=RunLimits(deadline_s=args.run_timeout),
+        cpu_levels=args.cpu_level,
+        vm_kernel=args.vm_kernel,
     )
     if args.base is None:
         run_report(

@@ -9,7 +9,7 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from execwatch.binfmt import Platform, node_platform
 from execwatch.runnable.limits import Limits
@@ -29,6 +29,7 @@ from execwatch.scan.sources import (
 from execwatch.scan.vocabulary import CHECK_OF_REASON, Check
 from execwatch.smoke import namespaces
 from execwatch.smoke.classify import RunVerdict, classify
+from execwatch.smoke.microvm import Guest, Vm, run_in_vm, vm_for
 from execwatch.smoke.namespaces import Launch, ProcessEnd, QemuSetup, RunLimits
 from execwatch.smoke.unpack import Unpacked, remove_tree, unpack_image
 
@@ -58,6 +59,8 @@ class RunOptions:
     binfmt: bool = True  # False: QEMU is always invoked directly (EXECWATCH_RUN_QEMU=direct)
     limits: RunLimits = field(default_factory=RunLimits)
     max_unpack: int = 8 * GiB
+    cpu_levels: int | None = None  # --cpu-level: amd64 runs in a microVM of that CPU
+    vm_kernel: str | None = None  # --vm-kernel: the microVM's kernel
 
 
 @dataclass
@@ -85,13 +88,17 @@ def run_images(
 ) -> None:  # fmt: skip
     """Run each image (of `platforms`, when given); each finding joins the report's result
     of the same label and platform."""
-    problem = namespaces.refusal()
-    if problem:
-        raise RunSetupError(problem)
+    chosen = []
     for image in images:
         platform = image.platform or image.config_platform() or node_platform()
-        if platforms and not any(platform.matches(p) for p in platforms):
-            continue
+        if not platforms or any(platform.matches(p) for p in platforms):
+            chosen.append((image, platform))
+    problem = None
+    if not all(_in_microvm(platform, options) for _, platform in chosen):
+        problem = namespaces.refusal()  # a microVM needs no user namespace
+    if problem:
+        raise RunSetupError(problem)
+    for image, platform in chosen:
         result = _result_for(report, image, platform)
         run = run_image(image, platform, options, limits)
         result.findings.append(_finding(run, result))
@@ -131,7 +138,8 @@ def run_image(
     argv = _argv(cfg, options.args)
     if not argv:
         raise RunSetupError(f"{image.label}: no Entrypoint or Cmd to run (give --run-args)")
-    emulator, machines = _emulation(platform, options)
+    vm = _vm(platform, options)
+    emulator, machines = (None, None) if vm else _emulation(platform, options)
     work = tempfile.mkdtemp(prefix="execwatch-run-")
     try:
         os.chmod(work, 0o755)
@@ -140,27 +148,74 @@ def run_image(
             os.mkdir(d, 0o755)
         env = _env(cfg.get("Env"))
         workdir = os.path.normpath(os.path.join("/", str(cfg.get("WorkingDir") or "/")))
-
-        def unpack_and_run() -> tuple[ProcessEnd, Unpacked]:
-            unpacked = unpack_image(image, lower, limits, options.max_unpack)
-            uid, gid = _user(str(cfg.get("User") or ""), lower)
-            if os.getuid() == 0 and _mapped(DROP_UID):
-                _drop(work)  # else root of a user namespace that lacks 65534: no host root
-            launch = Launch(lower, stage, tuple(argv), env, workdir, uid, gid, emulator, machines)
-            return namespaces.run(launch, options.limits), unpacked
-
-        process = ProcessLimits(wall_s=options.limits.deadline_s + 600.0)
-        try:
-            outcome, unpacked = run_isolated(unpack_and_run, process, image.label)
-        finally:
-            if emulator is not None:
-                os.close(int(emulator.path.rsplit("/", 1)[1]))
-        if outcome.setup_error:
-            raise RunSetupError(f"{image.label} ({platform}): {outcome.setup_error}")
-        verdict = classify(outcome, lower, options.timeout_fails)
-        return RunResult(str(platform), argv, outcome, verdict, unpacked)
+        user = str(cfg.get("User") or "")
+        if vm is not None:
+            guest = Guest(lower, tuple(argv), env, workdir, 0, 0)
+            outcome, unpacked = _in_vm(vm, image, guest, user, options, limits)
+        else:
+            launch = Launch(lower, stage, tuple(argv), env, workdir, 0, 0, emulator, machines)
+            outcome, unpacked = _in_namespaces(image, launch, user, work, options, limits)
+        return _verdict(image, platform, argv, outcome, unpacked, lower, options)
     finally:
         remove_tree(work)
+
+
+def _in_namespaces(
+    image: ImageSource, launch: Launch, user: str, work: str, options: RunOptions, limits: Limits
+) -> tuple[ProcessEnd, Unpacked]:
+    """Unpack and run in a process of its own, dropped to nobody for a root caller."""
+
+    def unpack_and_run() -> tuple[ProcessEnd, Unpacked]:
+        unpacked = unpack_image(image, launch.lower, limits, options.max_unpack)
+        uid, gid = _user(user, launch.lower)
+        if os.getuid() == 0 and _mapped(DROP_UID):
+            _drop(work)  # else root of a user namespace that lacks 65534: no host root
+        return namespaces.run(replace(launch, uid=uid, gid=gid), options.limits), unpacked
+
+    process = ProcessLimits(wall_s=options.limits.deadline_s + 600.0)
+    try:
+        return run_isolated(unpack_and_run, process, image.label)
+    finally:
+        if launch.emulator is not None:
+            os.close(int(launch.emulator.path.rsplit("/", 1)[1]))
+
+
+def _verdict(
+    image: ImageSource, platform: Platform, argv: list[str], outcome: ProcessEnd,
+    unpacked: Unpacked, lower: str, options: RunOptions,
+) -> RunResult:  # fmt: skip
+    """The run classified while its root is still on disk (classify reads the program)."""
+    if outcome.setup_error:
+        raise RunSetupError(f"{image.label} ({platform}): {outcome.setup_error}")
+    verdict = classify(outcome, lower, options.timeout_fails)
+    return RunResult(str(platform), argv, outcome, verdict, unpacked)
+
+
+def _vm(platform: Platform, options: RunOptions) -> Vm | None:
+    """--cpu-level: an amd64 platform runs in a microVM of that level (the level is an
+    amd64 notion: other platforms run as without it)."""
+    if options.cpu_levels is None or not _in_microvm(platform, options):
+        return None
+    return vm_for(options.cpu_levels, options.vm_kernel, options.qemu_dir)
+
+
+def _in_microvm(platform: Platform, options: RunOptions) -> bool:
+    return options.cpu_levels is not None and platform.architecture == "amd64"
+
+
+def _in_vm(
+    vm: Vm, image: ImageSource, guest: Guest, user: str, options: RunOptions, limits: Limits
+) -> tuple[ProcessEnd, Unpacked]:
+    """Unpack in a process of its own (as every run does), then boot the microVM from here:
+    QEMU needs more address space than the unpacking process may have. A root caller's
+    QEMU runs as nobody, as its sandbox would."""
+
+    def unpack() -> tuple[Unpacked, tuple[int, int]]:
+        return unpack_image(image, guest.root, limits, options.max_unpack), _user(user, guest.root)
+
+    unpacked, (uid, gid) = run_isolated(unpack, ProcessLimits(wall_s=600.0), image.label)
+    drop = (DROP_UID, DROP_GID) if os.getuid() == 0 and _mapped(DROP_UID) else None
+    return run_in_vm(vm, replace(guest, uid=uid, gid=gid), options.limits, drop), unpacked
 
 
 def _emulation(
@@ -267,7 +322,14 @@ def _table(path: str) -> list[list[str]]:
 def _finding(run: RunResult, result: ImageResult) -> Finding:
     verdict = run.verdict
     program = run.outcome.program or run.argv[0]
-    how = f" under QEMU ({run.outcome.emulation})" if run.outcome.emulation else ""
+    emulation = run.outcome.emulation
+    how = ""
+    if emulation:  # "system (Nehalem)" for the microVM, else user mode's binfmt_misc/direct
+        how = (
+            f" under QEMU {emulation}"
+            if emulation.startswith("system")
+            else f" under QEMU ({emulation})"
+        )
     message = f"run{how}: {verdict.detail} ({run.outcome.seconds:.2f} s)"
     if verdict.started:
         check, severity = Check.RUN_STARTED, Severity.NOTE

@@ -124,6 +124,7 @@ class Image:
     cmd: list[str] | None = None
     env: list[str] = field(default_factory=list)
     workdir: str = ""
+    user: str = ""
     compression: str = "gzip"
 
     def config(self) -> dict[str, Any]:
@@ -134,6 +135,8 @@ class Image:
             cfg["Cmd"] = self.cmd
         if self.workdir:
             cfg["WorkingDir"] = self.workdir
+        if self.user:
+            cfg["User"] = self.user
         out: dict[str, Any] = {
             "architecture": self.architecture,
             "os": self.os,
