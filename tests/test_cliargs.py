@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from execwatch import cliargs
-from execwatch.cli import main
+from execwatch.cli import build_parser, main
 
 BAD_VALUES = [
     ("trace", "--death-window", ["0", "-1", "nan", "inf", "3601", "two"]),
@@ -171,3 +171,20 @@ def test_the_windows_cap_is_no_option_of_its_own() -> None:
     )  # fmt: skip
     assert out.returncode == 2
     assert out.stderr.startswith("execwatch agent: error: --aggregation-window-max is gone: use")
+
+
+def test_run_args_takes_a_value_that_starts_with_a_dash() -> None:
+    """`--run-args --version`, as the seed's smoke test writes it, is the argv to try, not
+    execwatch's own --version; the `=` form means the same."""
+    for argv in (["--run-args", "--version"], ["--run-args=--version"]):
+        words = cliargs.attach_values(["scan", "img.tar", "--run", *argv], {"--run-args"})
+        args = build_parser("scan").parse_args(words)
+        assert (args.run, args.run_args) == (True, "--version")
+    assert cliargs.attach_values(["scan", "--run-args"], {"--run-args"}) == ["scan", "--run-args"]
+
+
+def test_a_bare_run_args_at_the_end_is_one_line_and_exit_2() -> None:
+    proc = subprocess.run([sys.executable, "-m", "execwatch.cli", "scan", "x", "--run-args"],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "--run-args: expected one argument" in proc.stderr

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 
 from execwatch import __version__, cliargs, logs
 
+# Options whose value may start with a dash: `scan --run-args --version`.
+DASHED_VALUES = frozenset({"--run-args"})
 # Each command's module, imported only when that command runs (or for --help): trace and
 # the cluster commands pull in gRPC, the Kubernetes client and Prometheus, which cost a
 # CI job's `execwatch scan` 0.3 s of start-up for nothing.
@@ -53,7 +55,7 @@ def command_of(argv: Sequence[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = cliargs.attach_values(sys.argv[1:] if argv is None else argv, DASHED_VALUES)
     args = build_parser(command_of(argv)).parse_args(argv)
     logs.configure(args.log_level)
     code: int = args.func(args)

@@ -16,7 +16,7 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType
@@ -189,6 +189,17 @@ def size(text: str) -> int:
 
 
 NAMESPACE_HELP = "namespace of the ExecFailure records (default: $POD_NAMESPACE or execwatch)"
+
+
+def attach_values(argv: Sequence[str], options: Collection[str]) -> list[str]:
+    """`--opt VALUE` as `--opt=VALUE` for the options whose value may itself start with a
+    dash (`--run-args --version`), which argparse would otherwise read as an option."""
+    out: list[str] = []
+    words = iter(argv)
+    for word in words:
+        value = next(words, None) if word in options else None
+        out.append(word if value is None else f"{word}={value}")
+    return out
 
 
 def add_api_flags(p: argparse.ArgumentParser, namespace_help: str = NAMESPACE_HELP) -> None:
