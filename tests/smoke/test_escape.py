@@ -52,22 +52,27 @@ def run_sh(
     layout = oci_layout(shared / "img", [image])
     started = time.monotonic()
     args = ("--run-args", shlex.quote(script)) if script else ()
-    code, doc, err = execwatch_scan(str(layout), "--run", *args, *extra, user=AS[who])
+    env = {"TMPDIR": str(scratch(shared))}
+    code, doc, err = execwatch_scan(str(layout), "--run", *args, *extra, user=AS[who], env=env)
     assert code in (0, 1), err
     [run] = runs(doc)
     return code, run, time.monotonic() - started
 
 
-def leftovers() -> list[str]:
-    return sorted(p for p in os.listdir("/tmp") if p.startswith("execwatch-run-"))
+def scratch(shared: Path) -> Path:
+    """The test's own TMPDIR for the scan, writable by nobody too: what the run leaves
+    there is this test's alone, whatever else runs on the machine."""
+    tmp = shared / "tmp"
+    tmp.mkdir(exist_ok=True)
+    tmp.chmod(0o1777)
+    return tmp
 
 
 @pytest.fixture(autouse=True)
-def host_unchanged() -> Iterator[None]:
+def host_unchanged(shared_dir: Path) -> Iterator[None]:
     """No unpacked root left behind, no process of the sandbox's uid left running."""
-    before = leftovers()
     yield
-    assert leftovers() == before
+    assert sorted(os.listdir(scratch(shared_dir))) == []
     stray = subprocess.run(
         ["pgrep", "-u", "65534", "-f", "busybox|sleep"], capture_output=True, text=True
     )
