@@ -14,9 +14,11 @@ NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
 USERS: dict[str, list[str]] = {"root": [], "nobody": NOBODY}
 
 
+SCAN_FLAGS = ("--no-progress", "--format", "json")
+
+
 def scan_command(argv: list[str], user: str = "root") -> list[str]:
-    return [*USERS[user], sys.executable, "-m", "execwatch.cli", "scan", "--no-progress",
-            "--format", "json", *argv]  # fmt: skip
+    return [*USERS[user], sys.executable, "-m", "execwatch.cli", "scan", *SCAN_FLAGS, *argv]
 
 
 def run_scan(step: dict[str, Any], timeout: float = 600) -> dict[str, Any]:
