@@ -298,7 +298,6 @@ def peak_memory(argv: list[str], marker: str = "") -> tuple[float, float]:
 
 # -- where execwatch's time goes -------------------------------------------------------------
 
-_IN_A_CHILD = "run_isolated"  # what `phases_child` calls in place, where scan and runs use it
 # phase -> (module, function) timed in `phases_child`
 PHASES = {
     "static scan": ("execwatch.scan.cli", "scan"),
@@ -332,14 +331,15 @@ def start_up() -> None:
 
 
 def phases_child(argv: list[str]) -> None:
-    """`execwatch ARGV` in this process, its forked children (run_isolated) called in place,
+    """`execwatch ARGV` in this process, its forked children (the static scan's
+    start_isolated, the runs' run_isolated) called in place, one after the other,
     each of PHASES timed: their seconds, and the total, as one JSON line on stdout."""
     spent: dict[str, float] = {}
     for name, (module, attr) in PHASES.items():
         mod = importlib.import_module(module)
         setattr(mod, attr, _timing(getattr(mod, attr), name, spent))
-    for forking in ("execwatch.scan.cli", "execwatch.smoke.runs"):
-        setattr(importlib.import_module(forking), _IN_A_CHILD, _in_place)
+    for module, (attr, in_place) in IN_A_CHILD.items():
+        setattr(importlib.import_module(module), attr, in_place)
     from execwatch.cli import main
 
     start = time.perf_counter()
@@ -351,6 +351,31 @@ def phases_child(argv: list[str]) -> None:
 
 def _in_place(work: Callable[[], T], limits: object, what: str) -> T:
     return work()
+
+
+@dataclass
+class _Finished:
+    """What `start_isolated` returns, for work already done in place."""
+
+    value: Any
+    status: int | None = 0
+
+    def result(self) -> Any:
+        return self.value
+
+    def cancel(self) -> None:
+        pass
+
+
+def _started_in_place(work: Callable[[], Any], limits: object, what: str) -> _Finished:
+    return _Finished(work())
+
+
+# what `phases_child` calls in place, by module: (the forking function, its stand-in)
+IN_A_CHILD: dict[str, tuple[str, Callable[..., Any]]] = {
+    "execwatch.scan.cli": ("start_isolated", _started_in_place),
+    "execwatch.smoke.runs": ("run_isolated", _in_place),
+}
 
 
 def _timing(fn: Callable[..., Any], name: str, spent: dict[str, float]) -> Callable[..., Any]:

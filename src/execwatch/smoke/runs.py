@@ -7,7 +7,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
@@ -70,31 +70,36 @@ class RunResult:
 
 
 def run_report(
-    target: str, report: ScanReport, platforms: tuple[Platform, ...], options: RunOptions,
-    registry: RegistryOptions, limits: Limits,
-) -> None:  # fmt: skip
-    """Run every image of `target` (of `platforms`, when given) and add the findings to the
-    report's result for the same image."""
+    target: str, static: Callable[[], ScanReport], platforms: tuple[Platform, ...],
+    options: RunOptions, registry: RegistryOptions, limits: Limits,
+) -> ScanReport:  # fmt: skip
+    """Run every image of `target` (of `platforms`, when given): the static scan's report
+    (`static()`, awaited after the runs) with the findings added to the same image's result."""
     with _images(target, registry, limits) as images:
-        run_images(images, report, platforms, options, limits)
+        return run_images(images, static, platforms, options, limits)
 
 
 def run_images(
-    images: list[ImageSource], report: ScanReport, platforms: tuple[Platform, ...],
-    options: RunOptions, limits: Limits,
-) -> None:  # fmt: skip
-    """Run each image (of `platforms`, when given); each finding joins the report's result
-    of the same label and platform."""
+    images: list[ImageSource], static: Callable[[], ScanReport],
+    platforms: tuple[Platform, ...], options: RunOptions, limits: Limits,
+) -> ScanReport:  # fmt: skip
+    """Run each image (of `platforms`, when given) while the static scan may still be under
+    way; then its report (`static()`), each finding joined to its result of the same label
+    and platform, where the disagreement with the static verdict is named."""
     problem = namespaces.refusal()
     if problem:
         raise RunSetupError(problem)
+    done: list[tuple[ImageSource, Platform, RunResult]] = []
     for image in images:
         platform = image.platform or image.config_platform() or node_platform()
         if platforms and not any(platform.matches(p) for p in platforms):
             continue
+        done.append((image, platform, run_image(image, platform, options, limits)))
+    report = static()
+    for image, platform, run in done:
         result = _result_for(report, image, platform)
-        run = run_image(image, platform, options, limits)
         result.findings.append(_finding(run, result))
+    return report
 
 
 @contextmanager
