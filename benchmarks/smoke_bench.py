@@ -301,7 +301,7 @@ def peak_memory(argv: list[str], marker: str = "") -> tuple[float, float]:
 # phase -> (module, function) timed in `phases_child`
 PHASES = {
     "static scan": ("execwatch.scan.cli", "scan"),
-    "unpack": ("execwatch.smoke.runs", "unpack_image"),
+    "unpack": ("execwatch.smoke.runs", "unpack_root"),
     "sandbox and program": ("execwatch.smoke.namespaces", "run"),
     "tree removal": ("execwatch.smoke.runs", "remove_tree"),
 }
@@ -313,11 +313,15 @@ def phases(subject: Subject, tmpdir: str | None = None, count: int = 3) -> dict[
     and imports: the minimum, the figure a passing load disturbs least."""
     code = "import sys; from benchmarks.smoke_bench import phases_child; phases_child(sys.argv[1:])"
     argv = execwatch_argv(subject, None)[1:]
-    env = {**os.environ, "TMPDIR": tmpdir} if tmpdir else None
     runs: list[dict[str, float]] = []
     for _ in range(count):
-        done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True,
-                              text=True, cwd=HERE.parent, env=env, timeout=300)  # fmt: skip
+        # a directory of its own, removed here: in place, the run's tree is made and
+        # (after the drop to nobody, its tmpfs still mounted) left by this very process
+        with tempfile.TemporaryDirectory(dir=tmpdir, prefix="execwatch-phases-") as own:
+            os.chmod(own, 0o755)
+            done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True,
+                                  text=True, cwd=HERE.parent, timeout=300,
+                                  env={**os.environ, "TMPDIR": own})  # fmt: skip
         if done.returncode != 0:
             sys.exit(f"the phases of {subject.archive.name}: {done.stderr.strip()[-300:]}")
         runs.append(json.loads(done.stdout.splitlines()[-1]))

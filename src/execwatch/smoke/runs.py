@@ -30,7 +30,7 @@ from execwatch.scan.vocabulary import CHECK_OF_REASON, Check
 from execwatch.smoke import namespaces
 from execwatch.smoke.classify import RunVerdict, classify
 from execwatch.smoke.namespaces import Launch, ProcessEnd, QemuSetup, RunLimits
-from execwatch.smoke.unpack import Unpacked, remove_tree, unpack_image
+from execwatch.smoke.unpack import TMPFS_BYTES, Unpacked, remove_tree, unpack_root
 
 DROP_UID = DROP_GID = 65534  # a root caller runs the image as nobody, mapped to the image's user
 GiB = 1 << 30
@@ -58,6 +58,7 @@ class RunOptions:
     binfmt: bool = True  # False: QEMU is always invoked directly (EXECWATCH_RUN_QEMU=direct)
     limits: RunLimits = field(default_factory=RunLimits)
     max_unpack: int = 8 * GiB
+    tmpfs_bytes: int = TMPFS_BYTES  # an image this small unpacks on a tmpfs (0: never)
 
 
 @dataclass
@@ -146,23 +147,25 @@ def run_image(
         env = _env(cfg.get("Env"))
         workdir = os.path.normpath(os.path.join("/", str(cfg.get("WorkingDir") or "/")))
 
-        def unpack_and_run() -> tuple[ProcessEnd, Unpacked]:
-            unpacked = unpack_image(image, lower, limits, options.max_unpack)
+        def unpack_and_run() -> tuple[ProcessEnd, Unpacked, RunVerdict | None]:
+            # the tree may be on a tmpfs only this process sees: classified here
+            unpacked = unpack_root(image, lower, limits, options.max_unpack, options.tmpfs_bytes)
             uid, gid = _user(str(cfg.get("User") or ""), lower)
             if os.getuid() == 0 and _mapped(DROP_UID):
                 _drop(work)  # else root of a user namespace that lacks 65534: no host root
             launch = Launch(lower, stage, tuple(argv), env, workdir, uid, gid, emulator, machines)
-            return namespaces.run(launch, options.limits), unpacked
+            end = namespaces.run(launch, options.limits)
+            verdict = None if end.setup_error else classify(end, lower, options.timeout_fails)
+            return end, unpacked, verdict
 
         process = ProcessLimits(wall_s=options.limits.deadline_s + 600.0)
         try:
-            outcome, unpacked = run_isolated(unpack_and_run, process, image.label)
+            outcome, unpacked, verdict = run_isolated(unpack_and_run, process, image.label)
         finally:
             if emulator is not None:
                 os.close(int(emulator.path.rsplit("/", 1)[1]))
-        if outcome.setup_error:
+        if outcome.setup_error or verdict is None:
             raise RunSetupError(f"{image.label} ({platform}): {outcome.setup_error}")
-        verdict = classify(outcome, lower, options.timeout_fails)
         return RunResult(str(platform), argv, outcome, verdict, unpacked)
     finally:
         remove_tree(work)
