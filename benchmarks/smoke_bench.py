@@ -21,9 +21,10 @@ entry under a name of its own only around the arm64 runs, and in `finally` remov
 the entry is there, arm64 programs anywhere on the host run under QEMU.
 execwatch's emulated run gets the same QEMU binary with `--qemu-dir` (it registers it in
 its sandbox's own user-namespace table, which the host's entry does not reach).
-execwatch is timed twice: as is (its unpack under $TMPDIR, this machine's disk) and with
-TMPDIR=/dev/shm (the unpack on a tmpfs, where making files is cheap; Docker unpacks an
-image once, at `docker load`).
+execwatch is timed twice: as is (its work directory under $TMPDIR, this machine's disk;
+these small images unpack on a tmpfs of the run's own) and with TMPDIR=/dev/shm (where an
+image too large for that tmpfs would unpack; Docker unpacks an image once, at
+`docker load`).
 
 Per platform, the tools' runs are interleaved (one of each, then again), so that a load
 that comes and goes on a shared machine hits them alike:
