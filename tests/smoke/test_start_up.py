@@ -16,7 +16,8 @@ from tests.support.images.imagebuild import Image, file, oci_layout, tar_directo
 NOT_FOR_A_LOCAL_ARCHIVE = (
     "requests", "urllib3", "httpx", "http.client", "http.cookiejar", "ssl", "email",
     "www_authenticate", "execwatch.scan.guard", "execwatch.scan.credential_helpers",
-    "rich", "lightkube", "kubernetes", "grpc", "prometheus_client", "yaml",
+    "rich", "xml", "execwatch.scan.report.sarif", "execwatch.scan.report.junit",
+    "lightkube", "kubernetes", "grpc", "prometheus_client", "yaml",
 )  # fmt: skip
 
 PROBE = """

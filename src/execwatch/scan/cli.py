@@ -21,7 +21,7 @@ from execwatch.scan.base import DEFAULT_AT, placed_images, scan_on_base
 from execwatch.scan.errors import ScanInputError
 from execwatch.scan.isolated import ProcessLimits, start_isolated
 from execwatch.scan.model import ScanReport, Severity
-from execwatch.scan.report import FORMATS, TEXT_FORMATS
+from execwatch.scan.report import FORMATS, render
 from execwatch.scan.runner import Progress as ScanProgress
 from execwatch.scan.runner import ScanOptions, scan
 from execwatch.text import safe_text
@@ -280,7 +280,7 @@ def _write(report: ScanReport, args: argparse.Namespace) -> None:
                 sys.stdout.reconfigure(errors="backslashreplace")
             print_table(report, Console(), None if args.all else 50)
         return
-    write_report(TEXT_FORMATS[args.format](report), args.output)
+    write_report(render(args.format, report), args.output)
 
 
 def write_report(text: str, output: str | None) -> None:
