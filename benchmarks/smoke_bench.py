@@ -21,9 +21,10 @@ entry under a name of its own only around the arm64 runs, and in `finally` remov
 the entry is there, arm64 programs anywhere on the host run under QEMU.
 execwatch's emulated run gets the same QEMU binary with `--qemu-dir` (it registers it in
 its sandbox's own user-namespace table, which the host's entry does not reach).
-execwatch is timed twice: as is (its unpack under $TMPDIR, this machine's disk) and with
-TMPDIR=/dev/shm (the unpack on a tmpfs, where making files is cheap; Docker unpacks an
-image once, at `docker load`).
+execwatch is timed twice: as is (its work directory under $TMPDIR, this machine's disk;
+these small images unpack on a tmpfs of the run's own) and with TMPDIR=/dev/shm (where an
+image too large for that tmpfs would unpack; Docker unpacks an image once, at
+`docker load`).
 
 Per platform, the tools' runs are interleaved (one of each, then again), so that a load
 that comes and goes on a shared machine hits them alike:
@@ -298,11 +299,10 @@ def peak_memory(argv: list[str], marker: str = "") -> tuple[float, float]:
 
 # -- where execwatch's time goes -------------------------------------------------------------
 
-_IN_A_CHILD = "run_isolated"  # what `phases_child` calls in place, where scan and runs use it
 # phase -> (module, function) timed in `phases_child`
 PHASES = {
     "static scan": ("execwatch.scan.cli", "scan"),
-    "unpack": ("execwatch.smoke.runs", "unpack_image"),
+    "unpack": ("execwatch.smoke.runs", "unpack_root"),
     "sandbox and program": ("execwatch.smoke.namespaces", "run"),
     "tree removal": ("execwatch.smoke.runs", "remove_tree"),
 }
@@ -314,11 +314,15 @@ def phases(subject: Subject, tmpdir: str | None = None, count: int = 3) -> dict[
     and imports: the minimum, the figure a passing load disturbs least."""
     code = "import sys; from benchmarks.smoke_bench import phases_child; phases_child(sys.argv[1:])"
     argv = execwatch_argv(subject, None)[1:]
-    env = {**os.environ, "TMPDIR": tmpdir} if tmpdir else None
     runs: list[dict[str, float]] = []
     for _ in range(count):
-        done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True,
-                              text=True, cwd=HERE.parent, env=env, timeout=300)  # fmt: skip
+        # a directory of its own, removed here: in place, the run's tree is made and
+        # (after the drop to nobody, its tmpfs still mounted) left by this very process
+        with tempfile.TemporaryDirectory(dir=tmpdir, prefix="execwatch-phases-") as own:
+            os.chmod(own, 0o755)
+            done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True,
+                                  text=True, cwd=HERE.parent, timeout=300,
+                                  env={**os.environ, "TMPDIR": own})  # fmt: skip
         if done.returncode != 0:
             sys.exit(f"the phases of {subject.archive.name}: {done.stderr.strip()[-300:]}")
         runs.append(json.loads(done.stdout.splitlines()[-1]))
@@ -332,14 +336,15 @@ def start_up() -> None:
 
 
 def phases_child(argv: list[str]) -> None:
-    """`execwatch ARGV` in this process, its forked children (run_isolated) called in place,
+    """`execwatch ARGV` in this process, its forked children (the static scan's
+    start_isolated, the runs' run_isolated) called in place, one after the other,
     each of PHASES timed: their seconds, and the total, as one JSON line on stdout."""
     spent: dict[str, float] = {}
     for name, (module, attr) in PHASES.items():
         mod = importlib.import_module(module)
         setattr(mod, attr, _timing(getattr(mod, attr), name, spent))
-    for forking in ("execwatch.scan.cli", "execwatch.smoke.runs"):
-        setattr(importlib.import_module(forking), _IN_A_CHILD, _in_place)
+    for module, (attr, in_place) in IN_A_CHILD.items():
+        setattr(importlib.import_module(module), attr, in_place)
     from execwatch.cli import main
 
     start = time.perf_counter()
@@ -351,6 +356,31 @@ def phases_child(argv: list[str]) -> None:
 
 def _in_place(work: Callable[[], T], limits: object, what: str) -> T:
     return work()
+
+
+@dataclass
+class _Finished:
+    """What `start_isolated` returns, for work already done in place."""
+
+    value: Any
+    status: int | None = 0
+
+    def result(self) -> Any:
+        return self.value
+
+    def cancel(self) -> None:
+        pass
+
+
+def _started_in_place(work: Callable[[], Any], limits: object, what: str) -> _Finished:
+    return _Finished(work())
+
+
+# what `phases_child` calls in place, by module: (the forking function, its stand-in)
+IN_A_CHILD: dict[str, tuple[str, Callable[..., Any]]] = {
+    "execwatch.scan.cli": ("start_isolated", _started_in_place),
+    "execwatch.smoke.runs": ("run_isolated", _in_place),
+}
 
 
 def _timing(fn: Callable[..., Any], name: str, spent: dict[str, float]) -> Callable[..., Any]:

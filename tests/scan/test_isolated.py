@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from execwatch.scan.errors import LimitExceeded
-from execwatch.scan.isolated import MiB, ProcessLimits, ScanKilled, run_isolated
+from execwatch.scan.isolated import MiB, ProcessLimits, ScanKilled, run_isolated, start_isolated
 from tests.scan.test_report_escaping import long_named_rootfs
 
 SMALL = ProcessLimits(memory=64 * MiB, cpu_s=60, wall_s=30)
@@ -66,6 +66,38 @@ def test_a_child_that_dies_without_a_result_is_one_line() -> None:
         run_isolated(lambda: os._exit(5), SMALL, "x")
     with pytest.raises(ScanKilled, match=r"killed \(SIGKILL\)"):
         run_isolated(lambda: os.kill(os.getpid(), 9), SMALL, "x")
+
+
+def test_a_started_child_works_while_the_caller_goes_on() -> None:
+    """The static scan runs while --run unpacks: both take their time at once."""
+
+    def static_scan() -> str:
+        time.sleep(1.0)
+        return "static"
+
+    started = time.monotonic()
+    pending = start_isolated(static_scan, SMALL, "t")
+    assert time.monotonic() - started < 0.5
+    time.sleep(1.0)  # the caller's own work, meanwhile
+    assert pending.result() == "static"
+    assert time.monotonic() - started < 1.8
+
+
+def test_a_cancelled_child_is_killed_and_reaped() -> None:
+    pending = start_isolated(spin, SMALL, "x")
+    pending.cancel()
+    assert pending.status is not None and os.WTERMSIG(pending.status) == 9
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pending.pid, os.WNOHANG)
+
+
+def test_the_wall_time_counts_from_the_start_not_from_the_wait() -> None:
+    pending = start_isolated(spin, ProcessLimits(wall_s=0.5), "x")
+    time.sleep(0.6)
+    waited = time.monotonic()
+    with pytest.raises(ScanKilled, match=r"x: killed after 0.5 s"):
+        pending.result()
+    assert time.monotonic() - waited < 0.3
 
 
 def test_the_cli_stops_a_scan_over_its_memory_with_exit_2(tmp_path: Path) -> None:

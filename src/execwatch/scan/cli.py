@@ -19,9 +19,9 @@ from execwatch import cliargs
 from execwatch.scan import registry
 from execwatch.scan.base import DEFAULT_AT, placed_images, scan_on_base
 from execwatch.scan.errors import ScanInputError
-from execwatch.scan.isolated import ProcessLimits, run_isolated
+from execwatch.scan.isolated import ProcessLimits, start_isolated
 from execwatch.scan.model import ScanReport, Severity
-from execwatch.scan.report import FORMATS, TEXT_FORMATS
+from execwatch.scan.report import FORMATS, render
 from execwatch.scan.runner import Progress as ScanProgress
 from execwatch.scan.runner import ScanOptions, scan
 from execwatch.text import safe_text
@@ -156,10 +156,7 @@ def run(args: argparse.Namespace) -> int:
         _say(f"error: {problem}")
         return EXIT_BAD_INPUT
     try:
-        limits = ProcessLimits(memory=args.max_memory)
-        report = run_isolated(lambda: _scan(args, options), limits, args.target)
-        if args.run:
-            _run(args, options, report)
+        report = _scan_and_run(args, options)
     except ScanInputError as exc:
         _say(f"error: {exc}")
         return EXIT_BAD_INPUT
@@ -184,6 +181,25 @@ def _base_problem(args: argparse.Namespace) -> str | None:
     if args.base is not None and args.root:
         return "--root with --base: the target's files are placed at --at, not taken as a root"
     return None
+
+
+def _scan_and_run(args: argparse.Namespace, options: ScanOptions) -> ScanReport:
+    """The static scan in its own process; with --run, the runs meanwhile (each in a
+    process of its own). An error of the static scan comes first: the run may have
+    stumbled on the same bad input."""
+    limits = ProcessLimits(memory=args.max_memory)
+    static = start_isolated(lambda: _scan(args, options), limits, args.target)
+    try:
+        if not args.run:
+            return static.result()
+        try:
+            return _run(args, options, static.result)
+        except Exception:
+            if static.status is None:
+                static.result()
+            raise
+    finally:
+        static.cancel()
 
 
 def _scan(args: argparse.Namespace, options: ScanOptions) -> ScanReport:
@@ -214,8 +230,11 @@ def _scan(args: argparse.Namespace, options: ScanOptions) -> ScanReport:
         return go(_progress(bar))
 
 
-def _run(args: argparse.Namespace, options: ScanOptions, report: ScanReport) -> None:
-    """--run: start every platform's entrypoint (execwatch.smoke), after the static scan."""
+def _run(
+    args: argparse.Namespace, options: ScanOptions, static: Callable[[], ScanReport]
+) -> ScanReport:
+    """--run: start every platform's entrypoint (execwatch.smoke) while the static scan
+    runs; its report (`static()`) with the runs' findings."""
     import shlex
 
     from execwatch.smoke.namespaces import RunLimits
@@ -231,12 +250,11 @@ def _run(args: argparse.Namespace, options: ScanOptions, report: ScanReport) -> 
         vm_kernel=args.vm_kernel,
     )
     if args.base is None:
-        run_report(
-            args.target, report, options.platforms, run_options, options.registry, options.limits
+        return run_report(
+            args.target, static, options.platforms, run_options, options.registry, options.limits
         )
-        return
     with placed_images(args.target, args.base, args.at, options) as images:
-        run_images(images, report, options.platforms, run_options, options.limits)
+        return run_images(images, static, options.platforms, run_options, options.limits)
 
 
 def _say(message: str) -> None:
@@ -272,7 +290,7 @@ def _write(report: ScanReport, args: argparse.Namespace) -> None:
                 sys.stdout.reconfigure(errors="backslashreplace")
             print_table(report, Console(), None if args.all else 50)
         return
-    write_report(TEXT_FORMATS[args.format](report), args.output)
+    write_report(render(args.format, report), args.output)
 
 
 def write_report(text: str, output: str | None) -> None:

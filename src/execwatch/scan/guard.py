@@ -12,6 +12,7 @@ connection's `connect()`, `host`, `server_hostname`, `assert_hostname`, `timeout
 from __future__ import annotations
 
 import contextlib
+import http.cookiejar
 import os
 import socket
 import threading
@@ -149,6 +150,16 @@ def _pool_classes(watch: Watch) -> dict[str, type[HTTPConnectionPool]]:
         ConnectionCls = Secure
 
     return {"http": PlainPool, "https": SecurePool}
+
+
+class NoCookies(http.cookiejar.DefaultCookiePolicy):
+    """A Session's policy: a registry's cookies are never kept nor sent."""
+
+    def set_ok(self, cookie: http.cookiejar.Cookie, request: object) -> bool:
+        return False
+
+    def return_ok(self, cookie: http.cookiejar.Cookie, request: object) -> bool:
+        return False
 
 
 class GuardedAdapter(HTTPAdapter):

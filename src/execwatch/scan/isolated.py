@@ -18,7 +18,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from execwatch.rlimits import limit_cpu, limit_memory
 from execwatch.scan.errors import ScanInputError
@@ -40,24 +40,60 @@ class ProcessLimits:
 
 def run_isolated(work: Callable[[], T], limits: ProcessLimits, what: str) -> T:
     """`work()` in a forked child within `limits`; its result, or what it raised."""
+    return start_isolated(work, limits, what).result()
+
+
+@dataclass
+class Pending(Generic[T]):
+    """A forked child's work under way: `result()` waits for it (once), `cancel()` kills it.
+    Either reaps the child; an owner calls one of them whatever happens."""
+
+    pid: int
+    read_end: int
+    limits: ProcessLimits
+    what: str
+    started: float
+    status: int | None = None  # the child's wait status, once reaped
+
+    def result(self) -> T:
+        overran = True
+        try:
+            left = None if self.limits.wall_s is None else self.limits.wall_s - self._spent()
+            data, overran = _collect(self.read_end, left)
+        finally:
+            self._reap(kill=overran)
+        if overran:
+            raise ScanKilled(f"{self.what}: killed after {self.limits.wall_s:g} s")
+        assert self.status is not None
+        result: T = _outcome(data, self.status, self.limits, self.what)
+        return result
+
+    def cancel(self) -> None:
+        """Kill and reap the child, unless `result()` did already."""
+        if self.status is None:
+            self._reap(kill=True)
+
+    def _spent(self) -> float:
+        return time.monotonic() - self.started
+
+    def _reap(self, kill: bool) -> None:
+        os.close(self.read_end)
+        if kill:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+        _, self.status = os.waitpid(self.pid, 0)
+
+
+def start_isolated(work: Callable[[], T], limits: ProcessLimits, what: str) -> Pending[T]:
+    """`work()` started in a forked child within `limits`, while the caller goes on."""
     read_end, write_end = os.pipe()
+    started = time.monotonic()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child; its outcome is asserted by the parent
         os.close(read_end)
         _child(work, limits, write_end)
     os.close(write_end)
-    try:
-        data, overran = _collect(read_end, limits.wall_s)
-    finally:
-        os.close(read_end)
-        if overran:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        _, status = os.waitpid(pid, 0)
-    if overran:
-        raise ScanKilled(f"{what}: killed after {limits.wall_s:g} s")
-    result: T = _outcome(data, status, limits, what)
-    return result
+    return Pending(pid, read_end, limits, what, started)
 
 
 def _child(work: Callable[[], Any], limits: ProcessLimits, write_end: int) -> None:
@@ -90,7 +126,7 @@ def _picklable(exc: BaseException) -> BaseException:
 
 def _collect(fd: int, wall_s: float | None) -> tuple[bytes, bool]:
     """Everything the child writes, until it closes the pipe; True when it overran."""
-    deadline = None if wall_s is None else time.monotonic() + wall_s
+    deadline = None if wall_s is None else time.monotonic() + max(0.0, wall_s)
     chunks: list[bytes] = []
     while True:
         wait = None if deadline is None else max(0.0, deadline - time.monotonic())

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import http.cookiejar
 import os
 import secrets
 import threading
@@ -134,24 +133,16 @@ def token_ttl(expires_in: object) -> float:
     return min(seconds, 3600.0) - TOKEN_MARGIN
 
 
-class _NoCookies(http.cookiejar.DefaultCookiePolicy):
-    def set_ok(self, cookie: http.cookiejar.Cookie, request: object) -> bool:
-        return False
-
-    def return_ok(self, cookie: http.cookiejar.Cookie, request: object) -> bool:
-        return False
-
-
 def new_session(connections: int) -> requests.Session:
     """A Session that keeps `connections` idle connections per host and no cookies, whose
     connections obey the egress and deadline of the request that uses them (scan.guard)."""
     import requests
 
     from execwatch.scan.egress import Watch
-    from execwatch.scan.guard import GuardedAdapter
+    from execwatch.scan.guard import GuardedAdapter, NoCookies
 
     session = requests.Session()
-    session.cookies.set_policy(_NoCookies())
+    session.cookies.set_policy(NoCookies())
     adapter = GuardedAdapter(Watch(), connections)
     session.mount("https://", adapter)
     session.mount("http://", adapter)

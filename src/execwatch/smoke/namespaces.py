@@ -129,6 +129,28 @@ class ProcessEnd:
     notes: list[str] = field(default_factory=list)
 
 
+def private_tmpfs(path: str, size: int) -> bool:
+    """A tmpfs of at most `size` bytes on `path`, in a mount namespace of this process's
+    own (for an unprivileged caller inside a user namespace that maps only its own uid
+    and gid): only this process and its children see it, and the kernel frees it when
+    the last of them exits, so nothing is left behind however they end. False where the
+    kernel refuses; this process may then be in a namespace of its own, which changes
+    nothing else it does."""
+    kernel = Kernel()
+    uid, gid = os.getuid(), os.getgid()
+    try:
+        if uid == 0:
+            kernel.unshare(CLONE_NEWNS)
+        else:
+            kernel.unshare(CLONE_NEWUSER | CLONE_NEWNS)
+            _map_ids((uid, gid), uid, gid)
+        kernel.mount("none", "/", "", MS_REC | MS_PRIVATE)
+        kernel.mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=755")
+    except OSError:
+        return False
+    return True
+
+
 def refusal() -> str | None:
     """Why this process cannot make a user namespace (one line), or None when it can."""
     pid = os.fork()
@@ -245,7 +267,7 @@ def _monitor(launch: Launch, limits: RunLimits, out: tuple[int, int], info: int)
     except OSError as exc:
         _say(info, setup_error=refusal_text(exc.errno or errno.EPERM))
         return
-    _map_ids(launch, uid, gid)
+    _map_ids((launch.uid, launch.gid), uid, gid)
     exec_r, exec_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the namespace's init, then the program
@@ -279,13 +301,14 @@ def _read_until(fd: int, deadline: float) -> bytes:
         data += chunk
 
 
-def _map_ids(launch: Launch, uid: int, gid: int) -> None:
+def _map_ids(inside: tuple[int, int], uid: int, gid: int) -> None:
+    """A new user namespace's only ids: `inside` (uid, gid) as the caller's `uid`, `gid`."""
     with open("/proc/self/setgroups", "w") as f:
         f.write("deny")
     with open("/proc/self/uid_map", "w") as f:
-        f.write(f"{launch.uid} {uid} 1")
+        f.write(f"{inside[0]} {uid} 1")
     with open("/proc/self/gid_map", "w") as f:
-        f.write(f"{launch.gid} {gid} 1")
+        f.write(f"{inside[1]} {gid} 1")
 
 
 def _init(

@@ -7,7 +7,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 
@@ -31,7 +31,7 @@ from execwatch.smoke import namespaces
 from execwatch.smoke.classify import RunVerdict, classify
 from execwatch.smoke.microvm import Guest, Vm, run_in_vm, vm_for
 from execwatch.smoke.namespaces import Launch, ProcessEnd, QemuSetup, RunLimits
-from execwatch.smoke.unpack import Unpacked, remove_tree, unpack_image
+from execwatch.smoke.unpack import TMPFS_BYTES, Unpacked, remove_tree, unpack_image, unpack_root
 
 DROP_UID = DROP_GID = 65534  # a root caller runs the image as nobody, mapped to the image's user
 GiB = 1 << 30
@@ -61,6 +61,7 @@ class RunOptions:
     max_unpack: int = 8 * GiB
     cpu_levels: int | None = None  # --cpu-level: amd64 runs in a microVM of that CPU
     vm_kernel: str | None = None  # --vm-kernel: the microVM's kernel
+    tmpfs_bytes: int = TMPFS_BYTES  # an image this small unpacks on a tmpfs (0: never)
 
 
 @dataclass
@@ -73,21 +74,22 @@ class RunResult:
 
 
 def run_report(
-    target: str, report: ScanReport, platforms: tuple[Platform, ...], options: RunOptions,
-    registry: RegistryOptions, limits: Limits,
-) -> None:  # fmt: skip
-    """Run every image of `target` (of `platforms`, when given) and add the findings to the
-    report's result for the same image."""
+    target: str, static: Callable[[], ScanReport], platforms: tuple[Platform, ...],
+    options: RunOptions, registry: RegistryOptions, limits: Limits,
+) -> ScanReport:  # fmt: skip
+    """Run every image of `target` (of `platforms`, when given): the static scan's report
+    (`static()`, awaited after the runs) with the findings added to the same image's result."""
     with _images(target, registry, limits) as images:
-        run_images(images, report, platforms, options, limits)
+        return run_images(images, static, platforms, options, limits)
 
 
 def run_images(
-    images: list[ImageSource], report: ScanReport, platforms: tuple[Platform, ...],
-    options: RunOptions, limits: Limits,
-) -> None:  # fmt: skip
-    """Run each image (of `platforms`, when given); each finding joins the report's result
-    of the same label and platform."""
+    images: list[ImageSource], static: Callable[[], ScanReport],
+    platforms: tuple[Platform, ...], options: RunOptions, limits: Limits,
+) -> ScanReport:  # fmt: skip
+    """Run each image (of `platforms`, when given) while the static scan may still be under
+    way; then its report (`static()`), each finding joined to its result of the same label
+    and platform, where the disagreement with the static verdict is named."""
     chosen = []
     for image in images:
         platform = image.platform or image.config_platform() or node_platform()
@@ -98,10 +100,13 @@ def run_images(
         problem = namespaces.refusal()  # a microVM needs no user namespace
     if problem:
         raise RunSetupError(problem)
-    for image, platform in chosen:
+    done = [(image, platform, run_image(image, platform, options, limits))
+            for image, platform in chosen]  # fmt: skip
+    report = static()
+    for image, platform, run in done:
         result = _result_for(report, image, platform)
-        run = run_image(image, platform, options, limits)
         result.findings.append(_finding(run, result))
+    return report
 
 
 @contextmanager
@@ -152,25 +157,34 @@ def run_image(
         if vm is not None:
             guest = Guest(lower, tuple(argv), env, workdir, 0, 0)
             outcome, unpacked = _in_vm(vm, image, guest, user, options, limits)
+            verdict = (
+                None if outcome.setup_error else classify(outcome, lower, options.timeout_fails)
+            )
         else:
             launch = Launch(lower, stage, tuple(argv), env, workdir, 0, 0, emulator, machines)
-            outcome, unpacked = _in_namespaces(image, launch, user, work, options, limits)
-        return _verdict(image, platform, argv, outcome, unpacked, lower, options)
+            outcome, unpacked, verdict = _in_namespaces(image, launch, user, work, options, limits)
+        if outcome.setup_error or verdict is None:
+            raise RunSetupError(f"{image.label} ({platform}): {outcome.setup_error}")
+        return RunResult(str(platform), argv, outcome, verdict, unpacked)
     finally:
         remove_tree(work)
 
 
 def _in_namespaces(
     image: ImageSource, launch: Launch, user: str, work: str, options: RunOptions, limits: Limits
-) -> tuple[ProcessEnd, Unpacked]:
-    """Unpack and run in a process of its own, dropped to nobody for a root caller."""
+) -> tuple[ProcessEnd, Unpacked, RunVerdict | None]:
+    """Unpack, run and classify in a process of its own, dropped to nobody for a root
+    caller: the tree may be on a tmpfs only that process sees."""
 
-    def unpack_and_run() -> tuple[ProcessEnd, Unpacked]:
-        unpacked = unpack_image(image, launch.lower, limits, options.max_unpack)
-        uid, gid = _user(user, launch.lower)
+    def unpack_and_run() -> tuple[ProcessEnd, Unpacked, RunVerdict | None]:
+        lower = launch.lower
+        unpacked = unpack_root(image, lower, limits, options.max_unpack, options.tmpfs_bytes)
+        uid, gid = _user(user, lower)
         if os.getuid() == 0 and _mapped(DROP_UID):
             _drop(work)  # else root of a user namespace that lacks 65534: no host root
-        return namespaces.run(replace(launch, uid=uid, gid=gid), options.limits), unpacked
+        end = namespaces.run(replace(launch, uid=uid, gid=gid), options.limits)
+        verdict = None if end.setup_error else classify(end, lower, options.timeout_fails)
+        return end, unpacked, verdict
 
     process = ProcessLimits(wall_s=options.limits.deadline_s + 600.0)
     try:
@@ -178,17 +192,6 @@ def _in_namespaces(
     finally:
         if launch.emulator is not None:
             os.close(int(launch.emulator.path.rsplit("/", 1)[1]))
-
-
-def _verdict(
-    image: ImageSource, platform: Platform, argv: list[str], outcome: ProcessEnd,
-    unpacked: Unpacked, lower: str, options: RunOptions,
-) -> RunResult:  # fmt: skip
-    """The run classified while its root is still on disk (classify reads the program)."""
-    if outcome.setup_error:
-        raise RunSetupError(f"{image.label} ({platform}): {outcome.setup_error}")
-    verdict = classify(outcome, lower, options.timeout_fails)
-    return RunResult(str(platform), argv, outcome, verdict, unpacked)
 
 
 def _vm(platform: Platform, options: RunOptions) -> Vm | None:

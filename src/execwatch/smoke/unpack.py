@@ -10,6 +10,7 @@ made; setuid, setgid and sticky bits are dropped; the bytes written are capped.
 
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
 import shutil
@@ -22,7 +23,18 @@ from execwatch.runnable.openat2 import Resolver, Root
 from execwatch.scan.errors import CorruptInput, LimitExceeded, ScanInputError
 from execwatch.scan.layers import OPAQUE, WHITEOUT, bounded_tarinfo, member_path
 from execwatch.scan.sources import ImageBudget, ImageSource, layer_stream
+from execwatch.smoke.kernel import MNT_DETACH, Kernel
+from execwatch.smoke.namespaces import private_tmpfs
 
+MiB = 1 << 20
+# An image whose files take at most this many bytes is unpacked on a tmpfs of its run's
+# own (smoke.namespaces.private_tmpfs): RAM, held while the run lasts, at most
+# TMPFS_SIZE (the files plus a quarter for small files' page rounding). Larger, or where
+# the memory (MemAvailable, the cgroup's memory.max) has not twice that to spare, or where
+# no mount namespace can be made: the disk. An image whose declared layer sizes already
+# add up past the bound goes straight to the disk; one that outgrows the tmpfs on the
+# way starts again there.
+TMPFS_BYTES = 256 * MiB
 WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -32,6 +44,11 @@ class Unpacked:
     bytes_written: int = 0
     skipped_special: int = 0  # device nodes, FIFOs, sockets: never made
     dropped_mode_bits: int = 0  # setuid/setgid/sticky files and directories
+    on_tmpfs: bool = False  # a tmpfs of the run's own, else the disk
+
+
+class TooBig(LimitExceeded):
+    """The image's files outgrow the bytes they may take."""
 
 
 class _Disk:
@@ -70,6 +87,70 @@ class _Disk:
             shutil.rmtree(base, dir_fd=parent)
         else:
             os.unlink(base, dir_fd=parent)
+
+
+def unpack_root(
+    image: ImageSource, dest: str, limits: Limits, max_bytes: int, tmpfs_bytes: int = TMPFS_BYTES
+) -> Unpacked:
+    """Every layer of `image` into the empty directory `dest`: on a tmpfs of this
+    process's own (and its children's) when the image fits in `tmpfs_bytes` (see
+    TMPFS_BYTES), else on the disk, up to `max_bytes`."""
+    size = tmpfs_bytes + tmpfs_bytes // 4  # tmpfs: size=0 would be no bound at all
+    fits = tmpfs_bytes > 0 and _declared(image) <= tmpfs_bytes and _spare_memory() >= 2 * size
+    if fits and private_tmpfs(dest, size):
+        unpacked = _on_tmpfs(image, dest, limits, tmpfs_bytes)
+        if unpacked is not None:
+            return unpacked
+    return unpack_image(image, dest, limits, max_bytes)
+
+
+def _on_tmpfs(image: ImageSource, dest: str, limits: Limits, max_bytes: int) -> Unpacked | None:
+    """The image on the tmpfs mounted on `dest`; None when it outgrew it (the tmpfs is
+    then unmounted, `dest` the empty directory below it)."""
+    try:
+        unpacked = unpack_image(image, dest, limits, max_bytes)
+    except TooBig:
+        pass
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+    else:
+        unpacked.on_tmpfs = True
+        return unpacked
+    Kernel().umount(dest, MNT_DETACH)
+    return None
+
+
+def _declared(image: ImageSource) -> int:
+    """The layers' declared (compressed) sizes added up; 0 for those that declare none."""
+    return sum(layer.size or 0 for layer in image.layers)
+
+
+def _spare_memory() -> int:
+    """Bytes this process may still fill with tmpfs pages: the machine's MemAvailable,
+    and its cgroup's memory.max less memory.current (cgroup v2) when that is lower."""
+    spare = _meminfo_available()
+    try:
+        with open("/proc/self/cgroup") as f:
+            path = f.read(4096).partition("0::")[2].split("\n", 1)[0]
+        with open(f"/sys/fs/cgroup{path}/memory.max") as f:
+            top = f.read(64).strip()
+        with open(f"/sys/fs/cgroup{path}/memory.current") as f:
+            used = int(f.read(64).strip())
+    except (OSError, ValueError):
+        return spare
+    return spare if not top.isdigit() else min(spare, int(top) - used)
+
+
+def _meminfo_available() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f.read(1 << 16).splitlines():
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def unpack_image(image: ImageSource, dest: str, limits: Limits, max_bytes: int) -> Unpacked:
@@ -183,7 +264,7 @@ def _file(
     assert data is not None
     disk.stats.bytes_written += member.size
     if disk.stats.bytes_written > disk.max_bytes:
-        raise LimitExceeded(f"the image unpacks to more than {disk.max_bytes} bytes")
+        raise TooBig(f"the image unpacks to more than {disk.max_bytes} bytes")
     fd = os.open(base, WRITE_FLAGS, 0o600, dir_fd=parent)
     with os.fdopen(fd, "wb") as out:
         shutil.copyfileobj(data, out, 1 << 20)
