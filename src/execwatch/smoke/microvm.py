@@ -29,9 +29,8 @@ from typing import BinaryIO
 
 from execwatch.binfmt.isa import BASELINE, V2, V3, V4, level_name
 from execwatch.scan.errors import ScanInputError
-from execwatch.smoke.namespaces import ProcessEnd, RunLimits
+from execwatch.smoke.namespaces import MiB, ProcessEnd, RunLimits
 
-MiB = 1 << 20
 QEMU_SYSTEM = "qemu-system-x86_64"
 INIT_NAME = ".execwatch-init"
 ORDERS_NAME = ".execwatch-run"

@@ -24,9 +24,8 @@ from execwatch.scan.errors import CorruptInput, LimitExceeded, ScanInputError
 from execwatch.scan.layers import OPAQUE, WHITEOUT, bounded_tarinfo, member_path
 from execwatch.scan.sources import ImageBudget, ImageSource, layer_stream
 from execwatch.smoke.kernel import MNT_DETACH, Kernel
-from execwatch.smoke.namespaces import private_tmpfs
+from execwatch.smoke.namespaces import MiB, private_tmpfs
 
-MiB = 1 << 20
 # An image whose files take at most this many bytes is unpacked on a tmpfs of its run's
 # own (smoke.namespaces.private_tmpfs): RAM, held while the run lasts, at most
 # TMPFS_SIZE (the files plus a quarter for small files' page rounding). Larger, or where
